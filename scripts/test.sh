@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Install, then run the whole test suite (offline; tiny random models plus the packaged MiniLM).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+. .venv/bin/activate
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+python -m pytest -q "$@"

@@ -1,0 +1,79 @@
+"""Architecture adapters, one module per model family, looked up by the model's class."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .base import Adapter, Block, LayerNames, ModelSpec
+from .bert import BertAdapter
+from .clip import CLIPTextAdapter, CLIPVisionAdapter
+from .dinov2 import Dinov2Adapter
+from .distilbert import DistilBertAdapter
+from .vit import ViTAdapter
+
+__all__ = [
+    "Adapter",
+    "Block",
+    "LayerNames",
+    "ModelSpec",
+    "UnsupportedModelError",
+    "adapter_by_name",
+    "get_adapter",
+    "register_adapter",
+    "supported_models",
+]
+
+
+class UnsupportedModelError(ValueError):
+    """The model's class has no adapter."""
+
+
+_BY_CLASS: dict[str, Adapter] = {}
+_BY_NAME: dict[str, Adapter] = {}
+
+
+def register_adapter(adapter: Adapter) -> Adapter:
+    """Make `adapter` handle every model class in `adapter.specs`. Returns it, so it can decorate an instance."""
+    _BY_NAME[adapter.name] = adapter
+    for class_name in adapter.specs:
+        _BY_CLASS[class_name] = adapter
+    return adapter
+
+
+for _adapter in (
+    BertAdapter(),
+    DistilBertAdapter(),
+    ViTAdapter(),
+    Dinov2Adapter(),
+    CLIPTextAdapter(),
+    CLIPVisionAdapter(),
+):
+    register_adapter(_adapter)
+
+
+def supported_models() -> list[str]:
+    """The HF model classes hydra-ensembles can prune and fuse."""
+    return sorted(_BY_CLASS)
+
+
+def get_adapter(model: nn.Module) -> Adapter:
+    """The adapter for `model`'s class (or the nearest supported base class)."""
+    for cls in type(model).__mro__:
+        if cls.__name__ in _BY_CLASS:
+            return _BY_CLASS[cls.__name__]
+    model_type = getattr(getattr(model, "config", None), "model_type", "unknown")
+    hint = ""
+    if type(model).__name__ == "CLIPModel":
+        hint = " A CLIPModel holds two towers: pass model.text_model or model.vision_model."
+    raise UnsupportedModelError(
+        f"hydra-ensembles has no adapter for {type(model).__name__} (model_type={model_type!r}).{hint} "
+        f"Supported classes: {', '.join(supported_models())}. To add a family, subclass "
+        "hydra_ensembles.adapters.Adapter (a name map plus embed and head functions) and call "
+        "hydra_ensembles.register_adapter(YourAdapter()); see docs/adapters.md."
+    )
+
+
+def adapter_by_name(name: str) -> Adapter:
+    if name not in _BY_NAME:
+        raise UnsupportedModelError(f"no adapter named {name!r}; known: {', '.join(sorted(_BY_NAME))}")
+    return _BY_NAME[name]

@@ -1,0 +1,224 @@
+"""The adapter interface: where one model family keeps its heads, norms, MLP and classifier.
+
+Pruning, head importance, fusion and cost accounting are written once against this interface. An adapter is
+mostly a name map (`LayerNames`) plus three small functions: `embed` (what runs before the first layer),
+`attention_mask` (which keys each query may see) and one head function per supported model class (what runs
+after the last layer). Adding an architecture means adding one adapter module; see docs/adapters.md.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+from torch import Tensor, nn
+
+Inputs = Mapping[str, Tensor]
+HeadFn = Callable[[nn.Module, Tensor, Inputs], Tensor]
+
+
+@dataclass(frozen=True)
+class LayerNames:
+    """Dotted paths, relative to one transformer layer, of everything fusion and pruning touch."""
+
+    query: str
+    key: str
+    value: str
+    output: str
+    norm1: str  # pre-norm: LN before attention; post-norm: LN after the attention residual
+    norm2: str  # pre-norm: LN before the MLP;     post-norm: LN after the MLP residual
+    mlp_in: str
+    mlp_out: str
+    activation: str  # attribute path of the MLP non-linearity (a callable)
+    attention: str  # the module whose head-count attributes must follow pruning
+    head_count_attrs: tuple[str, ...]  # attributes of `attention` that equal the number of heads
+    width_attrs: tuple[str, ...] = ()  # attributes of `attention` that equal heads * head_dim
+    scale1: str | None = None  # layer-scale vector on the attention branch (DINOv2), if any
+    scale2: str | None = None  # layer-scale vector on the MLP branch
+
+
+@dataclass
+class Block:
+    """One layer's modules as fusion reads them (the live HF modules, not copies).
+
+    Shapes: d = hidden size, H = heads currently in the layer, dh = head size, F = MLP width.
+    query/key/value: Linear d -> H*dh (rows grouped per head); output: Linear H*dh -> d (columns per head);
+    mlp_in: Linear d -> F; mlp_out: Linear F -> d; scale1/scale2: (d,) layer-scale vectors or None.
+    """
+
+    query: nn.Linear
+    key: nn.Linear
+    value: nn.Linear
+    output: nn.Linear
+    norm1: nn.LayerNorm
+    norm2: nn.LayerNorm
+    mlp_in: nn.Linear
+    mlp_out: nn.Linear
+    activation: Callable[[Tensor], Tensor]
+    scale1: Tensor | None
+    scale2: Tensor | None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How one supported HF model class is laid out around its encoder.
+
+    backbone: dotted path of the encoder (embeddings + layers) inside the model, "" for the model itself.
+    head: `head(model, hidden, inputs) -> Tensor` maps the last layer's output (B, T, d) to what the model
+        returns: logits (B, C) for a classifier, a pooled embedding (B, D) for an encoder.
+    classifier: whether `head` returns class logits.
+    """
+
+    backbone: str
+    head: HeadFn
+    classifier: bool
+
+
+class Adapter(ABC):
+    """One model family. Subclasses fill in the class attributes and implement `embed`.
+
+    Class attributes:
+        name: family name used in saved files ("bert", "vit", ...).
+        norm_position: "pre" (LN -> attention -> residual, as ViT/CLIP) or "post" (attention -> residual -> LN,
+            as BERT).
+        layer_names: where a layer keeps its projections, norms and MLP.
+        layers_path: dotted path of the `nn.ModuleList` of layers, relative to the backbone.
+        embedding_paths: dotted paths, relative to the backbone, of every module `embed` uses.
+        input_names: the keyword inputs the family's models accept (others are rejected; "labels" is ignored).
+        required_inputs: the subset that must be present.
+        causal: whether attention is causal (CLIP's text tower).
+        specs: supported HF class name -> `ModelSpec`.
+    """
+
+    name: ClassVar[str]
+    norm_position: ClassVar[Literal["pre", "post"]]
+    layer_names: ClassVar[LayerNames]
+    layers_path: ClassVar[str]
+    embedding_paths: ClassVar[tuple[str, ...]]
+    input_names: ClassVar[tuple[str, ...]]
+    required_inputs: ClassVar[tuple[str, ...]]
+    causal: ClassVar[bool] = False
+    specs: ClassVar[dict[str, ModelSpec]]
+
+    # ---- what runs before the first layer and after the last one ----
+
+    @abstractmethod
+    def embed(self, backbone: nn.Module, inputs: Inputs) -> Tensor:
+        """Hidden states entering layer 0, shape (B, T, d), exactly as the HF forward computes them."""
+
+    def attention_mask(self, inputs: Inputs, seq_len: int) -> Tensor | None:
+        """Boolean mask (True = may attend) broadcastable to (B, heads, T, T), or None for full attention.
+
+        Text families turn the (B, T) padding mask into (B, 1, 1, T); causal families also apply a lower
+        triangle, giving (B, 1, T, T).
+        """
+        padding = inputs.get("attention_mask")
+        keys = None if padding is None else padding.bool()[:, None, None, :]  # (B, 1, 1, T)
+        if not self.causal:
+            return keys
+        device = next(iter(inputs.values())).device
+        causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()  # (T, T)
+        return causal if keys is None else causal & keys
+
+    # ---- locating things inside a model ----
+
+    def spec(self, model: nn.Module) -> ModelSpec:
+        for cls in type(model).__mro__:
+            if cls.__name__ in self.specs:
+                return self.specs[cls.__name__]
+        raise KeyError(type(model).__name__)
+
+    def backbone_path(self, model: nn.Module) -> str:
+        return self.spec(model).backbone
+
+    def backbone(self, model: nn.Module) -> nn.Module:
+        path = self.backbone_path(model)
+        return model.get_submodule(path) if path else model
+
+    def full_path(self, model: nn.Module, path: str) -> str:
+        prefix = self.backbone_path(model)
+        return f"{prefix}.{path}" if prefix else path
+
+    def layers(self, model: nn.Module) -> nn.ModuleList:
+        return self.backbone(model).get_submodule(self.layers_path)
+
+    def is_classifier(self, model: nn.Module) -> bool:
+        return self.spec(model).classifier
+
+    def head(self, model: nn.Module, hidden: Tensor, inputs: Inputs) -> Tensor:
+        """Logits (B, C) or pooled embedding (B, D) from the last layer's output `hidden` (B, T, d)."""
+        return self.spec(model).head(model, hidden, inputs)
+
+    def output(self, model: nn.Module, inputs: Inputs) -> Tensor:
+        """Run the HF model itself and return the tensor `head` stands for (logits or pooled embedding)."""
+        out = model(**inputs)
+        for field in ("logits", "text_embeds", "image_embeds", "pooler_output"):
+            value = getattr(out, field, None)
+            if value is not None:
+                return value
+        return out.last_hidden_state[:, 0]
+
+    # ---- sizes ----
+
+    def num_layers(self, model: nn.Module) -> int:
+        return len(self.layers(model))
+
+    def config(self, model: nn.Module):
+        """The encoder's own config (for CLIPForImageClassification, the vision tower's)."""
+        return self.backbone(model).config
+
+    def num_heads(self, model: nn.Module) -> int:
+        """Heads per layer of the unpruned architecture."""
+        return int(self.config(model).num_attention_heads)
+
+    def head_dim(self, model: nn.Module) -> int:
+        config = self.config(model)
+        return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+    def scaling(self, model: nn.Module) -> float:
+        return self.head_dim(model) ** -0.5
+
+    # ---- one layer ----
+
+    def block(self, layer: nn.Module) -> Block:
+        names = self.layer_names
+        get = layer.get_submodule
+        return Block(
+            query=get(names.query),
+            key=get(names.key),
+            value=get(names.value),
+            output=get(names.output),
+            norm1=get(names.norm1),
+            norm2=get(names.norm2),
+            mlp_in=get(names.mlp_in),
+            mlp_out=get(names.mlp_out),
+            activation=_get_attr(layer, names.activation),
+            scale1=_get_attr(layer, names.scale1) if names.scale1 else None,
+            scale2=_get_attr(layer, names.scale2) if names.scale2 else None,
+        )
+
+    def set_projections(
+        self,
+        layer: nn.Module,
+        projections: tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear],
+        num_heads: int,
+    ) -> None:
+        """Swap in re-sized (query, key, value, output) projections and update the head-count attributes."""
+        names = self.layer_names
+        for path, module in zip((names.query, names.key, names.value, names.output), projections):
+            layer.set_submodule(path, module)
+        attention = layer.get_submodule(names.attention)
+        for attr in names.head_count_attrs:
+            setattr(attention, attr, num_heads)
+        for attr in names.width_attrs:
+            setattr(attention, attr, projections[0].out_features)
+
+
+def _get_attr(root: object, path: str) -> object:
+    value = root
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value

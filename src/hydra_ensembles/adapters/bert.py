@@ -1,0 +1,63 @@
+"""BERT and RoBERTa: post-norm encoders (attention -> residual -> LN, MLP -> residual -> LN).
+
+BertModel / RobertaModel keep their layers in `encoder.layer`; each layer has `attention.self.{query,key,value}`,
+`attention.output.{dense,LayerNorm}`, `intermediate.dense` and `output.{dense,LayerNorm}`. The packaged
+all-MiniLM-L6-v2 is a BertModel.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from .base import Adapter, Inputs, LayerNames, ModelSpec
+
+
+def _pooled(model: nn.Module, hidden: Tensor, inputs: Inputs) -> Tensor:
+    """BertModel's pooler_output: tanh(W h_CLS + b), or the CLS hidden state when built without a pooler."""
+    return model.pooler(hidden) if model.pooler is not None else hidden[:, 0]  # (B, d)
+
+
+def _bert_classifier(model: nn.Module, hidden: Tensor, inputs: Inputs) -> Tensor:
+    return model.classifier(model.dropout(model.bert.pooler(hidden)))  # (B, C)
+
+
+def _roberta_classifier(model: nn.Module, hidden: Tensor, inputs: Inputs) -> Tensor:
+    return model.classifier(hidden)  # RobertaClassificationHead reads the <s> token itself -> (B, C)
+
+
+class BertAdapter(Adapter):
+    name = "bert"
+    norm_position = "post"
+    layer_names = LayerNames(
+        query="attention.self.query",
+        key="attention.self.key",
+        value="attention.self.value",
+        output="attention.output.dense",
+        norm1="attention.output.LayerNorm",
+        norm2="output.LayerNorm",
+        mlp_in="intermediate.dense",
+        mlp_out="output.dense",
+        activation="intermediate.intermediate_act_fn",
+        attention="attention.self",
+        head_count_attrs=("num_attention_heads",),
+        width_attrs=("all_head_size",),
+    )
+    layers_path = "encoder.layer"
+    embedding_paths = ("embeddings",)
+    input_names = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
+    required_inputs = ("input_ids",)
+    specs = {
+        "BertModel": ModelSpec(backbone="", head=_pooled, classifier=False),
+        "BertForSequenceClassification": ModelSpec(backbone="bert", head=_bert_classifier, classifier=True),
+        "RobertaModel": ModelSpec(backbone="", head=_pooled, classifier=False),
+        "RobertaForSequenceClassification": ModelSpec(
+            backbone="roberta", head=_roberta_classifier, classifier=True
+        ),
+    }
+
+    def embed(self, backbone: nn.Module, inputs: Inputs) -> Tensor:
+        return backbone.embeddings(
+            input_ids=inputs["input_ids"],
+            token_type_ids=inputs.get("token_type_ids"),
+            position_ids=inputs.get("position_ids"),
+        )  # (B, T, d)

@@ -1,0 +1,57 @@
+"""DINOv2: a pre-norm image encoder with layer scale on both residual branches (`layer_scale{1,2}.lambda1`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .base import Adapter, Block, Inputs, LayerNames, ModelSpec
+
+
+def _encoder(model: nn.Module, hidden: Tensor, inputs: Inputs) -> Tensor:
+    return model.layernorm(hidden[:, 0])  # Dinov2Model's pooler_output: the normed [CLS] token, (B, d)
+
+
+def _classifier(model: nn.Module, hidden: Tensor, inputs: Inputs) -> Tensor:
+    normed = model.dinov2.layernorm(hidden)  # (B, T, d)
+    features = torch.cat([normed[:, 0], normed[:, 1:].mean(dim=1)], dim=1)  # [CLS] ++ mean patch, (B, 2d)
+    return model.classifier(features)  # (B, C)
+
+
+class Dinov2Adapter(Adapter):
+    name = "dinov2"
+    norm_position = "pre"
+    layer_names = LayerNames(
+        query="attention.q_proj",
+        key="attention.k_proj",
+        value="attention.v_proj",
+        output="attention.o_proj",
+        norm1="norm1",
+        norm2="norm2",
+        mlp_in="mlp.fc1",
+        mlp_out="mlp.fc2",
+        activation="mlp.activation_fn",
+        attention="attention",
+        head_count_attrs=("num_attention_heads",),
+        scale1="layer_scale1.lambda1",
+        scale2="layer_scale2.lambda1",
+    )
+    layers_path = "encoder.layer"
+    embedding_paths = ("embeddings",)
+    input_names = ("pixel_values",)
+    required_inputs = ("pixel_values",)
+    specs = {
+        "Dinov2Model": ModelSpec(backbone="", head=_encoder, classifier=False),
+        "Dinov2ForImageClassification": ModelSpec(backbone="dinov2", head=_classifier, classifier=True),
+    }
+
+    def embed(self, backbone: nn.Module, inputs: Inputs) -> Tensor:
+        return backbone.embeddings(inputs["pixel_values"])  # (B, T, d)
+
+    def block(self, layer: nn.Module) -> Block:
+        if not hasattr(layer.mlp, "fc1"):
+            raise ValueError(
+                "DINOv2 with use_swiglu_ffn=True is not supported: its MLP has three projections "
+                "(gate, up, down). Use a DINOv2 checkpoint with the standard MLP, or add a SwiGLU-aware adapter."
+            )
+        return super().block(layer)

@@ -1,0 +1,85 @@
+"""Cost accounting: parameters and FLOPs of a single model, its members and the fused ensemble.
+
+FLOPs come from `torch.utils.flop_counter` (a multiply-add counts as 2 FLOPs; MACs = FLOPs / 2, the unit of the
+paper's Table 7 "Mult-Adds"). PyTorch's counter has no formula for the CPU flash-attention kernel that
+`scaled_dot_product_attention` picks on CPU, so we register the standard SDPA formula for it; without that,
+attention's QK^T and AV products would be silently left out on CPU. Zero-padded heads in a fused layer are
+counted, because they are computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+
+def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)  # QK^T and AV, as for the GPU kernels
+
+
+_SDPA_ON_CPU = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_flops}
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Number of parameters (shared tensors counted once)."""
+    return sum(p.numel() for p in module.parameters())
+
+
+@torch.no_grad()
+def count_flops(module: nn.Module, inputs: Mapping[str, Any]) -> int:
+    """FLOPs of one forward pass of `module(**inputs)`."""
+    was_training = module.training
+    module.eval()
+    try:
+        with FlopCounterMode(display=False, custom_mapping=_SDPA_ON_CPU) as counter:
+            module(**inputs)
+    finally:
+        module.train(was_training)
+    return counter.get_total_flops()
+
+
+@dataclass
+class Cost:
+    """One row of a cost table."""
+
+    name: str
+    parameters: int
+    flops: int
+
+    @property
+    def macs(self) -> int:
+        return self.flops // 2
+
+
+def cost_table(
+    single: nn.Module, members: Sequence[nn.Module], ensemble: nn.Module, inputs: Mapping[str, Any]
+) -> list[Cost]:
+    """Costs of the single model, each member, M separate members together, the deep ensemble (M single
+    models) and the fused ensemble, for one forward pass on `inputs`."""
+    single_cost = Cost("single", count_parameters(single), count_flops(single, inputs))
+    member_costs = [Cost(f"member {m}", count_parameters(x), count_flops(x, inputs)) for m, x in enumerate(members)]
+    count = len(members)
+    return [
+        single_cost,
+        *member_costs,
+        Cost(f"{count} separate members", sum(c.parameters for c in member_costs), sum(c.flops for c in member_costs)),
+        Cost(f"deep ensemble ({count} x single)", count * single_cost.parameters, count * single_cost.flops),
+        Cost("fused Hydra Ensemble", count_parameters(ensemble), count_flops(ensemble, inputs)),
+    ]
+
+
+def format_cost_table(rows: Sequence[Cost]) -> str:
+    """A plain-text table with ratios to the first row."""
+    base = rows[0]
+    lines = [f"{'model':<30} {'params (M)':>11} {'x single':>9} {'GFLOPs':>10} {'GMACs':>9} {'x single':>9}"]
+    for row in rows:
+        lines.append(
+            f"{row.name:<30} {row.parameters / 1e6:>11.2f} {row.parameters / base.parameters:>9.2f} "
+            f"{row.flops / 1e9:>10.3f} {row.macs / 1e9:>9.3f} {row.flops / base.flops:>9.2f}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,76 @@
+"""Batches in, batches checked: what every step that reads a data loader has in common.
+
+A loader is any iterable of dict batches, e.g. a `torch.utils.data.DataLoader` over tokenizer or image-processor
+outputs: text batches carry `input_ids` (B, T) and usually `attention_mask` (B, T); image batches carry
+`pixel_values` (B, C, H, W); labelled batches add `labels` (B,).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..adapters import Adapter
+
+Batch = Mapping[str, Any]
+
+_TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
+
+
+def materialize(loader: Iterable[Batch], name: str) -> list[Batch]:
+    """Read every batch of `loader` once, so that repeated evaluations see identical data in identical order."""
+    if loader is None:
+        raise ValueError(f"{name} is None: pass an iterable of dict batches (for example a DataLoader).")
+    batches = list(loader)
+    if not batches:
+        raise ValueError(f"{name} is empty: it yielded no batches. Pass a loader over at least one example.")
+    for batch in batches:
+        if not isinstance(batch, Mapping):
+            raise TypeError(
+                f"{name} must yield dict batches (e.g. {{'input_ids': ..., 'attention_mask': ..., 'labels': ...}}), "
+                f"got {type(batch).__name__}."
+            )
+    return batches
+
+
+def split_batch(adapter: Adapter, batch: Batch) -> tuple[dict[str, Any], Tensor | None]:
+    """Separate model inputs from labels and check them against what the model family accepts."""
+    unknown = sorted(set(batch) - set(adapter.input_names) - {"labels"})
+    if unknown:
+        raise ValueError(
+            f"unexpected input(s) {unknown} for a {adapter.name} model; it accepts {list(adapter.input_names)} "
+            "and 'labels'. Drop the extra keys from the batch."
+        )
+    missing = [key for key in adapter.required_inputs if batch.get(key) is None]
+    if missing:
+        raise ValueError(f"missing input(s) {missing} for a {adapter.name} model; got keys {sorted(batch)}.")
+    inputs = {key: value for key, value in batch.items() if key != "labels" and value is not None}
+    check_shapes(inputs)
+    return inputs, batch.get("labels")
+
+
+def check_shapes(inputs: Mapping[str, Any]) -> None:
+    """Token inputs must be (B, T) and agree with each other; pixel_values must be (B, C, H, W)."""
+    for key in _TOKEN_INPUTS:
+        value = inputs.get(key)
+        if value is not None and (not isinstance(value, Tensor) or value.dim() != 2):
+            shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+            raise ValueError(f"{key} must be a (batch, seq_len) tensor, got {shape}. Batch your sequences.")
+    shapes = {key: tuple(inputs[key].shape) for key in _TOKEN_INPUTS if inputs.get(key) is not None}
+    if len(set(shapes.values())) > 1:
+        raise ValueError(f"token inputs disagree in shape: {shapes}. Pad them to one (batch, seq_len).")
+    pixels = inputs.get("pixel_values")
+    if pixels is not None and (not isinstance(pixels, Tensor) or pixels.dim() != 4):
+        shape = tuple(pixels.shape) if isinstance(pixels, Tensor) else type(pixels).__name__
+        raise ValueError(f"pixel_values must be a (batch, channels, height, width) tensor, got {shape}.")
+
+
+def to_device(inputs: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
+    return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in inputs.items()}
+
+
+def batch_size(inputs: Mapping[str, Any]) -> int:
+    return next(v.shape[0] for v in inputs.values() if isinstance(v, Tensor))

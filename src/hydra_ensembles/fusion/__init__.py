@@ -1,0 +1,6 @@
+"""Fusion: M pruned members in one module, run in one forward pass."""
+
+from .ensemble import HydraEnsemble, HydraOutput
+from .layer import FusedLayer
+
+__all__ = ["FusedLayer", "HydraEnsemble", "HydraOutput"]

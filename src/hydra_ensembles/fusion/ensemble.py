@@ -1,0 +1,285 @@
+"""`HydraEnsemble`: M pruned members of one pretrained model fused into one module that runs them in one pass.
+
+Data flow for inputs of batch B and length T (M members, d hidden):
+
+    embeddings (computed once when members share them)   -> (M, B, T, d) member streams, member-major
+    L x FusedLayer (grouped q/k/v/o, one SDPA over all members' heads, shared or stacked MLP)
+    each member's own head (final norm / pooler / classifier) -> (M, B, C)
+    public output: member_logits (B, M, C); ensemble probability = mean over members of softmax(logits)
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+import transformers
+from torch import Tensor, nn
+
+from .. import __version__
+from ..adapters import Adapter, adapter_by_name, get_adapter
+from ..data.loaders import split_batch
+from ..evaluation.uncertainty import ensemble_probs, mutual_information
+from ..io import reading_dir, save_dir_atomic, write_json_atomic
+from ..pruning import KEPT_HEADS_KEY, HeadMap, base_fingerprint, kept_heads
+from .layer import FusedLayer, MLPMode
+from .outer import OuterModules
+
+CONFIG_NAME = "hydra_config.json"
+WEIGHTS_NAME = "model.safetensors"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class HydraOutput:
+    """What a Hydra Ensemble returns. Shapes: B batch, M members, C classes, D pooled size, T tokens, d hidden.
+
+    member_logits: (B, M, C), each member's logits, for classifiers (None for encoders).
+    member_pooled: (B, M, D), each member's pooled output (what the HF model returns as pooler_output,
+        text_embeds or image_embeds), for encoders without a classifier (None for classifiers).
+    member_hidden_states: (B, M, T, d), each member's last-layer output before any final norm, when asked for.
+    """
+
+    member_logits: Tensor | None = None
+    member_pooled: Tensor | None = None
+    member_hidden_states: Tensor | None = None
+
+    @property
+    def probs(self) -> Tensor:
+        """Ensemble predictive distribution, (B, C): the mean of the members' softmax probabilities."""
+        return ensemble_probs(self._logits())
+
+    @property
+    def mutual_information(self) -> Tensor:
+        """Model uncertainty per input, (B,): entropy of the mean minus mean of the members' entropies (nats)."""
+        return mutual_information(self._logits())
+
+    def _logits(self) -> Tensor:
+        if self.member_logits is None:
+            raise ValueError("this ensemble has no classifier: use member_pooled instead of probabilities.")
+        return self.member_logits
+
+
+class HydraEnsemble(nn.Module):
+    """M pruned members of one pretrained HF model, fused. Build with `HydraEnsemble.fuse(members)`."""
+
+    def __init__(
+        self,
+        adapter: Adapter,
+        model_class: type,
+        model_config: transformers.PretrainedConfig,
+        outer: OuterModules,
+        layers: Sequence[FusedLayer],
+        head_maps: Sequence[HeadMap],
+        mlp: MLPMode,
+        fingerprint: str,
+    ):
+        super().__init__()
+        self.adapter = adapter
+        self.model_class = model_class
+        self.model_config = model_config
+        self.outer = outer
+        self.layers = nn.ModuleList(layers)
+        self.head_maps = [dict(h) for h in head_maps]
+        self.mlp = mlp
+        self.fingerprint = fingerprint
+        self.is_classifier = adapter.specs[model_class.__name__].classifier
+
+    @property
+    def num_members(self) -> int:
+        return len(self.head_maps)
+
+    # ---- building ----
+
+    @classmethod
+    def fuse(cls, members: Sequence[nn.Module], mlp: MLPMode = "average") -> HydraEnsemble:
+        """Fuse pruned members (HF models from `build_members`, fine-tuned or not) into one module.
+
+        Args:
+            members: M >= 1 models of one class, pruned from one checkpoint, with the same classifier shape.
+            mlp: "average" averages the members' MLPs, layer norms and embeddings (the paper's merged MLP; exact
+                when members share them, as zero-shot members do); "stack" keeps each member's own (exact for
+                separately fine-tuned members). Tensors identical across members are stored once either way.
+        """
+        _check_members(members, mlp)
+        adapter = get_adapter(members[0])
+        head_maps = [kept_heads(m) for m in members]
+        skeleton, layer_kwargs = _skeleton(type(members[0]), members[0].config, adapter)
+        layers = []
+        for index in range(adapter.num_layers(members[0])):
+            blocks = [adapter.block(adapter.layers(m)[index]) for m in members]
+            counts = [len(head_map[index]) for head_map in head_maps]
+            layers.append(FusedLayer.from_blocks(blocks, counts, mlp, **layer_kwargs))
+        shared, member, parameters = _outer_tensors(adapter, skeleton, members, mlp)
+        outer = OuterModules(adapter, skeleton, shared, member, parameters)
+        config = _clean_config(members[0].config)
+        fingerprint = base_fingerprint(members[0])
+        return cls(adapter, type(members[0]), config, outer, layers, head_maps, mlp, fingerprint).eval()
+
+    # ---- running ----
+
+    def forward(self, output_hidden_states: bool = False, **inputs: Any) -> HydraOutput:
+        """Run all members in one pass. `inputs` are what the base HF model takes (e.g. input_ids and
+        attention_mask, or pixel_values); a `labels` entry is ignored, so a training batch can be passed as is."""
+        inputs, _ = split_batch(self.adapter, inputs)
+        x = self.outer.embed(inputs, self.num_members)  # (M, B, T, d)
+        mask = self.adapter.attention_mask(inputs, x.shape[2])
+        for layer in self.layers:
+            x = layer(x, mask)  # (M, B, T, d)
+        out = self.outer.head(x, inputs).transpose(0, 1)  # (B, M, C) or (B, M, D)
+        hidden = x.transpose(0, 1) if output_hidden_states else None  # (B, M, T, d)
+        if self.is_classifier:
+            return HydraOutput(member_logits=out, member_hidden_states=hidden)
+        return HydraOutput(member_pooled=out, member_hidden_states=hidden)
+
+    # ---- saving ----
+
+    def save_pretrained(self, path: str | os.PathLike) -> Path:
+        """Write `hydra_config.json` and `model.safetensors` to `path`, atomically (a crash keeps the old save)."""
+
+        def write(tmp: Path) -> None:
+            state = {name: tensor.detach().contiguous() for name, tensor in self.state_dict().items()}
+            safetensors.torch.save_file(state, tmp / WEIGHTS_NAME, metadata={"format": "pt"})
+            write_json_atomic(tmp / CONFIG_NAME, self._saved_config())
+
+        return save_dir_atomic(path, write)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, device: str | torch.device = "cpu") -> HydraEnsemble:
+        """Load an ensemble written by `save_pretrained`; it returns outputs identical to the saved one."""
+        with reading_dir(path, "saved Hydra Ensemble") as path:
+            if not (path / CONFIG_NAME).is_file():
+                raise FileNotFoundError(f"{str(path)!r} has no {CONFIG_NAME}: it is not a saved Hydra Ensemble.")
+            saved = json.loads((path / CONFIG_NAME).read_text())
+            state = safetensors.torch.load_file(path / WEIGHTS_NAME, device=str(device))
+        if saved.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"unsupported Hydra Ensemble format version {saved.get('format_version')!r}.")
+        adapter = adapter_by_name(saved["adapter"])
+        model_class = getattr(transformers, saved["model_class"])
+        config = model_class.config_class.from_dict(saved["model_config"])
+        head_maps = [{int(layer): heads for layer, heads in h.items()} for h in saved["head_maps"]]
+        skeleton, layer_kwargs = _skeleton(model_class, config, adapter)
+        layers = []
+        for index in range(len(head_maps[0])):
+            prefix = f"layers.{index}."
+            tensors = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+            counts = [len(head_map[index]) for head_map in head_maps]
+            layers.append(FusedLayer(tensors, head_counts=counts, **layer_kwargs))
+        stores = {
+            store: {k[len(f"outer.{store}.") :].replace("/", "."): v for k, v in state.items() if k.startswith(f"outer.{store}.")}
+            for store in ("shared", "member")
+        }
+        outer = OuterModules(adapter, skeleton, stores["shared"], stores["member"], set(saved["parameters"]))
+        return cls(adapter, model_class, config, outer, layers, head_maps, saved["mlp"], saved["fingerprint"]).eval()
+
+    def _saved_config(self) -> dict[str, Any]:
+        parameters = [k.replace("/", ".") for store in (self.outer.shared, self.outer.member) for k, _ in store.named_parameters()]
+        return {
+            "format_version": FORMAT_VERSION,
+            "library_version": __version__,
+            "adapter": self.adapter.name,
+            "model_class": self.model_class.__name__,
+            "model_config": self.model_config.to_dict(),
+            "mlp": self.mlp,
+            "head_maps": [{str(layer): heads for layer, heads in h.items()} for h in self.head_maps],
+            "fingerprint": self.fingerprint,
+            "parameters": sorted(parameters),
+        }
+
+    def extra_repr(self) -> str:
+        counts = [[len(h[layer]) for h in self.head_maps] for layer in range(len(self.layers))]
+        return f"model={self.model_class.__name__}, members={self.num_members}, mlp={self.mlp}, heads per layer={counts}"
+
+
+def _check_members(members: Sequence[nn.Module], mlp: str) -> None:
+    if mlp not in ("average", "stack"):
+        raise ValueError(f"mlp must be 'average' or 'stack', got {mlp!r}.")
+    if isinstance(members, nn.Module) or not members:
+        raise ValueError("fuse needs a non-empty list of member models (see hydra_ensembles.build_members).")
+    for member in members:
+        get_adapter(member)  # raises for unsupported classes
+    classes = sorted({type(m).__name__ for m in members})
+    if len(classes) > 1:
+        raise ValueError(f"members mix model classes {classes}: fuse members of one class.")
+    fingerprints = [base_fingerprint(m) for m in members]
+    if len(set(fingerprints)) > 1:
+        raise ValueError(
+            f"members come from different base models (fingerprints {fingerprints}): a Hydra Ensemble fuses "
+            "pruned copies of one checkpoint. If a member is an unpruned model you fine-tuned, call "
+            "hydra_ensembles.prune_heads(base, {}) on the base before copying it, to record its fingerprint."
+        )
+    adapter = get_adapter(members[0])
+    for field in ("hidden_size", "num_hidden_layers", "num_attention_heads"):
+        values = [getattr(adapter.config(m), field, None) for m in members]
+        if len(set(values)) > 1:
+            raise ValueError(f"members have different architectures: {field} = {values}.")
+    labels = [getattr(m.config, "num_labels", None) for m in members]
+    if adapter.is_classifier(members[0]) and len(set(labels)) > 1:
+        raise ValueError(f"members have different classifiers: num_labels = {labels}.")
+    placements = {(p.device, p.dtype) for m in members for p in m.parameters()}
+    if len(placements) > 1:
+        raise ValueError(f"members sit on different devices/dtypes {sorted(map(str, placements))}; move them to one.")
+
+
+def _clean_config(config: transformers.PretrainedConfig) -> transformers.PretrainedConfig:
+    config = copy.deepcopy(config)
+    setattr(config, KEPT_HEADS_KEY, None)
+    return config
+
+
+def _skeleton(
+    model_class: type, config: transformers.PretrainedConfig, adapter: Adapter
+) -> tuple[nn.Module, dict[str, Any]]:
+    """Build `model_class` without layers on the meta device (no memory), and read the per-layer constants
+    fusion needs from its first layer."""
+    config = _clean_config(config)
+    with torch.device("meta"):
+        model = model_class(config)
+    block = adapter.block(adapter.layers(model)[0])
+    layer_kwargs = {
+        "head_dim": adapter.head_dim(model),
+        "scaling": adapter.scaling(model),
+        "norm_position": adapter.norm_position,
+        "eps": (block.norm1.eps, block.norm2.eps),
+        "activation": block.activation,
+    }
+    adapter.backbone(model).set_submodule(adapter.layers_path, nn.ModuleList())
+    return model.eval(), layer_kwargs
+
+
+def _outer_tensors(
+    adapter: Adapter, skeleton: nn.Module, members: Sequence[nn.Module], mlp: MLPMode
+) -> tuple[dict[str, Tensor], dict[str, Tensor], set[str]]:
+    """Split the members' non-layer tensors into shared ones and per-member stacks.
+
+    Heads (everything outside the embeddings) are always per member. Embeddings are shared when identical;
+    otherwise averaged (mlp="average") or stacked (mlp="stack").
+    """
+    parameters = {name for name, _ in skeleton.named_parameters()}
+    names = sorted(parameters | {name for name, _ in skeleton.named_buffers()})
+    embedding_prefixes = tuple(adapter.full_path(skeleton, p) + "." for p in adapter.embedding_paths)
+    states = [dict(m.named_parameters()) | dict(m.named_buffers()) for m in members]
+    shared: dict[str, Tensor] = {}
+    member: dict[str, Tensor] = {}
+    with torch.no_grad():
+        for name in names:
+            tensors = [state[name].detach() for state in states]
+            shapes = sorted({tuple(t.shape) for t in tensors})
+            if len(shapes) > 1:
+                raise ValueError(f"members differ in the shape of {name}: {shapes}; they need one architecture and classifier.")
+            if not name.startswith(embedding_prefixes):
+                member[name] = torch.stack(tensors)  # (M, ...)
+            elif all(torch.equal(t, tensors[0]) for t in tensors):
+                shared[name] = tensors[0].clone()
+            elif mlp == "average":
+                shared[name] = torch.stack(tensors).mean(0)
+            else:
+                member[name] = torch.stack(tensors)
+    return shared, member, parameters

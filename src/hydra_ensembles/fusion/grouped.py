@@ -1,0 +1,39 @@
+"""Grouped primitives: one op applies M members' weights to M member streams, with no loop over members.
+
+Layout (STYLE.md habit 8): member streams are stacked member-major, x has shape (M, N, d) where N = B*T rows.
+A weight with a leading group axis G = M holds one matrix per member; G = 1 means the members share it, and the
+op then runs as a single large matmul over all M*N rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def grouped_linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """y[m] = x[m] @ weight[g(m)] + bias[g(m)].
+
+    Shapes: x (M, N, d_in); weight (G, d_in, d_out); bias (G, 1, d_out); returns (M, N, d_out); G in {1, M}.
+    Note the weight is stored transposed relative to `nn.Linear` (d_in first) so `baddbmm` reads it directly.
+    """
+    members, rows, d_in = x.shape
+    if weight.shape[0] == 1:  # shared: one matmul over all member rows
+        return torch.addmm(bias[0], x.reshape(members * rows, d_in), weight[0]).view(members, rows, -1)
+    return torch.baddbmm(bias, x, weight)
+
+
+def grouped_layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
+    """LayerNorm over the last axis with per-member (G = M) or shared (G = 1) affine parameters.
+
+    Shapes: x (M, N, d); weight, bias (G, d); returns (M, N, d).
+    """
+    if weight.shape[0] == 1:
+        return F.layer_norm(x, x.shape[-1:], weight[0], bias[0], eps)
+    return torch.addcmul(bias[:, None, :], F.layer_norm(x, x.shape[-1:], eps=eps), weight[:, None, :])
+
+
+def group_scale(x: Tensor, scale: Tensor | None) -> Tensor:
+    """x[m] * scale[g(m)] for layer scale; identity when `scale` is None. x (M, N, d), scale (G, d)."""
+    return x if scale is None else x * scale[:, None, :]

@@ -1,0 +1,157 @@
+"""One transformer layer of M pruned members, run as a single pass (paper §4.2, Fig. 2, Eq. 4-7).
+
+Symbols: M members, B batch, T tokens, d hidden size, dh head size, Hp = the most heads any member keeps in this
+layer, F MLP width, G = 1 for a tensor the members share (identical, or averaged with mlp="average"), else M.
+
+Attention: q/k/v for all members come from one grouped matmul; member m's kept heads fill slots 0..H_m-1 of its
+Hp slots and the rest are zero-padded (zero q/k/v weights and zero W_o rows, so a padded head adds exactly
+nothing). All members' heads then go through one `scaled_dot_product_attention` call laid out as
+(B, M*Hp, T, dh): the paper's reshape MT x d -> T x Md, so attention sees T tokens, not M*T.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..adapters import Block
+from .grouped import group_scale, grouped_layer_norm, grouped_linear
+
+MLPMode = Literal["average", "stack"]
+# Tensors a layer may share between members, each with its group axis G. Attention is never shared.
+SHAREABLE = ("norm1", "norm2", "mlp", "scale1", "scale2")
+
+
+class FusedLayer(nn.Module):
+    """M members' copies of one layer.
+
+    Tensors (see the module docstring for symbols):
+        qkv_weight (M, d, 3*Hp*dh), qkv_bias (M, 1, 3*Hp*dh): columns [q heads | k heads | v heads]
+        o_weight (M, Hp*dh, d), o_bias (M, 1, d)
+        norm1_weight, norm1_bias, norm2_weight, norm2_bias (G, d)
+        mlp_in_weight (G, d, F), mlp_in_bias (G, 1, F), mlp_out_weight (G, F, d), mlp_out_bias (G, 1, d)
+        scale1, scale2 (G, d): layer scale (DINOv2), absent otherwise
+    """
+
+    def __init__(
+        self,
+        tensors: dict[str, Tensor],
+        *,
+        head_counts: Sequence[int],
+        head_dim: int,
+        scaling: float,
+        norm_position: Literal["pre", "post"],
+        eps: tuple[float, float],
+        activation: Callable[[Tensor], Tensor],
+    ):
+        super().__init__()
+        for name, tensor in tensors.items():
+            self.register_parameter(name, nn.Parameter(tensor, requires_grad=tensor.is_floating_point()))
+        if "scale1" not in tensors:
+            self.scale1 = self.scale2 = None
+        self.head_counts = list(head_counts)
+        self.padded_heads = max(self.head_counts, default=0)
+        self.head_dim = head_dim
+        self.scaling = scaling
+        self.norm_position = norm_position
+        self.eps = eps
+        self.activation = activation
+
+    @classmethod
+    def from_blocks(
+        cls, blocks: Sequence[Block], head_counts: Sequence[int], mlp: MLPMode, **layer_kwargs
+    ) -> FusedLayer:
+        """Gather one layer from M members. `blocks[m]` keeps `head_counts[m]` heads (its first rows)."""
+        head_dim = layer_kwargs["head_dim"]
+        width = max(head_counts, default=0) * head_dim  # Hp * dh
+        first = blocks[0].output.weight
+        members, d = len(blocks), first.shape[0]
+        qkv_weight = first.new_zeros(members, d, 3 * width)
+        qkv_bias = first.new_zeros(members, 1, 3 * width)
+        o_weight = first.new_zeros(members, width, d)
+        o_bias = first.new_zeros(members, 1, d)
+        with torch.no_grad():
+            for m, (block, count) in enumerate(zip(blocks, head_counts)):
+                rows = count * head_dim  # a member with no heads left keeps a zero placeholder: skip it
+                for j, linear in enumerate((block.query, block.key, block.value)):
+                    qkv_weight[m, :, j * width : j * width + rows] = linear.weight[:rows].T
+                    if linear.bias is not None:
+                        qkv_bias[m, 0, j * width : j * width + rows] = linear.bias[:rows]
+                o_weight[m, :rows] = block.output.weight[:, :rows].T
+                if block.output.bias is not None:
+                    o_bias[m, 0] = block.output.bias
+        tensors = {"qkv_weight": qkv_weight, "qkv_bias": qkv_bias, "o_weight": o_weight, "o_bias": o_bias}
+        tensors |= _shared_or_stacked(blocks, mlp)
+        return cls(tensors, head_counts=head_counts, **layer_kwargs)
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        """x: (M, B, T, d) member streams; mask: bool, broadcastable to (B, M*Hp, T, T). Returns (M, B, T, d)."""
+        members, batch, tokens, d = x.shape
+        x = x.reshape(members, batch * tokens, d)  # (M, N, d), N = B*T
+        if self.norm_position == "pre":
+            x = x + group_scale(self.attention(self.norm(x, 1), batch, mask), self.scale1)
+            x = x + group_scale(self.mlp(self.norm(x, 2)), self.scale2)
+        else:
+            x = self.norm(x + self.attention(x, batch, mask), 1)
+            x = self.norm(x + self.mlp(x), 2)
+        return x.view(members, batch, tokens, d)
+
+    def attention(self, x: Tensor, batch: int, mask: Tensor | None = None) -> Tensor:
+        """Fused multi-head attention. x: (M, N, d) -> (M, N, d)."""
+        members, rows, _ = x.shape
+        if self.padded_heads == 0:  # no member keeps a head here: the block adds W_o's bias only
+            return self.o_bias.expand(members, rows, -1)
+        tokens, heads, head_dim = rows // batch, self.padded_heads, self.head_dim
+        qkv = grouped_linear(x, self.qkv_weight, self.qkv_bias)  # (M, N, 3*Hp*dh)
+        qkv = qkv.view(members, batch, tokens, 3, heads, head_dim).permute(3, 1, 0, 4, 2, 5)  # (3, B, M, Hp, T, dh)
+        q, k, v = qkv.reshape(3, batch, members * heads, tokens, head_dim).unbind(0)  # each (B, M*Hp, T, dh)
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)  # (B, M*Hp, T, dh)
+        z = z.view(batch, members, heads, tokens, head_dim).permute(1, 0, 3, 2, 4)  # (M, B, T, Hp, dh)
+        return grouped_linear(z.reshape(members, rows, heads * head_dim), self.o_weight, self.o_bias)
+
+    def mlp(self, x: Tensor) -> Tensor:
+        """x: (M, N, d) -> (M, N, d)."""
+        hidden = self.activation(grouped_linear(x, self.mlp_in_weight, self.mlp_in_bias))  # (M, N, F)
+        return grouped_linear(hidden, self.mlp_out_weight, self.mlp_out_bias)
+
+    def norm(self, x: Tensor, which: int) -> Tensor:
+        weight, bias = getattr(self, f"norm{which}_weight"), getattr(self, f"norm{which}_bias")
+        return grouped_layer_norm(x, weight, bias, self.eps[which - 1])
+
+
+def _shared_or_stacked(blocks: Sequence[Block], mlp: MLPMode) -> dict[str, Tensor]:
+    """Norm, MLP and layer-scale tensors: one copy when all members hold the same values (exact), otherwise the
+    members' average (mlp="average", the paper's merged MLP) or all of them stacked (mlp="stack", exact)."""
+    groups = {
+        "norm1": {"norm1_weight": [b.norm1.weight for b in blocks], "norm1_bias": [b.norm1.bias for b in blocks]},
+        "norm2": {"norm2_weight": [b.norm2.weight for b in blocks], "norm2_bias": [b.norm2.bias for b in blocks]},
+        "mlp": {
+            "mlp_in_weight": [b.mlp_in.weight.T for b in blocks],  # (d, F)
+            "mlp_in_bias": [b.mlp_in.bias[None] for b in blocks],  # (1, F)
+            "mlp_out_weight": [b.mlp_out.weight.T for b in blocks],  # (F, d)
+            "mlp_out_bias": [b.mlp_out.bias[None] for b in blocks],  # (1, d)
+        },
+    }
+    if blocks[0].scale1 is not None:
+        groups["scale1"] = {"scale1": [b.scale1 for b in blocks]}
+        groups["scale2"] = {"scale2": [b.scale2 for b in blocks]}
+    out: dict[str, Tensor] = {}
+    with torch.no_grad():
+        for group in groups.values():
+            shapes = {name: {tuple(t.shape) for t in ts} for name, ts in group.items()}
+            uneven = {name: sorted(s) for name, s in shapes.items() if len(s) > 1}
+            if uneven:
+                raise ValueError(f"members differ in the shape of {uneven}; fusion needs equal MLP widths.")
+            identical = all(torch.equal(t, ts[0]) for ts in group.values() for t in ts)
+            for name, ts in group.items():
+                if identical:
+                    out[name] = ts[0].detach().clone()[None]  # (1, ...)
+                elif mlp == "average":
+                    out[name] = torch.stack([t.detach() for t in ts]).mean(0, keepdim=True)
+                else:
+                    out[name] = torch.stack([t.detach() for t in ts]).clone()  # (M, ...)
+    return out

@@ -1,0 +1,101 @@
+"""Everything of the members outside their layers: embeddings before, final norm / pooler / classifier after.
+
+The HF modules that compute these are reused as they are, through `torch.func.functional_call` on a
+structure-only copy of the model (its layers removed, its tensors on the meta device) — the torch.func
+model-ensembling recipe. The real tensors live here in two stores: `shared` (one copy) and `member` (stacked
+along a leading M axis). A call that involves per-member tensors is `torch.vmap`-ed over members, so the M heads
+(and, when members' embeddings differ, the M embeddings) run as batched ops, not a Python loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from ..adapters import Adapter
+
+
+class TensorStore(nn.Module):
+    """A flat, saveable dict of named tensors (dotted names are stored with '.' -> '/')."""
+
+    def __init__(self, tensors: Mapping[str, Tensor], parameters: set[str]):
+        super().__init__()
+        for name, tensor in tensors.items():
+            key = name.replace(".", "/")
+            if name in parameters:
+                self.register_parameter(key, nn.Parameter(tensor, requires_grad=tensor.is_floating_point()))
+            else:
+                self.register_buffer(key, tensor)
+
+    def tensors(self) -> dict[str, Tensor]:
+        own = dict(self.named_parameters(recurse=False)) | dict(self.named_buffers(recurse=False))
+        return {key.replace("/", "."): tensor for key, tensor in own.items()}
+
+
+class _Apply(nn.Module):
+    """`_Apply(model)(fn, *args) == fn(model, *args)`: lets functional_call run any function of the model."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, fn: Callable[..., Tensor], *args: Any) -> Tensor:
+        return fn(self.model, *args)
+
+
+class OuterModules(nn.Module):
+    """The members' embeddings and heads.
+
+    Args:
+        adapter: the family adapter.
+        skeleton: the HF model class built without layers, on the meta device (structure only).
+        shared: tensors common to all members, by their dotted name in `skeleton`.
+        member: tensors that differ per member, each stacked to (M, ...).
+        parameters: which of those names are parameters (the rest are buffers).
+    """
+
+    def __init__(
+        self,
+        adapter: Adapter,
+        skeleton: nn.Module,
+        shared: Mapping[str, Tensor],
+        member: Mapping[str, Tensor],
+        parameters: set[str],
+    ):
+        super().__init__()
+        self.adapter = adapter
+        self.__dict__["_apply_fn"] = _Apply(skeleton)  # outside the module tree: .to() must not touch meta
+        self.shared = TensorStore(shared, parameters)
+        self.member = TensorStore(member, parameters)
+        embedding_prefixes = tuple(adapter.full_path(skeleton, p) + "." for p in adapter.embedding_paths)
+        self.embeddings_per_member = any(name.startswith(embedding_prefixes) for name in member)
+
+    @property
+    def skeleton(self) -> nn.Module:
+        return self._apply_fn.model
+
+    def _call(self, member_tensors: Mapping[str, Tensor], fn: Callable[..., Tensor], *args: Any) -> Tensor:
+        tensors = {f"model.{k}": v for k, v in (self.shared.tensors() | dict(member_tensors)).items()}
+        return functional_call(self._apply_fn, tensors, (fn, *args), strict=True)
+
+    def embed(self, inputs: Mapping[str, Any], members: int) -> Tensor:
+        """Hidden states entering layer 0 for every member, (M, B, T, d); computed once when members share them."""
+        def embed(model: nn.Module, inputs: Mapping[str, Any]) -> Tensor:
+            return self.adapter.embed(self.adapter.backbone(model), inputs)
+
+        if not self.embeddings_per_member:
+            hidden = self._call(self.member_slice(0), embed, inputs)  # (B, T, d)
+            return hidden.expand(members, *hidden.shape)
+        return torch.vmap(lambda tensors: self._call(tensors, embed, inputs))(self.member.tensors())
+
+    def head(self, hidden: Tensor, inputs: Mapping[str, Any]) -> Tensor:
+        """Each member's own head on its own stream: hidden (M, B, T, d) -> (M, B, C) or (M, B, D)."""
+        head = self.adapter.head
+        return torch.vmap(lambda tensors, h: self._call(tensors, head, h, inputs))(self.member.tensors(), hidden)
+
+    def member_slice(self, m: int) -> dict[str, Tensor]:
+        return {name: tensor[m] for name, tensor in self.member.tensors().items()}

@@ -1,0 +1,138 @@
+"""Taylor head importance (paper 000, §D.1.1, after Molchanov et al. 2019).
+
+For head h of layer l, with W one of the input projections W_q, W_k, W_v (shape (H*dh, D), rows grouped per
+head) and G = dL/dW its gradient over the calibration data:
+
+    q_h = 1/(dh*D) sum_{r in rows(h)} sum_c |W_rc G_rc|     (likewise k_h, v_h)
+    s_h = (q_h + k_h + v_h) / 3
+
+G is the gradient of the *mean* loss over all calibration examples (batch losses weighted by batch size), and
+the model runs in eval mode (no dropout), so the scores do not depend on how the data is batched.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from ..adapters import get_adapter
+from ..data.loaders import Batch, batch_size, materialize, split_batch, to_device
+from ..pruning import kept_heads, prune_heads
+from .losses import has_labels, importance_loss
+
+
+def taylor_head_scores(
+    model: nn.Module,
+    loader: Iterable[Batch],
+    *,
+    loss: str = "auto",
+    temperature: float = 1 / 15,
+    sequential_budget: int | Sequence[int] | None = None,
+    progress: bool = True,
+) -> Tensor:
+    """Score every attention head; higher = more important.
+
+    Args:
+        model: a supported HF model (classifier or encoder), pruned or not. It is not modified.
+        loader: calibration batches (dicts of model inputs, with `labels` for cross-entropy).
+        loss: "cross_entropy", "entropy" (label-free, paper 002 §3.3) or "auto" (cross-entropy when the model is
+            a classifier and every batch has labels, entropy otherwise).
+        temperature: tau of the similarity entropy used for encoders without a classifier.
+        sequential_budget: heads to prune per layer (one int, or one per layer) for the prune-and-recompute mode:
+            layers are scored in order 0..L-1 and, on a copy of the model, layer l's lowest-scoring heads are
+            pruned before layer l+1 is scored, so later scores reflect the pruned network. Row l of the result
+            is then the score of layer l just before it was pruned.
+        progress: show a progress bar.
+
+    Returns:
+        (L, H) float tensor in the original head numbering; NaN for heads the model had already pruned.
+    """
+    adapter = get_adapter(model)
+    batches = materialize(loader, "calibration loader")
+    if loss == "auto":
+        loss = "cross_entropy" if adapter.is_classifier(model) and has_labels(batches) else "entropy"
+    num_layers = adapter.num_layers(model)
+    if sequential_budget is None:
+        return _scores(model, batches, range(num_layers), loss, temperature, progress, "Taylor scores")
+    budgets = _per_layer(sequential_budget, num_layers)
+    work = copy.deepcopy(model)
+    scores = torch.full((num_layers, adapter.num_heads(model)), float("nan"))
+    for layer in range(num_layers):
+        desc = f"Taylor scores, layer {layer + 1}/{num_layers}"
+        scores[layer] = _scores(work, batches, [layer], loss, temperature, progress, desc)[layer]
+        kept = kept_heads(work)[layer]
+        if budgets[layer] >= len(kept):
+            raise ValueError(
+                f"sequential_budget for layer {layer} is {budgets[layer]} but the layer has {len(kept)} heads; "
+                "prune fewer heads than the layer has."
+            )
+        lowest = sorted(kept, key=lambda h: (scores[layer, h].item(), h))[: budgets[layer]]
+        prune_heads(work, {layer: lowest})
+    return scores
+
+
+def _scores(
+    model: nn.Module,
+    batches: list[Batch],
+    layers: Iterable[int],
+    loss: str,
+    temperature: float,
+    progress: bool,
+    desc: str,
+) -> Tensor:
+    """One pass of gradient accumulation; scores for `layers` (other rows NaN)."""
+    adapter = get_adapter(model)
+    layers = list(layers)
+    blocks = {layer: adapter.block(adapter.layers(model)[layer]) for layer in layers}
+    weights = [linear.weight for b in blocks.values() for linear in (b.query, b.key, b.value)]
+    grads = [torch.zeros_like(w, dtype=torch.float32) for w in weights]
+    total = sum(batch_size(split_batch(adapter, batch)[0]) for batch in batches)
+    device = next(model.parameters()).device
+    classifier = adapter.is_classifier(model)
+    flags = {p: p.requires_grad for p in model.parameters()}
+    was_training = model.training
+    try:
+        model.eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for w in weights:
+            w.requires_grad_(True)
+        for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
+            inputs, labels = split_batch(adapter, batch)
+            output = adapter.output(model, to_device(inputs, device))
+            weight = batch_size(inputs) / total
+            value = importance_loss(output, labels, loss=loss, classifier=classifier, temperature=temperature)
+            for acc, g in zip(grads, torch.autograd.grad(value * weight, weights)):
+                acc += g.float()
+    finally:
+        for p, flag in flags.items():
+            p.requires_grad_(flag)
+        model.train(was_training)
+    return _per_head(model, layers, weights, grads)
+
+
+def _per_head(model: nn.Module, layers: list[int], weights: list[Tensor], grads: list[Tensor]) -> Tensor:
+    adapter = get_adapter(model)
+    head_dim = adapter.head_dim(model)
+    kept = kept_heads(model)
+    scores = torch.full((adapter.num_layers(model), adapter.num_heads(model)), float("nan"))
+    for i, layer in enumerate(layers):
+        per_projection = []
+        for w, g in zip(weights[3 * i : 3 * i + 3], grads[3 * i : 3 * i + 3]):
+            saliency = (w.detach().float() * g).abs()  # (H*dh, D)
+            per_projection.append(saliency.view(-1, head_dim, saliency.shape[1]).mean(dim=(1, 2)))  # (H,)
+        layer_scores = torch.stack(per_projection).mean(dim=0).cpu()  # (H_kept,) or (1,) for a placeholder
+        if kept[layer]:
+            scores[layer, kept[layer]] = layer_scores[: len(kept[layer])]
+    return scores
+
+
+def _per_layer(budget: int | Sequence[int], num_layers: int) -> list[int]:
+    budgets = [budget] * num_layers if isinstance(budget, int) else [int(b) for b in budget]
+    if len(budgets) != num_layers or any(b < 0 for b in budgets):
+        raise ValueError(f"budget must be an int >= 0 or {num_layers} of them (one per layer), got {budget!r}.")
+    return budgets

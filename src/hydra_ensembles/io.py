@@ -1,0 +1,69 @@
+"""Saving without losing anything: a directory is written whole or not at all."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
+    """Write JSON to `path` through a temporary file and an atomic rename: readers see old or new, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_dir_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """Call `write(tmp_dir)`, then swap `tmp_dir` into `path`.
+
+    If `write` fails or the process dies midway, `path` still holds the previous save. The swap is two renames;
+    should the process die between them, the previous save sits at `<path>.previous` and `recover_dir` (called
+    by every loader here) puts it back.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    recover_dir(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+    try:
+        write(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    previous = path.with_name(path.name + ".previous")
+    if path.exists():
+        os.rename(path, previous)
+    os.rename(tmp, path)
+    shutil.rmtree(previous, ignore_errors=True)
+    return path
+
+
+def recover_dir(path: str | os.PathLike) -> None:
+    """Undo a swap that was cut off between its two renames."""
+    path = Path(path)
+    previous = path.with_name(path.name + ".previous")
+    if previous.exists() and not path.exists():
+        os.rename(previous, path)
+
+
+@contextmanager
+def reading_dir(path: str | os.PathLike, what: str) -> Iterator[Path]:
+    path = Path(path)
+    recover_dir(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"no {what} at {str(path)!r}: the directory does not exist.")
+    yield path

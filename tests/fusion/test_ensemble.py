@@ -1,0 +1,127 @@
+"""HydraEnsemble beyond the contracts: saving and loading, atomic saves, and bad members."""
+
+import copy
+
+import pytest
+import safetensors.torch
+import torch
+from conftest import MODELS, fused_output, make_inputs, perturb, random_head_maps
+
+import hydra_ensembles as he
+from hydra_ensembles.fusion import ensemble as ensemble_module
+
+
+@pytest.mark.parametrize("name", ["bert", "dinov2", "clip_text", "clip_classifier"])
+@pytest.mark.parametrize("mlp", ["average", "stack"])
+def test_reload_gives_identical_outputs(name, mlp, tmp_path):
+    members = [perturb(m, seed=i) for i, m in enumerate(he.build_members(MODELS[name](), random_head_maps(3, seed=7)))]
+    ensemble = he.HydraEnsemble.fuse(members, mlp=mlp)
+    ensemble.save_pretrained(tmp_path / "hydra")
+    loaded = he.HydraEnsemble.from_pretrained(tmp_path / "hydra")
+    inputs = make_inputs(name)
+    assert torch.equal(fused_output(loaded, inputs), fused_output(ensemble, inputs))
+    assert loaded.head_maps == ensemble.head_maps and loaded.mlp == mlp
+    assert he.count_parameters(loaded) == he.count_parameters(ensemble)
+
+
+def test_a_crashed_save_leaves_the_previous_save_intact(tmp_path, monkeypatch):
+    inputs = make_inputs("bert")
+    first = he.HydraEnsemble.fuse(he.build_members(MODELS["bert"](), random_head_maps(2, seed=1)))
+    first.save_pretrained(tmp_path / "hydra")
+    second = he.HydraEnsemble.fuse(he.build_members(MODELS["bert"](seed=1), random_head_maps(3, seed=2)))
+
+    def crash_midway(tensors, filename, metadata=None):
+        open(filename, "wb").write(b"half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", crash_midway)
+    with pytest.raises(OSError, match="disk full"):
+        second.save_pretrained(tmp_path / "hydra")
+    monkeypatch.undo()
+    reloaded = he.HydraEnsemble.from_pretrained(tmp_path / "hydra")
+    assert torch.equal(fused_output(reloaded, inputs), fused_output(first, inputs))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hydra"]  # no partial directories left behind
+
+
+def test_a_swap_cut_between_its_two_renames_is_recovered(tmp_path):
+    ensemble = he.HydraEnsemble.fuse([MODELS["vit"]()])
+    ensemble.save_pretrained(tmp_path / "hydra")
+    (tmp_path / "hydra").rename(tmp_path / "hydra.previous")  # the state right after the first rename
+    reloaded = he.HydraEnsemble.from_pretrained(tmp_path / "hydra")
+    inputs = make_inputs("vit")
+    assert torch.equal(fused_output(reloaded, inputs), fused_output(ensemble, inputs))
+
+
+def test_loading_a_directory_without_an_ensemble_is_a_clear_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="not a saved Hydra Ensemble"):
+        he.HydraEnsemble.from_pretrained(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        he.HydraEnsemble.from_pretrained(tmp_path / "missing")
+
+
+def test_members_from_different_base_models_are_rejected():
+    a = he.build_members(MODELS["bert"](seed=0), random_head_maps(1, seed=0))
+    b = he.build_members(MODELS["bert"](seed=1), random_head_maps(1, seed=1))
+    with pytest.raises(ValueError, match="different base models"):
+        he.HydraEnsemble.fuse(a + b)
+
+
+def test_fine_tuned_members_keep_their_base_fingerprint():
+    members = he.build_members(MODELS["bert"](), random_head_maps(2, seed=0))
+    perturb(members[1])  # embeddings change under fine-tuning; the recorded fingerprint does not
+    he.HydraEnsemble.fuse(members, mlp="stack")
+
+
+def test_members_with_different_classifiers_are_rejected():
+    import transformers as T
+
+    model = MODELS["bert"]()
+    other = copy.deepcopy(model)
+    other.config.num_labels = 5
+    other.classifier = torch.nn.Linear(32, 5)
+    with pytest.raises(ValueError, match="different classifiers: num_labels"):
+        he.HydraEnsemble.fuse([model, other])
+    encoder = T.BertModel(model.config)
+    with pytest.raises(ValueError, match="mix model classes"):
+        he.HydraEnsemble.fuse([model, encoder])
+
+
+@pytest.mark.parametrize("members, mlp, message", [([], "average", "non-empty list"), (None, "average", "non-empty"),
+                                                    ("one", "median", "'average' or 'stack'")])
+def test_bad_fuse_arguments(members, mlp, message):
+    members = [MODELS["bert"]()] if members == "one" else members
+    with pytest.raises(ValueError, match=message):
+        he.HydraEnsemble.fuse(members, mlp=mlp)
+
+
+def test_wrong_inputs_are_named():
+    ensemble = he.HydraEnsemble.fuse([MODELS["bert"]()])
+    with pytest.raises(ValueError, match=r"missing input\(s\) \['input_ids'\]"):
+        ensemble(attention_mask=torch.ones(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="input_ids must be a \\(batch, seq_len\\) tensor, got \\(7,\\)"):
+        ensemble(input_ids=torch.ones(7, dtype=torch.long))
+    with pytest.raises(ValueError, match="unexpected input"):
+        ensemble(input_ids=torch.ones(1, 3, dtype=torch.long), pixel_values=torch.zeros(1, 3, 4, 4))
+    with pytest.raises(ValueError, match="disagree in shape"):
+        ensemble(input_ids=torch.ones(2, 3, dtype=torch.long), attention_mask=torch.ones(2, 4, dtype=torch.long))
+    labelled = make_inputs("bert") | {"labels": torch.zeros(4, dtype=torch.long)}
+    assert ensemble(**labelled).member_logits.shape == (4, 1, 3)  # labels are ignored
+
+
+def test_mixed_devices_or_dtypes_are_rejected():
+    members = he.build_members(MODELS["vit"](), random_head_maps(2, seed=0))
+    members[1].to(torch.float64)
+    with pytest.raises(ValueError, match="devices/dtypes"):
+        he.HydraEnsemble.fuse(members)
+
+
+def test_ensemble_moves_with_to(tmp_path):
+    ensemble = he.HydraEnsemble.fuse(he.build_members(MODELS["vit"](), random_head_maps(2, seed=0))).to(torch.float64)
+    out = ensemble(pixel_values=torch.randn(2, 3, 16, 16, dtype=torch.float64))
+    assert out.member_logits.dtype == torch.float64
+
+
+def test_module_repr_lists_members():
+    ensemble = he.HydraEnsemble.fuse(he.build_members(MODELS["vit"](), random_head_maps(2, seed=0)))
+    assert "members=2" in repr(ensemble) and ensemble_module.CONFIG_NAME == "hydra_config.json"

@@ -1,0 +1,26 @@
+"""Grouped primitives equal the per-member loop they replace."""
+
+import torch
+import torch.nn.functional as F
+
+from hydra_ensembles.fusion.grouped import grouped_layer_norm, grouped_linear
+
+
+def test_grouped_linear_per_member_and_shared():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 7, 5, generator=g)
+    weight, bias = torch.randn(3, 5, 4, generator=g), torch.randn(3, 1, 4, generator=g)
+    loop = torch.stack([F.linear(x[m], weight[m].T, bias[m, 0]) for m in range(3)])
+    torch.testing.assert_close(grouped_linear(x, weight, bias), loop)
+    shared = torch.stack([F.linear(x[m], weight[0].T, bias[0, 0]) for m in range(3)])
+    torch.testing.assert_close(grouped_linear(x, weight[:1], bias[:1]), shared)
+
+
+def test_grouped_layer_norm_per_member_and_shared():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 6, 8, generator=g)
+    weight, bias = torch.randn(2, 8, generator=g), torch.randn(2, 8, generator=g)
+    loop = torch.stack([F.layer_norm(x[m], (8,), weight[m], bias[m], 1e-6) for m in range(2)])
+    torch.testing.assert_close(grouped_layer_norm(x, weight, bias, 1e-6), loop)
+    torch.testing.assert_close(grouped_layer_norm(x, weight[:1], bias[:1], 1e-6),
+                               F.layer_norm(x, (8,), weight[0], bias[0], 1e-6))

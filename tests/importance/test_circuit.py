@@ -1,0 +1,153 @@
+"""Greedy circuit extraction (§D.1.2, Algorithm 1): against an independent literal loop, and resumable."""
+
+import json
+
+import pytest
+import torch
+from conftest import HEADS, LAYERS, MODELS, make_inputs
+from sklearn.metrics import roc_auc_score
+
+import hydra_ensembles as he
+from hydra_ensembles.importance import circuit as circuit_module
+
+
+def _data(name="bert"):
+    id_batches = [make_inputs(name, seed=s) | {"labels": torch.tensor([0, 1, 2, 1])} for s in (1, 2)]
+    ood_batches = [make_inputs(name, seed=s) for s in (3, 4)]
+    return id_batches, ood_batches
+
+
+def _score(model, id_batches, ood_batches, criterion):
+    """S by hand: sklearn AUROC with ID as the positive class and MSP as the score (the same number as OpenOOD's
+    OOD-positive, -MSP convention)."""
+    with torch.no_grad():
+        def logits(batches):
+            return torch.cat([model(**{k: v for k, v in b.items() if k != "labels"}).logits for b in batches])
+        id_logits, ood_logits = logits(id_batches), logits(ood_batches)
+    labels = torch.cat([b["labels"] for b in id_batches])
+    acc = (id_logits.argmax(-1) == labels).double().mean().item()
+    msp = torch.cat([id_logits, ood_logits]).double().softmax(-1).amax(-1)
+    auroc = roc_auc_score([1] * len(id_logits) + [0] * len(ood_logits), msp.numpy())
+    return {"acc": acc, "ood": auroc, "avg": (acc + auroc) / 2}[criterion]
+
+
+def _literal(model, id_batches, ood_batches, criterion, budget):
+    """Algorithm 1 written out independently: zero W_o column blocks by hand, first best candidate wins."""
+    removed = []
+    dh = 32 // HEADS
+    for _ in range(budget):
+        best, best_head = -1.0, None
+        for layer in range(LAYERS):
+            for h in range(HEADS):
+                if (layer, h) in removed:
+                    continue
+                weights = {l: model.bert.encoder.layer[l].attention.output.dense.weight for l in range(LAYERS)}
+                saved = {l: w.detach().clone() for l, w in weights.items()}
+                with torch.no_grad():
+                    for l, hh in removed + [(layer, h)]:
+                        weights[l][:, hh * dh : (hh + 1) * dh] = 0
+                s = _score(model, id_batches, ood_batches, criterion)
+                with torch.no_grad():
+                    for l, w in weights.items():
+                        w.copy_(saved[l])
+                if s > best:
+                    best, best_head = s, (layer, h)
+        removed.append(best_head)
+    return removed
+
+
+@pytest.mark.parametrize("criterion", ["acc", "ood", "avg"])
+def test_ranking_matches_a_literal_loop(criterion):
+    model, (id_batches, ood_batches) = MODELS["bert"](), _data()
+    circuit = he.extract_circuit(model, id_batches, ood_batches, criterion, budget=3, progress=False)
+    assert circuit.removed == _literal(model, id_batches, ood_batches, criterion, budget=3)
+    assert circuit.baseline == pytest.approx(_score(model, id_batches, ood_batches, criterion), abs=1e-12)
+    kept = circuit.head_map()
+    assert sum(map(len, kept.values())) == LAYERS * HEADS - 3
+    assert all((layer, h) not in circuit.removed for layer, heads in kept.items() for h in heads)
+
+
+def test_extraction_leaves_the_model_unchanged():
+    model, (id_batches, ood_batches) = MODELS["vit"](), _data("vit")
+    id_batches = [b | {"labels": torch.tensor([0, 1, 2, 3])} for b in id_batches]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    he.extract_circuit(model, id_batches, ood_batches, "avg", budget=2, progress=False)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+class _Interrupting(he.CircuitCriterion):
+    """S_avg that dies (like a killed process) at its n-th evaluation."""
+
+    needs_ood = True
+
+    def __init__(self, fail_at):
+        self.calls, self.fail_at = 0, fail_at
+
+    def __call__(self, *args):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise KeyboardInterrupt("killed")
+        return circuit_module.CRITERIA["avg"](*args)
+
+
+def test_an_interrupted_extraction_resumes_to_the_same_ranking(tmp_path):
+    model, (id_batches, ood_batches) = MODELS["bert"](), _data()
+    state = tmp_path / "circuit_state.json"
+    he.register_criterion("avg_killed", _Interrupting(fail_at=1 + 12 + 11 + 5))  # dies inside step 3
+    with pytest.raises(KeyboardInterrupt):
+        he.extract_circuit(model, id_batches, ood_batches, "avg_killed", budget=4, state_path=state, progress=False)
+    assert len(json.loads(state.read_text())["removed"]) == 2
+    resumed_criterion = _Interrupting(fail_at=-1)
+    he.register_criterion("avg_killed", resumed_criterion)
+    resumed = he.extract_circuit(model, id_batches, ood_batches, "avg_killed", budget=4, state_path=state, progress=False)
+    assert resumed_criterion.calls == 10 + 9  # only steps 3 and 4 were evaluated again
+    fresh = he.extract_circuit(model, id_batches, ood_batches, "avg", budget=4, progress=False)
+    assert resumed.removed == fresh.removed and resumed.scores == fresh.scores
+    shorter = he.extract_circuit(model, id_batches, ood_batches, "avg_killed", budget=2, state_path=state, progress=False)
+    assert shorter.removed == fresh.removed[:2]
+
+
+def test_a_state_from_another_run_is_refused(tmp_path):
+    model, (id_batches, ood_batches) = MODELS["bert"](), _data()
+    state = tmp_path / "state.json"
+    he.extract_circuit(model, id_batches, ood_batches, "acc", budget=1, state_path=state, progress=False)
+    with pytest.raises(ValueError, match="different criterion"):
+        he.extract_circuit(model, id_batches, ood_batches, "avg", budget=1, state_path=state, progress=False)
+    with pytest.raises(ValueError, match="different data"):
+        he.extract_circuit(model, id_batches[:1], ood_batches, "acc", budget=1, state_path=state, progress=False)
+
+
+def test_circuit_round_trips_through_json(tmp_path):
+    model, (id_batches, ood_batches) = MODELS["bert"](), _data()
+    circuit = he.extract_circuit(model, id_batches, ood_batches, "ood", budget=2, progress=False)
+    circuit.save(tmp_path / "c.json")
+    assert he.Circuit.load(tmp_path / "c.json") == circuit
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(budget=LAYERS * HEADS), ValueError, "budget must be between 1 and 11"),
+        (dict(budget=0), ValueError, "budget must be between 1"),
+        (dict(ood_loader=None), ValueError, "ood_loader is None"),
+        (dict(ood_loader=[]), ValueError, "ood_loader is empty"),
+        (dict(id_loader=[]), ValueError, "id_loader is empty"),
+        (dict(criterion="f1"), ValueError, "unknown criterion 'f1'"),
+        (dict(id_loader="unlabelled"), ValueError, "need 'labels'"),
+    ],
+)
+def test_bad_input_is_rejected(kwargs, error, message):
+    id_batches, ood_batches = _data()
+    args = dict(id_loader=id_batches, ood_loader=ood_batches, criterion="avg", budget=2, progress=False) | kwargs
+    if args["id_loader"] == "unlabelled":
+        args["id_loader"] = ood_batches
+    with pytest.raises(error, match=message):
+        he.extract_circuit(MODELS["bert"](), **args)
+
+
+def test_acc_criterion_needs_no_ood_data_and_encoders_are_refused():
+    id_batches, _ = _data()
+    circuit = he.extract_circuit(MODELS["bert"](), id_batches, None, "acc", budget=1, progress=False)
+    assert len(circuit.removed) == 1
+    with pytest.raises(ValueError, match="needs a classifier"):
+        he.extract_circuit(MODELS["bert_encoder"](), id_batches, None, "acc", budget=1, progress=False)

@@ -1,0 +1,107 @@
+"""Taylor head scores (§D.1.1) against a literal computation of the formula."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import HEADS, LAYERS, MODELS, make_inputs
+
+import hydra_ensembles as he
+
+
+def _loader(name, batches=2, batch=4, labels=True):
+    out = []
+    for i in range(batches):
+        inputs = make_inputs(name, batch=batch, seed=10 + i)
+        if labels:
+            inputs["labels"] = torch.arange(batch) % 3
+        out.append(inputs)
+    return out
+
+
+def _literal_scores(model, loss_of_output, batches):
+    """The paper's formula, written out: one backward pass over all data concatenated."""
+    model = copy.deepcopy(model)
+    adapter = he.get_adapter(model)
+    inputs = {k: torch.cat([b[k] for b in batches]) for k in batches[0] if k != "labels"}
+    labels = torch.cat([b["labels"] for b in batches]) if "labels" in batches[0] else None
+    loss_of_output(adapter.output(model, inputs), labels).backward()
+    scores = torch.zeros(LAYERS, HEADS)
+    for layer in range(LAYERS):
+        block = adapter.block(adapter.layers(model)[layer])
+        for linear in (block.query, block.key, block.value):
+            W, G = linear.weight, linear.weight.grad  # (H*dh, D)
+            d_h, D = W.shape[0] // HEADS, W.shape[1]
+            for h in range(HEADS):
+                rows = slice(h * d_h, (h + 1) * d_h)
+                scores[layer, h] += (W[rows] * G[rows]).abs().sum() / (d_h * D) / 3
+    return scores
+
+
+def test_cross_entropy_scores_follow_the_formula_and_ignore_batching():
+    model, batches = MODELS["bert"](), _loader("bert")
+    expected = _literal_scores(model, F.cross_entropy, batches)
+    got = he.taylor_head_scores(model, batches, progress=False)
+    assert got.shape == (LAYERS, HEADS)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-9)
+    rebatched = [{k: v[i : i + 2] for k, v in b.items()} for b in batches for i in (0, 2)]
+    torch.testing.assert_close(he.taylor_head_scores(model, rebatched, progress=False), got, rtol=1e-4, atol=1e-9)
+
+
+def test_label_free_entropy_for_a_classifier():
+    model, batches = MODELS["vit"](), _loader("vit", batches=1, labels=False)
+
+    def entropy(logits, _):
+        p = logits.softmax(-1)
+        return -(p * p.log()).sum(-1).mean()
+
+    torch.testing.assert_close(he.taylor_head_scores(model, batches, progress=False),
+                               _literal_scores(model, entropy, batches), rtol=1e-4, atol=1e-9)
+
+
+def test_label_free_similarity_entropy_for_an_encoder():
+    """Paper 002 Eq. 5-7: softmax over in-batch cosine similarities of pooled embeddings, tau = 1/15."""
+    model, batches = MODELS["clip_vision"](), _loader("clip_vision", batches=1, batch=6, labels=False)
+
+    def similarity_entropy(z, _):
+        z = F.normalize(z, dim=-1)
+        p = (z @ z.T * 15).softmax(-1)
+        return -(p * p.log()).sum(-1).mean()
+
+    torch.testing.assert_close(he.taylor_head_scores(model, batches, progress=False),
+                               _literal_scores(model, similarity_entropy, batches), rtol=1e-4, atol=1e-9)
+
+
+def test_sequential_mode_rescores_after_pruning_each_layer():
+    model, batches = MODELS["bert"](), _loader("bert")
+    sequential = he.taylor_head_scores(model, batches, sequential_budget=[2, 1, 1], progress=False)
+    one_shot = he.taylor_head_scores(model, batches, progress=False)
+    torch.testing.assert_close(sequential[0], one_shot[0])  # nothing pruned yet when layer 0 is scored
+    lowest = sorted(range(HEADS), key=lambda h: one_shot[0, h].item())[:2]
+    pruned = he.prune_heads(copy.deepcopy(model), {0: lowest})
+    torch.testing.assert_close(sequential[1], he.taylor_head_scores(pruned, batches, progress=False)[1])
+    assert not torch.allclose(sequential[1], one_shot[1], rtol=1e-5, atol=0)
+
+
+def test_scores_of_a_pruned_model_are_nan_for_pruned_heads_and_the_model_is_untouched():
+    model = he.prune_heads(MODELS["bert"](), {1: [0, 2]})
+    model.train()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    flags = [p.requires_grad for p in model.parameters()]
+    scores = he.taylor_head_scores(model, _loader("bert"), progress=False)
+    assert scores[1].isnan().tolist() == [True, False, True, False] and not scores[[0, 2]].isnan().any()
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert [p.requires_grad for p in model.parameters()] == flags and model.training
+
+
+def test_bad_input_is_rejected():
+    model = MODELS["bert"]()
+    with pytest.raises(ValueError, match="calibration loader is empty"):
+        he.taylor_head_scores(model, [], progress=False)
+    with pytest.raises(ValueError, match="needs a classifier and batches with 'labels'"):
+        he.taylor_head_scores(model, _loader("bert", labels=False), loss="cross_entropy", progress=False)
+    with pytest.raises(ValueError, match="layer 0 is 4 but the layer has 4 heads"):
+        he.taylor_head_scores(model, _loader("bert"), sequential_budget=HEADS, progress=False)
+    with pytest.raises(TypeError, match="dict batches"):
+        he.taylor_head_scores(model, [torch.zeros(2, 3)], progress=False)

@@ -1,0 +1,41 @@
+"""Parameters and FLOPs: contract 5 on a ViT-B/16 configuration (random weights, 1000 classes)."""
+
+import pytest
+import torch
+import transformers as T
+from conftest import MODELS, make_inputs, random_head_maps
+
+import hydra_ensembles as he
+
+
+def test_vit_b16_parameters_match_the_paper(capsys):
+    torch.manual_seed(0)
+    single = T.ViTForImageClassification(T.ViTConfig(image_size=224, patch_size=16, num_labels=1000)).eval()
+    assert round(he.count_parameters(single) / 1e6, 2) == 86.57
+    maps = he.sample_members(torch.rand(12, 12), num_members=3, budget=4, pool=12, seed=0)  # 8 heads per layer
+    members = he.build_members(single, maps)
+    ensemble = he.HydraEnsemble.fuse(members)
+    fused = he.count_parameters(ensemble)
+    assert abs(fused / 116.31e6 - 1) < 0.005, fused
+    rows = he.cost_table(single, members, ensemble, {"pixel_values": torch.randn(1, 3, 224, 224)})
+    with capsys.disabled():
+        print("\n" + he.format_cost_table(rows))
+    by_name = {row.name: row for row in rows}
+    assert by_name["single"].macs == pytest.approx(17.58e9, rel=0.01)  # paper Table 7: 17.58 G mult-adds
+    assert by_name["fused Hydra Ensemble"].macs == pytest.approx(46.19e9, rel=0.01)  # 46.19 G
+    assert by_name["deep ensemble (3 x single)"].parameters == 3 * he.count_parameters(single)
+
+
+def test_flops_count_attention_on_cpu():
+    """Without the CPU flash-attention formula, QK^T and AV would be missing from the count."""
+    model, inputs = MODELS["vit"](), make_inputs("vit", batch=2)
+    projections_only = 2 * 2 * 17 * 3 * (4 * 32 * 32 + 2 * 32 * 37) + 2 * 2 * 16 * 48 * 32 + 2 * 2 * 32 * 5
+    attention = 2 * 2 * 3 * 2 * 17 * 17 * 32
+    assert he.count_flops(model, inputs) == projections_only + attention
+
+
+def test_fused_flops_count_padded_heads():
+    model, inputs = MODELS["vit"](), make_inputs("vit", batch=2)
+    members = he.build_members(model, random_head_maps(2, seed=0, min_heads=1))
+    ensemble = he.HydraEnsemble.fuse(members)
+    assert he.count_flops(ensemble, inputs) > 0 and he.count_parameters(ensemble) > he.count_parameters(model)

@@ -1,0 +1,29 @@
+"""Atomic saves: a crash while writing keeps the previous content."""
+
+import json
+
+import pytest
+
+from hydra_ensembles.io import save_dir_atomic, write_json_atomic
+
+
+def test_json_write_is_atomic(tmp_path, monkeypatch):
+    path = tmp_path / "state.json"
+    write_json_atomic(path, {"step": 1})
+    monkeypatch.setattr(json, "dump", lambda *a, **k: (_ for _ in ()).throw(OSError("crash")))
+    with pytest.raises(OSError):
+        write_json_atomic(path, {"step": 2})
+    monkeypatch.undo()
+    assert json.loads(path.read_text()) == {"step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+
+
+def test_directory_save_replaces_whole_or_not_at_all(tmp_path):
+    target = tmp_path / "out"
+    save_dir_atomic(target, lambda d: (d / "a.txt").write_text("old"))
+    with pytest.raises(RuntimeError):
+        save_dir_atomic(target, lambda d: ((d / "a.txt").write_text("new"), (_ for _ in ()).throw(RuntimeError()))[0])
+    assert (target / "a.txt").read_text() == "old"
+    save_dir_atomic(target, lambda d: (d / "b.txt").write_text("new"))
+    assert sorted(p.name for p in target.iterdir()) == ["b.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -1,0 +1,92 @@
+"""Members from scores (per-layer budgets), from a circuit (global budget) and from several circuits."""
+
+import pytest
+import torch
+from conftest import HEADS, LAYERS, MODELS
+
+import hydra_ensembles as he
+
+SCORES = torch.tensor([[0.4, 0.1, 0.3, 0.2], [0.1, 0.2, 0.3, 0.4], [0.9, 0.8, 0.7, 0.6]])
+
+
+def _circuit(removed=((0, 1), (2, 3), (1, 0), (0, 3), (2, 2), (1, 1))):
+    kept = {layer: list(range(HEADS)) for layer in range(LAYERS)}
+    return he.Circuit("avg", list(removed), [0.5] * len(removed), 0.5, kept, HEADS)
+
+
+def test_pool_equal_to_budget_prunes_the_least_useful_heads():
+    maps = he.sample_members(SCORES, num_members=2, budget=[2, 1, 3], pool=[2, 1, 3])
+    assert maps[0] == maps[1] == {0: [0, 2], 1: [1, 2, 3], 2: [0]}
+
+
+def test_members_differ_by_seed_and_are_reproducible():
+    maps = he.sample_members(SCORES, num_members=3, budget=1, pool=4, seed=0)
+    assert all(len(heads) == HEADS - 1 for m in maps for heads in m.values())
+    assert len({str(m) for m in maps}) > 1
+    assert maps == he.sample_members(SCORES, num_members=3, budget=1, pool=4, seed=0)
+    assert maps != he.sample_members(SCORES, num_members=3, budget=1, pool=4, seed=1)
+
+
+def test_sampled_heads_come_from_the_pool_of_least_useful():
+    for seed in range(20):
+        (head_map,) = he.sample_members(SCORES, num_members=1, budget=1, pool=2, seed=seed)
+        assert set(range(HEADS)) - set(head_map[0]) <= {1, 3}  # the two lowest scores of layer 0
+        assert set(range(HEADS)) - set(head_map[2]) <= {2, 3}
+
+
+def test_already_pruned_heads_stay_pruned():
+    scores = SCORES.clone()
+    scores[0, 0] = float("nan")
+    (head_map,) = he.sample_members(scores, num_members=1, budget=1, pool=1)
+    assert head_map[0] == [2, 3]
+
+
+def test_circuit_members_sample_the_global_budget_from_the_ranking():
+    circuit = _circuit()
+    maps = he.sample_members(circuit, num_members=3, budget=2, pool=4, seed=0)
+    for head_map in maps:
+        pruned = {(layer, h) for layer in range(LAYERS) for h in range(HEADS) if h not in head_map[layer]}
+        assert len(pruned) == 2 and pruned <= set(circuit.removed[:4])
+    (exact,) = he.sample_members(circuit, num_members=1, budget=3, pool=3)
+    assert exact == circuit.head_map(3)
+
+
+def test_one_member_per_circuit():
+    circuits = [_circuit(), _circuit(((1, 1), (0, 0))), _circuit(((2, 0), (2, 1)))]
+    maps = he.sample_members(circuits, budget=2)
+    assert maps == [c.head_map(2) for c in circuits]
+
+
+def test_build_members_prunes_copies():
+    model = MODELS["bert"]()
+    maps = he.sample_members(SCORES, num_members=2, budget=1, pool=3)
+    members = he.build_members(model, maps)
+    assert [he.kept_heads(m) for m in members] == maps
+    assert he.kept_heads(model) == {layer: list(range(HEADS)) for layer in range(LAYERS)}
+
+
+@pytest.mark.parametrize(
+    "source, kwargs, message",
+    [
+        (SCORES, dict(budget=HEADS), "budget 4 for layer 0 is not below its 4 heads"),
+        (SCORES, dict(budget=2, pool=5), "pool for layer 0 must be between"),
+        (SCORES, dict(), "budget is required"),
+        (SCORES, dict(budget=[1, 1]), "one per layer"),
+        (SCORES, dict(budget=1, num_members=0), "num_members must be a positive int"),
+        (SCORES[0], dict(budget=1), "must be a \\(layers, heads\\) tensor"),
+        (_circuit(), dict(budget=7), "budget must be an int between 0 and 6"),
+        (_circuit(), dict(budget=4, pool=8), "pool must be between the budget 4 and the 6 heads"),
+        ([_circuit()], dict(budget=1, pool=3), "pool does not apply"),
+        ([], dict(budget=1), "must be a"),
+    ],
+)
+def test_bad_arguments(source, kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        he.sample_members(source, **kwargs)
+
+
+def test_head_maps_that_do_not_fit_the_model_are_rejected():
+    with pytest.raises(ValueError, match="out of range"):
+        he.build_members(MODELS["bert"](), [{0: [0, 1], 5: [1]}])
+    with pytest.raises(ValueError, match="keeps heads the model no longer has"):
+        he.build_members(he.prune_heads(MODELS["bert"](), {0: [1]}), [{0: [1, 2]}])

@@ -1,0 +1,125 @@
+"""Structural pruning: contract 2 (pruned == ablated original), the head map, save/load, bad input."""
+
+import copy
+
+import pytest
+import torch
+from conftest import CONTRACT_MODELS, HEADS, LAYERS, MODELS, make_inputs, output, perturb
+
+import hydra_ensembles as he
+
+PLAN = {0: [1, 3], 1: [0, 1, 2, 3], 2: [2]}  # two heads, a whole layer, one head
+
+
+@pytest.mark.parametrize("name", CONTRACT_MODELS)
+def test_pruned_model_equals_ablated_original(name):
+    """Contract 2, with padded inputs, a layer emptied entirely and a layer left with one head."""
+    model, inputs = MODELS[name](), make_inputs(name)
+    plan = {0: [0, 1, 3], 1: [0, 1, 2, 3], 2: [2]}
+    with he.ablate_heads(model, plan):
+        ablated = output(model, inputs)
+    pruned = he.prune_heads(copy.deepcopy(model), plan)
+    assert (output(pruned, inputs) - ablated).abs().max().item() <= 1e-5
+    assert not torch.allclose(output(model, inputs), ablated)  # the heads did matter
+
+
+def test_head_map_follows_pruning_in_original_numbering():
+    model = he.prune_heads(MODELS["bert"](), {0: [1]})
+    he.prune_heads(model, {0: [3], 2: [0]})  # original numbering, also after earlier pruning
+    assert he.kept_heads(model) == {0: [0, 2], 1: [0, 1, 2, 3], 2: [1, 2, 3]}
+    attention = model.bert.encoder.layer[0].attention.self
+    assert attention.num_attention_heads == 2 and attention.all_head_size == 16
+    assert attention.query.weight.shape == (16, 32) and model.bert.encoder.layer[0].attention.output.dense.weight.shape == (32, 16)
+
+
+def test_sequential_pruning_equals_one_shot_pruning():
+    inputs = make_inputs("bert")
+    once = he.prune_heads(MODELS["bert"](), {0: [1, 3], 2: [0]})
+    twice = he.prune_heads(he.prune_heads(MODELS["bert"](), {0: [3]}), {0: [1], 2: [0]})
+    assert torch.equal(output(once, inputs), output(twice, inputs))
+
+
+def test_emptied_layer_adds_only_the_output_bias():
+    """Documented semantics of pruning every head of a layer: attention output == W_o bias, exactly."""
+    model = he.prune_heads(MODELS["vit"](), {1: list(range(HEADS))})
+    layer = model.vit.layers[1]
+    assert he.kept_heads(model)[1] == []
+    x = torch.randn(2, 17, 32)
+    attention_out, _ = layer.attention(x)
+    assert torch.equal(attention_out, layer.attention.o_proj.bias.expand_as(attention_out))
+    assert not layer.attention.q_proj.weight.requires_grad  # the placeholder stays zero under fine-tuning
+    assert layer.attention.o_proj.bias.requires_grad
+
+
+def test_ablation_restores_weights_exactly():
+    model = MODELS["clip_text"]()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with he.ablate_heads(model, PLAN):
+        assert model.text_model.encoder.layers[1].self_attn.out_proj.weight.abs().sum() == 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_pruning_keeps_dtype():
+    model = MODELS["vit"]().to(torch.bfloat16)
+    he.prune_heads(model, {0: [0]})
+    assert model.vit.layers[0].attention.q_proj.weight.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("name", ["bert", "vit", "clip_text", "clip_classifier"])
+def test_save_and_load_restore_the_pruned_model(name, tmp_path):
+    model = perturb(he.prune_heads(MODELS[name](), PLAN))
+    inputs = make_inputs(name)
+    he.save_model(model, tmp_path / "member")
+    loaded = he.load_model(tmp_path / "member")
+    assert type(loaded) is type(model)
+    assert he.kept_heads(loaded) == he.kept_heads(model)
+    assert torch.equal(output(loaded, inputs), output(model, inputs))
+
+
+def test_load_model_also_loads_unpruned_models(tmp_path):
+    model = MODELS["bert"]()
+    model.save_pretrained(tmp_path / "plain")
+    assert torch.equal(output(he.load_model(tmp_path / "plain"), make_inputs("bert")), output(model, make_inputs("bert")))
+
+
+@pytest.mark.parametrize(
+    "plan, message",
+    [
+        ({LAYERS: [0]}, "layer 3 is out of range"),
+        ({0: [HEADS]}, r"head\(s\) \[4\] of layer 0 are out of range"),
+        ({0: [-1]}, "out of range"),
+        ([0, 1], "must be a dict"),
+    ],
+)
+def test_bad_head_indices_are_rejected(plan, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        he.prune_heads(MODELS["bert"](), plan)
+
+
+def test_pruning_an_already_pruned_head_is_rejected():
+    model = he.prune_heads(MODELS["bert"](), {0: [1]})
+    with pytest.raises(ValueError, match="already pruned"):
+        he.prune_heads(model, {0: [1]})
+
+
+def test_unsupported_architecture_names_the_supported_ones():
+    import transformers as T
+
+    model = T.GPT2Model(T.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=10))
+    with pytest.raises(he.UnsupportedModelError, match="no adapter for GPT2Model.*BertForSequenceClassification.*register_adapter"):
+        he.prune_heads(model, {0: [0]})
+
+
+def test_clip_model_error_points_at_its_towers():
+    import transformers as T
+
+    config = T.CLIPConfig(text_config=dict(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8),
+                          vision_config=dict(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8,
+                                             image_size=8, patch_size=4))
+    with pytest.raises(he.UnsupportedModelError, match="model.text_model or model.vision_model"):
+        he.kept_heads(T.CLIPModel(config))
+
+
+def test_load_model_of_a_missing_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        he.load_model(tmp_path / "nowhere")

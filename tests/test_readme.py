@@ -1,0 +1,20 @@
+"""The README's Python quick start runs as written."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.real_model
+
+
+def test_readme_quick_start_runs(minilm_path, capsys):
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    code = re.search(r"## Python quick start\s+```python\n(.*?)```", readme, re.S).group(1)
+    assert len(code.strip().splitlines()) <= 15
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    out = namespace["out"]
+    assert out.member_logits.shape == (3, 3, 3)
+    assert out.probs.sum(-1).sub(1).abs().max() < 1e-5
+    assert capsys.readouterr().out.strip()

@@ -1,0 +1,49 @@
+"""Contracts 2 and 3 on the real packaged all-MiniLM-L6-v2 (6 layers x 12 heads) with real sentences."""
+
+import copy
+
+import pytest
+import torch
+from conftest import SENTENCES, output, perturb
+
+import hydra_ensembles as he
+
+pytestmark = pytest.mark.real_model
+
+
+@pytest.fixture(scope="module")
+def batch(minilm_tokenizer):
+    return dict(minilm_tokenizer(SENTENCES, padding=True, return_tensors="pt"))  # padded: lengths differ
+
+
+def test_contract2_pruned_minilm_equals_ablated(minilm_classifier, batch):
+    plan = {0: [0, 5, 11], 2: list(range(12)), 3: [1], 5: list(range(11))}
+    with he.ablate_heads(minilm_classifier, plan):
+        ablated = output(minilm_classifier, batch)
+    pruned = he.prune_heads(copy.deepcopy(minilm_classifier), plan)
+    assert (output(pruned, batch) - ablated).abs().max().item() <= 1e-5
+    assert he.count_parameters(pruned) < he.count_parameters(minilm_classifier)
+
+
+def test_contract3_fused_minilm_members_equal_members_run_one_by_one(minilm_classifier, batch):
+    scores = he.taylor_head_scores(minilm_classifier, [batch | {"labels": torch.arange(8) % 3}], progress=False)
+    assert scores.shape == (6, 12) and (scores > 0).all()
+    head_maps = he.sample_members(scores, num_members=3, budget=[2, 4, 6, 8, 10, 11], seed=0)
+    members = [perturb(m, scale=0.01, seed=i) for i, m in enumerate(he.build_members(minilm_classifier, head_maps))]
+    ensemble = he.HydraEnsemble.fuse(members, mlp="stack")
+    expected = torch.stack([output(m, batch) for m in members], dim=1)
+    with torch.no_grad():
+        got = ensemble(**batch).member_logits
+    assert (got - expected).abs().max().item() <= 1e-5
+
+
+def test_minilm_encoder_fuses_and_reloads(minilm_path, batch, tmp_path):
+    import transformers as T
+
+    encoder = T.AutoModel.from_pretrained(minilm_path).eval()
+    head_maps = he.sample_members(torch.rand(6, 12, generator=torch.Generator().manual_seed(0)), num_members=2, budget=3)
+    ensemble = he.HydraEnsemble.fuse(he.build_members(encoder, head_maps))
+    ensemble.save_pretrained(tmp_path / "hydra")
+    with torch.no_grad():
+        assert torch.equal(he.HydraEnsemble.from_pretrained(tmp_path / "hydra")(**batch).member_pooled,
+                           ensemble(**batch).member_pooled)
