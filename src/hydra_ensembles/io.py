@@ -53,10 +53,14 @@ def save_dir_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> P
 
 
 def recover_dir(path: str | os.PathLike) -> None:
-    """Undo a swap that was cut off between its two renames."""
+    """Finish or undo a swap that was cut off by a crash."""
     path = Path(path)
     previous = path.with_name(path.name + ".previous")
-    if previous.exists() and not path.exists():
+    if not previous.exists():
+        return
+    if path.exists():  # cut after the second rename: the new save is complete, the old one is stale
+        shutil.rmtree(previous, ignore_errors=True)
+    else:  # cut between the renames: put the previous save back
         os.rename(previous, path)
 
 

@@ -119,17 +119,21 @@ class Adapter(ABC):
         keys = None if padding is None else padding.bool()[:, None, None, :]  # (B, 1, 1, T)
         if not self.causal:
             return keys
-        device = next(iter(inputs.values())).device
+        device = inputs["input_ids"].device  # causal families are text families
         causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()  # (T, T)
         return causal if keys is None else causal & keys
 
     # ---- locating things inside a model ----
 
-    def spec(self, model: nn.Module) -> ModelSpec:
-        for cls in type(model).__mro__:
+    def supported_class(self, model_class: type) -> type:
+        """The nearest class in `model_class`'s MRO that this adapter supports."""
+        for cls in model_class.__mro__:
             if cls.__name__ in self.specs:
-                return self.specs[cls.__name__]
-        raise KeyError(type(model).__name__)
+                return cls
+        raise KeyError(model_class.__name__)
+
+    def spec(self, model: nn.Module) -> ModelSpec:
+        return self.specs[self.supported_class(type(model)).__name__]
 
     def backbone_path(self, model: nn.Module) -> str:
         return self.spec(model).backbone

@@ -1,11 +1,14 @@
-"""DINOv2: a pre-norm image encoder with layer scale on both residual branches (`layer_scale{1,2}.lambda1`)."""
+"""DINOv2: a pre-norm image encoder like ViT, with layer scale on both residual branches and `norm{1,2}`."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
 
-from .base import Adapter, Block, Inputs, LayerNames, ModelSpec
+from .base import Adapter, Block, Inputs, ModelSpec
+from .vit import VIT_LAYER_NAMES
 
 
 def _encoder(model: nn.Module, hidden: Tensor, inputs: Inputs) -> Tensor:
@@ -21,20 +24,8 @@ def _classifier(model: nn.Module, hidden: Tensor, inputs: Inputs) -> Tensor:
 class Dinov2Adapter(Adapter):
     name = "dinov2"
     norm_position = "pre"
-    layer_names = LayerNames(
-        query="attention.q_proj",
-        key="attention.k_proj",
-        value="attention.v_proj",
-        output="attention.o_proj",
-        norm1="norm1",
-        norm2="norm2",
-        mlp_in="mlp.fc1",
-        mlp_out="mlp.fc2",
-        activation="mlp.activation_fn",
-        attention="attention",
-        head_count_attrs=("num_attention_heads",),
-        scale1="layer_scale1.lambda1",
-        scale2="layer_scale2.lambda1",
+    layer_names = replace(
+        VIT_LAYER_NAMES, norm1="norm1", norm2="norm2", scale1="layer_scale1.lambda1", scale2="layer_scale2.lambda1"
     )
     layers_path = "encoder.layer"
     embedding_paths = ("embeddings",)

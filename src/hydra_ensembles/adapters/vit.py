@@ -11,6 +11,21 @@ from torch import Tensor, nn
 from .base import Adapter, Inputs, LayerNames, ModelSpec
 
 
+VIT_LAYER_NAMES = LayerNames(
+    query="attention.q_proj",
+    key="attention.k_proj",
+    value="attention.v_proj",
+    output="attention.o_proj",
+    norm1="layernorm_before",
+    norm2="layernorm_after",
+    mlp_in="mlp.fc1",
+    mlp_out="mlp.fc2",
+    activation="mlp.activation_fn",
+    attention="attention",
+    head_count_attrs=("num_attention_heads",),
+)
+
+
 def _encoder(model: nn.Module, hidden: Tensor, inputs: Inputs) -> Tensor:
     normed = model.layernorm(hidden)  # (B, T, d)
     return model.pooler(normed) if model.pooler is not None else normed[:, 0]  # (B, D)
@@ -29,19 +44,7 @@ def _deit_with_teacher(model: nn.Module, hidden: Tensor, inputs: Inputs) -> Tens
 class ViTAdapter(Adapter):
     name = "vit"
     norm_position = "pre"
-    layer_names = LayerNames(
-        query="attention.q_proj",
-        key="attention.k_proj",
-        value="attention.v_proj",
-        output="attention.o_proj",
-        norm1="layernorm_before",
-        norm2="layernorm_after",
-        mlp_in="mlp.fc1",
-        mlp_out="mlp.fc2",
-        activation="mlp.activation_fn",
-        attention="attention",
-        head_count_attrs=("num_attention_heads",),
-    )
+    layer_names = VIT_LAYER_NAMES
     layers_path = "layers"
     embedding_paths = ("embeddings",)
     input_names = ("pixel_values", "interpolate_pos_encoding")

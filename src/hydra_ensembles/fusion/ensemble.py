@@ -90,7 +90,7 @@ class HydraEnsemble(nn.Module):
         self.head_maps = [dict(h) for h in head_maps]
         self.mlp = mlp
         self.fingerprint = fingerprint
-        self.is_classifier = adapter.specs[model_class.__name__].classifier
+        self.is_classifier = adapter.specs[model_class.__name__].classifier  # model_class: a supported class
 
     @property
     def num_members(self) -> int:
@@ -111,7 +111,8 @@ class HydraEnsemble(nn.Module):
         _check_members(members, mlp)
         adapter = get_adapter(members[0])
         head_maps = [kept_heads(m) for m in members]
-        skeleton, layer_kwargs = _skeleton(type(members[0]), members[0].config, adapter)
+        model_class = adapter.supported_class(type(members[0]))
+        skeleton, layer_kwargs = _skeleton(model_class, members[0].config, adapter)
         layers = []
         for index in range(adapter.num_layers(members[0])):
             blocks = [adapter.block(adapter.layers(m)[index]) for m in members]
@@ -121,7 +122,7 @@ class HydraEnsemble(nn.Module):
         outer = OuterModules(adapter, skeleton, shared, member, parameters)
         config = _clean_config(members[0].config)
         fingerprint = base_fingerprint(members[0])
-        return cls(adapter, type(members[0]), config, outer, layers, head_maps, mlp, fingerprint).eval()
+        return cls(adapter, model_class, config, outer, layers, head_maps, mlp, fingerprint).eval()
 
     # ---- running ----
 
