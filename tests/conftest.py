@@ -57,8 +57,15 @@ MODELS: dict[str, Callable[..., torch.nn.Module]] = {
     ),
     "dinov2": _seeded(
         lambda: T.Dinov2ForImageClassification(
-            T.Dinov2Config(**IMAGE, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, mlp_ratio=2,
-                           layerscale_value=0.5, num_labels=5)
+            T.Dinov2Config(
+                **IMAGE,
+                hidden_size=32,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                mlp_ratio=2,
+                layerscale_value=0.5,
+                num_labels=5,
+            )
         )
     ),
     "clip_text": _seeded(
@@ -81,8 +88,19 @@ MODELS: dict[str, Callable[..., torch.nn.Module]] = {
 }
 TEXT = {"bert", "bert_encoder", "roberta", "distilbert", "clip_text"}
 # The families the contracts must hold for; a representative of each norm position and of both CLIP towers.
-CONTRACT_MODELS = ["bert", "bert_encoder", "roberta", "distilbert", "vit", "vit_encoder", "deit_teacher", "dinov2",
-                   "clip_text", "clip_vision", "clip_classifier"]
+CONTRACT_MODELS = [
+    "bert",
+    "bert_encoder",
+    "roberta",
+    "distilbert",
+    "vit",
+    "vit_encoder",
+    "deit_teacher",
+    "dinov2",
+    "clip_text",
+    "clip_vision",
+    "clip_classifier",
+]
 
 
 def make_inputs(kind: str, batch: int = 4, seed: int = 1) -> dict[str, torch.Tensor]:

@@ -29,7 +29,9 @@ def test_head_map_follows_pruning_in_original_numbering():
     assert he.kept_heads(model) == {0: [0, 2], 1: [0, 1, 2, 3], 2: [1, 2, 3]}
     attention = model.bert.encoder.layer[0].attention.self
     assert attention.num_attention_heads == 2 and attention.all_head_size == 16
-    assert attention.query.weight.shape == (16, 32) and model.bert.encoder.layer[0].attention.output.dense.weight.shape == (32, 16)
+    assert attention.query.weight.shape == (16, 32) and model.bert.encoder.layer[
+        0
+    ].attention.output.dense.weight.shape == (32, 16)
 
 
 def test_sequential_pruning_equals_one_shot_pruning():
@@ -79,7 +81,9 @@ def test_save_and_load_restore_the_pruned_model(name, tmp_path):
 def test_load_model_also_loads_unpruned_models(tmp_path):
     model = MODELS["bert"]()
     model.save_pretrained(tmp_path / "plain")
-    assert torch.equal(output(he.load_model(tmp_path / "plain"), make_inputs("bert")), output(model, make_inputs("bert")))
+    assert torch.equal(
+        output(he.load_model(tmp_path / "plain"), make_inputs("bert")), output(model, make_inputs("bert"))
+    )
 
 
 @pytest.mark.parametrize(
@@ -106,16 +110,21 @@ def test_unsupported_architecture_names_the_supported_ones():
     import transformers as T
 
     model = T.GPT2Model(T.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=10))
-    with pytest.raises(he.UnsupportedModelError, match="no adapter for GPT2Model.*BertForSequenceClassification.*register_adapter"):
+    with pytest.raises(
+        he.UnsupportedModelError, match="no adapter for GPT2Model.*BertForSequenceClassification.*register_adapter"
+    ):
         he.prune_heads(model, {0: [0]})
 
 
 def test_clip_model_error_points_at_its_towers():
     import transformers as T
 
-    config = T.CLIPConfig(text_config=dict(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8),
-                          vision_config=dict(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8,
-                                             image_size=8, patch_size=4))
+    config = T.CLIPConfig(
+        text_config=dict(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8),
+        vision_config=dict(
+            hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8, image_size=8, patch_size=4
+        ),
+    )
     with pytest.raises(he.UnsupportedModelError, match="model.text_model or model.vision_model"):
         he.kept_heads(T.CLIPModel(config))
 

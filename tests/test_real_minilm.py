@@ -41,9 +41,12 @@ def test_minilm_encoder_fuses_and_reloads(minilm_path, batch, tmp_path):
     import transformers as T
 
     encoder = T.AutoModel.from_pretrained(minilm_path).eval()
-    head_maps = he.sample_members(torch.rand(6, 12, generator=torch.Generator().manual_seed(0)), num_members=2, budget=3)
+    head_maps = he.sample_members(
+        torch.rand(6, 12, generator=torch.Generator().manual_seed(0)), num_members=2, budget=3
+    )
     ensemble = he.HydraEnsemble.fuse(he.build_members(encoder, head_maps))
     ensemble.save_pretrained(tmp_path / "hydra")
     with torch.no_grad():
-        assert torch.equal(he.HydraEnsemble.from_pretrained(tmp_path / "hydra")(**batch).member_pooled,
-                           ensemble(**batch).member_pooled)
+        assert torch.equal(
+            he.HydraEnsemble.from_pretrained(tmp_path / "hydra")(**batch).member_pooled, ensemble(**batch).member_pooled
+        )

@@ -1,10 +1,10 @@
 """hydra-ensembles: uncertainty-aware ensembles of pruned attention heads at close to single-model cost.
 
-    import hydra_ensembles as he
-    scores = he.taylor_head_scores(model, calibration_loader)          # (L, H) head importance
-    head_maps = he.sample_members(scores, num_members=3, budget=4)     # 3 diverse members
-    ensemble = he.HydraEnsemble.fuse(he.build_members(model, head_maps))
-    out = ensemble(**batch)                                            # out.member_logits: (B, M, C)
+import hydra_ensembles as he
+scores = he.taylor_head_scores(model, calibration_loader)          # (L, H) head importance
+head_maps = he.sample_members(scores, num_members=3, budget=4)     # 3 diverse members
+ensemble = he.HydraEnsemble.fuse(he.build_members(model, head_maps))
+out = ensemble(**batch)                                            # out.member_logits: (B, M, C)
 """
 
 __version__ = "0.1.0"

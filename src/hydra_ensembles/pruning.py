@@ -82,9 +82,7 @@ def keep_heads(model: nn.Module, head_map: Mapping[int, Iterable[int]]) -> nn.Mo
     return prune_heads(model, {layer: heads for layer, heads in to_prune.items() if heads})
 
 
-def check_heads(
-    model: nn.Module, heads: Mapping[int, Iterable[int]], kept: HeadMap, what: str
-) -> dict[int, set[int]]:
+def check_heads(model: nn.Module, heads: Mapping[int, Iterable[int]], kept: HeadMap, what: str) -> dict[int, set[int]]:
     """Validate `{layer: [head, ...]}` against the model and return it with int keys and set values."""
     if not isinstance(heads, Mapping):
         raise TypeError(f"heads to {what} must be a dict {{layer: [head, ...]}}, got {type(heads).__name__}.")

@@ -36,8 +36,16 @@ def electra():
 
 def _model():
     torch.manual_seed(0)
-    config = T.ElectraConfig(vocab_size=99, embedding_size=16, hidden_size=32, num_hidden_layers=3,
-                             num_attention_heads=4, intermediate_size=37, num_labels=3, max_position_embeddings=24)
+    config = T.ElectraConfig(
+        vocab_size=99,
+        embedding_size=16,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=37,
+        num_labels=3,
+        max_position_embeddings=24,
+    )
     return T.ElectraForSequenceClassification(config).eval()
 
 

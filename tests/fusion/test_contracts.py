@@ -44,7 +44,9 @@ def test_contract4_average_is_exact_for_members_sharing_their_mlps(name, num_mem
     model, inputs = MODELS[name](), make_inputs(name)
     members = he.build_members(model, random_head_maps(num_members, seed=5))
     for i, member in enumerate(members[1:], start=1):  # own classifiers, shared everything else
-        head = [p for n, p in member.named_parameters() if not any(k in n for k in ("layer", "embeddings", "pre_layrnorm"))]
+        head = [
+            p for n, p in member.named_parameters() if not any(k in n for k in ("layer", "embeddings", "pre_layrnorm"))
+        ]
         with torch.no_grad():
             for p in head:
                 p.add_(0.05 * i)
@@ -56,7 +58,9 @@ def test_contract4_average_is_exact_for_members_sharing_their_mlps(name, num_mem
 def test_average_mode_runs_each_member_with_the_averaged_mlp():
     """mlp='average' is the paper's merged MLP: member m's stream uses mean_m(MLP weights) (and mean norms)."""
     model, inputs = MODELS["vit"](), make_inputs("vit")
-    members = [perturb(m, seed=i) for i, m in enumerate(he.build_members(model, random_head_maps(3, seed=2, min_heads=1)))]
+    members = [
+        perturb(m, seed=i) for i, m in enumerate(he.build_members(model, random_head_maps(3, seed=2, min_heads=1)))
+    ]
     ensemble = he.HydraEnsemble.fuse(members, mlp="average")
     averaged = [copy.deepcopy(m) for m in members]
     shared = [n for n, _ in members[0].named_parameters() if any(k in n for k in ("mlp.", "layernorm_", "embeddings"))]
@@ -88,4 +92,4 @@ def test_encoder_outputs_pooled_and_hidden_states():
     assert out.member_logits is None and out.member_pooled.shape == (4, 2, 32)
     assert out.member_hidden_states.shape == (4, 2, 10, 32)
     with pytest.raises(ValueError, match="no classifier"):
-        out.probs
+        _ = out.probs

@@ -87,8 +87,10 @@ def test_members_with_different_classifiers_are_rejected():
         he.HydraEnsemble.fuse([model, encoder])
 
 
-@pytest.mark.parametrize("members, mlp, message", [([], "average", "non-empty list"), (None, "average", "non-empty"),
-                                                    ("one", "median", "'average' or 'stack'")])
+@pytest.mark.parametrize(
+    "members, mlp, message",
+    [([], "average", "non-empty list"), (None, "average", "non-empty"), ("one", "median", "'average' or 'stack'")],
+)
 def test_bad_fuse_arguments(members, mlp, message):
     members = [MODELS["bert"]()] if members == "one" else members
     with pytest.raises(ValueError, match=message):

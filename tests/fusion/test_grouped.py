@@ -22,5 +22,6 @@ def test_grouped_layer_norm_per_member_and_shared():
     weight, bias = torch.randn(2, 8, generator=g), torch.randn(2, 8, generator=g)
     loop = torch.stack([F.layer_norm(x[m], (8,), weight[m], bias[m], 1e-6) for m in range(2)])
     torch.testing.assert_close(grouped_layer_norm(x, weight, bias, 1e-6), loop)
-    torch.testing.assert_close(grouped_layer_norm(x, weight[:1], bias[:1], 1e-6),
-                               F.layer_norm(x, (8,), weight[0], bias[0], 1e-6))
+    torch.testing.assert_close(
+        grouped_layer_norm(x, weight[:1], bias[:1], 1e-6), F.layer_norm(x, (8,), weight[0], bias[0], 1e-6)
+    )

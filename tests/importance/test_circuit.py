@@ -21,8 +21,10 @@ def _score(model, id_batches, ood_batches, criterion):
     """S by hand: sklearn AUROC with ID as the positive class and MSP as the score (the same number as OpenOOD's
     OOD-positive, -MSP convention)."""
     with torch.no_grad():
+
         def logits(batches):
             return torch.cat([model(**{k: v for k, v in b.items() if k != "labels"}).logits for b in batches])
+
         id_logits, ood_logits = logits(id_batches), logits(ood_batches)
     labels = torch.cat([b["labels"] for b in id_batches])
     acc = (id_logits.argmax(-1) == labels).double().mean().item()
@@ -41,15 +43,15 @@ def _literal(model, id_batches, ood_batches, criterion, budget):
             for h in range(HEADS):
                 if (layer, h) in removed:
                     continue
-                weights = {l: model.bert.encoder.layer[l].attention.output.dense.weight for l in range(LAYERS)}
-                saved = {l: w.detach().clone() for l, w in weights.items()}
+                weights = [model.bert.encoder.layer[i].attention.output.dense.weight for i in range(LAYERS)]
+                saved = [w.detach().clone() for w in weights]
                 with torch.no_grad():
-                    for l, hh in removed + [(layer, h)]:
-                        weights[l][:, hh * dh : (hh + 1) * dh] = 0
+                    for i, j in removed + [(layer, h)]:
+                        weights[i][:, j * dh : (j + 1) * dh] = 0
                 s = _score(model, id_batches, ood_batches, criterion)
                 with torch.no_grad():
-                    for l, w in weights.items():
-                        w.copy_(saved[l])
+                    for w, original in zip(weights, saved):
+                        w.copy_(original)
                 if s > best:
                     best, best_head = s, (layer, h)
         removed.append(best_head)
@@ -99,11 +101,15 @@ def test_an_interrupted_extraction_resumes_to_the_same_ranking(tmp_path):
     assert len(json.loads(state.read_text())["removed"]) == 2
     resumed_criterion = _Interrupting(fail_at=-1)
     he.register_criterion("avg_killed", resumed_criterion)
-    resumed = he.extract_circuit(model, id_batches, ood_batches, "avg_killed", budget=4, state_path=state, progress=False)
+    resumed = he.extract_circuit(
+        model, id_batches, ood_batches, "avg_killed", budget=4, state_path=state, progress=False
+    )
     assert resumed_criterion.calls == 10 + 9  # only steps 3 and 4 were evaluated again
     fresh = he.extract_circuit(model, id_batches, ood_batches, "avg", budget=4, progress=False)
     assert resumed.removed == fresh.removed and resumed.scores == fresh.scores
-    shorter = he.extract_circuit(model, id_batches, ood_batches, "avg_killed", budget=2, state_path=state, progress=False)
+    shorter = he.extract_circuit(
+        model, id_batches, ood_batches, "avg_killed", budget=2, state_path=state, progress=False
+    )
     assert shorter.removed == fresh.removed[:2]
 
 

@@ -56,8 +56,12 @@ def test_label_free_entropy_for_a_classifier():
         p = logits.softmax(-1)
         return -(p * p.log()).sum(-1).mean()
 
-    torch.testing.assert_close(he.taylor_head_scores(model, batches, progress=False),
-                               _literal_scores(model, entropy, batches), rtol=1e-4, atol=1e-9)
+    torch.testing.assert_close(
+        he.taylor_head_scores(model, batches, progress=False),
+        _literal_scores(model, entropy, batches),
+        rtol=1e-4,
+        atol=1e-9,
+    )
 
 
 def test_label_free_similarity_entropy_for_an_encoder():
@@ -69,8 +73,12 @@ def test_label_free_similarity_entropy_for_an_encoder():
         p = (z @ z.T * 15).softmax(-1)
         return -(p * p.log()).sum(-1).mean()
 
-    torch.testing.assert_close(he.taylor_head_scores(model, batches, progress=False),
-                               _literal_scores(model, similarity_entropy, batches), rtol=1e-4, atol=1e-9)
+    torch.testing.assert_close(
+        he.taylor_head_scores(model, batches, progress=False),
+        _literal_scores(model, similarity_entropy, batches),
+        rtol=1e-4,
+        atol=1e-9,
+    )
 
 
 def test_sequential_mode_rescores_after_pruning_each_layer():

@@ -50,9 +50,7 @@ class BertAdapter(Adapter):
         "BertModel": ModelSpec(backbone="", head=_pooled, classifier=False),
         "BertForSequenceClassification": ModelSpec(backbone="bert", head=_bert_classifier, classifier=True),
         "RobertaModel": ModelSpec(backbone="", head=_pooled, classifier=False),
-        "RobertaForSequenceClassification": ModelSpec(
-            backbone="roberta", head=_roberta_classifier, classifier=True
-        ),
+        "RobertaForSequenceClassification": ModelSpec(backbone="roberta", head=_roberta_classifier, classifier=True),
     }
 
     def embed(self, backbone: nn.Module, inputs: Inputs) -> Tensor:

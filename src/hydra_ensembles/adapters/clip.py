@@ -82,12 +82,8 @@ class CLIPVisionAdapter(Adapter):
     required_inputs = ("pixel_values",)
     specs = {
         "CLIPVisionModel": ModelSpec(backbone="", head=_vision_pooled, classifier=False),
-        "CLIPVisionModelWithProjection": ModelSpec(
-            backbone="vision_model", head=_vision_projected, classifier=False
-        ),
-        "CLIPForImageClassification": ModelSpec(
-            backbone="vision_model", head=_vision_classifier, classifier=True
-        ),
+        "CLIPVisionModelWithProjection": ModelSpec(backbone="vision_model", head=_vision_projected, classifier=False),
+        "CLIPForImageClassification": ModelSpec(backbone="vision_model", head=_vision_classifier, classifier=True),
     }
 
     def embed(self, backbone: nn.Module, inputs: Inputs) -> Tensor:

@@ -39,9 +39,7 @@ class DistilBertAdapter(Adapter):
     required_inputs = ("input_ids",)
     specs = {
         "DistilBertModel": ModelSpec(backbone="", head=_cls_token, classifier=False),
-        "DistilBertForSequenceClassification": ModelSpec(
-            backbone="distilbert", head=_classifier, classifier=True
-        ),
+        "DistilBertForSequenceClassification": ModelSpec(backbone="distilbert", head=_classifier, classifier=True),
     }
 
     def embed(self, backbone: nn.Module, inputs: Inputs) -> Tensor:

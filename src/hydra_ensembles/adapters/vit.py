@@ -10,7 +10,6 @@ from torch import Tensor, nn
 
 from .base import Adapter, Inputs, LayerNames, ModelSpec
 
-
 VIT_LAYER_NAMES = LayerNames(
     query="attention.q_proj",
     key="attention.k_proj",
@@ -54,9 +53,7 @@ class ViTAdapter(Adapter):
         "ViTForImageClassification": ModelSpec(backbone="vit", head=_classifier, classifier=True),
         "DeiTModel": ModelSpec(backbone="", head=_encoder, classifier=False),
         "DeiTForImageClassification": ModelSpec(backbone="deit", head=_classifier, classifier=True),
-        "DeiTForImageClassificationWithTeacher": ModelSpec(
-            backbone="deit", head=_deit_with_teacher, classifier=True
-        ),
+        "DeiTForImageClassificationWithTeacher": ModelSpec(backbone="deit", head=_deit_with_teacher, classifier=True),
     }
 
     def embed(self, backbone: nn.Module, inputs: Inputs) -> Tensor:

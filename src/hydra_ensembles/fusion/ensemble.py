@@ -30,7 +30,7 @@ from ..evaluation.uncertainty import ensemble_probs, mutual_information
 from ..io import reading_dir, save_dir_atomic, write_json_atomic
 from ..pruning import KEPT_HEADS_KEY, HeadMap, base_fingerprint, kept_heads
 from .layer import FusedLayer, MLPMode
-from .outer import OuterModules
+from .outer import OuterModules, TensorStore
 
 CONFIG_NAME = "hydra_config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -173,15 +173,13 @@ class HydraEnsemble(nn.Module):
             tensors = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
             counts = [len(head_map[index]) for head_map in head_maps]
             layers.append(FusedLayer(tensors, head_counts=counts, **layer_kwargs))
-        stores = {
-            store: {k[len(f"outer.{store}.") :].replace("/", "."): v for k, v in state.items() if k.startswith(f"outer.{store}.")}
-            for store in ("shared", "member")
-        }
-        outer = OuterModules(adapter, skeleton, stores["shared"], stores["member"], set(saved["parameters"]))
+        shared = TensorStore.from_state(state, "outer.shared.")
+        member = TensorStore.from_state(state, "outer.member.")
+        outer = OuterModules(adapter, skeleton, shared, member, set(saved["parameters"]))
         return cls(adapter, model_class, config, outer, layers, head_maps, saved["mlp"], saved["fingerprint"]).eval()
 
     def _saved_config(self) -> dict[str, Any]:
-        parameters = [k.replace("/", ".") for store in (self.outer.shared, self.outer.member) for k, _ in store.named_parameters()]
+        parameters = self.outer.shared.parameter_names() + self.outer.member.parameter_names()
         return {
             "format_version": FORMAT_VERSION,
             "library_version": __version__,
@@ -196,7 +194,9 @@ class HydraEnsemble(nn.Module):
 
     def extra_repr(self) -> str:
         counts = [[len(h[layer]) for h in self.head_maps] for layer in range(len(self.layers))]
-        return f"model={self.model_class.__name__}, members={self.num_members}, mlp={self.mlp}, heads per layer={counts}"
+        return (
+            f"model={self.model_class.__name__}, members={self.num_members}, mlp={self.mlp}, heads per layer={counts}"
+        )
 
 
 def _check_members(members: Sequence[nn.Module], mlp: str) -> None:
@@ -274,7 +274,9 @@ def _outer_tensors(
             tensors = [state[name].detach() for state in states]
             shapes = sorted({tuple(t.shape) for t in tensors})
             if len(shapes) > 1:
-                raise ValueError(f"members differ in the shape of {name}: {shapes}; they need one architecture and classifier.")
+                raise ValueError(
+                    f"members differ in the shape of {name}: {shapes}; they need one architecture and classifier."
+                )
             if not name.startswith(embedding_prefixes):
                 member[name] = torch.stack(tensors)  # (M, ...)
             elif all(torch.equal(t, tensors[0]) for t in tensors):

@@ -35,6 +35,14 @@ class TensorStore(nn.Module):
         own = dict(self.named_parameters(recurse=False)) | dict(self.named_buffers(recurse=False))
         return {key.replace("/", "."): tensor for key, tensor in own.items()}
 
+    def parameter_names(self) -> list[str]:
+        return [key.replace("/", ".") for key, _ in self.named_parameters(recurse=False)]
+
+    @staticmethod
+    def from_state(state: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
+        """The tensors a store saved under `prefix` in a state dict, by their dotted names."""
+        return {k[len(prefix) :].replace("/", "."): v for k, v in state.items() if k.startswith(prefix)}
+
 
 class _Apply(nn.Module):
     """`_Apply(model)(fn, *args) == fn(model, *args)`: lets functional_call run any function of the model."""
@@ -84,6 +92,7 @@ class OuterModules(nn.Module):
 
     def embed(self, inputs: Mapping[str, Any], members: int) -> Tensor:
         """Hidden states entering layer 0 for every member, (M, B, T, d); computed once when members share them."""
+
         def embed(model: nn.Module, inputs: Mapping[str, Any]) -> Tensor:
             return self.adapter.embed(self.adapter.backbone(model), inputs)
 

@@ -259,7 +259,9 @@ def _identity(model: nn.Module, id_batches: list[Batch], ood_batches: list[Batch
         "version": STATE_VERSION,
         "criterion": criterion,
         "model": _digest(t for _, t in sorted(model.state_dict().items())),
-        "data": _digest(v for batch in id_batches + ood_batches for _, v in sorted(batch.items()) if isinstance(v, Tensor)),
+        "data": _digest(
+            v for batch in id_batches + ood_batches for _, v in sorted(batch.items()) if isinstance(v, Tensor)
+        ),
     }
 
 
