@@ -27,3 +27,22 @@ def test_directory_save_replaces_whole_or_not_at_all(tmp_path):
     save_dir_atomic(target, lambda d: (d / "b.txt").write_text("new"))
     assert sorted(p.name for p in target.iterdir()) == ["b.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_rebatch_pads_token_inputs_and_keeps_order():
+    import torch
+
+    from hydra_ensembles.data.loaders import rebatch
+
+    a = {
+        "input_ids": torch.tensor([[1, 2, 3]]),
+        "attention_mask": torch.ones(1, 3, dtype=torch.long),
+        "labels": torch.tensor([0]),
+    }
+    b = {"input_ids": torch.tensor([[4, 5], [6, 7]]), "attention_mask": torch.ones(2, 2, dtype=torch.long)}
+    b["labels"] = torch.tensor([1, 1])
+    out = rebatch([a, b], size=2)
+    assert [x["input_ids"].tolist() for x in out] == [[[1, 2, 3], [4, 5, 0]], [[6, 7, 0]]]
+    assert out[0]["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]] and "labels" not in out[0]
+    with pytest.raises(ValueError, match="differs in shape"):
+        rebatch([{"pixel_values": torch.zeros(1, 3, 4, 4)}, {"pixel_values": torch.zeros(1, 3, 8, 8)}], size=2)

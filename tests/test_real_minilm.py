@@ -50,3 +50,14 @@ def test_minilm_encoder_fuses_and_reloads(minilm_path, batch, tmp_path):
         assert torch.equal(
             he.HydraEnsemble.from_pretrained(tmp_path / "hydra")(**batch).member_pooled, ensemble(**batch).member_pooled
         )
+
+
+def test_fast_circuit_equals_reference_on_minilm(minilm_classifier, batch):
+    id_batches = [{k: v[:6] for k, v in batch.items()} | {"labels": torch.tensor([0, 1, 2, 0, 1, 2])}]
+    ood_batches = [{k: v[6:] for k, v in batch.items()}]
+    reference = he.extract_circuit(
+        minilm_classifier, id_batches, ood_batches, "avg", 2, method="reference", progress=False
+    )
+    fast = he.extract_circuit(minilm_classifier, id_batches, ood_batches, "avg", 2, progress=False)
+    assert fast.removed == reference.removed
+    assert fast.scores == pytest.approx(reference.scores, abs=1e-9)

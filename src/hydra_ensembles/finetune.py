@@ -2,6 +2,10 @@
 
 The text recipe of paper 000 (§C.2, §D.2) scaled down: decoupled weight decay 0.01 (not on biases and norms),
 warm-up over 10% of the steps, clipping at 1.0.
+
+Data-parallel under `torchrun --nproc-per-node N`: the model is wrapped in DistributedDataParallel and each
+rank takes every N-th example of each batch, so a step averages the gradient over the whole batch, as one
+process would.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from tqdm.auto import tqdm
 
 from .adapters import get_adapter
 from .data.loaders import Batch, materialize, split_batch, to_device
+from .distributed import is_distributed, is_main, rank, world_size
 
 
 def finetune_classifier(
@@ -48,12 +53,13 @@ def finetune_classifier(
         optimizer, lambda step: min((step + 1) / warm, max(0.0, (total - step) / max(1, total - warm)))
     )
     device = next(model.parameters()).device
+    runner = nn.parallel.DistributedDataParallel(model) if is_distributed() else model
     model.train()
-    with tqdm(total=total, desc="fine-tuning", disable=not progress) as bar:
+    with tqdm(total=total, desc="fine-tuning", disable=not progress or not is_main()) as bar:
         for _ in range(epochs):
             for index in torch.randperm(len(batches), generator=generator).tolist():
-                inputs, labels = split_batch(adapter, batches[index])
-                logits = adapter.output(model, to_device(inputs, device))
+                inputs, labels = split_batch(adapter, _my_rows(batches[index]))
+                logits = adapter.output(runner, to_device(inputs, device))
                 loss = nn.functional.cross_entropy(logits, labels.to(device))
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -63,3 +69,11 @@ def finetune_classifier(
                 bar.update()
                 bar.set_postfix(loss=f"{loss.item():.3f}")
     return model.eval()
+
+
+def _my_rows(batch: Batch) -> Batch:
+    """This rank's rows of a batch (every world_size-th example), or the batch itself on one process."""
+    if not is_distributed():
+        return batch
+    rows = slice(rank(), None, world_size())
+    return {k: v[rows] if isinstance(v, torch.Tensor) else v for k, v in batch.items()}

@@ -127,3 +127,17 @@ def test_ensemble_moves_with_to(tmp_path):
 def test_module_repr_lists_members():
     ensemble = he.HydraEnsemble.fuse(he.build_members(MODELS["vit"](), random_head_maps(2, seed=0)))
     assert "members=2" in repr(ensemble) and ensemble_module.CONFIG_NAME == "hydra_config.json"
+
+
+def test_chunked_forward_equals_one_pass():
+    members = [
+        perturb(m, seed=i) for i, m in enumerate(he.build_members(MODELS["bert"](), random_head_maps(3, seed=2)))
+    ]
+    ensemble = he.HydraEnsemble.fuse(members, mlp="stack")
+    inputs = make_inputs("bert", batch=7)
+    ensemble.max_rows = None
+    whole = ensemble(**inputs, output_hidden_states=True)
+    ensemble.max_rows = 3 * 10 * 2  # two examples per chunk: 4 chunks
+    chunked = ensemble(**inputs, output_hidden_states=True)
+    assert (chunked.member_logits - whole.member_logits).abs().max() <= 1e-6
+    assert (chunked.member_hidden_states - whole.member_hidden_states).abs().max() <= 1e-5

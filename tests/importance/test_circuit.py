@@ -58,10 +58,11 @@ def _literal(model, id_batches, ood_batches, criterion, budget):
     return removed
 
 
+@pytest.mark.parametrize("method", ["reference", "fast"])
 @pytest.mark.parametrize("criterion", ["acc", "ood", "avg"])
-def test_ranking_matches_a_literal_loop(criterion):
+def test_ranking_matches_a_literal_loop(criterion, method):
     model, (id_batches, ood_batches) = MODELS["bert"](), _data()
-    circuit = he.extract_circuit(model, id_batches, ood_batches, criterion, budget=3, progress=False)
+    circuit = he.extract_circuit(model, id_batches, ood_batches, criterion, budget=3, method=method, progress=False)
     assert circuit.removed == _literal(model, id_batches, ood_batches, criterion, budget=3)
     assert circuit.baseline == pytest.approx(_score(model, id_batches, ood_batches, criterion), abs=1e-12)
     kept = circuit.head_map()
@@ -157,3 +158,90 @@ def test_acc_criterion_needs_no_ood_data_and_encoders_are_refused():
     assert len(circuit.removed) == 1
     with pytest.raises(ValueError, match="needs a classifier"):
         he.extract_circuit(MODELS["bert_encoder"](), id_batches, None, "acc", budget=1, progress=False)
+
+
+def _labelled(name, seeds, classes):
+    return [make_inputs(name, seed=s) | {"labels": torch.arange(4) % classes} for s in seeds]
+
+
+@pytest.mark.parametrize(
+    "name, classes, criterion, budget",
+    [
+        ("bert", 3, "avg", 5),
+        ("vit", 5, "ood", 4),
+        ("vit", 5, "acc", 3),
+        ("clip_classifier", 5, "avg", 3),
+        ("dinov2", 5, "avg", 3),
+        ("distilbert", 3, "ood", 3),
+    ],
+)
+def test_fast_equals_reference(name, classes, criterion, budget):
+    model = he.prune_heads(MODELS[name](), {1: [0, 2]})  # also on an already pruned model
+    id_batches, ood_batches = _labelled(name, (1, 2, 3), classes), [make_inputs(name, seed=s) for s in (4, 5)]
+    reference = he.extract_circuit(
+        model, id_batches, ood_batches, criterion, budget, method="reference", progress=False
+    )
+    fast = he.extract_circuit(model, id_batches, ood_batches, criterion, budget, batch_size=5, progress=False)
+    assert fast.removed == reference.removed
+    assert fast.scores == pytest.approx(reference.scores, abs=1e-9)
+    assert fast.baseline == pytest.approx(reference.baseline, abs=1e-9)
+
+
+def test_fast_handles_batches_of_different_lengths():
+    model = MODELS["bert"]()
+    short = {k: v[:, :6] for k, v in make_inputs("bert", seed=9).items()}
+    id_batches = [b | {"labels": torch.tensor([0, 1, 2, 0])} for b in (make_inputs("bert", seed=1), short)]
+    ood_batches = [make_inputs("bert", seed=3)]
+    reference = he.extract_circuit(model, id_batches, ood_batches, "avg", 3, method="reference", progress=False)
+    assert he.extract_circuit(model, id_batches, ood_batches, "avg", 3, progress=False).removed == reference.removed
+
+
+def test_lazy_is_exact_when_it_rescores_everything_and_resumes_lazily(tmp_path):
+    model, (id_batches, ood_batches) = MODELS["bert"](), _data()
+    exact = he.extract_circuit(model, id_batches, ood_batches, "avg", 4, progress=False)
+    everything = he.extract_circuit(model, id_batches, ood_batches, "avg", 4, method="lazy", top=12, progress=False)
+    assert everything.removed == exact.removed
+    lazy = he.extract_circuit(model, id_batches, ood_batches, "avg", 4, method="lazy", top=2, progress=False)
+    assert len(set(lazy.removed)) == 4 and lazy.removed[0] == exact.removed[0]  # step 1 scores every head
+    state = tmp_path / "lazy.json"
+    he.extract_circuit(model, id_batches, ood_batches, "avg", 2, method="lazy", top=2, state_path=state, progress=False)
+    resumed = he.extract_circuit(
+        model, id_batches, ood_batches, "avg", 4, method="lazy", top=2, state_path=state, progress=False
+    )
+    assert resumed.removed == lazy.removed
+    with pytest.raises(ValueError, match="different search"):
+        he.extract_circuit(model, id_batches, ood_batches, "avg", 4, state_path=state, progress=False)
+
+
+def test_screen_scores_its_shortlist_exactly_and_resumes(tmp_path):
+    model, (id_batches, ood_batches) = MODELS["bert"](), _data()
+    exact = he.extract_circuit(model, id_batches, ood_batches, "avg", 3, progress=False)
+    everything = he.extract_circuit(model, id_batches, ood_batches, "avg", 3, method="screen", top=12, progress=False)
+    assert everything.removed == exact.removed  # a shortlist of every head is the exact search
+    screen = he.extract_circuit(model, id_batches, ood_batches, "acc", 3, method="screen", top=3, progress=False)
+    assert len(set(screen.removed)) == 3
+    he.register_criterion("plain", _Interrupting(fail_at=-1))
+    with pytest.raises(ValueError, match="no differentiable surrogate"):
+        he.extract_circuit(model, id_batches, ood_batches, "plain", 1, method="screen", progress=False)
+
+
+def test_first_order_estimates_track_the_surrogate():
+    """The screen's estimate is the first-order change of the surrogate: check it against the real change."""
+    from hydra_ensembles.importance.scoring import FastScorer
+
+    model, (id_batches, ood_batches) = MODELS["bert"](), _data()
+    criterion = circuit_module.CRITERIA["avg"]
+    scorer = FastScorer(model, id_batches, ood_batches, criterion)
+    estimates = scorer.first_order([])
+
+    def surrogate(heads):
+        with he.ablate_heads(model, heads), torch.no_grad():
+            logits = [model(**{k: v for k, v in b.items() if k != "labels"}).logits for b in id_batches + ood_batches]
+        logits = torch.cat(logits)
+        return criterion.surrogate(logits[:8], torch.cat([b["labels"] for b in id_batches]), logits[8:]).item()
+
+    base = surrogate({})
+    for layer, h in [(0, 1), (1, 2), (2, 3)]:
+        real = surrogate({layer: [h]}) - base
+        predicted = estimates[(layer, h)] - base
+        assert predicted == pytest.approx(real, abs=max(0.5 * abs(real), 2e-3))

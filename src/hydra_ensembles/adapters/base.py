@@ -70,11 +70,14 @@ class ModelSpec:
     head: `head(model, hidden, inputs) -> Tensor` maps the last layer's output (B, T, d) to what the model
         returns: logits (B, C) for a classifier, a pooled embedding (B, D) for an encoder.
     classifier: whether `head` returns class logits.
+    head_tokens: how many leading tokens `head` reads ([CLS] only: 1), so that the last layer need not compute
+        the others; None when it reads every token (mean pooling, the end-of-text token).
     """
 
     backbone: str
     head: HeadFn
     classifier: bool
+    head_tokens: int | None = None
 
 
 class Adapter(ABC):

@@ -47,10 +47,14 @@ class BertAdapter(Adapter):
     input_names = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
     required_inputs = ("input_ids",)
     specs = {
-        "BertModel": ModelSpec(backbone="", head=_pooled, classifier=False),
-        "BertForSequenceClassification": ModelSpec(backbone="bert", head=_bert_classifier, classifier=True),
-        "RobertaModel": ModelSpec(backbone="", head=_pooled, classifier=False),
-        "RobertaForSequenceClassification": ModelSpec(backbone="roberta", head=_roberta_classifier, classifier=True),
+        "BertModel": ModelSpec(backbone="", head=_pooled, classifier=False, head_tokens=1),
+        "BertForSequenceClassification": ModelSpec(
+            backbone="bert", head=_bert_classifier, classifier=True, head_tokens=1
+        ),
+        "RobertaModel": ModelSpec(backbone="", head=_pooled, classifier=False, head_tokens=1),
+        "RobertaForSequenceClassification": ModelSpec(
+            backbone="roberta", head=_roberta_classifier, classifier=True, head_tokens=1
+        ),
     }
 
     def embed(self, backbone: nn.Module, inputs: Inputs) -> Tensor:

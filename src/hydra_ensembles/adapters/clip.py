@@ -81,8 +81,10 @@ class CLIPVisionAdapter(Adapter):
     input_names = ("pixel_values", "interpolate_pos_encoding")
     required_inputs = ("pixel_values",)
     specs = {
-        "CLIPVisionModel": ModelSpec(backbone="", head=_vision_pooled, classifier=False),
-        "CLIPVisionModelWithProjection": ModelSpec(backbone="vision_model", head=_vision_projected, classifier=False),
+        "CLIPVisionModel": ModelSpec(backbone="", head=_vision_pooled, classifier=False, head_tokens=1),
+        "CLIPVisionModelWithProjection": ModelSpec(
+            backbone="vision_model", head=_vision_projected, classifier=False, head_tokens=1
+        ),
         "CLIPForImageClassification": ModelSpec(backbone="vision_model", head=_vision_classifier, classifier=True),
     }
 

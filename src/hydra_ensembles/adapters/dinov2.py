@@ -32,7 +32,7 @@ class Dinov2Adapter(Adapter):
     input_names = ("pixel_values",)
     required_inputs = ("pixel_values",)
     specs = {
-        "Dinov2Model": ModelSpec(backbone="", head=_encoder, classifier=False),
+        "Dinov2Model": ModelSpec(backbone="", head=_encoder, classifier=False, head_tokens=1),
         "Dinov2ForImageClassification": ModelSpec(backbone="dinov2", head=_classifier, classifier=True),
     }
 

@@ -38,8 +38,10 @@ class DistilBertAdapter(Adapter):
     input_names = ("input_ids", "attention_mask", "position_ids")
     required_inputs = ("input_ids",)
     specs = {
-        "DistilBertModel": ModelSpec(backbone="", head=_cls_token, classifier=False),
-        "DistilBertForSequenceClassification": ModelSpec(backbone="distilbert", head=_classifier, classifier=True),
+        "DistilBertModel": ModelSpec(backbone="", head=_cls_token, classifier=False, head_tokens=1),
+        "DistilBertForSequenceClassification": ModelSpec(
+            backbone="distilbert", head=_classifier, classifier=True, head_tokens=1
+        ),
     }
 
     def embed(self, backbone: nn.Module, inputs: Inputs) -> Tensor:

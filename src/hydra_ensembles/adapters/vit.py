@@ -49,11 +49,13 @@ class ViTAdapter(Adapter):
     input_names = ("pixel_values", "interpolate_pos_encoding")
     required_inputs = ("pixel_values",)
     specs = {
-        "ViTModel": ModelSpec(backbone="", head=_encoder, classifier=False),
-        "ViTForImageClassification": ModelSpec(backbone="vit", head=_classifier, classifier=True),
-        "DeiTModel": ModelSpec(backbone="", head=_encoder, classifier=False),
-        "DeiTForImageClassification": ModelSpec(backbone="deit", head=_classifier, classifier=True),
-        "DeiTForImageClassificationWithTeacher": ModelSpec(backbone="deit", head=_deit_with_teacher, classifier=True),
+        "ViTModel": ModelSpec(backbone="", head=_encoder, classifier=False, head_tokens=1),
+        "ViTForImageClassification": ModelSpec(backbone="vit", head=_classifier, classifier=True, head_tokens=1),
+        "DeiTModel": ModelSpec(backbone="", head=_encoder, classifier=False, head_tokens=1),
+        "DeiTForImageClassification": ModelSpec(backbone="deit", head=_classifier, classifier=True, head_tokens=1),
+        "DeiTForImageClassificationWithTeacher": ModelSpec(
+            backbone="deit", head=_deit_with_teacher, classifier=True, head_tokens=2
+        ),
     }
 
     def embed(self, backbone: nn.Module, inputs: Inputs) -> Tensor:

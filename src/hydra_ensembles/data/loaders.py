@@ -74,3 +74,34 @@ def to_device(inputs: Mapping[str, Any], device: torch.device) -> dict[str, Any]
 
 def batch_size(inputs: Mapping[str, Any]) -> int:
     return next(v.shape[0] for v in inputs.values() if isinstance(v, Tensor))
+
+
+def rebatch(batches: list[Batch], size: int) -> list[dict[str, Any]]:
+    """Concatenate batches of model inputs (labels dropped) and cut them into batches of `size` examples.
+
+    Token inputs of different lengths are right-padded to the longest (input ids, token types and positions with
+    0, the attention mask with 0, so padding is never attended to). Other inputs must agree in shape.
+    """
+    if size < 1:
+        raise ValueError(f"batch size must be >= 1, got {size}.")
+    inputs = [{k: v for k, v in batch.items() if k != "labels" and v is not None} for batch in batches]
+    keys = set(inputs[0])
+    if any(set(x) != keys for x in inputs):
+        raise ValueError(f"batches carry different inputs: {sorted({tuple(sorted(x)) for x in inputs})}.")
+    merged: dict[str, Any] = {}
+    for key in keys:
+        values = [x[key] for x in inputs]
+        if not isinstance(values[0], Tensor):
+            merged[key] = values[0]
+            continue
+        if key in _TOKEN_INPUTS:
+            length = max(v.shape[1] for v in values)
+            values = [torch.nn.functional.pad(v, (0, length - v.shape[1])) for v in values]
+        elif len({tuple(v.shape[1:]) for v in values}) > 1:
+            raise ValueError(f"{key} differs in shape between batches: {sorted({tuple(v.shape) for v in values})}.")
+        merged[key] = torch.cat(values)
+    total = batch_size(merged)
+    return [
+        {k: v[start : start + size] if isinstance(v, Tensor) else v for k, v in merged.items()}
+        for start in range(0, total, size)
+    ]

@@ -90,7 +90,15 @@ class HydraEnsemble(nn.Module):
         self.head_maps = [dict(h) for h in head_maps]
         self.mlp = mlp
         self.fingerprint = fingerprint
-        self.is_classifier = adapter.specs[model_class.__name__].classifier  # model_class: a supported class
+        spec = adapter.specs[model_class.__name__]  # model_class: a supported class
+        self.is_classifier = spec.classifier
+        self.head_tokens = spec.head_tokens  # leading tokens the head reads: the last layer computes only those
+        # Forward passes run in chunks of at most this many member-token rows (M x examples x T): the result is
+        # the same, and on CPU a small working set is markedly faster than one huge pass. None: no chunking.
+        self.max_rows: int | None = 4096
+        # shared trunk: leading layers that are one function for all members (none if embeddings differ)
+        shared = [layer.shared for layer in self.layers] + [False]
+        self.trunk = 0 if outer.embeddings_per_member else shared.index(False)
 
     @property
     def num_members(self) -> int:
@@ -130,15 +138,37 @@ class HydraEnsemble(nn.Module):
         """Run all members in one pass. `inputs` are what the base HF model takes (e.g. input_ids and
         attention_mask, or pixel_values); a `labels` entry is ignored, so a training batch can be passed as is."""
         inputs, _ = split_batch(self.adapter, inputs)
-        x = self.outer.embed(inputs, self.num_members)  # (M, B, T, d)
+        x = self.outer.embed(inputs)  # (1, B, T, d) when shared, else (M, B, T, d)
         mask = self.adapter.attention_mask(inputs, x.shape[2])
-        for layer in self.layers:
-            x = layer(x, mask)  # (M, B, T, d)
-        out = self.outer.head(x, inputs).transpose(0, 1)  # (B, M, C) or (B, M, D)
-        hidden = x.transpose(0, 1) if output_hidden_states else None  # (B, M, T, d)
+        batch, tokens = x.shape[1], x.shape[2]
+        step = batch if self.max_rows is None else max(1, self.max_rows // (self.num_members * tokens))
+        outs, hiddens = [], []
+        for start in range(0, batch, step):  # rows are independent: chunks only bound the working set
+            rows = slice(start, start + step)
+            part = {k: v[rows] if isinstance(v, Tensor) and v.shape[0] == batch else v for k, v in inputs.items()}
+            part_mask = mask[rows] if mask is not None and mask.dim() == 4 else mask
+            h = self.run_layers(x[:, rows], part_mask, queries=None if output_hidden_states else self.head_tokens)
+            outs.append(self.outer.head(h, part))  # (M, b, C) or (M, b, D)
+            hiddens.append(h if output_hidden_states else None)
+        out = torch.cat(outs, dim=1).transpose(0, 1)  # (B, M, C) or (B, M, D)
+        hidden = torch.cat(hiddens, dim=1).transpose(0, 1) if output_hidden_states else None  # (B, M, T, d)
         if self.is_classifier:
             return HydraOutput(member_logits=out, member_hidden_states=hidden)
         return HydraOutput(member_pooled=out, member_hidden_states=hidden)
+
+    def run_layers(self, x: Tensor, mask: Tensor | None, start: int = 0, queries: int | None = None) -> Tensor:
+        """Layers `start`.. on member streams x (M or 1, B, T, d) -> (M, B, T, d), or (M, B, q, d) when the last
+        layer computes only the first `queries` = q tokens (what the head reads).
+
+        Shared trunk: the leading layers that are the same function for every member (same heads, same
+        weights) run once on a single stream, which is only then copied out to the M members.
+        """
+        last = len(self.layers) - 1
+        for index in range(start, len(self.layers)):
+            if index >= self.trunk:
+                x = x.expand(self.num_members, *x.shape[1:])
+            x = self.layers[index](x, mask, queries if index == last else None)
+        return x.expand(self.num_members, *x.shape[1:])
 
     # ---- saving ----
 

@@ -6,7 +6,8 @@ layer, F MLP width, G = 1 for a tensor the members share (identical, or averaged
 Attention: q/k/v for all members come from one grouped matmul; member m's kept heads fill slots 0..H_m-1 of its
 Hp slots and the rest are zero-padded (zero q/k/v weights and zero W_o rows, so a padded head adds exactly
 nothing). All members' heads then go through one `scaled_dot_product_attention` call laid out as
-(B, M*Hp, T, dh): the paper's reshape MT x d -> T x Md, so attention sees T tokens, not M*T.
+(M*B, Hp, T, dh) — each member's heads attend within its own stream, as in the paper's Eq. 2-3 — built from
+views of the q/k/v projection without copying.
 """
 
 from __future__ import annotations
@@ -84,34 +85,80 @@ class FusedLayer(nn.Module):
                 o_weight[m, :rows] = block.output.weight[:, :rows].T
                 if block.output.bias is not None:
                     o_bias[m, 0] = block.output.bias
-        tensors = {"qkv_weight": qkv_weight, "qkv_bias": qkv_bias, "o_weight": o_weight, "o_bias": o_bias}
-        tensors |= _shared_or_stacked(blocks, mlp)
+        attention = {"qkv_weight": qkv_weight, "qkv_bias": qkv_bias, "o_weight": o_weight, "o_bias": o_bias}
+        if all(torch.equal(t[m], t[0]) for t in attention.values() for m in range(1, members)):
+            attention = {name: t[:1].clone() for name, t in attention.items()}  # identical members: one copy
+        tensors = attention | _shared_or_stacked(blocks, mlp)
         return cls(tensors, head_counts=head_counts, **layer_kwargs)
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        """x: (M, B, T, d) member streams; mask: bool, broadcastable to (B, M*Hp, T, T). Returns (M, B, T, d)."""
-        members, batch, tokens, d = x.shape
-        x = x.reshape(members, batch * tokens, d)  # (M, N, d), N = B*T
-        if self.norm_position == "pre":
-            x = x + group_scale(self.attention(self.norm(x, 1), batch, mask), self.scale1)
-            x = x + group_scale(self.mlp(self.norm(x, 2)), self.scale2)
-        else:
-            x = self.norm(x + self.attention(x, batch, mask), 1)
-            x = self.norm(x + self.mlp(x), 2)
-        return x.view(members, batch, tokens, d)
+    @property
+    def shared(self) -> bool:
+        """True when every tensor has one copy (G = 1): the layer is the same function for every member."""
+        return all(p.shape[0] == 1 for p in self.parameters()) and len(set(self.head_counts)) <= 1
 
-    def attention(self, x: Tensor, batch: int, mask: Tensor | None = None) -> Tensor:
-        """Fused multi-head attention. x: (M, N, d) -> (M, N, d)."""
+    def forward(self, x: Tensor, mask: Tensor | None, queries: int | None = None) -> Tensor:
+        """x: (M, B, T, d) member streams; mask: bool, (B, 1, 1|T, T) or (T, T), or None.
+
+        Returns (M, B, T, d), or (M, B, q, d) with `queries=q`: only the first q token rows are computed (keys
+        and values still come from all T tokens) — all a last layer needs when the head reads [CLS] only.
+        """
+        members, batch, tokens, d = x.shape
+        flat = x.reshape(members, batch * tokens, d)  # (M, N, d), N = B*T
+        heads = self.attend(self.attention_input(flat), batch, mask, queries)  # (M, B*q, Hp*dh)
+        if queries is not None:
+            flat = x[:, :, :queries].reshape(members, batch * queries, d)
+        out = self.residuals(flat, grouped_linear(heads, self.o_weight, self.o_bias))
+        return out.view(members, batch, queries or tokens, d)
+
+    def ablation_candidates(
+        self, x: Tensor, mask: Tensor | None, slots: Sequence[int], queries: int | None = None
+    ) -> Tensor:
+        """This layer's output once per candidate, each with one head turned off (W_o's block zeroed, §D.1.2).
+
+        For a shared layer (one member). x: (1, B, T, d); `slots` are head positions within the layer. The
+        attention runs once; candidate c's attention output is the full output minus head c's term
+        z_c W_o^(c). Returns (C, B, T, d), or (C, B, q, d) with `queries=q` (see `forward`).
+        """
+        _, batch, tokens, d = x.shape
+        rows = queries or tokens
+        heads = self.attend(self.attention_input(x.reshape(1, batch * tokens, d)), batch, mask, queries)
+        full = grouped_linear(heads, self.o_weight, self.o_bias)  # (1, B*rows, d)
+        per_head = heads[0].view(-1, self.padded_heads, self.head_dim)  # (B*rows, Hp, dh)
+        blocks = self.o_weight[0].view(self.padded_heads, self.head_dim, d)  # (Hp, dh, d)
+        index = torch.as_tensor(list(slots), device=x.device)
+        terms = torch.einsum("nhk,hkd->hnd", per_head[:, index], blocks[index])  # (C, B*rows, d)
+        residual = x[:, :, :rows].reshape(1, batch * rows, d)
+        return self.residuals(residual, full - terms).view(len(index), batch, rows, d)
+
+    def attention_input(self, x: Tensor) -> Tensor:
+        return self.norm(x, 1) if self.norm_position == "pre" else x
+
+    def residuals(self, x: Tensor, attention: Tensor) -> Tensor:
+        """Everything after the attention projection: residuals, norms, MLP. x (M|1, N, d), attention (M, N, d)."""
+        if self.norm_position == "pre":
+            x = x + group_scale(attention, self.scale1)
+            return x + group_scale(self.mlp(self.norm(x, 2)), self.scale2)
+        x = self.norm(x + attention, 1)
+        return self.norm(x + self.mlp(x), 2)
+
+    def attend(self, x: Tensor, batch: int, mask: Tensor | None, queries: int | None = None) -> Tensor:
+        """All members' heads before the output projection. x: (M, N, d) -> (M, B*q, Hp*dh), q = queries or T."""
         members, rows, _ = x.shape
-        if self.padded_heads == 0:  # no member keeps a head here: the block adds W_o's bias only
-            return self.o_bias.expand(members, rows, -1)
         tokens, heads, head_dim = rows // batch, self.padded_heads, self.head_dim
+        out_rows = batch * (queries or tokens)
+        if heads == 0:  # no member keeps a head here: the block adds W_o's bias only
+            return x.new_zeros(members, out_rows, 0)
         qkv = grouped_linear(x, self.qkv_weight, self.qkv_bias)  # (M, N, 3*Hp*dh)
-        qkv = qkv.view(members, batch, tokens, 3, heads, head_dim).permute(3, 1, 0, 4, 2, 5)  # (3, B, M, Hp, T, dh)
-        q, k, v = qkv.reshape(3, batch, members * heads, tokens, head_dim).unbind(0)  # each (B, M*Hp, T, dh)
-        z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)  # (B, M*Hp, T, dh)
-        z = z.view(batch, members, heads, tokens, head_dim).permute(1, 0, 3, 2, 4)  # (M, B, T, Hp, dh)
-        return grouped_linear(z.reshape(members, rows, heads * head_dim), self.o_weight, self.o_bias)
+        qkv = qkv.view(members * batch, tokens, 3, heads, head_dim)  # (M*B, T, 3, Hp, dh)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (M*B, Hp, T, dh), views: no copy
+        if queries is not None:
+            q = q[:, :, :queries]  # (M*B, Hp, q, dh)
+            if mask is not None and mask.shape[-2] > 1:  # a causal mask has one row per query
+                mask = mask[..., :queries, :]
+        if mask is not None and mask.dim() == 4 and members > 1:  # (B, 1, 1|T, T) -> (M*B, 1, 1|T, T)
+            mask = mask.expand(members, *mask.shape).reshape(members * batch, *mask.shape[1:])
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)  # (M*B, Hp, q, dh)
+        return z.transpose(1, 2).reshape(members, out_rows, heads * head_dim)  # (M, B*q, Hp*dh)
 
     def mlp(self, x: Tensor) -> Tensor:
         """x: (M, N, d) -> (M, N, d)."""

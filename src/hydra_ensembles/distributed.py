@@ -1,0 +1,66 @@
+"""Scale-out on torch.distributed: launch with `torchrun --nproc-per-node N ...`.
+
+Outside torchrun (or with one process) every helper is a no-op, so the same code runs on one process. The
+gloo backend runs on CPU; NCCL on GPUs. Work items are sharded round-robin (`items[rank::world]`) and results
+gathered to every rank, so all ranks take the same decisions.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def init_from_env(backend: str | None = None) -> bool:
+    """Join the process group torchrun describes in the environment (RANK, WORLD_SIZE, ...), if any.
+
+    Returns whether this process is now part of a group of more than one process.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        import torch
+
+        dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+    return is_distributed()
+
+
+def shard(items: Sequence[T]) -> list[T]:
+    """This rank's share of `items`, round-robin."""
+    return list(items[rank() :: world_size()])
+
+
+def gather_dict(local: dict[Any, Any]) -> dict[Any, Any]:
+    """Merge every rank's dict; every rank receives the union."""
+    if not is_distributed():
+        return dict(local)
+    parts: list[dict] = [{} for _ in range(world_size())]
+    dist.all_gather_object(parts, local)
+    merged: dict[Any, Any] = {}
+    for part in parts:
+        merged.update(part)
+    return merged
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()

@@ -1,0 +1,236 @@
+"""Candidate scorers for greedy circuit extraction: S of the model with `removed` plus one candidate turned off.
+
+`ReferenceScorer` is Algorithm 1 written literally: one full evaluation of the HF model per candidate.
+`FastScorer` computes the same scores with far less work:
+
+- prefix caching: turning a head off in layer l changes nothing below l, so each step runs the model once
+  (with the heads removed so far) and keeps the hidden states entering every layer;
+- batched candidates: the candidates of layer l are the members of one fused pass: layer l's attention runs
+  once and candidate c's output is the full output minus head c's term z_c W_o^(c); the C candidate streams
+  then go through layers l+1.. as one batch of C x B;
+- large batches: ID and OOD data are re-batched to `batch_size` examples; logits are kept in memory and scored
+  at the end;
+- removed heads are pruned structurally (exactly equal to ablating them), so each step is cheaper than the
+  last, and the last layer computes only the token rows the classifier reads.
+
+The two agree up to float rounding (a different but equivalent order of operations, ~1e-7 in fp32), which
+can only change a score when two examples' maximum softmax probabilities lie that close.
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from ..adapters import get_adapter
+from ..data.loaders import Batch, rebatch, split_batch, to_device
+from ..pruning import ablate_heads, kept_heads, prune_heads
+
+Head = tuple[int, int]
+Criterion = Callable[[Tensor, Tensor, Tensor | None], float]
+Progress = Callable[[int], object]
+
+
+class CandidateScorer(ABC):
+    """Scores of candidate heads given the heads already removed."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        id_batches: list[Batch],
+        ood_batches: list[Batch],
+        criterion: Criterion,
+        batch_size: int = 64,
+    ):
+        self.model = model
+        self.adapter = get_adapter(model)
+        self.id_batches, self.ood_batches = id_batches, ood_batches
+        self.criterion = criterion
+        self.batch_size = batch_size
+
+    @abstractmethod
+    def score(self, removed: Sequence[Head], candidates: Sequence[Head], progress: Progress) -> dict[Head, float]:
+        """S with `removed` and each candidate turned off, for every candidate."""
+
+    @abstractmethod
+    def baseline(self, removed: Sequence[Head]) -> float:
+        """S with only `removed` turned off."""
+
+
+class ReferenceScorer(CandidateScorer):
+    """Literal: ablate, run the whole HF model over the data as given, restore — once per candidate."""
+
+    def score(self, removed: Sequence[Head], candidates: Sequence[Head], progress: Progress) -> dict[Head, float]:
+        scores = {}
+        for head in candidates:
+            scores[head] = self.baseline([*removed, head])
+            progress(1)
+        return scores
+
+    def baseline(self, removed: Sequence[Head]) -> float:
+        heads: dict[int, list[int]] = {}
+        for layer, h in removed:
+            heads.setdefault(layer, []).append(h)
+        with ablate_heads(self.model, heads):
+            id_logits, id_labels = batch_logits(self.model, self.id_batches)
+            ood_logits = batch_logits(self.model, self.ood_batches)[0] if self.ood_batches else None
+        return self.criterion(id_logits, id_labels, ood_logits)
+
+
+class FastScorer(CandidateScorer):
+    """Prefix-cached, candidate-batched scoring on the fusion engine (see the module docstring)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pruned = copy.deepcopy(self.model)  # the model with the removed heads pruned away
+        self.removed: list[Head] = []
+        self._build()
+        self.labels = torch.cat([torch.as_tensor(split_batch(self.adapter, b)[1]) for b in self.id_batches])
+        self.num_id = len(self.labels)
+        device = next(self.model.parameters()).device
+        self.chunks = [to_device(c, device) for c in rebatch(self.id_batches + self.ood_batches, self.batch_size)]
+
+    def score(self, removed: Sequence[Head], candidates: Sequence[Head], progress: Progress) -> dict[Head, float]:
+        self._ablate(removed)
+        by_layer: dict[int, list[Head]] = {}
+        for head in candidates:
+            by_layer.setdefault(head[0], []).append(head)
+        logits: dict[Head, list[Tensor]] = {head: [] for head in candidates}
+        with torch.no_grad():
+            for chunk in self.chunks:
+                states, mask = self._prefix(chunk, max(by_layer, default=-1))
+                for layer, heads in by_layer.items():
+                    slots = [self.kept[layer].index(h) for _, h in heads]
+                    out = self._candidates(chunk, states[layer], mask, layer, slots)  # (C, B, classes)
+                    for head, head_logits in zip(heads, out):
+                        logits[head].append(head_logits.float().cpu())
+        progress(len(candidates))
+        return {head: self._criterion(torch.cat(parts)) for head, parts in logits.items()}
+
+    def baseline(self, removed: Sequence[Head]) -> float:
+        self._ablate(removed)
+        parts = []
+        with torch.no_grad():
+            for chunk in self.chunks:
+                states, mask = self._prefix(chunk, len(self.engine.layers) - 1)
+                x = self.engine.layers[-1](states[-1], mask, self.engine.head_tokens)
+                parts.append(self.engine.outer.head(x, chunk)[0].float().cpu())
+        return self._criterion(torch.cat(parts))
+
+    def first_order(self, removed: Sequence[Head]) -> dict[Head, float]:
+        """First-order estimate of the criterion's smooth surrogate after turning each remaining head off.
+
+        Scaling head h's output by a gate g is scaling its column block of W_o by g, so at g = 1 the change
+        from g = 1 to 0 is approximately -<W_o^(h), dS~/dW_o^(h)> (one backward pass gives every head's).
+        """
+        self._ablate(removed)
+        model = self.pruned
+        layers = self.adapter.layers(model)
+        outputs = [self.adapter.block(layer).output.weight for layer in layers]
+        flags = {p: p.requires_grad for p in model.parameters()}
+        try:
+            model.eval().requires_grad_(False)
+            with torch.no_grad():
+                logits = torch.cat([self.adapter.output(model, chunk) for chunk in self.chunks]).float()
+            logits.requires_grad_(True)
+            ood = logits[self.num_id :] if len(logits) > self.num_id else None
+            surrogate = self.criterion.surrogate(logits[: self.num_id], self.labels, ood)
+            (upstream,) = torch.autograd.grad(surrogate, logits)  # dS~/dlogits, (N, classes)
+            for weight in outputs:
+                weight.requires_grad_(True)
+            grads = [torch.zeros_like(w) for w in outputs]
+            start = 0
+            for chunk in self.chunks:  # backpropagate chunk by chunk: memory stays one chunk's
+                out = self.adapter.output(model, chunk)
+                part = upstream[start : start + len(out)].to(out.dtype)
+                for acc, g in zip(grads, torch.autograd.grad(out, outputs, grad_outputs=part)):
+                    acc += g
+                start += len(out)
+        finally:
+            for p, flag in flags.items():
+                p.requires_grad_(flag)
+        base, estimates = surrogate.item(), {}
+        head_dim = self.adapter.head_dim(model)
+        for layer, (weight, grad) in enumerate(zip(outputs, grads)):
+            for slot, head in enumerate(self.kept[layer]):
+                cols = slice(slot * head_dim, (slot + 1) * head_dim)
+                estimates[(layer, head)] = base - (weight[:, cols] * grad[:, cols]).sum().item()
+        return estimates
+
+    def _criterion(self, logits: Tensor) -> float:
+        ood = logits[self.num_id :] if len(logits) > self.num_id else None
+        return self.criterion(logits[: self.num_id], self.labels, ood)
+
+    def _prefix(self, chunk: dict, last: int) -> tuple[list[Tensor], Tensor | None]:
+        """Hidden states entering layers 0..last with the removed heads off: each (1, B, T, d)."""
+        x = self.engine.outer.embed(chunk)  # (1, B, T, d)
+        mask = self.adapter.attention_mask(chunk, x.shape[2])
+        states = [x]
+        for layer in self.engine.layers[:last]:
+            states.append(layer(states[-1], mask))
+        return states, mask
+
+    def _candidates(self, chunk: dict, x: Tensor, mask: Tensor | None, layer: int, slots: list[int]) -> Tensor:
+        """Logits (C, B, classes) of the candidates of one layer, as one batch of C x B streams."""
+        count, batch, queries = len(slots), x.shape[1], self.engine.head_tokens
+        last = layer == len(self.engine.layers) - 1
+        y = self.engine.layers[layer].ablation_candidates(x, mask, slots, queries if last else None)  # (C, B, T, d)
+        y = y.reshape(1, count * batch, *y.shape[2:])  # candidates stacked on the batch axis
+        if mask is not None and mask.dim() == 4:  # (B, 1, 1|T, T): per example; a (T, T) causal mask is not
+            mask = mask.repeat(count, 1, 1, 1)
+        y = self.engine.run_layers(y, mask, start=layer + 1, queries=queries)
+        tiled = {k: _tile(v, count) for k, v in chunk.items()}
+        return self.engine.outer.head(y, tiled)[0].view(count, batch, -1)
+
+    def _ablate(self, removed: Sequence[Head]) -> None:
+        """Remove heads for good. Pruning them structurally equals ablating them (contract 2) and makes every
+        later step cheaper; within one extraction the removed heads only ever grow."""
+        if list(removed[: len(self.removed)]) != self.removed:
+            raise ValueError("FastScorer: removed heads must extend the ones already removed.")
+        new = removed[len(self.removed) :]
+        if new:
+            heads: dict[int, list[int]] = {}
+            for layer, h in new:
+                heads.setdefault(layer, []).append(h)
+            prune_heads(self.pruned, heads)
+            self.removed = list(removed)
+            self._build()
+
+    def _build(self) -> None:
+        from ..fusion import HydraEnsemble  # fusion imports pruning; keep the import graph one-way
+
+        self.engine = HydraEnsemble.fuse([self.pruned]).eval()  # one member: every tensor shared (G = 1)
+        self.kept = kept_heads(self.pruned)
+
+
+def _tile(value, count: int):
+    """Repeat a model input `count` times along its batch axis (candidate-major); leave non-tensors alone."""
+    if isinstance(value, Tensor):
+        return value.repeat(count, *([1] * (value.dim() - 1)))
+    return value
+
+
+@torch.no_grad()
+def batch_logits(model: nn.Module, batches: list[Batch]) -> tuple[Tensor, Tensor | None]:
+    """Logits (N, C) and labels (N,) (None if unlabelled) of the HF model over all batches, in eval mode."""
+    adapter = get_adapter(model)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        logits, labels = [], []
+        for batch in batches:
+            inputs, batch_labels = split_batch(adapter, batch)
+            logits.append(adapter.output(model, to_device(inputs, device)).float().cpu())
+            if batch_labels is not None:
+                labels.append(torch.as_tensor(batch_labels).cpu())
+    finally:
+        model.train(was_training)
+    return torch.cat(logits), (torch.cat(labels) if labels else None)
+
+
+SCORERS: dict[str, type[CandidateScorer]] = {"reference": ReferenceScorer, "fast": FastScorer}

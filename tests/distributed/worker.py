@@ -1,0 +1,50 @@
+"""Run by tests under `torchrun --nproc-per-node N`: circuit extraction or fine-tuning on a tiny BERT.
+
+python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/worker.py circuit OUT METHOD
+python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/worker.py finetune OUT
+"""
+
+import sys
+from pathlib import Path
+
+import safetensors.torch
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from conftest import MODELS, make_inputs  # noqa: E402
+
+import hydra_ensembles as he  # noqa: E402
+from hydra_ensembles.distributed import init_from_env, is_main, world_size  # noqa: E402
+from hydra_ensembles.finetune import finetune_classifier  # noqa: E402
+
+
+def circuit_data():
+    id_batches = [make_inputs("bert", seed=s) | {"labels": torch.tensor([0, 1, 2, 1])} for s in (1, 2)]
+    return id_batches, [make_inputs("bert", seed=s) for s in (3, 4)]
+
+
+def training_data():
+    return [make_inputs("bert", seed=s) | {"labels": torch.tensor([0, 1, 2, 1])} for s in (5, 6, 7)]
+
+
+def run_circuit(method: str) -> he.Circuit:
+    return he.extract_circuit(MODELS["bert"](), *circuit_data(), "avg", budget=4, method=method, progress=False)
+
+
+def run_finetune() -> torch.nn.Module:
+    model = MODELS["bert"]()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0  # deterministic, so one process and many can be compared
+    return finetune_classifier(model, training_data(), epochs=2, lr=1e-3, progress=False)
+
+
+if __name__ == "__main__":
+    task, out = sys.argv[1], sys.argv[2]
+    assert init_from_env("gloo") and world_size() == 2
+    result = run_circuit(sys.argv[3]) if task == "circuit" else run_finetune()
+    if is_main():
+        if task == "circuit":
+            result.save(out)
+        else:
+            safetensors.torch.save_file({k: v.contiguous() for k, v in result.state_dict().items()}, out)
