@@ -25,3 +25,11 @@ def test_grouped_layer_norm_per_member_and_shared():
     torch.testing.assert_close(
         grouped_layer_norm(x, weight[:1], bias[:1], 1e-6), F.layer_norm(x, (8,), weight[0], bias[0], 1e-6)
     )
+
+
+def test_grouped_linear_is_differentiable():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 4, generator=g, requires_grad=True)
+    weight, bias = torch.randn(2, 4, 5, generator=g), torch.randn(2, 1, 5, generator=g)
+    grouped_linear(x, weight, bias).sum().backward()
+    torch.testing.assert_close(x.grad, weight.sum(-1)[:, None, :].expand(2, 3, 4))
