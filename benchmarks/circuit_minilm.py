@@ -15,7 +15,7 @@ import torch
 import transformers as T
 
 import hydra_ensembles as he
-from hydra_ensembles.data.bbc import load_bbc
+from hydra_ensembles.data.text import load_bbc
 from hydra_ensembles.demo import ID_TOPICS, OOD_TOPICS, cache_dir
 
 

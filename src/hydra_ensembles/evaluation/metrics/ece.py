@@ -1,0 +1,27 @@
+"""Expected calibration error with equal-width confidence bins."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
+    """ECE = sum_b (n_b / N) |acc_b - conf_b| over `bins` equal-width bins of the top-1 confidence (L1 norm).
+
+    Bin b (b = 0..bins-1) holds the inputs whose confidence lies in [b/bins, (b+1)/bins) (the last bin also holds
+    1); acc_b is their accuracy and conf_b their mean confidence; empty bins add nothing.
+    Shape: probs (N, C); labels (N,). Reference: Guo et al., "On calibration of modern neural networks", 2017;
+    matches torchmetrics' `MulticlassCalibrationError(n_bins=15, norm="l1")`.
+    """
+    confidence, prediction = probs.double().max(dim=1)
+    correct = (prediction == labels.to(probs.device)).double()
+    index = (confidence * bins).long().clamp(max=bins - 1)  # bin b: [b/bins, (b+1)/bins)
+    return _compute(confidence, correct, index, bins).item()
+
+
+def _compute(confidence: Tensor, correct: Tensor, index: Tensor, bins: int) -> Tensor:
+    """sum_b |sum_{i in b} (correct_i - confidence_i)| / N, given each input's bin index."""
+    gap = torch.zeros(bins, dtype=torch.float64, device=confidence.device)
+    gap.index_add_(0, index, correct - confidence)
+    return gap.abs().sum() / len(confidence)

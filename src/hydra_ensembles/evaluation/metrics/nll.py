@@ -1,0 +1,21 @@
+"""Negative log-likelihood."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def nll(probs: Tensor, labels: Tensor) -> float:
+    """Mean negative log-probability of the true class: NLL = -(1/N) sum_i log p_{i, y_i}; lower is better.
+
+    Computed from probabilities (an ensemble's are a mean of softmaxes, not a softmax of anything), clamped at
+    the smallest positive float so that a zero probability gives a large finite value rather than infinity.
+    Shape: probs (N, C); labels (N,).
+    """
+    return _compute(probs.double(), labels.to(probs.device)).item()
+
+
+def _compute(probs: Tensor, labels: Tensor) -> Tensor:
+    true_class = probs.gather(1, labels.long()[:, None]).squeeze(1)
+    return -torch.log(true_class.clamp_min(torch.finfo(probs.dtype).tiny)).mean()

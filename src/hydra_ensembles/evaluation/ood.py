@@ -1,0 +1,45 @@
+"""OOD scores for single models and ensembles, all "higher = more OOD" (OpenOOD's convention).
+
+Each takes member logits (B, M, C) (M = 1 for a single model) and returns (B,). Probability-based scores use the
+ensemble's predictive distribution p = mean_m softmax(z_m); logit-based scores use the mean member logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from .metrics.disagreement import disagreement
+from .uncertainty import ensemble_probs, entropy, mutual_information
+
+
+def msp(member_logits: Tensor) -> Tensor:
+    """Negated maximum softmax probability of the ensemble: -max_c p_c (Hendrycks & Gimpel, 2017; the paper's)."""
+    return -ensemble_probs(member_logits).amax(dim=-1)
+
+
+def max_logit(member_logits: Tensor) -> Tensor:
+    """Negated maximum of the mean logits: -max_c mean_m z_mc (Hendrycks et al., 2022)."""
+    return -member_logits.float().mean(dim=1).amax(dim=-1)
+
+
+def energy(member_logits: Tensor) -> Tensor:
+    """Energy of the mean logits, -logsumexp_c mean_m z_mc (Liu et al., 2020); higher energy = more OOD."""
+    return -torch.logsumexp(member_logits.float().mean(dim=1), dim=-1)
+
+
+def predictive_entropy(member_logits: Tensor) -> Tensor:
+    """Entropy of the ensemble's predictive distribution, H[p] in nats (total uncertainty)."""
+    return entropy(ensemble_probs(member_logits))
+
+
+OOD_SCORES: dict[str, Callable[[Tensor], Tensor]] = {
+    "msp": msp,
+    "max_logit": max_logit,
+    "energy": energy,
+    "entropy": predictive_entropy,
+    "mutual_information": mutual_information,
+    "disagreement": lambda member_logits: disagreement(member_logits.float()),
+}

@@ -1,0 +1,99 @@
+"""Figures saved next to the benchmark tables: reliability diagrams, OOD score histograms, head heatmaps."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from torch import Tensor  # noqa: E402
+
+
+def reliability_diagram(
+    curves: Mapping[str, tuple[Tensor, Tensor]], path: str | os.PathLike, bins: int = 15, title: str = "Reliability"
+) -> Path:
+    """Accuracy against confidence in `bins` equal-width bins, one panel per model: {name: (probs, labels)}."""
+    fig, axes = plt.subplots(1, len(curves), figsize=(3.2 * len(curves), 3.2), squeeze=False, sharey=True)
+    edges = np.linspace(0, 1, bins + 1)
+    for ax, (name, (probs, labels)) in zip(axes[0], curves.items()):
+        confidence, prediction = probs.double().max(dim=1)
+        correct = (prediction == labels).double().numpy()
+        index = np.minimum((confidence.numpy() * bins).astype(int), bins - 1)
+        counts = np.bincount(index, minlength=bins)
+        accuracy = np.bincount(index, weights=correct, minlength=bins) / np.maximum(counts, 1)
+        mean_conf = np.bincount(index, weights=confidence.numpy(), minlength=bins) / np.maximum(counts, 1)
+        filled = counts > 0
+        ax.bar(
+            edges[:-1][filled],
+            accuracy[filled],
+            width=1 / bins,
+            align="edge",
+            color="tab:blue",
+            alpha=0.8,
+            edgecolor="black",
+            linewidth=0.5,
+            label="accuracy",
+        )
+        ax.bar(
+            edges[:-1][filled],
+            (mean_conf - accuracy)[filled],
+            bottom=accuracy[filled],
+            width=1 / bins,
+            align="edge",
+            color="tab:red",
+            alpha=0.3,
+            label="gap to confidence",
+        )
+        ax.plot([0, 1], [0, 1], "--", color="gray", linewidth=1)
+        ax.set(title=name, xlabel="confidence", xlim=(0, 1), ylim=(0, 1))
+    axes[0][0].set_ylabel("accuracy")
+    axes[0][0].legend(loc="upper left", fontsize=7)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def ood_histograms(
+    panels: Mapping[str, Mapping[str, Tensor]],
+    path: str | os.PathLike,
+    score_name: str = "MSP",
+    title: str = "OOD scores",
+) -> Path:
+    """Histograms of an OOD score ("higher = more OOD"), one panel per model: {model: {"ID": s, "near": s, ...}}."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.0), squeeze=False)
+    for ax, (name, groups) in zip(axes[0], panels.items()):
+        values = np.concatenate([g.double().numpy() for g in groups.values()])
+        edges = np.linspace(values.min(), values.max(), 31)
+        for group, scores in groups.items():
+            ax.hist(scores.double().numpy(), bins=edges, density=True, alpha=0.45, label=group)
+        ax.set(title=name, xlabel=f"{score_name} score (higher = more OOD)")
+    axes[0][0].set_ylabel("density")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def head_heatmap(maps: Mapping[str, Tensor], path: str | os.PathLike, title: str = "Head importance") -> Path:
+    """Layer x head heatmaps (like the paper's Fig. 7), one per map: {name: (L, H) scores}; NaN = pruned."""
+    fig, axes = plt.subplots(1, len(maps), figsize=(4.2 * len(maps), 3.2), squeeze=False)
+    for ax, (name, scores) in zip(axes[0], maps.items()):
+        data = np.ma.masked_invalid(scores.double().numpy())
+        image = ax.imshow(data, aspect="auto", cmap="viridis", interpolation="nearest")
+        ax.set(title=name, xlabel="head", ylabel="layer", xticks=range(scores.shape[1]), yticks=range(scores.shape[0]))
+        ax.tick_params(labelsize=6)
+        fig.colorbar(image, ax=ax, fraction=0.046)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def _save(fig, path: str | os.PathLike) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,116 @@
+"""Evaluate member logits on ID data and OOD sets, in the shape of the paper's tables.
+
+Classification metrics use the ensemble's predictive distribution (mean of member softmaxes). OOD metrics
+follow OpenOOD: OOD is the positive class, the score is "higher = more OOD"; near-OOD and far-OOD sets are
+averaged separately and all OOD sets together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from ..data.loaders import Batch, to_device
+from . import metrics as M
+from .ood import OOD_SCORES
+from .uncertainty import ensemble_probs
+
+CLASSIFICATION = ("acc", "brier", "nll", "ece", "aece")
+OOD = ("auroc", "fpr95", "aupr_in", "aupr_out")
+
+
+def classification_metrics(member_logits: Tensor, labels: Tensor) -> dict[str, float]:
+    """acc, brier, nll, ece, aece of the ensemble prediction. member_logits (N, M, C), labels (N,)."""
+    probs = ensemble_probs(member_logits)
+    return {
+        "acc": M.accuracy(probs, labels),
+        "brier": M.brier(probs, labels),
+        "nll": M.nll(probs, labels),
+        "ece": M.ece(probs, labels),
+        "aece": M.adaptive_ece(probs, labels),
+    }
+
+
+def ood_metrics(
+    id_member_logits: Tensor, ood_member_logits: Tensor, score: str = "msp", positive: Literal["ood", "id"] = "ood"
+) -> dict[str, float]:
+    """auroc, fpr95, aupr_in, aupr_out separating ID (N, M, C) from OOD (N', M, C) by an OOD score.
+
+    positive="ood" (default, OpenOOD): FPR95 is the fraction of ID inputs flagged when 95% of OOD inputs are.
+    positive="id" (the older Hendrycks & Gimpel convention): ID is the positive class scored by -score, FPR95 is
+    the fraction of OOD inputs accepted when 95% of ID inputs are. AUROC is the same number either way;
+    AUPR-In / AUPR-Out always mean "ID positive" / "OOD positive".
+    """
+    if score not in OOD_SCORES:
+        raise ValueError(f"unknown OOD score {score!r}; choose one of {sorted(OOD_SCORES)}.")
+    if positive not in ("ood", "id"):
+        raise ValueError(f"positive must be 'ood' or 'id', got {positive!r}.")
+    score_fn = OOD_SCORES[score]
+    scores = torch.cat([score_fn(id_member_logits), score_fn(ood_member_logits)]).double()
+    is_ood = torch.cat([torch.zeros(len(id_member_logits)), torch.ones(len(ood_member_logits))]).bool()
+    fpr95 = M.fpr_at_tpr(scores, is_ood) if positive == "ood" else M.fpr_at_tpr(-scores, ~is_ood)
+    return {
+        "auroc": M.auroc(scores, is_ood),
+        "fpr95": fpr95,
+        "aupr_in": M.aupr_in(scores, is_ood),
+        "aupr_out": M.aupr_out(scores, is_ood),
+    }
+
+
+def evaluate(
+    id_member_logits: Tensor,
+    labels: Tensor,
+    near: Mapping[str, Tensor] | None = None,
+    far: Mapping[str, Tensor] | None = None,
+    score: str = "msp",
+    positive: Literal["ood", "id"] = "ood",
+) -> dict[str, object]:
+    """All metrics of one model. `near` / `far` map OOD set names to their member logits (N', M, C).
+
+    Returns {"id": {acc, brier, nll, ece, aece}, "ood": {set: {auroc, ...}}, "near"/"far"/"all": averages}.
+    """
+    near, far = dict(near or {}), dict(far or {})
+    result: dict[str, object] = {"id": classification_metrics(id_member_logits, labels), "ood": {}}
+    for name, logits in {**near, **far}.items():
+        result["ood"][name] = ood_metrics(id_member_logits, logits, score, positive)
+    for group, names in (("near", list(near)), ("far", list(far)), ("all", list(near) + list(far))):
+        if names:
+            result[group] = {k: float(np.mean([result["ood"][n][k] for n in names])) for k in OOD}
+    return result
+
+
+@torch.no_grad()
+def collect_member_logits(model: nn.Module, loader: Iterable[Batch], progress: bool = False) -> Tensor:
+    """Member logits (N, M, C) of any predictor over a loader.
+
+    A predictor is a module called as `model(**inputs)` that returns either `member_logits` (B, M, C) — a
+    HydraEnsemble or a baseline from `hydra_ensembles.baselines` — or `logits` (B, C), a plain HF classifier.
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    parts = []
+    try:
+        for batch in tqdm(loader, desc="predicting", disable=not progress, leave=False):
+            inputs = {k: v for k, v in batch.items() if k != "labels"}
+            out = model(**to_device(inputs, device))
+            member_logits = getattr(out, "member_logits", None)
+            parts.append((member_logits if member_logits is not None else out.logits[:, None]).float().cpu())
+    finally:
+        model.train(was_training)
+    if not parts:
+        raise ValueError("the loader is empty: nothing to predict.")
+    return torch.cat(parts)
+
+
+def labels_of(loader: Iterable[Batch]) -> Tensor:
+    """The labels of a labelled loader, concatenated (N,)."""
+    labels = [torch.as_tensor(batch["labels"]) for batch in loader if batch.get("labels") is not None]
+    if not labels:
+        raise ValueError("the loader has no 'labels'.")
+    return torch.cat(labels)

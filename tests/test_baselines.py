@@ -1,0 +1,72 @@
+"""The baselines share HydraEnsemble's interface: model(**inputs).member_logits is (B, M, C)."""
+
+import pytest
+import torch
+from conftest import LAYERS, MODELS, fused_output, make_inputs, output
+
+import hydra_ensembles as he
+from hydra_ensembles import baselines as B
+from hydra_ensembles.finetune import TEXT_RECIPE
+
+
+def _train(name="bert", batches=3):
+    return [make_inputs(name, seed=30 + i) | {"labels": torch.tensor([0, 1, 2, 1])} for i in range(batches)]
+
+
+def test_deep_ensemble_stacks_its_models():
+    models = [MODELS["bert"](seed=s) for s in range(3)]
+    inputs = make_inputs("bert")
+    expected = torch.stack([output(m, inputs) for m in models], 1)
+    with torch.no_grad():
+        assert torch.equal(B.DeepEnsemble(models)(**inputs).member_logits, expected)
+
+
+def test_mc_dropout_samples_differ_are_reproducible_and_leave_eval_mode():
+    model, inputs = MODELS["bert"](), make_inputs("bert")
+    with torch.no_grad():
+        first = B.MCDropout(model, samples=4, seed=1)(**inputs).member_logits
+        again = B.MCDropout(model, samples=4, seed=1)(**inputs).member_logits
+    assert first.shape == (4, 4, 3) and torch.equal(first, again)
+    assert not torch.allclose(first[:, 0], first[:, 1]) and not model.training
+    model.dropout.p = 0.0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    with pytest.raises(ValueError, match="no dropout"):
+        B.MCDropout(model)
+
+
+def test_shared_backbone_ensemble_runs_the_backbone_once():
+    model, inputs = MODELS["bert"](), make_inputs("bert")
+    ensemble = B.shared_backbone_ensemble(model, _train(), seeds=(0, 1, 2), epochs=3, progress=False)
+    assert ensemble.num_members == 3 and ensemble.trunk == LAYERS  # every layer shared: one backbone pass
+    logits = fused_output(ensemble, inputs)
+    assert not torch.allclose(logits[:, 0], logits[:, 1])  # the heads differ
+    backbone = [n for n, _ in model.named_parameters() if not n.startswith(("bert.pooler", "classifier"))]
+    assert he.count_parameters(ensemble) < 1.2 * he.count_parameters(model)
+    assert backbone  # only the heads were trained: the fused layers hold the single model's weights
+    assert torch.equal(ensemble.layers[0].mlp_in_weight[0], model.bert.encoder.layer[0].intermediate.dense.weight.T)
+
+
+def test_lora_ensemble_trains_adapters_and_leaves_the_model():
+    model = MODELS["bert"]()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ensemble = B.lora_ensemble(
+        model, _train(), TEXT_RECIPE.with_(epochs=1, lr=1e-2, patience=None), seeds=(0, 1), progress=False
+    )
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    logits = fused_output(ensemble, make_inputs("bert"))
+    assert logits.shape == (4, 2, 3) and not torch.allclose(logits[:, 0], logits[:, 1])
+    assert he.count_parameters(model) < ensemble.stored_parameters < 1.2 * he.count_parameters(model)
+    assert type(ensemble.models[0]) is type(model)  # merged back into plain HF models
+
+
+def test_temperature_scaling_recovers_a_known_temperature():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4000, 5, generator=g) * 3
+    labels = torch.multinomial((logits / 2.5).softmax(-1), 1, generator=g)[:, 0]  # truth: T = 2.5
+    temperature = he.evaluation.temperature.fit_temperature(logits[:, None], labels)
+    assert temperature == pytest.approx(2.5, rel=0.1)
+    scaled = he.evaluation.temperature.TemperatureScaled(MODELS["bert"](), 2.0)
+    inputs = make_inputs("bert")
+    assert torch.allclose(fused_output(scaled, inputs)[:, 0], output(scaled.model, inputs) / 2.0)

@@ -1,0 +1,82 @@
+"""Fine-tuning recipes: seeded, resumable to the same weights, partial unfreezing, best epoch on validation."""
+
+import pytest
+import torch
+from conftest import MODELS, make_inputs
+
+from hydra_ensembles import finetune as ft
+
+
+def _data(name="bert", batches=3, seed=5):
+    classes = 3 if name == "bert" else 5
+    return [make_inputs(name, seed=seed + i) | {"labels": torch.arange(4) % classes} for i in range(batches)]
+
+
+CONFIG = ft.TEXT_RECIPE.with_(epochs=3, lr=1e-3, patience=None)
+
+
+def test_a_killed_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    uninterrupted = ft.finetune(MODELS["bert"](), _data(), CONFIG, progress=False).state_dict()
+    steps = {"n": 0}
+    original = torch.optim.AdamW.step
+
+    def dies_in_epoch_3(self, *args, **kwargs):
+        steps["n"] += 1
+        if steps["n"] == 8:  # 3 steps per epoch: the 2nd step of epoch 3
+            raise KeyboardInterrupt("killed")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", dies_in_epoch_3)
+    with pytest.raises(KeyboardInterrupt):
+        ft.finetune(MODELS["bert"](), _data(), CONFIG, checkpoint_dir=tmp_path, progress=False)
+    monkeypatch.setattr(torch.optim.AdamW, "step", original)
+    assert torch.load(tmp_path / ft.CHECKPOINT, weights_only=False)["state"]["epoch"] == 2
+    resumed = ft.finetune(MODELS["bert"](), _data(), CONFIG, checkpoint_dir=tmp_path, progress=False).state_dict()
+    assert all(torch.allclose(resumed[k], uninterrupted[k], atol=1e-6) for k in uninterrupted)
+    with pytest.raises(ValueError, match="different config"):
+        ft.finetune(MODELS["bert"](), _data(), CONFIG.with_(lr=2e-3), checkpoint_dir=tmp_path, progress=False)
+
+
+def test_train_last_updates_only_the_last_blocks_and_the_head():
+    model = MODELS["vit"]()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ft.finetune(model, _data("vit"), ft.IMAGE_RECIPE.with_(epochs=1, train_last=1), progress=False)
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed and all(k.startswith(("vit.layers.2.", "vit.layernorm.", "classifier.")) for k in changed)
+    assert any(k.startswith("classifier.") for k in changed) and any(k.startswith("vit.layers.2.") for k in changed)
+
+
+def test_validation_keeps_the_best_epoch_and_stops_early():
+    model = MODELS["bert"]()
+    ft.finetune(model, _data(), CONFIG.with_(epochs=6, patience=1, lr=5e-2), val_loader=_data(seed=20), progress=False)
+    history = model.training_history
+    assert 1 <= len(history) <= 6 and all("val_acc" in h and "val_nll" in h for h in history)
+    best = min(h["val_nll"] for h in history)  # the default monitor
+    assert ft._validate(model, ft.get_adapter(model), _data(seed=20))["val_nll"] == pytest.approx(best)
+    by_accuracy = MODELS["bert"]()
+    config = CONFIG.with_(epochs=6, patience=1, lr=5e-2, monitor="acc")
+    ft.finetune(by_accuracy, _data(), config, val_loader=_data(seed=20), progress=False)
+    best = max(h["val_acc"] for h in by_accuracy.training_history)
+    assert ft._validate(by_accuracy, ft.get_adapter(by_accuracy), _data(seed=20))["val_acc"] == pytest.approx(best)
+
+
+def test_schedules():
+    warm_linear = ft._lr_lambda(ft.TrainConfig(warmup=0.1, schedule="linear"), 100)
+    assert warm_linear(0) == pytest.approx(0.1) and warm_linear(9) == 1.0 and warm_linear(55) == pytest.approx(0.5)
+    cosine = ft._lr_lambda(ft.TrainConfig(warmup=0.0, schedule="cosine", min_lr=0.1), 100)
+    import math
+
+    assert cosine(1) == 1.0  # one warm-up step at least, then cosine from the top
+    assert cosine(50) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 49 / 99)))
+    assert cosine(100) == pytest.approx(0.1)
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="training loader is empty"):
+        ft.finetune(MODELS["bert"](), [], CONFIG, progress=False)
+    with pytest.raises(ValueError, match="need 'labels'"):
+        ft.finetune(MODELS["bert"](), [make_inputs("bert")], CONFIG, progress=False)
+    with pytest.raises(ValueError, match="no classifier"):
+        ft.finetune(MODELS["bert_encoder"](), _data(), CONFIG, progress=False)
+    with pytest.raises(ValueError, match="optimizer must be"):
+        ft.finetune(MODELS["bert"](), _data(), CONFIG.with_(optimizer="adam"), progress=False)
