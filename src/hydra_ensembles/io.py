@@ -22,6 +22,7 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
             json.dump(data, f, indent=2, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes the file private; a saved result should be readable like any file
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
