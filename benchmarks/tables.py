@@ -19,6 +19,7 @@ import transformers
 
 from hydra_ensembles.evaluation.suite import run
 from hydra_ensembles.evaluation.tasks import TASKS
+from hydra_ensembles.io import cache_dir
 
 
 def main() -> None:
@@ -27,8 +28,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one seed, small splits, short training")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0 1 2 (quick: 0)")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/<task>[-quick]")
-    default_cache = Path(os.environ.get("HYDRA_ENSEMBLES_CACHE", Path.home() / ".cache" / "hydra-ensembles"))
-    parser.add_argument("--cache", type=Path, default=default_cache / "bench")
+    parser.add_argument("--cache", type=Path, default=cache_dir() / "bench")
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
     task = TASKS[args.task](quick=args.quick)

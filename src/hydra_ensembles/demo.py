@@ -17,7 +17,6 @@ import argparse
 import os
 import random
 import time
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -26,16 +25,13 @@ import hydra_ensembles as he
 from hydra_ensembles.data.text import load_bbc
 from hydra_ensembles.evaluation.metrics import accuracy, auroc
 from hydra_ensembles.finetune import TEXT_RECIPE, finetune
+from hydra_ensembles.io import cache_dir
 
 ID_TOPICS = ("business", "politics", "sports")
 OOD_TOPICS = ("entertainment", "tech")
 MAX_TOKENS = 64
 SPLIT = {"train": 100, "val": 30, "test": 60}  # articles per ID topic
 OOD_PER_TOPIC = 60
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("HYDRA_ENSEMBLES_CACHE", Path.home() / ".cache" / "hydra-ensembles"))
 
 
 def _splits() -> tuple[dict[str, list[tuple[str, int]]], list[str]]:

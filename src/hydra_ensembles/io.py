@@ -12,6 +12,11 @@ from pathlib import Path
 from typing import Any
 
 
+def cache_dir() -> Path:
+    """Where trained models and fetched data are cached: $HYDRA_ENSEMBLES_CACHE or ~/.cache/hydra-ensembles."""
+    return Path(os.environ.get("HYDRA_ENSEMBLES_CACHE", Path.home() / ".cache" / "hydra-ensembles"))
+
+
 def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
     """Write JSON to `path` through a temporary file and an atomic rename: readers see old or new, never half."""
     path = Path(path)

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-
-def data_cache() -> Path:
-    return Path(os.environ.get("HYDRA_ENSEMBLES_CACHE", Path.home() / ".cache" / "hydra-ensembles")) / "data"
+from ..io import cache_dir
 
 
 def debian_package(name: str) -> Path:
     """The root of package `name` unpacked under the data cache, fetching it on first use."""
-    root = data_cache() / "debian" / name
+    root = cache_dir() / "data" / "debian" / name
     if (root / ".complete").exists():
         return root
     if shutil.which("apt-get") is None or shutil.which("dpkg") is None:

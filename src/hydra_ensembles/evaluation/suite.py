@@ -34,7 +34,7 @@ from ..importance import Circuit, extract_circuit, taylor_head_scores
 from ..io import write_json_atomic
 from ..members import build_members, sample_members
 from ..pruning import load_model, save_model
-from . import plots
+from . import metrics, plots
 from .ood import OOD_SCORES
 from .report import collect_member_logits, evaluate, labels_of
 from .tasks import Task
@@ -233,8 +233,7 @@ class _Builder:
         for mode in ("average", "stack"):
             ensemble = HydraEnsemble.fuse(members, mlp=mode)
             probs = ensemble_probs(collect_member_logits(ensemble, self.task.val))
-            nll = -torch.log(probs.gather(1, val_labels[:, None]).clamp_min(1e-12)).mean().item()
-            options[mode] = (nll, ensemble)
+            options[mode] = (metrics.nll(probs, val_labels), ensemble)
         mode = min(options, key=lambda k: options[k][0])
         return options[mode][1], {"mlp": mode, "val_nll": {k: v[0] for k, v in options.items()}}
 
