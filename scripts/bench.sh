@@ -5,4 +5,4 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-python benchmarks/tables.py "$@"
+hydra-ens bench "$@"

@@ -45,6 +45,7 @@ def save_dir_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> P
     path.parent.mkdir(parents=True, exist_ok=True)
     recover_dir(path)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes the directory private; a saved model should be readable like any other
     try:
         write(tmp)
     except BaseException:

@@ -69,16 +69,22 @@ def evaluate(
     far: Mapping[str, Tensor] | None = None,
     score: str = "msp",
     positive: Literal["ood", "id"] = "ood",
+    ood: Mapping[str, Tensor] | None = None,
 ) -> dict[str, object]:
-    """All metrics of one model. `near` / `far` map OOD set names to their member logits (N', M, C).
+    """All metrics of one model. `near` / `far` / `ood` map OOD set names to their member logits (N', M, C);
+    `ood` sets are neither near nor far and count only towards "all".
 
     Returns {"id": {acc, brier, nll, ece, aece}, "ood": {set: {auroc, ...}}, "near"/"far"/"all": averages}.
     """
-    near, far = dict(near or {}), dict(far or {})
+    near, far, ood = dict(near or {}), dict(far or {}), dict(ood or {})
+    clash = (set(near) & set(far)) | (set(near) & set(ood)) | (set(far) & set(ood))
+    if clash:
+        raise ValueError(f"OOD set name(s) {sorted(clash)} are given twice; name every set differently.")
     result: dict[str, object] = {"id": classification_metrics(id_member_logits, labels), "ood": {}}
-    for name, logits in {**near, **far}.items():
+    for name, logits in {**near, **far, **ood}.items():
         result["ood"][name] = ood_metrics(id_member_logits, logits, score, positive)
-    for group, names in (("near", list(near)), ("far", list(far)), ("all", list(near) + list(far))):
+    everything = list(near) + list(far) + list(ood)
+    for group, names in (("near", list(near)), ("far", list(far)), ("all", everything)):
         if names:
             result[group] = {k: float(np.mean([result["ood"][n][k] for n in names])) for k in OOD}
     return result

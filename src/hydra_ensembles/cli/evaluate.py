@@ -1,0 +1,142 @@
+"""Evaluation: accuracy, calibration and OOD detection of one or more models on your test and OOD data.
+
+Every --model (an HF classifier, or a saved Hydra Ensemble) is run on the labelled --data and every OOD set.
+OOD detection follows OpenOOD: OOD is the positive class, the score is the negated maximum softmax probability
+of the ensemble's prediction (the mean of member softmaxes). Writes report.md (the table), metrics.json (every
+number), reliability.png and ood_scores.png; each model's logits are kept in logits/, so an interrupted run
+resumes at the next model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+
+import torch
+
+from ..evaluation import suite
+from ..evaluation.report import labels_of
+from ..io import write_json_atomic
+from .common import (
+    CommandError,
+    Output,
+    add_data_options,
+    check_model_dir,
+    fingerprint_path,
+    is_ensemble,
+    load_predictor,
+    model_config,
+    named_sources,
+    read_data,
+)
+
+EXAMPLE = """hydra-ens evaluate --model single=my-classifier --model hydra=hydra --data test.csv \\
+    --near other-topics.csv --far reviews.txt --out report"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="[NAME=]PATH",
+        help="a model to evaluate (repeat to compare; cost ratios are relative to the first)",
+    )
+    parser.add_argument("--data", required=True, help="labelled ID test data")
+    for flag, what in (("--ood", "an OOD set"), ("--near", "a near-OOD set"), ("--far", "a far-OOD set")):
+        parser.add_argument(flag, action="append", metavar="[NAME=]PATH", help=f"{what} (repeatable; labels unused)")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--force", action="store_true", help="redo every model even if --out holds results")
+    add_data_options(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    models = named_sources(args.model, "--model")
+    sets = {group: named_sources(getattr(args, group), f"--{group}") for group in ("near", "far", "ood")}
+    names = [name for group in sets.values() for name in group]
+    if len(set(names)) < len(names):
+        raise CommandError(f"OOD set names repeat across --near / --far / --ood: {names}; name them NAME=PATH.")
+    for name, path in models.items():
+        check_model_dir(path, f"--model {name}")
+    settings = {
+        "models": {name: fingerprint_path(path, f"--model {name}") for name, path in models.items()},
+        "data": fingerprint_path(args.data, "--data"),
+        "sets": {group: {n: fingerprint_path(p, f"--{group}") for n, p in s.items()} for group, s in sets.items()},
+        **{k: getattr(args, k) for k in ("max_length", "batch_size", "text_column", "label_column")},
+    }
+    out = Output(args.out, "evaluate", settings, args.force)
+    if out.done():
+        print((out.path / "report.md").read_text())
+        print(f"already done: {out.path} (pass --force to redo)")
+        return 0
+    results, logits, labels, classes = {}, {}, None, None
+    for name, path in models.items():
+        model_dir = check_model_dir(path, f"--model {name}")
+        model = load_predictor(model_dir, f"--model {name}")
+        config = model_config(model)
+        names_ = [str(config.id2label[i]) for i in range(config.num_labels)]
+        if classes is not None and names_ != classes:
+            raise CommandError(
+                f"--model {name} predicts classes {names_}, the first model {classes}: compare models of one task."
+            )
+        classes = names_
+        test = read_data(args, args.data, model_dir, config, labelled=True, flag="--data").batches
+        groups = {
+            group: {
+                n: read_data(args, p, model_dir, config, labelled=False, flag=f"--{group}").batches
+                for n, p in s.items()
+            }
+            for group, s in sets.items()
+        }
+        cached = out.path / "logits" / f"{name}.pt"
+        result_file = out.path / "logits" / f"{name}.json"
+        if result_file.is_file() and cached.is_file():
+            import json
+
+            results[name] = json.loads(result_file.read_text())
+            print(f"{name}: measured before ({cached})")
+        else:
+            print(f"{name}: {'Hydra Ensemble' if is_ensemble(model_dir) else type(model).__name__} from {model_dir}")
+            results[name] = suite.measure(
+                model, test, groups["near"], groups["far"], cached, ood=groups["ood"], progress=not args.quiet
+            )
+            results[name]["heads"] = _heads(model)
+            write_json_atomic(result_file, results[name])
+        logits[name] = torch.load(cached)
+        labels = labels_of(test)
+    first = next(iter(results.values()))
+    for result in results.values():
+        result["latency_x"] = result["latency_s"] / first["latency_s"]
+    rows = suite.aggregate({0: results})
+    lines = [
+        "# Evaluation",
+        "",
+        f"Test data: `{args.data}` ({len(labels)} examples); OOD sets: "
+        + (", ".join(f"{n} (`{p}`, {g})" for g, s in sets.items() for n, p in s.items()) or "none"),
+        "",
+        f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
+        "",
+        *suite.table_lines(rows),
+        "",
+        suite.CONVENTIONS,
+        "",
+    ]
+    if names:
+        lines += ["AUROC (%) per OOD set:", "", *suite.per_set_lines({0: results}), ""]
+    (out.path / "report.md").write_text("\n".join(lines))
+    write_json_atomic(out.path / "metrics.json", {"models": {n: str(p) for n, p in models.items()}, "results": results})
+    suite.logit_figures(logits, labels, out.path, "evaluation")
+    out.finish({"models": list(results)})
+    print("\n".join(lines))
+    print(f"wrote {out.path}/report.md, metrics.json, reliability.png, ood_scores.png")
+    return 0
+
+
+def _heads(model) -> str:
+    from ..fusion import HydraEnsemble
+    from ..pruning import kept_heads
+
+    maps = model.head_maps if isinstance(model, HydraEnsemble) else [kept_heads(model)]
+    counts = [sum(len(h) for h in head_map.values()) for head_map in maps]
+    return " + ".join(str(c) for c in counts)

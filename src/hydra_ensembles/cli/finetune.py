@@ -1,0 +1,147 @@
+"""Fine-tuning: a classifier (or a base encoder, which gets a new classification head from your labels), or every
+member of a members directory in turn.
+
+Recipes (paper 000, §C, §D.2): text = AdamW, linear warm-up then decay, early stopping on validation NLL when
+--val is given; image = SGD with momentum, cosine schedule, label smoothing. Flags override single fields. A
+checkpoint is written after every epoch under <out>/checkpoints/: run the same command again to resume.
+Writes <out>/model/ (one model) or <out>/member0/, ... plus members.json (a members directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import torch
+import transformers
+
+from ..finetune import IMAGE_RECIPE, TEXT_RECIPE, finetune
+from ..pruning import load_model, save_model
+from .common import (
+    CommandError,
+    Output,
+    add_data_options,
+    check_model_dir,
+    copy_preprocessor,
+    fingerprint_path,
+    load_preprocessor,
+    read_data,
+    read_source,
+)
+from .members import MEMBERS_FILE, member_dirs
+
+EXAMPLE = """hydra-ens finetune --model base-encoder --data train.csv --val val.csv --epochs 4 --lr 3e-4 --out single
+hydra-ens finetune --model members --data train.csv --epochs 1 --lr 1e-4 --freeze-embeddings --out members-tuned"""
+
+RECIPES = {"text": TEXT_RECIPE, "image": IMAGE_RECIPE}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="an HF checkpoint directory, or a members directory")
+    parser.add_argument("--data", required=True, help="labelled training data")
+    parser.add_argument("--val", help="labelled validation data: keeps the best epoch (lowest NLL), stops early")
+    parser.add_argument("--recipe", choices=sorted(RECIPES), help="default: by what the model reads")
+    parser.add_argument("--epochs", type=int)
+    parser.add_argument("--lr", type=float)
+    parser.add_argument("--freeze-embeddings", action="store_true", help="keep the embeddings fixed")
+    parser.add_argument("--train-last", type=int, help="train only the last K blocks (and the head)")
+    parser.add_argument("--seed", type=int, default=0, help="batch order and dropout seed; member i uses seed + i")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--force", action="store_true", help="start over even if --out holds (part of) a run")
+    add_data_options(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    source = Path(args.model)
+    members = (source / MEMBERS_FILE).is_file()
+    sources = member_dirs(source, "--model") if members else [check_model_dir(source)]
+    kind, _ = load_preprocessor(sources[0])
+    recipe = RECIPES[args.recipe or kind]
+    overrides = {"epochs": args.epochs, "lr": args.lr, "train_last": args.train_last}
+    recipe = recipe.with_(
+        **{k: v for k, v in overrides.items() if v is not None}, freeze_embeddings=args.freeze_embeddings
+    )
+    if not args.val:
+        recipe = recipe.with_(patience=None)  # early stopping needs validation data
+    settings = {
+        "model": fingerprint_path(source, "--model"),
+        "data": fingerprint_path(args.data, "--data"),
+        "val": fingerprint_path(args.val, "--val") if args.val else None,
+        "recipe": recipe.__dict__ | {"seed": args.seed},
+        **{k: getattr(args, k) for k in ("max_length", "batch_size", "text_column", "label_column")},
+    }
+    out = Output(args.out, "finetune", settings, args.force)
+    if out.done():
+        print(f"already done: {out.path} (pass --force to redo)")
+        return 0
+    train_examples = read_source(args, args.data, kind, labelled=True, flag="--data")
+    histories = {}
+    for index, model_dir in enumerate(sources):
+        name = f"member{index}" if members else "model"
+        target = out.path / name
+        if (target / "config.json").is_file():
+            print(f"{name}: already fine-tuned ({target})")
+            continue
+        torch.manual_seed(args.seed)  # a new classification head starts the same in every run
+        model = _classifier(model_dir, train_examples.labels)
+        train = read_data(args, args.data, model_dir, model.config, labelled=True, flag="--data").batches
+        val = (
+            read_data(args, args.val, model_dir, model.config, labelled=True, flag="--val").batches
+            if args.val
+            else None
+        )
+        checkpoints = out.path / "checkpoints" / name
+        if (checkpoints / "checkpoint.pt").exists():
+            print(f"{name}: resuming from {checkpoints}")
+        print(f"{name}: fine-tuning on {len(train_examples)} examples ({recipe.epochs} epochs, lr {recipe.lr:g})")
+        finetune(
+            model,
+            train,
+            recipe.with_(seed=args.seed + index),
+            val_loader=val,
+            checkpoint_dir=checkpoints,
+            progress=not args.quiet,
+        )
+        histories[name] = model.training_history
+        for record in model.training_history:
+            print("  " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
+        save_model(model, target)
+        copy_preprocessor(model_dir, target)
+        shutil.rmtree(checkpoints, ignore_errors=True)
+    if members:
+        index = json.loads((source / MEMBERS_FILE).read_text())
+        (out.path / MEMBERS_FILE).write_text(json.dumps(index, indent=2))
+    shutil.rmtree(out.path / "checkpoints", ignore_errors=True)
+    out.finish({"model_dir": None if members else "model", "history": histories})
+    print(f"wrote {out.path}" + ("" if members else "/model"))
+    return 0
+
+
+def _classifier(model_dir: Path, labels: list[str]) -> transformers.PreTrainedModel:
+    """The checkpoint as a classifier: as saved when it has a classification head, else with a new head over the
+    classes in the training labels (sorted)."""
+    config = transformers.AutoConfig.from_pretrained(model_dir)
+    names = getattr(config, "architectures", None) or []
+    if any(name.endswith(("ForSequenceClassification", "ForImageClassification")) for name in names):
+        return load_model(model_dir).train()
+    classes = sorted(
+        set(labels), key=lambda x: (not x.lstrip("-").isdigit(), int(x) if x.lstrip("-").isdigit() else 0, x)
+    )
+    print(f"new classification head over {len(classes)} classes: {classes}")
+    kind, _ = load_preprocessor(model_dir)
+    auto = (
+        transformers.AutoModelForSequenceClassification
+        if kind == "text"
+        else transformers.AutoModelForImageClassification
+    )
+    try:
+        return auto.from_pretrained(
+            model_dir,
+            num_labels=len(classes),
+            id2label=dict(enumerate(classes)),
+            label2id={c: i for i, c in enumerate(classes)},
+        ).train()
+    except ValueError as error:
+        raise CommandError(f"--model {str(model_dir)!r}: cannot add a classification head: {error}") from None

@@ -1,0 +1,115 @@
+"""Members: M pruned copies of a model, made diverse by a pruning seed (paper 000, §4.3, §B.5).
+
+From Taylor scores (--scores): each member prunes --budget heads in every layer, drawn from that layer's --pool
+least useful. From a circuit (--circuit): each member prunes --budget heads in the whole model, drawn from the
+first --pool heads of the removal order. Writes members.json (every member's kept heads) and member0/, member1/,
+... (HF checkpoints that `load_model` restores). Fine-tune them with `hydra-ens finetune --model <this dir>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import safetensors.torch
+
+from ..importance import Circuit
+from ..members import build_members, sample_members
+from ..pruning import save_model
+from .common import CommandError, Output, check_model_dir, copy_preprocessor, fingerprint_path, load_predictor
+
+EXAMPLE = """hydra-ens members --model my-classifier --scores scores --num-members 3 --budget 6 --pool 8 --out members
+hydra-ens members --model my-classifier --circuit circuit --budget 36 --pool 48 --out members-circ"""
+
+MEMBERS_FILE = "members.json"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="the HF classifier the members are pruned from")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--scores", help="output of `hydra-ens scores` (directory or scores.safetensors)")
+    source.add_argument("--circuit", help="output of `hydra-ens circuit` (directory or circuit.json)")
+    parser.add_argument("--num-members", type=int, default=3, help="M (default: 3)")
+    parser.add_argument(
+        "--budget",
+        type=int,
+        help="heads each member prunes: per layer with --scores, in all with --circuit "
+        "(default: half the heads of a layer / half of all heads)",
+    )
+    parser.add_argument("--pool", type=int, help="least useful heads to draw from (default: twice the budget)")
+    parser.add_argument("--seed", type=int, default=0, help="pruning seed (default: 0)")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--force", action="store_true", help="redo the step even if --out holds its result")
+
+
+def run(args: argparse.Namespace) -> int:
+    model_dir = check_model_dir(args.model)
+    source_path = _source_file(args.scores or args.circuit, "scores.safetensors" if args.scores else "circuit.json")
+    settings = {
+        "model": fingerprint_path(model_dir, "--model"),
+        "source": fingerprint_path(source_path, "--scores" if args.scores else "--circuit"),
+        **{k: getattr(args, k) for k in ("num_members", "budget", "pool", "seed")},
+    }
+    out = Output(args.out, "members", settings, args.force)
+    if out.done():
+        print(f"already done: {out.path} (pass --force to redo)")
+        return 0
+    model = load_predictor(model_dir)
+    if args.scores:
+        scores = safetensors.torch.load_file(source_path)["scores"]
+        budget = args.budget if args.budget is not None else scores.shape[1] // 2
+        head_maps = sample_members(scores, num_members=args.num_members, budget=budget, pool=args.pool, seed=args.seed)
+    else:
+        circuit = Circuit.load(source_path)
+        budget = args.budget if args.budget is not None else len(circuit.removed)
+        head_maps = sample_members(circuit, num_members=args.num_members, budget=budget, pool=args.pool, seed=args.seed)
+    write_members(out.path, model_dir, head_maps, {"source": "scores" if args.scores else "circuit"})
+    for index, head_map in enumerate(head_maps):
+        target = out.path / f"member{index}"
+        if not target.exists():  # a rerun after an interruption keeps the members already written
+            save_model(build_members(model, [head_map])[0], target)
+            copy_preprocessor(model_dir, target)
+        kept = sum(len(heads) for heads in head_map.values())
+        print(f"member{index}: keeps {kept} heads, per layer {[len(h) for h in head_map.values()]}")
+    out.finish({"members": len(head_maps)})
+    print(f"wrote {len(head_maps)} members -> {out.path}")
+    return 0
+
+
+def write_members(path: Path, base: Path, head_maps: list[dict], extra: dict) -> None:
+    from ..io import write_json_atomic
+
+    write_json_atomic(
+        path / MEMBERS_FILE,
+        {
+            "base_model": str(base.resolve()),
+            "members": [f"member{i}" for i in range(len(head_maps))],
+            "head_maps": [{str(layer): heads for layer, heads in h.items()} for h in head_maps],
+            **extra,
+        },
+    )
+
+
+def member_dirs(path: str | Path, flag: str) -> list[Path]:
+    """The member checkpoints listed in a members directory's members.json."""
+    path = Path(path)
+    index = path / MEMBERS_FILE
+    if not index.is_file():
+        raise CommandError(
+            f"{flag} {str(path)!r} is not a members directory (no {MEMBERS_FILE}); make one with hydra-ens members."
+        )
+    names = json.loads(index.read_text())["members"]
+    missing = [name for name in names if not (path / name / "config.json").is_file()]
+    if missing:
+        raise CommandError(f"{flag} {str(path)!r} lacks member(s) {missing}: rerun the command that wrote it.")
+    return [path / name for name in names]
+
+
+def _source_file(path: str, name: str) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        path = path / name
+    if not path.is_file():
+        raise CommandError(f"no {name} at {str(path)!r}: give the output directory of the step that made it.")
+    return path

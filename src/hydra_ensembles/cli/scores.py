@@ -1,0 +1,63 @@
+"""Taylor head importance: one score per attention head, higher = more useful (paper 000, §D.1.1).
+
+Writes scores.safetensors ("scores": (layers, heads), NaN for heads already pruned), scores.json (the least
+useful heads of each layer) and head_importance.png. Labelled data gives cross-entropy scores; unlabelled data
+(or --loss entropy) the label-free entropy criterion.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import safetensors.torch
+
+from ..evaluation import plots
+from ..importance import taylor_head_scores
+from .common import Output, add_data_options, check_model_dir, fingerprint_path, load_predictor, model_config, read_data
+
+EXAMPLE = "hydra-ens scores --model my-classifier --data val.csv --out scores"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="a fine-tuned HF classifier directory")
+    parser.add_argument("--data", required=True, help="calibration data: CSV / JSONL / .txt, or an image folder")
+    parser.add_argument(
+        "--loss",
+        choices=("auto", "cross_entropy", "entropy"),
+        default="auto",
+        help="auto: cross-entropy when the data has labels, entropy otherwise",
+    )
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--force", action="store_true", help="redo the step even if --out holds its result")
+    add_data_options(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    model_dir = check_model_dir(args.model)
+    settings = {
+        "model": fingerprint_path(model_dir, "--model"),
+        "data": fingerprint_path(args.data, "--data"),
+        "loss": args.loss,
+        "max_length": args.max_length,
+        "label_column": args.label_column,
+        "text_column": args.text_column,
+    }
+    out = Output(args.out, "scores", settings, args.force)
+    if out.done():
+        print(f"already done: {out.path}/scores.safetensors (pass --force to redo)")
+        return 0
+    model = load_predictor(model_dir)
+    labelled = {"auto": None, "cross_entropy": True, "entropy": False}[args.loss]
+    data = read_data(args, args.data, model_dir, model_config(model), labelled=labelled, flag="--data")
+    scores = taylor_head_scores(model, data.batches, loss=args.loss, progress=not args.quiet)
+    safetensors.torch.save_file({"scores": scores.contiguous()}, out.path / "scores.safetensors")
+    plots.head_heatmap({"Taylor score": scores}, out.path / "head_importance.png", title="Taylor head importance")
+    ranked = {
+        str(layer): sorted((h for h in range(scores.shape[1]) if not row[h].isnan()), key=lambda h: row[h].item())
+        for layer, row in enumerate(scores)
+    }
+    out.finish({"shape": list(scores.shape), "least_useful_first": ranked, "examples": len(data.examples)})
+    print(f"scored {scores.shape[0]} layers x {scores.shape[1]} heads on {len(data.examples)} examples -> {out.path}")
+    for layer, heads in ranked.items():
+        print(f"  layer {layer}: least useful first {heads}")
+    return 0

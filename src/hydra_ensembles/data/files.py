@@ -1,0 +1,244 @@
+"""A user's own data, read into the dict batches every step takes.
+
+Text: a CSV / TSV file with a header row, a JSONL file (one JSON object per line), or a plain-text file (one
+example per line, no labels). Images: a folder with one sub-folder per class (`cats/001.png`, ...), a flat
+folder of images (no labels), or — from Python — a numpy array (N, H, W) or (N, H, W, C), or a list of images.
+
+    examples = read_examples("reviews.csv", text_column="review", label_column="stars")
+    batches = text_batches(tokenizer, examples.inputs, label_ids(examples.labels, model.config.label2id))
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+TEXT_SUFFIXES = (".csv", ".tsv", ".jsonl", ".txt")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+@dataclass
+class Examples:
+    """Examples read from one source: `inputs` are texts or PIL images, `labels` class names (None when the
+    source has none), `names` say where each example came from ("line 3", "cats/001.png")."""
+
+    inputs: list[Any]
+    labels: list[str] | None
+    names: list[str]
+    kind: str  # "text" or "image"
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+
+def read_examples(
+    path: str | os.PathLike, text_column: str = "text", label_column: str | None = None, labels_optional: bool = False
+) -> Examples:
+    """Text from a .csv / .tsv / .jsonl / .txt file, images from a folder (see the module docstring).
+
+    `label_column` names the label column of a CSV / TSV / JSONL file (with `labels_optional`, a file without
+    that column reads as unlabelled); images take their labels from the sub-folder names. Raises a ValueError
+    naming the problem for anything unreadable or empty.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no data at {str(path)!r}: the path does not exist.")
+    if path.is_dir():
+        examples = read_image_folder(path)
+    else:
+        examples = read_texts(path, text_column, label_column, labels_optional)
+    if not examples.inputs:
+        raise ValueError(f"{str(path)!r} holds no examples.")
+    return examples
+
+
+def read_texts(
+    path: str | os.PathLike, text_column: str = "text", label_column: str | None = None, labels_optional: bool = False
+) -> Examples:
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in TEXT_SUFFIXES:
+        raise ValueError(
+            f"cannot read {str(path)!r}: text data must be one of {', '.join(TEXT_SUFFIXES)}, and images a folder."
+        )
+    try:
+        if suffix == ".txt":
+            if label_column is not None and not labels_optional:
+                raise ValueError(
+                    f"{str(path)!r} is plain text (one example per line) and has no label column; "
+                    "use a CSV or JSONL file for labelled data."
+                )
+            lines = [(n, line.strip()) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)]
+            kept = [(n, line) for n, line in lines if line]
+            return Examples([line for _, line in kept], None, [f"line {n}" for n, _ in kept], "text")
+        records = _jsonl(path) if suffix == ".jsonl" else _csv(path, "\t" if suffix == ".tsv" else ",")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"cannot read {str(path)!r}: it is not UTF-8 text ({error.reason}).") from None
+    if not records:
+        raise ValueError(f"{str(path)!r} holds no examples.")
+    if labels_optional and label_column not in records[0][1]:
+        label_column = None
+    for column in (text_column, label_column):
+        if column is not None and column not in records[0][1]:
+            raise ValueError(
+                f"{str(path)!r} has no column {column!r}; its columns are {sorted(records[0][1])}. "
+                "Name the right one with --text-column / --label-column."
+            )
+    texts, labels, names = [], [], []
+    for line, record in records:
+        text = record.get(text_column)
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"{str(path)!r} line {line}: column {text_column!r} is empty or not text.")
+        texts.append(text)
+        names.append(f"line {line}")
+        if label_column is not None:
+            label = record.get(label_column)
+            if label is None or str(label).strip() == "":
+                raise ValueError(f"{str(path)!r} line {line}: the label ({label_column!r}) is missing.")
+            labels.append(str(label).strip())
+    return Examples(texts, labels if label_column is not None else None, names, "text")
+
+
+def _csv(path: Path, delimiter: str) -> list[tuple[int, dict]]:
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f, delimiter=delimiter)
+        if reader.fieldnames is None:
+            return []
+        return [(reader.line_num, row) for row in reader]
+
+
+def _jsonl(path: Path) -> list[tuple[int, dict]]:
+    records = []
+    for line, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{str(path)!r} line {line} is not valid JSON: {error.msg}.") from None
+        if not isinstance(record, dict):
+            raise ValueError(f'{str(path)!r} line {line} is not a JSON object ({{"text": ..., "label": ...}}).')
+        records.append((line, record))
+    return records
+
+
+def read_image_folder(path: str | os.PathLike) -> Examples:
+    """A folder of class sub-folders (labels = sub-folder names, sorted), or a flat folder of images."""
+    path = Path(path)
+    classes = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    groups = [(c.name, _image_files(c)) for c in classes] if classes else [(None, _image_files(path))]
+    images, labels, names = [], [], []
+    for label, files in groups:
+        for file in files:
+            images.append(_open_image(file))
+            labels.append(label)
+            names.append(str(file.relative_to(path)))
+    if not images:
+        raise ValueError(
+            f"{str(path)!r} holds no images ({', '.join(IMAGE_SUFFIXES)}): give a folder with one sub-folder of "
+            "images per class, or a flat folder of images."
+        )
+    return Examples(images, labels if classes else None, names, "image")
+
+
+def _image_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
+
+
+def _open_image(file: Path) -> Image.Image:
+    try:
+        with Image.open(file) as image:
+            image.load()
+            return image
+    except OSError as error:
+        raise ValueError(f"cannot read image {str(file)!r}: {error}.") from None
+
+
+def label_ids(
+    labels: Sequence[str | int], label2id: Mapping[str, int] | None, num_labels: int | None = None
+) -> list[int]:
+    """Class names (or integer ids) -> ids, by the model's `config.label2id`.
+
+    Names the model knows map through `label2id`; otherwise integer ids 0..num_labels-1 are accepted as they are.
+    """
+    label2id = dict(label2id or {})
+    num_labels = num_labels if num_labels is not None else len(label2id)
+    names = [str(label) for label in labels]
+    if all(name in label2id for name in names):
+        return [int(label2id[name]) for name in names]
+    if all(name.lstrip("-").isdigit() and 0 <= int(name) < num_labels for name in names):
+        return [int(name) for name in names]
+    unknown = sorted({name for name in names if name not in label2id})
+    raise ValueError(
+        f"label(s) {unknown[:5]} are not classes of the model, whose classes are {sorted(label2id, key=label2id.get)}"
+        f"; use those names or integer ids 0..{num_labels - 1}."
+    )
+
+
+def text_batches(
+    tokenizer, texts: Sequence[str], labels: Sequence[int] | None = None, batch_size: int = 16, max_length: int = 128
+) -> list[dict[str, torch.Tensor]]:
+    """Tokenized batches: input_ids / attention_mask (B, T), plus labels (B,) when given."""
+    return _batched(
+        len(texts),
+        labels,
+        batch_size,
+        lambda rows: dict(
+            tokenizer(
+                [texts[i] for i in rows], padding=True, truncation=True, max_length=max_length, return_tensors="pt"
+            )
+        ),
+    )
+
+
+def image_batches(
+    processor,
+    images: np.ndarray | Sequence[Any],
+    labels: Sequence[int] | None = None,
+    batch_size: int = 32,
+    channels: int = 3,
+) -> list[dict[str, torch.Tensor]]:
+    """Batches of pixel_values (B, C, H, W) from an image processor, plus labels (B,) when given.
+
+    `images`: PIL images, or arrays (H, W) / (H, W, C) — uint8 0..255 or float 0..1 — or one array (N, H, W[, C]).
+    `channels`: what the model reads (its config.num_channels): 3 makes every image RGB, 1 greyscale.
+    """
+    pil = [_to_pil(image, channels) for image in images]
+    return _batched(
+        len(pil), labels, batch_size, lambda rows: dict(processor(images=[pil[i] for i in rows], return_tensors="pt"))
+    )
+
+
+def _to_pil(image: Any, channels: int) -> Image.Image:
+    if not isinstance(image, Image.Image):
+        array = np.asarray(image)
+        if array.ndim not in (2, 3):
+            raise ValueError(f"an image must be (H, W) or (H, W, C), got an array of shape {array.shape}.")
+        if array.dtype != np.uint8:
+            array = (np.clip(array.astype(np.float32), 0.0, 1.0) * 255).round().astype(np.uint8)
+        image = Image.fromarray(array[..., 0] if array.ndim == 3 and array.shape[-1] == 1 else array)
+    return image.convert("RGB" if channels == 3 else "L")
+
+
+def _batched(count: int, labels, batch_size: int, encode) -> list[dict[str, torch.Tensor]]:
+    if batch_size < 1:
+        raise ValueError(f"batch size must be >= 1, got {batch_size}.")
+    if labels is not None and len(labels) != count:
+        raise ValueError(f"{count} inputs but {len(labels)} labels: give one label per input.")
+    batches = []
+    for start in range(0, count, batch_size):
+        rows = list(range(start, min(start + batch_size, count)))
+        batch = encode(rows)
+        if labels is not None:
+            batch["labels"] = torch.tensor([int(labels[i]) for i in rows])
+        batches.append(batch)
+    return batches

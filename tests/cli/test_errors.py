@@ -1,0 +1,138 @@
+"""Bad input: one clear line on stderr naming the problem and the fix, exit code 2, nothing written or lost."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers as T
+from cli_support import hydra_ens, text_encoder, text_files
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory, text_encoder, text_files):
+    out = tmp_path_factory.mktemp("err") / "single"
+    hydra_ens(
+        "finetune", "--model", str(text_encoder), "--data", str(text_files["train"]), "--epochs", "1", "--out", str(out)
+    )
+    return out / "model"
+
+
+def fails(*args: str) -> str:
+    result = hydra_ens(*args, check=False)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    message = result.stderr.strip()
+    assert len(message.splitlines()) == 1, message  # one line, no traceback
+    assert message.startswith(f"hydra-ens {args[0]}: error:")
+    return message
+
+
+def test_missing_paths(tmp_path, classifier, text_files):
+    assert "--model '/nope' does not exist" in fails("scores", "--model", "/nope", "--data", "x.csv", "--out", "o")
+    message = fails("scores", "--model", str(classifier), "--data", str(tmp_path / "gone.csv"), "--out", str(tmp_path))
+    assert "gone.csv' does not exist" in message
+    assert "not a model directory" in fails("scores", "--model", str(tmp_path), "--data", "x", "--out", "o")
+
+
+def test_wrong_model_type(tmp_path, text_files):
+    gpt2 = tmp_path / "gpt2"
+    T.GPT2LMHeadModel(T.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=50)).save_pretrained(gpt2)
+    message = fails("scores", "--model", str(gpt2), "--data", str(text_files["val"]), "--out", str(tmp_path / "o"))
+    assert "no adapter for GPT2LMHeadModel" in message and "Supported classes" in message
+
+
+def test_a_base_encoder_where_a_classifier_is_needed(tmp_path, text_encoder, text_files):
+    message = fails("predict", "--model", str(text_encoder), "--inputs", str(text_files["new"]), "--threshold", "0")
+    assert "no classifier" in message and "hydra-ens finetune" in message
+
+
+def test_unreadable_data(tmp_path, classifier, text_files):
+    out = str(tmp_path / "o")
+    no_column = tmp_path / "no-column.csv"
+    no_column.write_text("body,label\nhello,sports\n")
+    assert "has no column 'text'" in fails("scores", "--model", str(classifier), "--data", str(no_column), "--out", out)
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(bytes(range(128, 256)) * 4)
+    assert "not UTF-8" in fails("scores", "--model", str(classifier), "--data", str(binary), "--out", out)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "goal", "label": "sports"}\n{"text": "vote", \n')
+    assert "line 2 is not valid JSON" in fails(
+        "scores", "--model", str(classifier), "--data", str(broken), "--out", out
+    )
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    assert "holds no examples" in fails("scores", "--model", str(classifier), "--data", str(empty), "--out", out)
+    images = tmp_path / "images"
+    images.mkdir()
+    torch.save({}, images / "not-an-image.png")
+    assert "cannot read image" in fails("scores", "--model", str(classifier), "--data", str(images), "--out", out)
+    unknown = tmp_path / "other-labels.csv"
+    unknown.write_text("text,label\ngoal match,cooking\n")
+    message = fails("evaluate", "--model", str(classifier), "--data", str(unknown), "--out", out)
+    assert "['cooking'] are not classes of the model" in message and "business" in message
+    message = fails("circuit", "--model", str(classifier), "--data", str(text_files["ood"]), "--out", out)
+    assert "plain text without labels" in message
+
+
+def test_budget_out_of_range(tmp_path, classifier, text_files):
+    val, ood = str(text_files["val"]), str(text_files["ood"])
+    message = fails(
+        "circuit",
+        "--model",
+        str(classifier),
+        "--data",
+        val,
+        "--ood",
+        ood,
+        "--budget",
+        "8",
+        "--out",
+        str(tmp_path / "c"),
+    )
+    assert "budget must be between 1 and 7" in message
+    hydra_ens("scores", "--model", str(classifier), "--data", val, "--out", str(tmp_path / "s"))
+    message = fails(
+        "members",
+        "--model",
+        str(classifier),
+        "--scores",
+        str(tmp_path / "s"),
+        "--budget",
+        "4",
+        "--out",
+        str(tmp_path / "m"),
+    )
+    assert "budget 4 for layer 0 is not below its 4 heads" in message
+    message = fails(
+        "members",
+        "--model",
+        str(classifier),
+        "--scores",
+        str(tmp_path / "s"),
+        "--budget",
+        "2",
+        "--pool",
+        "9",
+        "--out",
+        str(tmp_path / "m"),
+    )
+    assert "pool for layer 0 must be between its budget 2 and 4" in message
+
+
+def test_a_different_run_never_overwrites_an_output(tmp_path, classifier, text_files):
+    out = tmp_path / "s"
+    hydra_ens("scores", "--model", str(classifier), "--data", str(text_files["val"]), "--out", str(out))
+    before = json.loads((out / "hydra-ens.json").read_text())
+    message = fails("scores", "--model", str(classifier), "--data", str(text_files["train"]), "--out", str(out))
+    assert "holds the result of a different run" in message and "--force" in message
+    assert json.loads((out / "hydra-ens.json").read_text()) == before
+
+
+def test_predict_needs_exactly_one_threshold_source(classifier, text_files):
+    message = fails("predict", "--model", str(classifier), "--inputs", str(text_files["new"]))
+    assert "--calibration" in message and "--threshold" in message
+    message = fails(
+        "predict", "--model", str(classifier), "--inputs", str(text_files["new"]), "--threshold", "0", "--tpr", "1.5"
+    )
+    assert "--tpr must be in (0, 1]" in message

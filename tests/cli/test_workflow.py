@@ -1,0 +1,292 @@
+"""The whole `hydra-ens` workflow in subprocesses on a tiny BERT, each step checked against the library called
+in-process on the same files (a command must do exactly what its Python counterpart does)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import safetensors.torch
+import torch
+from cli_support import (
+    TOPICS,
+    hydra_ens,
+    image_classifier,
+    image_files,
+    text_encoder,
+    text_files,
+)
+
+import hydra_ensembles as he
+from hydra_ensembles.cli.predict import id_threshold
+from hydra_ensembles.data.files import label_ids, read_examples, text_batches
+from hydra_ensembles.evaluation import metrics
+from hydra_ensembles.evaluation.ood import OOD_SCORES
+from hydra_ensembles.evaluation.report import collect_member_logits
+
+
+@pytest.fixture(scope="module")
+def flow(tmp_path_factory, text_files, text_encoder):
+    root = tmp_path_factory.mktemp("flow")
+    d = {
+        name: str(root / name)
+        for name in ("single", "scores", "circuit", "members", "members-circ", "tuned", "hydra", "report")
+    }
+    f = {k: str(v) for k, v in text_files.items()}
+    runs = {
+        "finetune": hydra_ens(
+            "finetune",
+            "--model",
+            str(text_encoder),
+            "--data",
+            f["train"],
+            "--val",
+            f["val"],
+            "--epochs",
+            "8",
+            "--lr",
+            "3e-3",
+            "--out",
+            d["single"],
+        ),
+        "scores": hydra_ens("scores", "--model", d["single"], "--data", f["val"], "--out", d["scores"]),
+        "circuit": hydra_ens(
+            "circuit",
+            "--model",
+            d["single"],
+            "--data",
+            f["val"],
+            "--ood",
+            f["ood"],
+            "--budget",
+            "5",
+            "--out",
+            d["circuit"],
+        ),
+        "members": hydra_ens(
+            "members",
+            "--model",
+            d["single"],
+            "--scores",
+            d["scores"],
+            "--num-members",
+            "3",
+            "--budget",
+            "2",
+            "--pool",
+            "3",
+            "--out",
+            d["members"],
+        ),
+        "members-circ": hydra_ens(
+            "members",
+            "--model",
+            d["single"],
+            "--circuit",
+            d["circuit"],
+            "--budget",
+            "4",
+            "--pool",
+            "5",
+            "--out",
+            d["members-circ"],
+        ),
+        "tune": hydra_ens(
+            "finetune",
+            "--model",
+            d["members"],
+            "--data",
+            f["train"],
+            "--epochs",
+            "1",
+            "--lr",
+            "1e-3",
+            "--freeze-embeddings",
+            "--out",
+            d["tuned"],
+        ),
+        "fuse": hydra_ens("fuse", "--members", d["tuned"], "--mlp", "stack", "--out", d["hydra"]),
+        "evaluate": hydra_ens(
+            "evaluate",
+            "--model",
+            f"single={d['single']}",
+            "--model",
+            f"hydra={d['hydra']}",
+            "--data",
+            f["test"],
+            "--text-column",
+            "review",
+            "--ood",
+            f["ood"],
+            "--out",
+            d["report"],
+        ),
+        "predict": hydra_ens("predict", "--model", d["hydra"], "--inputs", f["new"], "--calibration", f["val"]),
+        "predict-jsonl": hydra_ens(
+            "predict",
+            "--model",
+            d["hydra"],
+            "--inputs",
+            f["new"],
+            "--calibration",
+            f["val"],
+            "--format",
+            "jsonl",
+            "--output",
+            str(root / "predictions.jsonl"),
+        ),
+    }
+    return root, d, f, runs
+
+
+def batches(path, model, text_column="text", labelled=True):
+    from transformers import AutoTokenizer
+
+    examples = read_examples(path, text_column, "label" if labelled and not str(path).endswith(".txt") else None)
+    config = model.model_config if isinstance(model, he.HydraEnsemble) else model.config
+    labels = label_ids(examples.labels, config.label2id) if examples.labels else None
+    return text_batches(AutoTokenizer.from_pretrained(DIRS["tokenizer"]), examples.inputs, labels, 16, 128)
+
+
+DIRS: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True)
+def _tokenizer_dir(text_encoder):
+    DIRS["tokenizer"] = str(text_encoder)
+
+
+def test_finetune_gives_the_encoder_a_head_over_the_data_classes_and_learns(flow):
+    root, d, f, runs = flow
+    single = he.load_model(f"{d['single']}/model")
+    assert single.config.id2label == dict(enumerate(sorted(TOPICS)))
+    assert "new classification head over 3 classes" in runs["finetune"].stdout
+    test = batches(f["test"], single, "review")
+    logits = collect_member_logits(single, test)
+    assert metrics.accuracy(he.ensemble_probs(logits), torch.cat([b["labels"] for b in test])) >= 0.9
+
+
+def test_scores_equal_the_library_on_the_same_file(flow):
+    root, d, f, runs = flow
+    single = he.load_model(f"{d['single']}/model")
+    saved = safetensors.torch.load_file(f"{d['scores']}/scores.safetensors")["scores"]
+    expected = he.taylor_head_scores(single, batches(f["val"], single), progress=False)
+    torch.testing.assert_close(saved, expected)
+    assert (root / "scores" / "head_importance.png").stat().st_size > 0
+
+
+def test_circuit_equals_the_library_on_the_same_files(flow):
+    root, d, f, runs = flow
+    single = he.load_model(f"{d['single']}/model")
+    expected = he.extract_circuit(
+        single, batches(f["val"], single), batches(f["ood"], single, labelled=False), "avg", 5, progress=False
+    )
+    saved = he.Circuit.load(f"{d['circuit']}/circuit.json")
+    assert saved.removed == expected.removed
+    assert saved.scores == pytest.approx(expected.scores)
+
+
+def test_members_are_the_sampled_head_maps_pruned_from_the_model(flow):
+    root, d, f, runs = flow
+    scores = safetensors.torch.load_file(f"{d['scores']}/scores.safetensors")["scores"]
+    expected = he.sample_members(scores, num_members=3, budget=2, pool=3, seed=0)
+    index = json.loads((root / "members" / "members.json").read_text())
+    assert [{int(k): v for k, v in h.items()} for h in index["head_maps"]] == expected
+    for name, head_map in zip(index["members"], expected):
+        assert he.kept_heads(he.load_model(root / "members" / name)) == head_map
+    circuit = he.Circuit.load(f"{d['circuit']}/circuit.json")
+    from_circuit = json.loads((root / "members-circ" / "members.json").read_text())["head_maps"]
+    expected = he.sample_members(circuit, num_members=3, budget=4, pool=5, seed=0)
+    assert [{int(k): v for k, v in h.items()} for h in from_circuit] == expected
+
+
+def test_fused_ensemble_equals_its_fine_tuned_members_run_one_by_one(flow):
+    root, d, f, runs = flow
+    ensemble = he.HydraEnsemble.from_pretrained(f"{d['hydra']}/ensemble")
+    members = [he.load_model(root / "tuned" / f"member{i}") for i in range(3)]
+    untuned = he.load_model(root / "members" / "member0")
+    test = batches(f["test"], members[0], "review")
+    fused = collect_member_logits(ensemble, test)
+    one_by_one = torch.cat([collect_member_logits(m, test) for m in members], dim=1)
+    torch.testing.assert_close(fused, one_by_one, atol=1e-5, rtol=0)
+    assert not torch.allclose(collect_member_logits(untuned, test)[:, 0], one_by_one[:, 0])  # tuning changed it
+
+
+def test_evaluate_reports_the_metrics_of_each_model(flow):
+    root, d, f, runs = flow
+    saved = json.loads((root / "report" / "metrics.json").read_text())["results"]
+    ensemble = he.HydraEnsemble.from_pretrained(f"{d['hydra']}/ensemble")
+    test, ood = batches(f["test"], ensemble, "review"), batches(f["ood"], ensemble, labelled=False)
+    logits, labels = collect_member_logits(ensemble, test), torch.cat([b["labels"] for b in test])
+    probs = he.ensemble_probs(logits)
+    assert saved["hydra"]["metrics"]["id"]["acc"] == pytest.approx(metrics.accuracy(probs, labels))
+    assert saved["hydra"]["metrics"]["id"]["nll"] == pytest.approx(metrics.nll(probs, labels), rel=1e-5)
+    ood_logits = collect_member_logits(ensemble, ood)
+    is_ood = torch.cat([torch.zeros(len(logits)), torch.ones(len(ood_logits))]).bool()
+    msp = OOD_SCORES["msp"]
+    auroc = metrics.auroc(torch.cat([msp(logits), msp(ood_logits)]), is_ood)
+    assert saved["hydra"]["metrics"]["ood"]["ood"]["auroc"] == pytest.approx(auroc)
+    report = (root / "report" / "report.md").read_text()
+    assert "| single |" in report and "| hydra |" in report
+    for name in ("reliability.png", "ood_scores.png"):
+        assert (root / "report" / name).stat().st_size > 0
+
+
+def test_predict_flags_ood_above_the_threshold_chosen_at_the_stated_tpr(flow):
+    root, d, f, runs = flow
+    ensemble = he.HydraEnsemble.from_pretrained(f"{d['hydra']}/ensemble")
+    id_scores = OOD_SCORES["msp"](collect_member_logits(ensemble, batches(f["val"], ensemble)))
+    threshold, accepted = id_threshold(id_scores, 0.95)
+    assert accepted >= 0.95 and (id_scores <= threshold).double().mean() >= 0.95
+    rows = [json.loads(line) for line in (root / "predictions.jsonl").read_text().splitlines()]
+    logits = collect_member_logits(ensemble, batches(f["new"], ensemble, labelled=False))
+    probs = he.ensemble_probs(logits)
+    assert len(rows) == len(probs) == 4
+    for row, p, mi, score in zip(rows, probs, he.mutual_information(logits), OOD_SCORES["msp"](logits)):
+        assert row["prediction"] == ensemble.model_config.id2label[int(p.argmax())]
+        assert row["probability"] == pytest.approx(p.max().item(), abs=1e-4)
+        assert row["mutual_information"] == pytest.approx(mi.item(), abs=1e-4)
+        assert row["threshold"] == pytest.approx(threshold) and row["ood"] == (score.item() > threshold)
+    table = runs["predict"].stdout
+    assert f"msp score > {threshold:.4f}" in table and "95.0%" in table
+    assert len([line for line in table.splitlines() if line.startswith("line ")]) == 4
+
+
+def test_a_finished_step_run_again_is_a_no_op(flow):
+    root, d, f, runs = flow
+    again = hydra_ens("scores", "--model", d["single"], "--data", f["val"], "--out", d["scores"])
+    assert "already done" in again.stdout
+
+
+def test_image_folders_fine_tune_evaluate_and_predict(tmp_path, image_files, image_classifier):
+    f = {k: str(v) for k, v in image_files.items()}
+    hydra_ens(
+        "finetune",
+        "--model",
+        str(image_classifier),
+        "--data",
+        f["train"],
+        "--epochs",
+        "3",
+        "--lr",
+        "0.05",
+        "--batch-size",
+        "8",
+        "--out",
+        str(tmp_path / "vit"),
+    )
+    hydra_ens(
+        "evaluate",
+        "--model",
+        str(tmp_path / "vit"),
+        "--data",
+        f["test"],
+        "--far",
+        f"stripes={f['ood']}",
+        "--out",
+        str(tmp_path / "report"),
+    )
+    result = json.loads((tmp_path / "report" / "metrics.json").read_text())["results"]["vit"]["metrics"]
+    assert set(result) == {"id", "ood", "far", "all"} and "stripes" in result["ood"]
+    predicted = hydra_ens("predict", "--model", str(tmp_path / "vit"), "--inputs", f["ood"], "--threshold", "-0.5")
+    assert "stripes0.png" in predicted.stdout and "threshold given by --threshold" in predicted.stdout
