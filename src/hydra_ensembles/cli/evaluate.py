@@ -10,6 +10,7 @@ resumes at the next model.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 
@@ -17,12 +18,15 @@ import torch
 
 from ..evaluation import suite
 from ..evaluation.report import labels_of
+from ..fusion import HydraEnsemble
 from ..io import write_json_atomic
+from ..pruning import kept_heads
 from .common import (
     CommandError,
     Output,
     add_data_options,
     check_model_dir,
+    class_names,
     fingerprint_path,
     is_ensemble,
     load_predictor,
@@ -75,12 +79,12 @@ def run(args: argparse.Namespace) -> int:
         model_dir = check_model_dir(path, f"--model {name}")
         model = load_predictor(model_dir, f"--model {name}")
         config = model_config(model)
-        names_ = [str(config.id2label[i]) for i in range(config.num_labels)]
-        if classes is not None and names_ != classes:
+        if classes is not None and class_names(model) != classes:
             raise CommandError(
-                f"--model {name} predicts classes {names_}, the first model {classes}: compare models of one task."
+                f"--model {name} predicts classes {class_names(model)}, the first model {classes}: compare models "
+                "of one task."
             )
-        classes = names_
+        classes = class_names(model)
         test = read_data(args, args.data, model_dir, config, labelled=True, flag="--data").batches
         groups = {
             group: {
@@ -92,8 +96,6 @@ def run(args: argparse.Namespace) -> int:
         cached = out.path / "logits" / f"{name}.pt"
         result_file = out.path / "logits" / f"{name}.json"
         if result_file.is_file() and cached.is_file():
-            import json
-
             results[name] = json.loads(result_file.read_text())
             print(f"{name}: measured before ({cached})")
         else:
@@ -134,9 +136,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _heads(model) -> str:
-    from ..fusion import HydraEnsemble
-    from ..pruning import kept_heads
-
+    """Kept heads per member, e.g. "36 + 36 + 36"."""
     maps = model.head_maps if isinstance(model, HydraEnsemble) else [kept_heads(model)]
     counts = [sum(len(h) for h in head_map.values()) for head_map in maps]
     return " + ".join(str(c) for c in counts)
