@@ -12,7 +12,17 @@ import argparse
 from ..adapters import get_adapter
 from ..importance import extract_circuit
 from ..importance.circuit import CRITERIA, METHODS
-from .common import Output, add_data_options, check_model_dir, fingerprint_path, load_predictor, model_config, read_data
+from .common import (
+    Output,
+    add_data_options,
+    add_output_options,
+    check_model_dir,
+    data_settings,
+    fingerprint_path,
+    load_predictor,
+    model_config,
+    read_data,
+)
 
 EXAMPLE = "hydra-ens circuit --model my-classifier --data val.csv --ood ood-val.txt --budget 36 --out circuit"
 
@@ -30,8 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fast (exact, default), reference (exact, slow), screen / lazy (approximate)",
     )
     parser.add_argument("--top", type=int, default=8, help="candidates scored exactly per step by screen / lazy")
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--force", action="store_true", help="redo the step even if --out holds its result")
+    add_output_options(parser)
     add_data_options(parser)
 
 
@@ -41,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
         "model": fingerprint_path(model_dir, "--model"),
         "data": fingerprint_path(args.data, "--data"),
         "ood": fingerprint_path(args.ood, "--ood") if args.ood else None,
-        **{k: getattr(args, k) for k in ("criterion", "budget", "method", "top", "max_length", "text_column")},
+        **{k: getattr(args, k) for k in ("criterion", "budget", "method", "top")},
+        **data_settings(args),
     }
     out = Output(args.out, "circuit", settings, args.force)
     if out.done():

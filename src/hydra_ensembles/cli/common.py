@@ -118,12 +118,20 @@ def load_preprocessor(path: Path) -> tuple[str, Any]:
 # ---- data ----
 
 
+DATA_OPTIONS = ("text_column", "label_column", "max_length", "batch_size")
+
+
 def add_data_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("data files")
     group.add_argument("--text-column", default="text", help="column holding the text in CSV / JSONL (default: text)")
     group.add_argument("--label-column", default="label", help="column holding the label (default: label)")
     group.add_argument("--max-length", type=int, default=128, help="tokens per text (default: 128)")
     group.add_argument("--batch-size", type=int, default=16, help="examples per batch (default: 16)")
+
+
+def data_settings(args: argparse.Namespace) -> dict:
+    """The data flags, for an output's settings: changing one redoes the step."""
+    return {k: getattr(args, k) for k in DATA_OPTIONS}
 
 
 @dataclass
@@ -235,8 +243,17 @@ def fingerprint_path(path: str | os.PathLike, flag: str) -> dict:
     return {"path": str(path), "digest": digest.hexdigest()[:16]}
 
 
+def add_output_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument(
+        "--force", action="store_true", help="start over, replacing what --out holds (a finished or interrupted run)"
+    )
+
+
 class Output:
-    """An output directory and its record. `done()` says whether this exact step already finished there."""
+    """An output directory and its record. The record is written when a step starts (so `--force` and the
+    different-run check also know an interrupted run) and again when it finishes; `done()` says whether this
+    exact step already finished there."""
 
     def __init__(self, path: str | os.PathLike, command: str, settings: dict, force: bool = False):
         self.path, self.command, self.started = Path(path), command, time.perf_counter()
@@ -255,19 +272,22 @@ class Output:
             )
         self.previous = previous
         self.path.mkdir(parents=True, exist_ok=True)
+        if previous is None:
+            self._record(finished=False)
 
     def done(self) -> bool:
         return self.previous is not None and self.previous.get("finished", False)
 
     def finish(self, results: dict | None = None) -> None:
-        write_json_atomic(
-            self.path / RECORD,
-            {
-                "command": self.command,
-                "settings": self.settings,
-                "finished": True,
-                "library_version": __version__,
-                "wall_time_s": round(time.perf_counter() - self.started, 1),
-                "results": results or {},
-            },
-        )
+        self._record(finished=True, results=results or {})
+
+    def _record(self, finished: bool, results: dict | None = None) -> None:
+        record = {
+            "command": self.command,
+            "settings": self.settings,
+            "finished": finished,
+            "library_version": __version__,
+        }
+        if finished:
+            record |= {"wall_time_s": round(time.perf_counter() - self.started, 1), "results": results}
+        write_json_atomic(self.path / RECORD, record)

@@ -25,8 +25,10 @@ from .common import (
     CommandError,
     Output,
     add_data_options,
+    add_output_options,
     check_model_dir,
     class_names,
+    data_settings,
     fingerprint_path,
     is_ensemble,
     load_predictor,
@@ -50,8 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="labelled ID test data")
     for flag, what in (("--ood", "an OOD set"), ("--near", "a near-OOD set"), ("--far", "a far-OOD set")):
         parser.add_argument(flag, action="append", metavar="[NAME=]PATH", help=f"{what} (repeatable; labels unused)")
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--force", action="store_true", help="redo every model even if --out holds results")
+    add_output_options(parser)
     add_data_options(parser)
 
 
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         "models": {name: fingerprint_path(path, f"--model {name}") for name, path in models.items()},
         "data": fingerprint_path(args.data, "--data"),
         "sets": {group: {n: fingerprint_path(p, f"--{group}") for n, p in s.items()} for group, s in sets.items()},
-        **{k: getattr(args, k) for k in ("max_length", "batch_size", "text_column", "label_column")},
+        **data_settings(args),
     }
     out = Output(args.out, "evaluate", settings, args.force)
     if out.done():

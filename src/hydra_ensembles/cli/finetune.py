@@ -23,8 +23,10 @@ from .common import (
     CommandError,
     Output,
     add_data_options,
+    add_output_options,
     check_model_dir,
     copy_preprocessor,
+    data_settings,
     fingerprint_path,
     load_preprocessor,
     read_data,
@@ -48,8 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--freeze-embeddings", action="store_true", help="keep the embeddings fixed")
     parser.add_argument("--train-last", type=int, help="train only the last K blocks (and the head)")
     parser.add_argument("--seed", type=int, default=0, help="batch order and dropout seed; member i uses seed + i")
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--force", action="store_true", help="start over even if --out holds (part of) a run")
+    add_output_options(parser)
     add_data_options(parser)
 
 
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         "data": fingerprint_path(args.data, "--data"),
         "val": fingerprint_path(args.val, "--val") if args.val else None,
         "recipe": recipe.__dict__ | {"seed": args.seed},
-        **{k: getattr(args, k) for k in ("max_length", "batch_size", "text_column", "label_column")},
+        **data_settings(args),
     }
     out = Output(args.out, "finetune", settings, args.force)
     if out.done():

@@ -12,7 +12,7 @@ import argparse
 from ..cost import count_parameters
 from ..fusion import HydraEnsemble
 from ..pruning import load_model
-from .common import Output, copy_preprocessor, fingerprint_path
+from .common import Output, add_output_options, copy_preprocessor, fingerprint_path
 from .members import member_dirs
 
 EXAMPLE = "hydra-ens fuse --members members-tuned --mlp average --out hydra"
@@ -21,8 +21,7 @@ EXAMPLE = "hydra-ens fuse --members members-tuned --mlp average --out hydra"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--members", required=True, help="a members directory (from members or finetune)")
     parser.add_argument("--mlp", choices=("average", "stack"), default="average")
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--force", action="store_true", help="redo the step even if --out holds its result")
+    add_output_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:

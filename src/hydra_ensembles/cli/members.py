@@ -17,7 +17,15 @@ import safetensors.torch
 from ..importance import Circuit
 from ..members import build_members, sample_members
 from ..pruning import save_model
-from .common import CommandError, Output, check_model_dir, copy_preprocessor, fingerprint_path, load_predictor
+from .common import (
+    CommandError,
+    Output,
+    add_output_options,
+    check_model_dir,
+    copy_preprocessor,
+    fingerprint_path,
+    load_predictor,
+)
 
 EXAMPLE = """hydra-ens members --model my-classifier --scores scores --num-members 3 --budget 6 --pool 8 --out members
 hydra-ens members --model my-classifier --circuit circuit --budget 36 --pool 48 --out members-circ"""
@@ -39,8 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--pool", type=int, help="least useful heads to draw from (default: twice the budget)")
     parser.add_argument("--seed", type=int, default=0, help="pruning seed (default: 0)")
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--force", action="store_true", help="redo the step even if --out holds its result")
+    add_output_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,7 +13,17 @@ import safetensors.torch
 
 from ..evaluation import plots
 from ..importance import taylor_head_scores
-from .common import Output, add_data_options, check_model_dir, fingerprint_path, load_predictor, model_config, read_data
+from .common import (
+    Output,
+    add_data_options,
+    add_output_options,
+    check_model_dir,
+    data_settings,
+    fingerprint_path,
+    load_predictor,
+    model_config,
+    read_data,
+)
 
 EXAMPLE = "hydra-ens scores --model my-classifier --data val.csv --out scores"
 
@@ -27,8 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="auto: cross-entropy when the data has labels, entropy otherwise",
     )
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--force", action="store_true", help="redo the step even if --out holds its result")
+    add_output_options(parser)
     add_data_options(parser)
 
 
@@ -38,9 +47,7 @@ def run(args: argparse.Namespace) -> int:
         "model": fingerprint_path(model_dir, "--model"),
         "data": fingerprint_path(args.data, "--data"),
         "loss": args.loss,
-        "max_length": args.max_length,
-        "label_column": args.label_column,
-        "text_column": args.text_column,
+        **data_settings(args),
     }
     out = Output(args.out, "scores", settings, args.force)
     if out.done():
