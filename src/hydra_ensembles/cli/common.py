@@ -251,9 +251,11 @@ def add_output_options(parser: argparse.ArgumentParser) -> None:
 
 
 class Output:
-    """An output directory and its record. The record is written when a step starts (so `--force` and the
-    different-run check also know an interrupted run) and again when it finishes; `done()` says whether this
-    exact step already finished there."""
+    """An output directory and its record, written when a step starts and again when it finishes.
+
+    The same step run again: a no-op when it finished, a resume when it was interrupted. A different step: refused
+    when the directory holds a finished result (unless `force`), started afresh when it holds only the unfinished
+    part of one (an interrupted run, or one stopped by bad input)."""
 
     def __init__(self, path: str | os.PathLike, command: str, settings: dict, force: bool = False):
         self.path, self.command, self.started = Path(path), command, time.perf_counter()
@@ -262,10 +264,11 @@ class Output:
         if self.path.exists() and not self.path.is_dir():
             raise CommandError(f"--out {str(self.path)!r} is a file; give a directory.")
         previous = json.loads(record.read_text()) if record.is_file() else None
-        if previous is not None and force:
-            shutil.rmtree(self.path)
+        same = previous is not None and (previous.get("command"), previous.get("settings")) == (command, self.settings)
+        if previous is not None and (force or not (same or previous.get("finished"))):
+            shutil.rmtree(self.path)  # --force, or the unfinished part of a different run: nothing finished is lost
             previous = None
-        if previous is not None and (previous.get("command"), previous.get("settings")) != (command, self.settings):
+        if previous is not None and not same:
             raise CommandError(
                 f"--out {str(self.path)!r} holds the result of a different run ({previous.get('command')}); "
                 "choose another --out, or pass --force to replace it."
