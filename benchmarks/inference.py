@@ -12,21 +12,21 @@ Rows (M = 3 members, each keeping 8 of 12 heads per layer):
   separate members  the M pruned HF models, run one after another
   hydra average     the fused Hydra Ensemble, averaged MLPs (one MLP, M streams)
   hydra stack       the fused Hydra Ensemble, each member's own MLP (members fine-tuned apart)
-Latency is the median over repeats of one forward pass; ratios are to the single model at the same batch size,
-next to the ratio of FLOPs counted by torch.utils.flop_counter.
+Latency: every row timed in turn, in rounds (interleaved, the order rotated each round, so that drift of the
+machine hits all rows alike; `he.cost.interleaved_latency`); ratios to the single model are per round, shown as
+the median with the lowest and highest round, next to the ratio of FLOPs counted by torch.utils.flop_counter.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import statistics
-import time
 
 import torch
 import transformers as T
 
 import hydra_ensembles as he
+from hydra_ensembles.cost import format_latency, interleaved_latency
 
 
 def build(model_name: str, tokens: int, members: int):
@@ -68,21 +68,17 @@ def build(model_name: str, tokens: int, members: int):
     return models, inputs
 
 
-def latency(models: list, batch: dict, repeats: int, device: str) -> float:
-    def run():
-        for model in models:
-            model(**batch)
+def runner(models: list, batch: dict, device: str):
+    """One forward pass of every model of a row, one after another (a deep ensemble runs M models)."""
+
+    def run() -> None:
+        with torch.inference_mode():
+            for model in models:
+                model(**batch)
         if device == "cuda":
             torch.cuda.synchronize()
 
-    with torch.inference_mode():
-        run()  # warm-up
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return run
 
 
 def main() -> None:
@@ -108,7 +104,7 @@ def main() -> None:
         flops[name] = sum(he.count_flops(m, probe) for m in group)
     params = {name: sum(he.count_parameters(m) for m in group) for name, group in models.items()}
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"{args.model}, {args.dtype}, {where}, M={args.members}, {args.repeats} repeats (median)")
+    print(f"{args.model}, {args.dtype}, {where}, M={args.members}, {args.repeats} interleaved rounds")
     print(f"{'':<18}{'params':>9}{'x':>6}{'FLOPs x':>9}")  # x: ratio to the HF single model
     for name in models:
         print(
@@ -118,14 +114,15 @@ def main() -> None:
     for batch_size in args.batches:
         batch = {k: v.to(args.device) for k, v in make_inputs(batch_size).items()}
         batch = {k: v.to(dtype) if v.is_floating_point() else v for k, v in batch.items()}
-        times = {name: latency(group, batch, args.repeats, args.device) for name, group in models.items()}
-        header = f"{'latency ms':>12}{'examples/s':>12}{'x single':>10}{'FLOPs x':>9}{'time/FLOPs':>11}"
+        runs = {name: runner(group, batch, args.device) for name, group in models.items()}
+        stats = interleaved_latency(runs, repeats=args.repeats)
+        header = f"{'latency ms':>12}{'examples/s':>12}{'x single (min-max)':>20}{'FLOPs x':>9}{'time/FLOPs':>11}"
         print(f"\nbatch {batch_size}: {header}")
-        for name, seconds in times.items():
-            ratio, flop_ratio = seconds / times["single"], flops[name] / flops["single"]
+        for name, stat in stats.items():
+            seconds, flop_ratio = stat["seconds"], flops[name] / flops["single"]
             print(
-                f"  {name:<16}{seconds * 1e3:>12.1f}{batch_size / seconds:>12.1f}{ratio:>10.2f}{flop_ratio:>9.2f}"
-                f"{ratio / flop_ratio:>11.2f}"
+                f"  {name:<16}{seconds * 1e3:>12.1f}{batch_size / seconds:>12.1f}{format_latency(stat):>20}"
+                f"{flop_ratio:>9.2f}{stat['median'] / flop_ratio:>11.2f}"
             )
 
 

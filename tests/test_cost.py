@@ -41,3 +41,15 @@ def test_fused_flops_count_padded_heads():
     members = he.build_members(model, random_head_maps(2, seed=0, min_heads=1))
     ensemble = he.HydraEnsemble.fuse(members)
     assert he.count_flops(ensemble, inputs) > 0 and he.count_parameters(ensemble) > he.count_parameters(model)
+
+
+def test_interleaved_latency_rotates_the_order_and_gives_ratios_per_round():
+    calls = []
+    runs = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
+    stats = he.cost.interleaved_latency(runs, repeats=3, warmup=1)
+    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]  # rotated by one each round
+    assert stats["a"] == {**stats["a"], "median": 1.0, "min": 1.0, "max": 1.0}  # the reference, to itself
+    assert all(s["min"] <= s["median"] <= s["max"] for s in stats.values())
+    assert he.cost.format_latency({"median": 1.934, "min": 1.851, "max": 2.02}) == "1.93 (1.85-2.02)"
+    with pytest.raises(ValueError, match="repeats >= 1"):
+        he.cost.interleaved_latency(runs, repeats=0)

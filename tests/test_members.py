@@ -15,8 +15,50 @@ def _circuit(removed=((0, 1), (2, 3), (1, 0), (0, 3), (2, 2), (1, 1))):
 
 
 def test_pool_equal_to_budget_prunes_the_least_useful_heads():
-    maps = he.sample_members(SCORES, num_members=2, budget=[2, 1, 3], pool=[2, 1, 3])
+    maps = he.sample_members(SCORES, num_members=2, budget=[2, 1, 3], pool=[2, 1, 3], allow_identical=True)
     assert maps[0] == maps[1] == {0: [0, 2], 1: [1, 2, 3], 2: [0]}
+
+
+def test_identical_members_are_refused_with_the_fix():
+    with pytest.raises(ValueError, match="only 1 distinct member.*pool larger than the budget.*allow_identical"):
+        he.sample_members(SCORES, num_members=2, budget=[2, 1, 3], pool=[2, 1, 3])
+    with pytest.raises(ValueError, match="only 1 distinct member"):
+        he.sample_members(_circuit(), num_members=3, budget=3, pool=3)
+    with pytest.raises(ValueError, match="only 2 distinct member"):  # 2 choose 1 in one layer: 2 maps for 3 members
+        he.sample_members(SCORES[:1], num_members=3, budget=1, pool=2)
+    with pytest.raises(ValueError, match="members 0 and 1 keep the same heads"):
+        he.sample_members([_circuit(), _circuit()], budget=2)
+    with pytest.raises(ValueError, match="members 0 and 2 keep the same heads"):
+        he.build_members(
+            MODELS["bert"](), [{0: [0], 1: [1], 2: [2]}, {0: [1], 1: [1], 2: [2]}, {0: [0], 1: [1], 2: [2]}]
+        )
+
+
+def test_a_draw_that_repeats_a_member_is_drawn_again():
+    for seed in range(20):  # 2 distinct maps exist; with redraws every pair of members differs
+        first, second = he.sample_members(SCORES[:1], num_members=2, budget=1, pool=2, seed=seed)
+        assert first != second
+
+
+def test_defaults_prune_a_third_from_a_pool_of_twice_as_many_least_useful_heads():
+    maps = he.sample_members(SCORES, seed=0)  # 4 heads per layer: budget 4 // 3 = 1, pool 2
+    assert len(maps) == 3 and len({str(m) for m in maps}) == 3
+    least_useful_two = [{1, 3}, {0, 1}, {2, 3}]
+    for head_map in maps:
+        for layer, heads in head_map.items():
+            pruned = set(range(HEADS)) - set(heads)
+            assert len(pruned) == 1 and pruned <= least_useful_two[layer]
+    circuit = _circuit()  # 12 heads, 6 ranked: budget 12 // 3 = 4, pool min(8, 6) = 6
+    maps = he.sample_members(circuit, seed=0)
+    assert len({str(m) for m in maps}) == 3
+    for head_map in maps:
+        pruned = {(layer, h) for layer in range(LAYERS) for h in range(HEADS) if h not in head_map[layer]}
+        assert len(pruned) == 4 and pruned <= set(circuit.removed)
+
+
+def test_a_circuit_too_short_for_the_default_budget_says_how_to_extract_it():
+    with pytest.raises(ValueError, match="extract the circuit with a budget of at least 5"):
+        he.sample_members(_circuit(((0, 1), (2, 3), (1, 0))))
 
 
 def test_members_differ_by_seed_and_are_reproducible():
@@ -70,7 +112,6 @@ def test_build_members_prunes_copies():
     [
         (SCORES, dict(budget=HEADS), "budget 4 for layer 0 is not below its 4 heads"),
         (SCORES, dict(budget=2, pool=5), "pool for layer 0 must be between"),
-        (SCORES, dict(), "budget is required"),
         (SCORES, dict(budget=[1, 1]), "one per layer"),
         (SCORES, dict(budget=1, num_members=0), "num_members must be a positive int"),
         (SCORES[0], dict(budget=1), "must be a \\(layers, heads\\) tensor"),

@@ -5,6 +5,7 @@ import copy
 import pytest
 import torch
 from conftest import SENTENCES, output, perturb
+from tolerances import CONTRACT
 
 import hydra_ensembles as he
 
@@ -21,7 +22,7 @@ def test_contract2_pruned_minilm_equals_ablated(minilm_classifier, batch):
     with he.ablate_heads(minilm_classifier, plan):
         ablated = output(minilm_classifier, batch)
     pruned = he.prune_heads(copy.deepcopy(minilm_classifier), plan)
-    assert (output(pruned, batch) - ablated).abs().max().item() <= 1e-5
+    assert (output(pruned, batch) - ablated).abs().max().item() <= CONTRACT
     assert he.count_parameters(pruned) < he.count_parameters(minilm_classifier)
 
 
@@ -34,7 +35,7 @@ def test_contract3_fused_minilm_members_equal_members_run_one_by_one(minilm_clas
     expected = torch.stack([output(m, batch) for m in members], dim=1)
     with torch.no_grad():
         got = ensemble(**batch).member_logits
-    assert (got - expected).abs().max().item() <= 1e-5
+    assert (got - expected).abs().max().item() <= CONTRACT
 
 
 def test_minilm_encoder_fuses_and_reloads(minilm_path, batch, tmp_path):
@@ -60,4 +61,5 @@ def test_fast_circuit_equals_reference_on_minilm(minilm_classifier, batch):
     )
     fast = he.extract_circuit(minilm_classifier, id_batches, ood_batches, "avg", 2, progress=False)
     assert fast.removed == reference.removed
-    assert fast.scores == pytest.approx(reference.scores, abs=1e-9)
+    # S is made of counts (accuracy, ranked ID/OOD pairs): the same counts give the same S up to float64 division
+    assert fast.scores == pytest.approx(reference.scores, abs=1e-12)

@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 from .adapters import Adapter, UnsupportedModelError, get_adapter, register_adapter, supported_models
 from .cost import Cost, cost_table, count_flops, count_parameters, format_cost_table
 from .evaluation import ensemble_probs, mutual_information
-from .fusion import HydraEnsemble, HydraOutput
+from .fusion import HydraEnsemble, HydraOutput, fusion_deviation
 from .importance import Circuit, CircuitCriterion, extract_circuit, register_criterion, taylor_head_scores
 from .members import build_members, sample_members
 from .pruning import HeadMap, ablate_heads, keep_heads, kept_heads, load_model, prune_heads, save_model
@@ -34,6 +34,7 @@ __all__ = [
     "ensemble_probs",
     "extract_circuit",
     "format_cost_table",
+    "fusion_deviation",
     "get_adapter",
     "keep_heads",
     "kept_heads",

@@ -9,7 +9,9 @@ counted, because they are computed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,3 +85,72 @@ def format_cost_table(rows: Sequence[Cost]) -> str:
             f"{row.flops / 1e9:>10.3f} {row.macs / 1e9:>9.3f} {row.flops / base.flops:>9.2f}"
         )
     return "\n".join(lines)
+
+
+# ---- latency ----
+
+
+def interleaved_latency(
+    runs: Mapping[str, Callable[[], object]], repeats: int = 7, warmup: int = 1
+) -> dict[str, dict[str, float]]:
+    """Time several models against the first, interleaved, so that the machine's drift hits all of them alike.
+
+    In each of `repeats` rounds every callable runs once, in an order rotated by one each round (so none is
+    always first or last); the round's ratio of each model is its time over the first model's time in that
+    round. `warmup` rounds run first and are not timed. Each callable runs one forward pass (and synchronises
+    the device if it is a GPU). Returns {name: {"median", "min", "max": ratio to the first over the rounds,
+    "seconds": median seconds per call}}; report the median with its min-max spread.
+    """
+    names = list(runs)
+    if not names or repeats < 1:
+        raise ValueError(
+            f"interleaved_latency needs at least one callable and repeats >= 1, got {len(names)}, {repeats}."
+        )
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(warmup + repeats):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            runs[name]()
+            if round_ >= warmup:
+                seconds[name].append(time.perf_counter() - start)
+    reference = seconds[names[0]]
+    result = {}
+    for name in names:
+        ratios = [t / r for t, r in zip(seconds[name], reference)]
+        result[name] = {
+            "median": statistics.median(ratios),
+            "min": min(ratios),
+            "max": max(ratios),
+            "seconds": statistics.median(seconds[name]),
+        }
+    return result
+
+
+def predictor_latency(
+    predictors: Mapping[str, nn.Module], batches: Mapping[str, Mapping[str, Any]], repeats: int = 7
+) -> dict[str, dict[str, float]]:
+    """`interleaved_latency` of predictors (modules called as `model(**inputs)`), each on its batch of inputs
+    (`batches[name]`, the same examples encoded for that model; a `labels` entry is left out), relative to the
+    first, in eval mode without gradients."""
+
+    def run(model: nn.Module, batch: Mapping[str, Any]) -> Callable[[], object]:
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        on_gpu = any(p.is_cuda for p in model.parameters())
+
+        def forward() -> None:
+            with torch.inference_mode():
+                model(**inputs)
+            if on_gpu:
+                torch.cuda.synchronize()
+
+        return forward
+
+    for model in predictors.values():
+        model.eval()
+    return interleaved_latency({name: run(model, batches[name]) for name, model in predictors.items()}, repeats)
+
+
+def format_latency(stats: Mapping[str, float]) -> str:
+    """ "1.93 (1.85-2.02)": the median ratio and its spread over the rounds."""
+    return f"{stats['median']:.2f} ({stats['min']:.2f}-{stats['max']:.2f})"

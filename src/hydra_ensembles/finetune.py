@@ -3,9 +3,9 @@
 Two recipes from paper 000, scaled to our data:
 - `TEXT_RECIPE` (§C.2, §D.2 BERT/SST-2): AdamW with decoupled weight decay 0.01 (not on biases and norms),
   linear warm-up over 10% of the steps then linear decay to zero, gradient clipping at 1.0, early stopping on
-  validation NLL (patience 2, delta 5e-4), best epoch kept.
+  validation accuracy (patience 2, delta 5e-4), the epoch with the best validation accuracy kept.
 - `IMAGE_RECIPE` (§C.1, §D.2 ViT): SGD with momentum 0.9, no weight decay, linear warm-up then cosine decay to
-  a floor of 1e-5 x lr, label smoothing 0.1.
+  a floor of 1e-5 x lr, label smoothing 0.1; "stop at validation convergence": the best validation NLL.
 Both take `train_last=k` to update only the last k blocks (plus the final norm and the head) — the paper's
 partial unfreezing — and `freeze_embeddings`.
 
@@ -58,7 +58,15 @@ class TrainConfig:
 
 
 TEXT_RECIPE = TrainConfig(
-    epochs=3, lr=5e-5, optimizer="adamw", weight_decay=0.01, warmup=0.1, schedule="linear", clip=1.0, patience=2
+    epochs=3,
+    lr=5e-5,
+    optimizer="adamw",
+    weight_decay=0.01,
+    warmup=0.1,
+    schedule="linear",
+    clip=1.0,
+    patience=2,
+    monitor="acc",
 )
 IMAGE_RECIPE = TrainConfig(
     epochs=10,
@@ -88,6 +96,11 @@ def finetune(
     """Fine-tune a classifier in place; returns it in eval mode (with its best-validation weights if
     `val_loader` is given).
 
+    With a validation loader, the epoch with the best `config.monitor` ("acc": highest accuracy, "nll": lowest
+    NLL; an improvement must exceed `min_delta`, so a tie keeps the earlier epoch) is kept, and training stops
+    after `patience` epochs without one. `model.training_history` lists every epoch; `model.kept_epoch` is the
+    epoch whose weights were returned (the last one without a validation loader).
+
     Batches are reshuffled every epoch from `config.seed`, and dropout is seeded per epoch, so a run is
     reproducible and a run resumed from `checkpoint_dir` (written atomically after every epoch) ends with the
     same weights as an uninterrupted one. A checkpoint written under a different config is refused.
@@ -105,7 +118,7 @@ def finetune(
     optimizer = _optimizer(trainable, config)
     total = config.epochs * len(batches)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(config, total))
-    state = {"epoch": 0, "history": [], "best": None, "best_score": -math.inf, "stale": 0}
+    state = {"epoch": 0, "history": [], "best": None, "best_epoch": None, "best_score": -math.inf, "stale": 0}
     path = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None
     if path is not None and path.exists():
         state = _resume(path, model, optimizer, schedule, config)
@@ -138,7 +151,7 @@ def finetune(
                 record.update(_validate(model, adapter, val_batches))
                 score = -record["val_nll"] if config.monitor == "nll" else record["val_acc"]  # higher = better
                 if score > state["best_score"] + config.min_delta:
-                    state["best_score"], state["stale"] = score, 0
+                    state["best_score"], state["stale"], state["best_epoch"] = score, 0, epoch + 1
                     state["best"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
                 else:
                     state["stale"] += 1
@@ -150,6 +163,7 @@ def finetune(
     if state["best"] is not None:
         model.load_state_dict(state["best"])
     model.training_history = state["history"]
+    model.kept_epoch = state.get("best_epoch") or state["epoch"]
     return model.eval()
 
 

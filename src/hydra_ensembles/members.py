@@ -1,8 +1,12 @@
 """Ensemble members: M head maps from importance scores or circuits, and the pruned models they describe.
 
 Diversity comes from a pruning seed (paper 000, §B.5): each member prunes `budget` heads drawn at random from
-the `pool` least useful candidates (the paper draws 48 of the 100 least useful heads, once per member), or each
-member comes from a different circuit (CircAcc, CircOOD, CircAvg).
+the `pool` least useful candidates (the paper draws 48 of the 100 least useful heads of a ViT-B/16's 144, once
+per member), or each member comes from a different circuit (CircAcc, CircOOD, CircAvg).
+
+Defaults follow the paper: a member prunes a third of the heads (48 of 144), drawn from twice as many of the
+least useful (capped at what was ranked). Members are always distinct: a draw that repeats an earlier member is
+drawn again, and settings that cannot give M distinct members are refused (unless `allow_identical=True`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ def sample_members(
     budget: int | Sequence[int] | None = None,
     pool: int | Sequence[int] | None = None,
     seed: int = 0,
+    allow_identical: bool = False,
 ) -> list[HeadMap]:
     """Turn importance into M head maps (kept heads per layer, original numbering).
 
@@ -37,37 +42,68 @@ def sample_members(
         a list of circuits: one member per circuit, each pruning its circuit's first `budget` heads
             (`num_members` and `pool` do not apply).
 
-    `pool` defaults to twice the budget (capped at what is available); `pool == budget` makes every member
-    prune exactly the least useful heads. Members are reproducible: same arguments, same seed, same maps.
+    `budget` defaults to a third of the heads (of each layer's with scores, of the model's with a circuit: the
+    paper's 48 of 144); `pool` to twice the budget, capped at what is available. Members are reproducible (same
+    arguments, same seed, same maps) and distinct: a draw equal to an earlier member is drawn again, and when
+    fewer than M distinct members exist (e.g. `pool == budget`) a ValueError says what to change.
+    `allow_identical=True` skips both, for a deliberate ensemble of equal members.
     """
     if isinstance(source, Tensor):
-        return _from_scores(source, num_members, budget, pool, seed)
+        return _from_scores(source, num_members, budget, pool, seed, allow_identical)
     if isinstance(source, Circuit):
-        return _from_circuit(source, num_members, budget, pool, seed)
+        return _from_circuit(source, num_members, budget, pool, seed, allow_identical)
     circuits = list(source)
     if not circuits or not all(isinstance(c, Circuit) for c in circuits):
         raise TypeError("source must be a (layers, heads) score tensor, a Circuit or a list of Circuits.")
     if pool is not None:
         raise ValueError("pool does not apply to members from different circuits: each prunes its own ranking.")
-    budget = _check_global(budget, min(len(c.removed) for c in circuits))
-    return [c.head_map(budget) for c in circuits]
+    ranked = min(len(c.removed) for c in circuits)
+    budget = _check_global(min(_third(circuits[0]), ranked) if budget is None else budget, ranked)
+    head_maps = [c.head_map(budget) for c in circuits]
+    if not allow_identical:
+        check_distinct(
+            head_maps,
+            "the circuits prune the same heads within this budget: use circuits of other criteria or a larger budget",
+        )
+    return head_maps
 
 
-def build_members(model: nn.Module, head_maps: Sequence[HeadMap]) -> list[nn.Module]:
-    """One pruned copy of `model` per head map; `model` itself is left unchanged."""
+def build_members(model: nn.Module, head_maps: Sequence[HeadMap], *, allow_identical: bool = False) -> list[nn.Module]:
+    """One pruned copy of `model` per head map; `model` itself is left unchanged. Equal head maps would give
+    identical members and are refused unless `allow_identical=True`."""
     if not head_maps:
         raise ValueError("build_members needs at least one head map.")
+    if not allow_identical:
+        check_distinct(head_maps, "make them with sample_members, which draws distinct members")
     return [keep_heads(copy.deepcopy(model), head_map) for head_map in head_maps]
 
 
+def check_distinct(head_maps: Sequence[HeadMap], fix: str) -> None:
+    """Raise ValueError naming the first two equal head maps (identical members add no diversity)."""
+    seen: dict[str, int] = {}
+    for index, head_map in enumerate(head_maps):
+        key = repr(sorted((int(layer), sorted(heads)) for layer, heads in head_map.items()))
+        if key in seen:
+            raise ValueError(
+                f"members {seen[key]} and {index} keep the same heads, so they would be identical members of the "
+                f"ensemble: {fix} (or pass allow_identical=True if identical members are what you want)."
+            )
+        seen[key] = index
+
+
 def _from_scores(
-    scores: Tensor, num_members: int, budget: int | Sequence[int] | None, pool: int | Sequence[int] | None, seed: int
+    scores: Tensor,
+    num_members: int,
+    budget: int | Sequence[int] | None,
+    pool: int | Sequence[int] | None,
+    seed: int,
+    allow_identical: bool,
 ) -> list[HeadMap]:
     if scores.dim() != 2:
         raise ValueError(f"scores must be a (layers, heads) tensor, got shape {tuple(scores.shape)}.")
     _check_members(num_members)
     num_layers = scores.shape[0]
-    budgets = _per_layer(budget, num_layers, "budget")
+    budgets = [n // 3 for n in _available(scores)] if budget is None else _per_layer(budget, num_layers, "budget")
     pools = (
         [min(2 * b, n) for b, n in zip(budgets, _available(scores))]
         if pool is None
@@ -87,32 +123,66 @@ def _from_scores(
                 f"got {pools[layer]}."
             )
         ranked.append(sorted(heads, key=lambda h: (scores[layer, h].item(), h)))
-    generator = torch.Generator().manual_seed(seed)
-    maps = []
-    for _ in range(num_members):
+    distinct = math.prod(math.comb(p, b) for p, b in zip(pools, budgets))
+    if not allow_identical:
+        _check_enough(distinct, num_members, f"per-layer budgets {budgets} and pools {pools}")
+
+    def draw(generator: torch.Generator) -> HeadMap:
         head_map = {}
         for layer, heads in enumerate(ranked):
             pruned = {heads[i] for i in _draw(pools[layer], budgets[layer], generator)}
             head_map[layer] = sorted(set(heads) - pruned)
-        maps.append(head_map)
-    return maps
+        return head_map
+
+    return _draw_members(draw, num_members, seed, allow_identical)
 
 
-def _from_circuit(circuit: Circuit, num_members: int, budget: int | None, pool: int | None, seed: int) -> list[HeadMap]:
+def _from_circuit(
+    circuit: Circuit, num_members: int, budget: int | None, pool: int | None, seed: int, allow_identical: bool
+) -> list[HeadMap]:
     _check_members(num_members)
-    budget = _check_global(budget, len(circuit.removed))
-    pool = min(2 * budget, len(circuit.removed)) if pool is None else int(pool)
-    if not budget <= pool <= len(circuit.removed):
+    ranked = len(circuit.removed)
+    if budget is None and _third(circuit) >= ranked:
         raise ValueError(
-            f"pool must be between the budget {budget} and the {len(circuit.removed)} heads the circuit ranked, "
+            f"the default budget (a third of the {_heads(circuit)} heads: {_third(circuit)}) needs a pool of more "
+            f"heads than the {ranked} the circuit ranked; extract the circuit with a budget of at least "
+            f"{_third(circuit) + 1} (2 x {_third(circuit)} gives the default pool), or pass a budget below {ranked}."
+        )
+    budget = _check_global(_third(circuit) if budget is None else budget, ranked)
+    pool = min(2 * budget, ranked) if pool is None else int(pool)
+    if not budget <= pool <= ranked:
+        raise ValueError(
+            f"pool must be between the budget {budget} and the {ranked} heads the circuit ranked, "
             f"got {pool}; extract the circuit with a larger budget to sample from a larger pool."
         )
-    generator = torch.Generator().manual_seed(seed)
-    maps = []
-    for _ in range(num_members):
+    if not allow_identical:
+        _check_enough(math.comb(pool, budget), num_members, f"budget {budget} and pool {pool}")
+
+    def draw(generator: torch.Generator) -> HeadMap:
         pruned = {circuit.removed[i] for i in _draw(pool, budget, generator)}
-        maps.append({layer: [h for h in heads if (layer, h) not in pruned] for layer, heads in circuit.kept.items()})
+        return {layer: [h for h in heads if (layer, h) not in pruned] for layer, heads in circuit.kept.items()}
+
+    return _draw_members(draw, num_members, seed, allow_identical)
+
+
+def _draw_members(draw, num_members: int, seed: int, allow_identical: bool) -> list[HeadMap]:
+    """M head maps from `draw(generator)`; a map equal to an earlier one is drawn again (unless allowed)."""
+    generator = torch.Generator().manual_seed(seed)
+    maps: list[HeadMap] = []
+    while len(maps) < num_members:
+        head_map = draw(generator)
+        if allow_identical or head_map not in maps:
+            maps.append(head_map)
     return maps
+
+
+def _check_enough(distinct: int, num_members: int, settings: str) -> None:
+    if distinct < num_members:
+        raise ValueError(
+            f"{settings} allow only {distinct} distinct member(s), fewer than the {num_members} asked for, so "
+            "members would be identical: use a pool larger than the budget (the default is twice the budget), "
+            "or pass allow_identical=True if identical members are what you want."
+        )
 
 
 def _draw(pool: int, budget: int, generator: torch.Generator) -> list[int]:
@@ -120,13 +190,21 @@ def _draw(pool: int, budget: int, generator: torch.Generator) -> list[int]:
     return torch.randperm(pool, generator=generator)[:budget].tolist()
 
 
+def _heads(circuit: Circuit) -> int:
+    """Heads the model had when the circuit was extracted."""
+    return sum(len(heads) for heads in circuit.kept.values())
+
+
+def _third(circuit: Circuit) -> int:
+    """The default global budget: a third of the model's heads (the paper prunes 48 of a ViT-B/16's 144)."""
+    return _heads(circuit) // 3
+
+
 def _available(scores: Tensor) -> list[int]:
     return (~scores.isnan()).sum(dim=1).tolist()
 
 
-def _per_layer(value: int | Sequence[int] | None, num_layers: int, name: str) -> list[int]:
-    if value is None:
-        raise ValueError(f"{name} is required: the number of heads to prune in each layer (an int or one per layer).")
+def _per_layer(value: int | Sequence[int], num_layers: int, name: str) -> list[int]:
     values = [int(value)] * num_layers if isinstance(value, int) else [int(v) for v in value]
     if len(values) != num_layers or any(v < 0 for v in values):
         raise ValueError(f"{name} must be an int >= 0 or {num_layers} of them (one per layer), got {value!r}.")

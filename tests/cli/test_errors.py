@@ -118,21 +118,42 @@ def test_budget_out_of_range(tmp_path, classifier, text_files):
         str(tmp_path / "m"),
     )
     assert "pool for layer 0 must be between its budget 2 and 4" in message
-
-
-def test_a_different_run_never_overwrites_an_output(tmp_path, classifier, text_files):
-    out = tmp_path / "s"
-    hydra_ens("scores", "--model", str(classifier), "--data", str(text_files["val"]), "--out", str(out))
-    before = json.loads((out / "hydra-ens.json").read_text())
-    message = fails("scores", "--model", str(classifier), "--data", str(text_files["train"]), "--out", str(out))
-    assert "holds the result of a different run" in message and "--force" in message
-    assert json.loads((out / "hydra-ens.json").read_text()) == before
-
-
-def test_predict_needs_exactly_one_threshold_source(classifier, text_files):
-    message = fails("predict", "--model", str(classifier), "--inputs", str(text_files["new"]))
-    assert "--calibration" in message and "--threshold" in message
     message = fails(
-        "predict", "--model", str(classifier), "--inputs", str(text_files["new"]), "--threshold", "0", "--tpr", "1.5"
+        "members",
+        "--model",
+        str(classifier),
+        "--scores",
+        str(tmp_path / "s"),
+        "--budget",
+        "2",
+        "--pool",
+        "2",
+        "--out",
+        str(tmp_path / "m"),
     )
-    assert "--tpr must be in (0, 1]" in message
+    assert "allow only 1 distinct member" in message and "--allow-identical" in message
+    assert "allow_identical" not in message  # the flag's name, not the Python argument's
+
+
+def test_an_unsupported_architecture_is_refused_before_anything_else(tmp_path, text_files):
+    gpt2 = tmp_path / "gpt2"  # no tokenizer saved either: the architecture must be what is reported
+    T.GPT2LMHeadModel(T.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=50)).save_pretrained(gpt2)
+    result = hydra_ens(
+        "finetune", "--model", str(gpt2), "--data", str(text_files["train"]), "--out", str(tmp_path / "o"), check=False
+    )
+    assert result.returncode == 2
+    assert "no adapter for GPT2LMHeadModel" in result.stderr and "Supported classes" in result.stderr
+    assert "fine-tuning" not in result.stdout and "classification head" not in result.stdout
+
+
+def test_a_head_with_classes_the_data_never_shows_is_warned_about(tmp_path, classifier):
+    two_classes = tmp_path / "two.csv"
+    two_classes.write_text("text,label\nmatch goal,sports\nvote party,politics\ngoal cup,sports\n")
+    out = str(tmp_path / "o")
+    result = hydra_ens(
+        "finetune", "--model", str(classifier), "--data", str(two_classes), "--epochs", "1", "--out", out
+    )
+    warning = "the classifier has 3 classes but the training data has no example of 1 of them: ['business']"
+    assert warning in result.stdout
+    assert "(1 epoch, lr" in result.stdout and "1 epochs" not in result.stdout
+    assert "kept epoch 1 of 1: the last (no --val to choose on)" in result.stdout

@@ -4,10 +4,12 @@ import numpy as np
 import pytest
 import torch
 from sklearn.metrics import accuracy_score, average_precision_score, log_loss, roc_auc_score, roc_curve
+from tolerances import U32, reordered_sum
 from torchmetrics.functional.classification import multiclass_calibration_error
 
 import hydra_ensembles as he
 from hydra_ensembles.evaluation import metrics as M
+from hydra_ensembles.evaluation.ood import OOD_SCORES
 
 
 def _probs(n=400, classes=4, seed=0, sharp=2.0):
@@ -36,16 +38,20 @@ def test_accuracy_nll_brier_match_sklearn(seed):
     probs, labels = _probs(seed=seed)
     assert M.accuracy(probs, labels) == pytest.approx(accuracy_score(labels, probs.argmax(-1)))
     exact = probs.double() / probs.double().sum(-1, keepdim=True)
-    assert M.nll(probs, labels) == pytest.approx(log_loss(labels, exact, labels=range(4)), abs=1e-6)
+    # sklearn gets rows renormalised in float64; ours sum to 1 within the float32 rounding of 4 terms, so the two
+    # log-probabilities differ by at most log(1 + reordered_sum(4, 1, U32)) ~ 4.8e-7, plus float64 noise
+    assert M.nll(probs, labels) == pytest.approx(log_loss(labels, exact, labels=range(4)), abs=reordered_sum(4, 1, U32))
     one_hot = np.eye(4)[labels]
-    assert M.brier(probs, labels) == pytest.approx(((probs.double().numpy() - one_hot) ** 2).sum(1).mean(), abs=1e-12)
+    reference = ((probs.double().numpy() - one_hot) ** 2).sum(1).mean()  # float64 both: 400 rows x 4 terms <= 2
+    assert M.brier(probs, labels) == pytest.approx(reference, abs=reordered_sum(1600, 2.0))
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_ece_matches_torchmetrics(seed):
     probs, labels = _probs(seed=seed, sharp=1.0 + seed)
     reference = multiclass_calibration_error(probs.double(), labels, num_classes=4, n_bins=15, norm="l1").item()
-    assert M.ece(probs, labels) == pytest.approx(reference, abs=1e-6)  # torchmetrics computes in float32
+    # torchmetrics sums the 400 inputs' gaps (each <= 1, so <= 400 in all) in float32, then divides by 400
+    assert M.ece(probs, labels) == pytest.approx(reference, abs=reordered_sum(400, 400, U32) / 400)
 
 
 def test_calibration_edge_cases():
@@ -53,10 +59,39 @@ def test_calibration_edge_cases():
     assert M.ece(one_hot, torch.tensor([0, 1, 2, 0])) == 0.0  # confident and right
     assert M.ece(one_hot, torch.tensor([1, 2, 0, 1])) == 1.0  # confident and wrong
     assert M.adaptive_ece(one_hot, torch.tensor([1, 2, 0, 1])) == 1.0
-    assert M.nll(one_hot, torch.tensor([1, 2, 0, 1])) > 700  # p = 0 gives a large finite value, not inf
+    # p = 0 costs -log(float64 eps) = 36.04 nats (the documented clamp, sklearn's), not inf
+    assert M.nll(one_hot, torch.tensor([1, 2, 0, 1])) == pytest.approx(-np.log(np.finfo(np.float64).eps), abs=1e-12)
+    assert M.nll(one_hot, torch.tensor([1, 2, 0, 1])) == pytest.approx(
+        log_loss([1, 2, 0, 1], one_hot.double().numpy(), labels=range(3)), abs=1e-9
+    )
     assert M.brier(one_hot, torch.tensor([1, 2, 0, 1])) == 2.0
     single_class = torch.tensor([[1.0], [1.0]])
     assert M.ece(single_class, torch.tensor([0, 0])) == 0.0 and M.nll(single_class, torch.tensor([0, 0])) == 0.0
+
+
+def test_adaptive_ece_does_not_depend_on_the_order_of_tied_rows():
+    # confidences 0.9 (right), 0.7 x 3 (right, wrong, wrong), 0.6 (right), 0.5 (wrong) in 3 equal-mass bins of 2:
+    # the run of 0.7s crosses the bin boundaries and goes whole to the bin of its first input (sorted position 2).
+    # Bins: {0.5, 0.6}: |1 - 1.1| = 0.1; {0.7, 0.7, 0.7}: |1 - 2.1| = 1.1; {0.9}: |1 - 0.9| = 0.1 -> 1.3 / 6.
+    confidence = torch.tensor([0.9, 0.7, 0.7, 0.7, 0.6, 0.5], dtype=torch.float64)
+    correct = torch.tensor([1, 1, 0, 0, 1, 0])
+    probs = torch.stack([confidence, 1 - confidence], dim=1)
+    labels = torch.where(correct.bool(), 0, 1)
+    values = {M.adaptive_ece(probs[order], labels[order], bins=3) for order in map(torch.tensor, PERMUTATIONS)}
+    assert len(values) == 1 and values.pop() == pytest.approx(1.3 / 6, abs=1e-12)
+
+
+PERMUTATIONS = [[0, 1, 2, 3, 4, 5], [0, 3, 2, 1, 4, 5], [5, 4, 3, 2, 1, 0], [2, 0, 5, 3, 1, 4], [3, 1, 2, 5, 0, 4]]
+
+
+def test_ood_scores_are_float64_so_near_scores_do_not_tie():
+    # two inputs whose MSPs differ by less than float32 can resolve: float32 would rank them as a tie
+    logits = torch.tensor([[[0.0, 20.0]], [[0.0, 20.0 + 1e-6]]], dtype=torch.float64)
+    for name, score in OOD_SCORES.items():
+        assert score(logits).dtype == torch.float64, name
+    msp = OOD_SCORES["msp"](logits)
+    assert msp[0] != msp[1]
+    assert M.auroc(msp, torch.tensor([True, False])) == 1.0  # input 0, the less sure, scores higher: no tie
 
 
 def test_adaptive_ece_by_hand():
@@ -75,11 +110,12 @@ def test_adaptive_ece_by_hand():
 @pytest.mark.parametrize("seed", range(3))
 def test_ood_metrics_match_sklearn(seed, ties):
     scores, is_ood = _ood(seed, ties=ties)
-    assert M.auroc(scores, is_ood) == pytest.approx(roc_auc_score(is_ood, scores), abs=1e-12)
-    assert M.aupr_out(scores, is_ood) == pytest.approx(average_precision_score(is_ood, scores), abs=1e-12)
-    assert M.aupr_in(scores, is_ood) == pytest.approx(average_precision_score(~is_ood, -scores), abs=1e-12)
+    tol = reordered_sum(len(scores))  # float64 both; sums of <= N = 300 terms that add up to <= 1
+    assert M.auroc(scores, is_ood) == pytest.approx(roc_auc_score(is_ood, scores), abs=tol)
+    assert M.aupr_out(scores, is_ood) == pytest.approx(average_precision_score(is_ood, scores), abs=tol)
+    assert M.aupr_in(scores, is_ood) == pytest.approx(average_precision_score(~is_ood, -scores), abs=tol)
     fpr, tpr, _ = roc_curve(is_ood, scores, drop_intermediate=False)
-    assert M.fpr_at_tpr(scores, is_ood) == pytest.approx(fpr[np.searchsorted(tpr, 0.95, side="left")], abs=1e-12)
+    assert M.fpr_at_tpr(scores, is_ood) == pytest.approx(fpr[np.searchsorted(tpr, 0.95, side="left")], abs=tol)
 
 
 def test_ood_edge_cases():
@@ -103,16 +139,23 @@ def test_ood_edge_cases():
 def test_ensemble_probs_average_member_softmax():
     member_logits = torch.tensor([[[2.0, 0.0], [0.0, 2.0]]])  # (B=1, M=2, C=2), members disagree
     p = torch.tensor([2.0, 0.0]).softmax(-1)
-    assert torch.allclose(he.ensemble_probs(member_logits), torch.tensor([[0.5, 0.5]]))
+    # float32 softmax of 2 classes, averaged over 2 members: each probability within 2 roundings of 0.5
+    assert torch.allclose(he.ensemble_probs(member_logits), torch.tensor([[0.5, 0.5]]), atol=4 * U32, rtol=0)
     expected_mi = np.log(2) + (p * p.log()).sum().item()  # H(mean) - mean H
-    assert he.mutual_information(member_logits).item() == pytest.approx(expected_mi, abs=1e-6)
+    # float32: softmax, log, product and sum of 2 members x 2 classes are <= 8 roundings of values <= 1
+    assert he.mutual_information(member_logits).item() == pytest.approx(expected_mi, abs=reordered_sum(8, 1, U32))
 
 
 def test_mutual_information_is_zero_when_members_agree_and_bounded_by_log_m():
     agree = torch.randn(5, 1, 3).expand(5, 4, 3)
-    assert torch.allclose(he.mutual_information(agree), torch.zeros(5), atol=1e-6)
+    # float32: H[mean] - mean H of 4 equal members of 3 classes: softmax, log, product and the sums over 3 classes
+    # and 4 members are <= 16 roundings of values <= log 3 per entropy
+    assert torch.allclose(he.mutual_information(agree), torch.zeros(5), atol=reordered_sum(16, np.log(3), U32))
     confident_disagreement = torch.eye(3)[None] * 50.0  # 3 members, each sure of a different class
-    assert he.mutual_information(confident_disagreement).item() == pytest.approx(np.log(3), abs=1e-5)
+    # exact value log 3 - (entropies of 50-logit softmaxes, ~1e-20): <= 16 float32 roundings of values <= log 3
+    assert he.mutual_information(confident_disagreement).item() == pytest.approx(
+        np.log(3), abs=reordered_sum(16, np.log(3), U32)
+    )
 
 
 def test_disagreement_counts_member_pairs():

@@ -46,6 +46,10 @@ def test_every_row_is_built_evaluated_tabled_and_cached(tiny_task, tmp_path, mon
     assert list(summary["rows"]) == list(suite.ROWS)
     table = (tmp_path / "out" / "table.md").read_text()
     assert all(f"| {row} |" in table for row in suite.ROWS) and "a tiny test task" in table
+    assert not [line for line in table.splitlines() if line.startswith("| ") and " ± " in line]  # one seed: no "± 0.0"
+    assert set(summary["latency"]) == set(suite.ROWS) and summary["latency"]["Single"]["median"] == 1.0
+    single_line = next(line for line in table.splitlines() if line.startswith("| Single |"))
+    assert single_line.endswith("| 1.00 (1.00-1.00) |")  # latency: median (min-max) over interleaved rounds
     saved = json.loads((tmp_path / "out" / "table.json").read_text())
     assert saved["seeds"] == [0] and saved["command"] == "pytest" and saved["wall_time_s"] > 0
     hydra = saved["per_seed"]["0"]["Hydra (Circ)"]

@@ -6,6 +6,7 @@ import pytest
 import safetensors.torch
 import torch
 from conftest import MODELS, fused_output, make_inputs, perturb, random_head_maps
+from tolerances import CONTRACT
 
 import hydra_ensembles as he
 from hydra_ensembles.fusion import ensemble as ensemble_module
@@ -139,5 +140,6 @@ def test_chunked_forward_equals_one_pass():
     whole = ensemble(**inputs, output_hidden_states=True)
     ensemble.max_rows = 3 * 10 * 2  # two examples per chunk: 4 chunks
     chunked = ensemble(**inputs, output_hidden_states=True)
-    assert (chunked.member_logits - whole.member_logits).abs().max() <= 1e-6
-    assert (chunked.member_hidden_states - whole.member_hidden_states).abs().max() <= 1e-5
+    # the same rows through matmuls of other sizes (another blocking): rounding only, as in the contracts
+    assert (chunked.member_logits - whole.member_logits).abs().max() <= CONTRACT
+    assert (chunked.member_hidden_states - whole.member_hidden_states).abs().max() <= CONTRACT

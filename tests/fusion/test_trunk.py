@@ -3,6 +3,7 @@
 import pytest
 import torch
 from conftest import HEADS, LAYERS, MODELS, fused_output, make_inputs, output
+from tolerances import CONTRACT
 
 import hydra_ensembles as he
 
@@ -19,7 +20,8 @@ def _members(name: str, shared_layers: int):
         }
         for m in range(3)
     ]
-    members = he.build_members(MODELS[name](), maps)
+    # with every layer shared the head maps are equal; the classifiers, nudged below, still make them distinct
+    members = he.build_members(MODELS[name](), maps, allow_identical=True)
     for m, member in enumerate(members):
         with torch.no_grad():
             for param_name, p in member.named_parameters():
@@ -39,7 +41,7 @@ def test_trunk_is_exact_and_cheaper(name, shared_layers):
     ensemble = he.HydraEnsemble.fuse(members, mlp="stack")
     assert ensemble.trunk == shared_layers
     expected = torch.stack([output(m, inputs) for m in members], dim=1)
-    assert (fused_output(ensemble, inputs) - expected).abs().max().item() <= 1e-5
+    assert (fused_output(ensemble, inputs) - expected).abs().max().item() <= CONTRACT
 
 
 def test_trunk_flops_fall_with_shared_layers():

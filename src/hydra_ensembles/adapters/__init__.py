@@ -18,6 +18,7 @@ __all__ = [
     "ModelSpec",
     "UnsupportedModelError",
     "adapter_by_name",
+    "adapter_for_class",
     "get_adapter",
     "register_adapter",
     "supported_models",
@@ -58,15 +59,19 @@ def supported_models() -> list[str]:
 
 def get_adapter(model: nn.Module) -> Adapter:
     """The adapter for `model`'s class (or the nearest supported base class)."""
-    for cls in type(model).__mro__:
+    return adapter_for_class(type(model), getattr(getattr(model, "config", None), "model_type", "unknown"))
+
+
+def adapter_for_class(model_class: type, model_type: str = "unknown") -> Adapter:
+    """The adapter for a model class (or its nearest supported base class), without building a model."""
+    for cls in model_class.__mro__:
         if cls.__name__ in _BY_CLASS:
             return _BY_CLASS[cls.__name__]
-    model_type = getattr(getattr(model, "config", None), "model_type", "unknown")
     hint = ""
-    if type(model).__name__ == "CLIPModel":
+    if model_class.__name__ == "CLIPModel":
         hint = " A CLIPModel holds two towers: pass model.text_model or model.vision_model."
     raise UnsupportedModelError(
-        f"hydra-ensembles has no adapter for {type(model).__name__} (model_type={model_type!r}).{hint} "
+        f"hydra-ensembles has no adapter for {model_class.__name__} (model_type={model_type!r}).{hint} "
         f"Supported classes: {', '.join(supported_models())}. To add a family, subclass "
         "hydra_ensembles.adapters.Adapter (a name map plus embed and head functions) and call "
         "hydra_ensembles.register_adapter(YourAdapter()); see docs/adapters.md."

@@ -24,7 +24,7 @@ from .common import (
     read_data,
 )
 
-EXAMPLE = "hydra-ens circuit --model my-classifier --data val.csv --ood ood-val.txt --budget 36 --out circuit"
+EXAMPLE = "hydra-ens circuit --model my-classifier --data val.csv --ood ood-val.txt --budget 48 --out circuit"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="labelled ID validation data")
     parser.add_argument("--ood", help="OOD validation data (needed by the ood and avg criteria); never test data")
     parser.add_argument("--criterion", choices=sorted(CRITERIA), default="avg")
-    parser.add_argument("--budget", type=int, help="heads to remove (default: half of all heads)")
+    parser.add_argument(
+        "--budget",
+        type=int,
+        help="heads to rank by removal (default: two thirds of all heads, the pool `members` draws a third from)",
+    )
     parser.add_argument(
         "--method",
         choices=sorted(METHODS),
@@ -64,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"criterion {args.criterion!r} needs OOD validation data: pass --ood PATH.")
     ood_data = read_data(args, args.ood, model_dir, config, labelled=False, flag="--ood") if args.ood else None
     heads = get_adapter(model).num_layers(model) * get_adapter(model).num_heads(model)
-    budget = args.budget if args.budget is not None else heads // 2
+    budget = args.budget if args.budget is not None else 2 * (heads // 3)  # members' default pool (paper: 100 of 144)
     state = out.path / "circuit_state.json"
     if state.exists():
         print(f"resuming from {state}")

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import transformers
 from torch import nn
 
 from .. import __version__
-from ..adapters import get_adapter
+from ..adapters import UnsupportedModelError, adapter_for_class, get_adapter
 from ..data.files import Examples, image_batches, label_ids, read_examples, text_batches
 from ..fusion import HydraEnsemble
 from ..fusion.ensemble import CONFIG_NAME as HYDRA_CONFIG
@@ -65,6 +66,22 @@ def check_model_dir(path: str | os.PathLike, what: str = "--model") -> Path:
             f"checkpoint) nor {HYDRA_CONFIG} (a saved Hydra Ensemble)."
         )
     return path
+
+
+def check_supported(path: Path, what: str = "--model") -> None:
+    """Refuse a checkpoint whose architecture has no adapter, from its config alone (before any other work)."""
+    if is_ensemble(path):
+        return
+    config = transformers.AutoConfig.from_pretrained(path)
+    named = [getattr(transformers, name, None) for name in getattr(config, "architectures", None) or []]
+    classes = [cls for cls in named if cls is not None]
+    if not classes:
+        with torch.device("meta"):  # the base model's class, without allocating its weights
+            classes = [type(transformers.AutoModel.from_config(config))]
+    try:
+        adapter_for_class(classes[0], config.model_type)
+    except UnsupportedModelError as error:
+        raise CommandError(f"{what} {str(path)!r}: {error}") from None
 
 
 def is_ensemble(path: Path) -> bool:

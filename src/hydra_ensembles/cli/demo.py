@@ -3,7 +3,7 @@
 Fine-tunes the packaged all-MiniLM-L6-v2 on three BBC News topics (business, politics, sports), builds
 Hydra (Taylor) and Hydra (Circ) — 3 members, each keeping half the heads of the model, fine-tuned briefly and
 fused into one module — and compares them with the single model on held-out articles, the two unseen BBC topics
-(near-OOD) and drug reviews and Reuters news (far-OOD). About 8 minutes on 2 CPU cores the first time; trained
+(near-OOD) and drug reviews and Reuters news (far-OOD). About 7 minutes on 2 free CPU cores the first time; trained
 models are cached (--cache), so a second run takes seconds. Writes a report folder: README.md (how to read it),
 table.md, table.json, reliability.png, ood_scores.png, head_importance.png.
 """
@@ -14,6 +14,7 @@ import argparse
 import time
 from pathlib import Path
 
+from ..cost import format_latency
 from ..evaluation.suite import ROWS
 from ..evaluation.suite import run as run_suite
 from ..evaluation.tasks import TEXT_SIZES, text_task
@@ -68,16 +69,18 @@ def run(args: argparse.Namespace) -> int:
     summary = run_suite(task, [0], args.out, cache, command="hydra-ens demo", progress=not args.quiet, rows=args.rows)
     (args.out / "README.md").write_text(report_readme(summary))
     print()
-    print(terminal_table(summary["rows"]))
+    print(terminal_table(summary["rows"], summary.get("latency")))
     print()
     print(f"Report: {args.out}/README.md (table.md, reliability.png, ood_scores.png, head_importance.png)")
     print(f"Wall time: {time.perf_counter() - started:.0f} s (trained models cached in {cache})")
     return 0
 
 
-def terminal_table(rows: dict[str, dict]) -> str:
+def terminal_table(rows: dict[str, dict], latency: dict[str, dict] | None = None) -> str:
+    """The demo's table; cost ratios relative to the first row, latency as median (min-max) over rounds."""
     first = next(iter(rows.values()))
-    header = f"{'method':<16}{'heads':>12}" + "".join(f"{h:>12}" for h, *_ in SHOWN) + f"{'FLOPs x':>9}{'time x':>8}"
+    header = f"{'method':<16}{'heads':>12}" + "".join(f"{h:>12}" for h, *_ in SHOWN) + f"{'FLOPs x':>9}"
+    header += f"{'time x (spread)':>20}" if latency else ""
     lines = [header]
     for row, stats in rows.items():
         cells = "".join(
@@ -87,7 +90,8 @@ def terminal_table(rows: dict[str, dict]) -> str:
             for _, w, k, scale in SHOWN
         )
         flops = stats["flops_per_example"]["mean"] / first["flops_per_example"]["mean"]
-        lines.append(f"{row:<16}{stats['heads']:>12}{cells}{flops:>9.2f}{stats['latency_x']['mean']:>8.2f}")
+        timing = f"{format_latency(latency[row]):>20}" if latency and row in latency else ""
+        lines.append(f"{row:<16}{stats['heads']:>12}{cells}{flops:>9.2f}{timing}")
     return "\n".join(lines)
 
 
@@ -97,7 +101,7 @@ def report_readme(summary: dict) -> str:
 {summary["notes"][1]}
 
 ```
-{terminal_table(summary["rows"])}
+{terminal_table(summary["rows"], summary.get("latency"))}
 ```
 
 How to read it:
@@ -105,7 +109,10 @@ How to read it:
 - **AUROC near / far**: how well the maximum softmax probability separates the in-distribution articles from
   unseen BBC topics (near-OOD) and from drug reviews and Reuters news (far-OOD); OOD is the positive class.
   **FPR95**: the fraction of in-distribution articles flagged when 95% of the OOD ones are.
-- **FLOPs x / time x**: cost per example relative to the single model, on this machine.
+- **FLOPs x**: compute per example relative to the single model. **time x**: latency relative to the single
+  model on one batch of {summary.get("latency_batch", "?")} articles, every model timed in turn over repeated
+  interleaved rounds on this machine: the median ratio, and in brackets the lowest and highest round. On a CPU a
+  fused ensemble costs about its FLOPs; another job on the machine during the run makes these numbers noisy.
 - An ensemble's probability is the mean of its members' softmax outputs.
 
 Files:

@@ -16,6 +16,7 @@ import platform
 
 import torch
 
+from ..cost import predictor_latency
 from ..evaluation import suite
 from ..evaluation.report import labels_of
 from ..fusion import HydraEnsemble
@@ -52,6 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="labelled ID test data")
     for flag, what in (("--ood", "an OOD set"), ("--near", "a near-OOD set"), ("--far", "a far-OOD set")):
         parser.add_argument(flag, action="append", metavar="[NAME=]PATH", help=f"{what} (repeatable; labels unused)")
+    parser.add_argument(
+        "--latency-repeats",
+        type=int,
+        default=7,
+        help="rounds of interleaved timing on one batch for the latency column (default: 7; 0: no latency)",
+    )
     add_output_options(parser)
     add_data_options(parser)
 
@@ -75,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         print((out.path / "report.md").read_text())
         print(f"already done: {out.path} (pass --force to redo)")
         return 0
-    results, logits, labels, classes = {}, {}, None, None
+    results, logits, labels, classes, predictors, first_batches = {}, {}, None, None, {}, {}
     for name, path in models.items():
         model_dir = check_model_dir(path, f"--model {name}")
         model = load_predictor(model_dir, f"--model {name}")
@@ -108,9 +115,11 @@ def run(args: argparse.Namespace) -> int:
             write_json_atomic(result_file, results[name])
         logits[name] = torch.load(cached)
         labels = labels_of(test)
-    first = next(iter(results.values()))
-    for result in results.values():
-        result["latency_x"] = result["latency_s"] / first["latency_s"]
+        predictors[name], first_batches[name] = model, test[0]
+    latency = None
+    if args.latency_repeats:
+        print(f"timing {len(predictors)} models, interleaved, {args.latency_repeats} rounds", flush=True)
+        latency = predictor_latency(predictors, first_batches, args.latency_repeats)
     rows = suite.aggregate({0: results})
     lines = [
         "# Evaluation",
@@ -120,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         "",
         f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
         "",
-        *suite.table_lines(rows),
+        *suite.table_lines(rows, latency),
         "",
         suite.CONVENTIONS,
         "",
@@ -128,7 +137,10 @@ def run(args: argparse.Namespace) -> int:
     if names:
         lines += ["AUROC (%) per OOD set:", "", *suite.per_set_lines({0: results}), ""]
     (out.path / "report.md").write_text("\n".join(lines))
-    write_json_atomic(out.path / "metrics.json", {"models": {n: str(p) for n, p in models.items()}, "results": results})
+    write_json_atomic(
+        out.path / "metrics.json",
+        {"models": {n: str(p) for n, p in models.items()}, "results": results, "latency": latency},
+    )
     suite.logit_figures(logits, labels, out.path, "evaluation")
     out.finish({"models": list(results)})
     print("\n".join(lines))

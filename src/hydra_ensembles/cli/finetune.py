@@ -1,8 +1,10 @@
 """Fine-tuning: a classifier (or a base encoder, which gets a new classification head from your labels), or every
 member of a members directory in turn.
 
-Recipes (paper 000, §C, §D.2): text = AdamW, linear warm-up then decay, early stopping on validation NLL when
---val is given; image = SGD with momentum, cosine schedule, label smoothing. Flags override single fields. A
+Recipes (paper 000, §C, §D.2): text = AdamW, linear warm-up then decay; image = SGD with momentum, cosine
+schedule, label smoothing. With --val, the epoch with the best validation score is kept (--monitor: accuracy,
+the paper's §C.2, for text; NLL for images) and training stops after --patience epochs without improvement;
+the command says which epoch it kept and why. Flags override single fields. A
 checkpoint is written after every epoch under <out>/checkpoints/: run the same command again to resume.
 Writes <out>/model/ (one model) or <out>/member0/, ... plus members.json (a members directory).
 """
@@ -17,6 +19,7 @@ from pathlib import Path
 import torch
 import transformers
 
+from ..data.files import label_ids
 from ..finetune import IMAGE_RECIPE, TEXT_RECIPE, finetune
 from ..pruning import load_model, save_model
 from .common import (
@@ -25,6 +28,7 @@ from .common import (
     add_data_options,
     add_output_options,
     check_model_dir,
+    check_supported,
     copy_preprocessor,
     data_settings,
     fingerprint_path,
@@ -43,8 +47,15 @@ RECIPES = {"text": TEXT_RECIPE, "image": IMAGE_RECIPE}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="an HF checkpoint directory, or a members directory")
     parser.add_argument("--data", required=True, help="labelled training data")
-    parser.add_argument("--val", help="labelled validation data: keeps the best epoch (lowest NLL), stops early")
+    parser.add_argument("--val", help="labelled validation data: keeps the best epoch (see --monitor), stops early")
     parser.add_argument("--recipe", choices=sorted(RECIPES), help="default: by what the model reads")
+    parser.add_argument(
+        "--monitor",
+        choices=("acc", "nll"),
+        help="with --val, what picks the kept epoch: acc = highest accuracy (text default, the paper's §C.2), "
+        "nll = lowest NLL (image default)",
+    )
+    parser.add_argument("--patience", type=int, help="with --val, stop after this many epochs without improvement")
     parser.add_argument("--epochs", type=int)
     parser.add_argument("--lr", type=float)
     parser.add_argument("--freeze-embeddings", action="store_true", help="keep the embeddings fixed")
@@ -58,9 +69,16 @@ def run(args: argparse.Namespace) -> int:
     source = Path(args.model)
     members = (source / MEMBERS_FILE).is_file()
     sources = member_dirs(source, "--model") if members else [check_model_dir(source)]
+    check_supported(sources[0])
     kind, _ = load_preprocessor(sources[0])
     recipe = RECIPES[args.recipe or kind]
-    overrides = {"epochs": args.epochs, "lr": args.lr, "train_last": args.train_last}
+    overrides = {
+        "epochs": args.epochs,
+        "lr": args.lr,
+        "train_last": args.train_last,
+        "monitor": args.monitor,
+        "patience": args.patience,
+    }
     recipe = recipe.with_(
         **{k: v for k, v in overrides.items() if v is not None}, freeze_embeddings=args.freeze_embeddings
     )
@@ -96,7 +114,9 @@ def run(args: argparse.Namespace) -> int:
         checkpoints = out.path / "checkpoints" / name
         if (checkpoints / "checkpoint.pt").exists():
             print(f"{name}: resuming from {checkpoints}")
-        print(f"{name}: fine-tuning on {len(train_examples)} examples ({recipe.epochs} epochs, lr {recipe.lr:g})")
+        _warn_unused_classes(name, model.config, train_examples.labels)
+        epochs = f"{recipe.epochs} epoch{'s' if recipe.epochs != 1 else ''}"
+        print(f"{name}: fine-tuning on {len(train_examples)} examples ({epochs}, lr {recipe.lr:g})")
         finetune(
             model,
             train,
@@ -105,9 +125,10 @@ def run(args: argparse.Namespace) -> int:
             checkpoint_dir=checkpoints,
             progress=not args.quiet,
         )
-        histories[name] = model.training_history
+        histories[name] = {"epochs": model.training_history, "kept_epoch": model.kept_epoch}
         for record in model.training_history:
             print("  " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
+        print(f"  {kept_epoch_line(model.training_history, model.kept_epoch, recipe, val is not None)}")
         save_model(model, target)
         copy_preprocessor(model_dir, target)
         shutil.rmtree(checkpoints, ignore_errors=True)
@@ -118,6 +139,39 @@ def run(args: argparse.Namespace) -> int:
     out.finish({"model_dir": None if members else "model", "history": histories})
     print(f"wrote {out.path}" + ("" if members else "/model"))
     return 0
+
+
+def kept_epoch_line(history: list[dict], kept: int, recipe, validated: bool) -> str:
+    """Which epoch's weights were kept, and why."""
+    ran = len(history)
+    if not validated:
+        return f"kept epoch {kept} of {ran}: the last (no --val to choose on)"
+    key, best = ("val_acc", "highest") if recipe.monitor == "acc" else ("val_nll", "lowest")
+    value = history[kept - 1][key]
+    stopped = (
+        f"; stopped early after {recipe.patience} epochs without an improvement over {recipe.min_delta:g}"
+        if ran < recipe.epochs
+        else ""
+    )
+    return (
+        f"kept epoch {kept} of {ran}: {best} validation {'accuracy' if key == 'val_acc' else 'NLL'} "
+        f"({value:.4f}; --monitor {recipe.monitor}, ties keep the earlier epoch){stopped}"
+    )
+
+
+def _warn_unused_classes(name: str, config: transformers.PretrainedConfig, labels: list[str]) -> None:
+    """A classifier with classes the training data never shows learns never to predict them: say so."""
+    try:
+        used = set(label_ids(labels, config.label2id, config.num_labels))
+    except ValueError:
+        return  # unknown labels: reading the data reports them
+    unused = [str(config.id2label[i]) for i in range(config.num_labels) if i not in used]
+    if unused:
+        print(
+            f"{name}: warning: the classifier has {config.num_labels} classes but the training data has no "
+            f"example of {len(unused)} of them: {unused}. They will hardly ever be predicted; if the task has "
+            "fewer classes, fine-tune the base encoder instead (it gets a new head over your labels)."
+        )
 
 
 def _classifier(model_dir: Path, labels: list[str]) -> transformers.PreTrainedModel:

@@ -2,8 +2,11 @@
 
 From Taylor scores (--scores): each member prunes --budget heads in every layer, drawn from that layer's --pool
 least useful. From a circuit (--circuit): each member prunes --budget heads in the whole model, drawn from the
-first --pool heads of the removal order. Writes members.json (every member's kept heads) and member0/, member1/,
-... (HF checkpoints that `load_model` restores). Fine-tune them with `hydra-ens finetune --model <this dir>`.
+first --pool heads of the removal order. Defaults (the paper's 48 of 144 heads, drawn from the least useful):
+a third of the heads, from a pool of twice as many. Members are always distinct; settings that would give
+identical members are refused (--allow-identical makes them anyway). Writes members.json (every member's kept
+heads) and member0/, member1/, ... (HF checkpoints that `load_model` restores). Fine-tune them with
+`hydra-ens finetune --model <this dir>`.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from .common import (
 )
 
 EXAMPLE = """hydra-ens members --model my-classifier --scores scores --num-members 3 --budget 6 --pool 8 --out members
-hydra-ens members --model my-classifier --circuit circuit --budget 36 --pool 48 --out members-circ"""
+hydra-ens members --model my-classifier --circuit circuit --budget 24 --pool 48 --out members-circ"""
 
 MEMBERS_FILE = "members.json"
 
@@ -43,10 +46,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--budget",
         type=int,
         help="heads each member prunes: per layer with --scores, in all with --circuit "
-        "(default: half the heads of a layer / half of all heads)",
+        "(default: a third of a layer's heads / of all heads)",
     )
-    parser.add_argument("--pool", type=int, help="least useful heads to draw from (default: twice the budget)")
+    parser.add_argument(
+        "--pool", type=int, help="least useful heads to draw from (default: twice the budget, at most all ranked)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="pruning seed (default: 0)")
+    parser.add_argument(
+        "--allow-identical", action="store_true", help="accept identical members (refused by default: no diversity)"
+    )
     add_output_options(parser)
 
 
@@ -56,26 +64,30 @@ def run(args: argparse.Namespace) -> int:
     settings = {
         "model": fingerprint_path(model_dir, "--model"),
         "source": fingerprint_path(source_path, "--scores" if args.scores else "--circuit"),
-        **{k: getattr(args, k) for k in ("num_members", "budget", "pool", "seed")},
+        **{k: getattr(args, k) for k in ("num_members", "budget", "pool", "seed", "allow_identical")},
     }
     out = Output(args.out, "members", settings, args.force)
     if out.done():
         print(f"already done: {out.path} (pass --force to redo)")
         return 0
     model = load_predictor(model_dir)
-    if args.scores:
-        scores = safetensors.torch.load_file(source_path)["scores"]
-        budget = args.budget if args.budget is not None else scores.shape[1] // 2
-        head_maps = sample_members(scores, num_members=args.num_members, budget=budget, pool=args.pool, seed=args.seed)
-    else:
-        circuit = Circuit.load(source_path)
-        budget = args.budget if args.budget is not None else len(circuit.removed)
-        head_maps = sample_members(circuit, num_members=args.num_members, budget=budget, pool=args.pool, seed=args.seed)
+    source = safetensors.torch.load_file(source_path)["scores"] if args.scores else Circuit.load(source_path)
+    try:
+        head_maps = sample_members(
+            source,
+            num_members=args.num_members,
+            budget=args.budget,
+            pool=args.pool,
+            seed=args.seed,
+            allow_identical=args.allow_identical,
+        )
+    except ValueError as error:
+        raise CommandError(str(error).replace("allow_identical=True", "--allow-identical")) from None
     write_members(out.path, model_dir, head_maps, {"source": "scores" if args.scores else "circuit"})
     for index, head_map in enumerate(head_maps):
         target = out.path / f"member{index}"
         if not target.exists():  # a rerun after an interruption keeps the members already written
-            save_model(build_members(model, [head_map])[0], target)
+            save_model(build_members(model, [head_map], allow_identical=True)[0], target)  # distinct: checked above
             copy_preprocessor(model_dir, target)
         kept = sum(len(heads) for heads in head_map.values())
         print(f"member{index}: keeps {kept} heads, per layer {[len(h) for h in head_map.values()]}")

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         threshold, origin = args.threshold, "given by --threshold"
     data = read_data(args, args.inputs, model_dir, config, labelled=False, flag="--inputs")
-    member_logits = collect_member_logits(model, data.batches, progress)  # (N, M, C)
+    member_logits = collect_member_logits(model, data.batches, progress).double()  # (N, M, C), as evaluation
     probs = ensemble_probs(member_logits)
     confidence, predicted = probs.max(dim=-1)
     mi = mutual_information(member_logits)

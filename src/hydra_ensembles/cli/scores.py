@@ -1,8 +1,8 @@
 """Taylor head importance: one score per attention head, higher = more useful (paper 000, §D.1.1).
 
-Writes scores.safetensors ("scores": (layers, heads), NaN for heads already pruned), scores.json (the least
-useful heads of each layer) and head_importance.png. Labelled data gives cross-entropy scores; unlabelled data
-(or --loss entropy) the label-free entropy criterion.
+Writes scores.safetensors ("scores": (layers, heads), NaN for heads already pruned), scores.json (every score,
+and each layer's heads from least to most useful) and head_importance.png. Labelled data gives cross-entropy
+scores; unlabelled data (or --loss entropy) the label-free entropy criterion.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import safetensors.torch
 
 from ..evaluation import plots
 from ..importance import taylor_head_scores
+from ..io import write_json_atomic
 from .common import (
     Output,
     add_data_options,
@@ -63,6 +64,15 @@ def run(args: argparse.Namespace) -> int:
         str(layer): sorted((h for h in range(scores.shape[1]) if not row[h].isnan()), key=lambda h: row[h].item())
         for layer, row in enumerate(scores)
     }
+    write_json_atomic(
+        out.path / "scores.json",
+        {
+            "scores": [[None if v != v else v for v in row] for row in scores.tolist()],  # NaN (pruned) -> null
+            "least_useful_first": ranked,
+            "loss": args.loss,
+            "examples": len(data.examples),
+        },
+    )
     out.finish({"shape": list(scores.shape), "least_useful_first": ranked, "examples": len(data.examples)})
     print(f"scored {scores.shape[0]} layers x {scores.shape[1]} heads on {len(data.examples)} examples -> {out.path}")
     for layer, heads in ranked.items():

@@ -1,7 +1,8 @@
 """OOD scores for single models and ensembles, all "higher = more OOD" (OpenOOD's convention).
 
-Each takes member logits (B, M, C) (M = 1 for a single model) and returns (B,). Probability-based scores use the
-ensemble's predictive distribution p = mean_m softmax(z_m); logit-based scores use the mean member logits.
+Each takes member logits (B, M, C) (M = 1 for a single model) and returns (B,) in float64: in float32, nearby
+scores round to ties that change AUPR and FPR95. Probability-based scores use the ensemble's predictive
+distribution p = mean_m softmax(z_m); logit-based scores use the mean member logits.
 """
 
 from __future__ import annotations
@@ -17,22 +18,22 @@ from .uncertainty import ensemble_probs, entropy, mutual_information
 
 def msp(member_logits: Tensor) -> Tensor:
     """Negated maximum softmax probability of the ensemble: -max_c p_c (Hendrycks & Gimpel, 2017; the paper's)."""
-    return -ensemble_probs(member_logits).amax(dim=-1)
+    return -ensemble_probs(member_logits.double()).amax(dim=-1)
 
 
 def max_logit(member_logits: Tensor) -> Tensor:
     """Negated maximum of the mean logits: -max_c mean_m z_mc (Hendrycks et al., 2022)."""
-    return -member_logits.float().mean(dim=1).amax(dim=-1)
+    return -member_logits.double().mean(dim=1).amax(dim=-1)
 
 
 def energy(member_logits: Tensor) -> Tensor:
     """Energy of the mean logits, -logsumexp_c mean_m z_mc (Liu et al., 2020); higher energy = more OOD."""
-    return -torch.logsumexp(member_logits.float().mean(dim=1), dim=-1)
+    return -torch.logsumexp(member_logits.double().mean(dim=1), dim=-1)
 
 
 def predictive_entropy(member_logits: Tensor) -> Tensor:
     """Entropy of the ensemble's predictive distribution, H[p] in nats (total uncertainty)."""
-    return entropy(ensemble_probs(member_logits))
+    return entropy(ensemble_probs(member_logits.double()))
 
 
 OOD_SCORES: dict[str, Callable[[Tensor], Tensor]] = {
@@ -40,6 +41,6 @@ OOD_SCORES: dict[str, Callable[[Tensor], Tensor]] = {
     "max_logit": max_logit,
     "energy": energy,
     "entropy": predictive_entropy,
-    "mutual_information": mutual_information,
-    "disagreement": lambda member_logits: disagreement(member_logits.float()),
+    "mutual_information": lambda member_logits: mutual_information(member_logits.double()),
+    "disagreement": lambda member_logits: disagreement(member_logits.double()),
 }

@@ -25,8 +25,8 @@ OOD = ("auroc", "fpr95", "aupr_in", "aupr_out")
 
 
 def classification_metrics(member_logits: Tensor, labels: Tensor) -> dict[str, float]:
-    """acc, brier, nll, ece, aece of the ensemble prediction. member_logits (N, M, C), labels (N,)."""
-    probs = ensemble_probs(member_logits)
+    """acc, brier, nll, ece, aece of the ensemble prediction, in float64. member_logits (N, M, C), labels (N,)."""
+    probs = ensemble_probs(member_logits.double())
     return {
         "acc": M.accuracy(probs, labels),
         "brier": M.brier(probs, labels),

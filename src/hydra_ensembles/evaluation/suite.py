@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from .. import __version__
 from ..adapters import get_adapter
 from ..baselines import DeepEnsemble, MCDropout, lora_ensemble, shared_backbone_ensemble
-from ..cost import count_flops, count_parameters
+from ..cost import count_flops, count_parameters, format_latency, predictor_latency
 from ..data.loaders import Batch
 from ..finetune import finetune
 from ..fusion import HydraEnsemble
@@ -65,9 +65,11 @@ def run(
     command: str = "",
     progress: bool = True,
     rows: Sequence[str] = ROWS,
+    latency_repeats: int = 7,
 ) -> dict:
     """Run `rows` (default: all) for every seed, reusing the cache; write table.md, table.json and figures to
-    `out_dir`."""
+    `out_dir`. Latency relative to Single is timed at the end, every row interleaved with the others over
+    `latency_repeats` rounds on one test batch (0: not timed)."""
     started = time.perf_counter()
     rows = _check_rows(rows)
     out_dir, cache = Path(out_dir), Path(cache_dir) / f"{task.name}-{task.fingerprint()}"
@@ -84,6 +86,9 @@ def run(
         "rows": aggregate(per_seed),
         "per_seed": per_seed,
     }
+    if latency_repeats:
+        summary["latency"] = timed_rows(task, seeds[0], cache / f"seed{seeds[0]}", per_seed[seeds[0]], latency_repeats)
+        summary["latency_batch"] = len(task.test[0]["labels"])
     figures(task, cache / f"seed{seeds[0]}", out_dir)
     summary["wall_time_s"] = round(time.perf_counter() - started, 1)
     summary["compute_s"] = round(sum(r["_seconds"] for s in per_seed.values() for r in s.values()), 1)
@@ -111,10 +116,16 @@ def run_seed(task: Task, seed: int, cache: Path, progress: bool = True, rows: Se
         }
         results[row]["_seconds"] = round(time.perf_counter() - started, 1)
         write_json_atomic(record, results)
-    results = {row: results[row] for row in rows}
-    for result in results.values():
-        result["latency_x"] = result["latency_s"] / results["Single"]["latency_s"]
-    return results
+    return {row: results[row] for row in rows}
+
+
+def timed_rows(task: Task, seed: int, cache: Path, results: Mapping[str, dict], repeats: int) -> dict[str, dict]:
+    """Latency of every row relative to Single on the first test batch: the rows' predictors (from the cache)
+    timed interleaved, `repeats` rounds (`cost.predictor_latency`)."""
+    build = _Builder(task, seed, cache, progress=False, mlp_choices={r: v.get("mlp") for r, v in results.items()})
+    predictors = {row: build.row(row)[0] for row in results}
+    print(f"timing {len(predictors)} rows, interleaved, {repeats} rounds", flush=True)
+    return predictor_latency(predictors, {row: task.test[0] for row in predictors}, repeats)
 
 
 def _check_rows(rows: Sequence[str]) -> list[str]:
@@ -135,11 +146,9 @@ def measure(
     ood: Mapping[str, list[Batch]] | None = None,
     progress: bool = False,
 ) -> dict:
-    """Metrics on the labelled test set and the OOD sets, parameters, FLOPs per example and wall time over the
-    test set. Member logits are saved to `logits_path` (for figures). `ood` sets count only towards "all"."""
-    started = time.perf_counter()
+    """Metrics on the labelled test set and the OOD sets, parameters and FLOPs per example. Member logits are
+    saved to `logits_path` (for figures). `ood` sets count only towards "all"."""
     test_logits = collect_member_logits(predictor, test, progress)
-    latency = time.perf_counter() - started
     logits = {"test": test_logits}
     for group, sets in (("near", near), ("far", far), ("ood", ood or {})):
         logits[group] = {name: collect_member_logits(predictor, data, progress) for name, data in sets.items()}
@@ -151,16 +160,16 @@ def measure(
         "metrics": evaluate(test_logits, labels_of(test), logits["near"], logits["far"], ood=logits["ood"]),
         "params": stored if stored is not None else count_parameters(predictor),
         "flops_per_example": count_flops(predictor, probe) / len(next(iter(probe.values()))),
-        "latency_s": latency,
     }
 
 
 class _Builder:
     """Builds each row's predictor for one seed, caching every trained model."""
 
-    def __init__(self, task: Task, seed: int, cache: Path, progress: bool):
+    def __init__(self, task: Task, seed: int, cache: Path, progress: bool, mlp_choices: Mapping | None = None):
         self.task, self.seed, self.cache, self.progress = task, seed, cache, progress
         self._single: nn.Module | None = None
+        self.mlp_choices = dict(mlp_choices or {})  # row -> MLP mode chosen before (skips choosing again)
 
     def row(self, name: str) -> tuple[nn.Module, str, dict]:
         return {
@@ -254,8 +263,10 @@ class _Builder:
             members.append(self.trained(f"{prefix}{m}", build))
         return members
 
-    def fused(self, members: list[nn.Module]) -> tuple[HydraEnsemble, dict]:
+    def fused(self, members: list[nn.Module], row: str) -> tuple[HydraEnsemble, dict]:
         """Average or stack the members' MLPs, whichever gives the lower validation NLL."""
+        if self.mlp_choices.get(row):
+            return HydraEnsemble.fuse(members, mlp=self.mlp_choices[row]), {"mlp": self.mlp_choices[row]}
         val_labels = labels_of(self.task.val)
         options = {}
         for mode in ("average", "stack"):
@@ -336,7 +347,7 @@ class _Builder:
             pool=task.taylor_pool,
             seed=self.seed,
         )
-        ensemble, extra = self.fused(self.fine_tuned_members("hydra-taylor", head_maps))
+        ensemble, extra = self.fused(self.fine_tuned_members("hydra-taylor", head_maps), "Hydra (Taylor)")
         return ensemble, f"{self.heads - task.prune_per_layer}x{task.members}", extra | {"head_maps": head_maps}
 
     def hydra_circ(self):
@@ -348,7 +359,7 @@ class _Builder:
             pool=task.circuit_pool,
             seed=self.seed,
         )
-        ensemble, extra = self.fused(self.fine_tuned_members("hydra-circ", head_maps))
+        ensemble, extra = self.fused(self.fine_tuned_members("hydra-circ", head_maps), "Hydra (Circ)")
         heads = f"{self.heads - task.prune_per_layer}x{task.members} (avg)"
         return ensemble, heads, extra | {"head_maps": head_maps}
 
@@ -382,7 +393,7 @@ def aggregate(per_seed: dict[int, dict[str, dict]]) -> dict[str, dict]:
         rows[row] = {
             "heads": runs[0]["heads"],
             **{
-                k: {"mean": statistics.fmean(v), "std": statistics.pstdev(v) if len(v) > 1 else 0.0}
+                k: {"mean": statistics.fmean(v), "std": statistics.pstdev(v) if len(v) > 1 else 0.0, "runs": len(v)}
                 for k, v in values.items()
             },
         }
@@ -390,7 +401,7 @@ def aggregate(per_seed: dict[int, dict[str, dict]]) -> dict[str, dict]:
 
 
 def _flatten(run: dict) -> dict[tuple[str, str], float]:
-    flat = {("", k): float(run[k]) for k in ("params", "flops_per_example", "latency_x")}
+    flat = {("", k): float(run[k]) for k in ("params", "flops_per_example")}
     for where in ("id", "near", "far", "all"):
         for key, value in run["metrics"].get(where, {}).items():
             flat[(where, key)] = float(value)
@@ -403,11 +414,12 @@ def markdown(summary: dict) -> str:
         "",
         f"Command: `{summary['command']}`  ",
         f"Machine: {summary['machine']}  ",
-        f"Seeds: {summary['seeds']} (mean ± std over seeds)  ",
+        f"Seeds: {summary['seeds']} "
+        + ("(mean ± std over seeds)  " if len(summary["seeds"]) > 1 else "(one run: values without a spread)  "),
         f"Wall time: {summary['wall_time_s'] / 60:.1f} min for this run (training compute recorded over all "
         f"runs that filled the cache: {summary['compute_s'] / 60:.1f} min)",
         "",
-        *table_lines(summary["rows"]),
+        *table_lines(summary["rows"], summary.get("latency")),
         "",
         CONVENTIONS,
         "",
@@ -421,28 +433,39 @@ def markdown(summary: dict) -> str:
 
 
 CONVENTIONS = (
-    "Acc, ECE, aECE, AUROC, FPR95, AUPR in %. OOD: maximum softmax probability of the (ensemble) prediction, "
-    "OOD = positive class (OpenOOD). Ensemble probability = mean of member softmaxes. FLOPs per example and "
-    "test-set latency relative to the first row, on this machine."
+    "Acc, ECE, aECE, AUROC, FPR95, AUPR in %; mean ± std over seeds (a single run shows its value alone). OOD: "
+    "maximum softmax probability of the (ensemble) prediction, OOD = positive class (OpenOOD). Ensemble "
+    "probability = mean of member softmaxes. FLOPs per example relative to the first row; latency relative to "
+    "the first row on one batch, timed interleaved over repeated rounds on this machine: median (min-max)."
 )
 
 
-def table_lines(rows: dict[str, dict]) -> list[str]:
-    """A markdown table of aggregated rows (mean ± std); cost ratios are relative to the first row."""
+def table_lines(rows: dict[str, dict], latency: Mapping[str, dict] | None = None) -> list[str]:
+    """A markdown table of aggregated rows (mean ± std over seeds, the value alone for one run); cost ratios are
+    relative to the first row. `latency` ({row: `predictor_latency` stats}) adds a "Latency x" column."""
     first = next(iter(rows.values()))
-    header = ["Method", "Heads"] + [c[0] for c in COLUMNS] + ["Params (M)", "FLOPs x", "Latency x"]
+    header = ["Method", "Heads"] + [c[0] for c in COLUMNS] + ["Params (M)", "FLOPs x"]
+    header += ["Latency x"] if latency else []
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row, stats in rows.items():
         cells = [row, stats["heads"]]
         for _, where, key, scale, digits in COLUMNS:
-            stat = stats.get(f"{where}.{key}")
-            mean_std = None if stat is None else (stat["mean"] * scale, stat["std"] * scale)
-            cells.append("–" if mean_std is None else f"{mean_std[0]:.{digits}f} ± {mean_std[1]:.{digits}f}")
+            cells.append(mean_std(stats.get(f"{where}.{key}"), scale, digits))
         cells.append(f"{stats['params']['mean'] / 1e6:.2f}")
         cells.append(f"{stats['flops_per_example']['mean'] / first['flops_per_example']['mean']:.2f}")
-        cells.append(f"{stats['latency_x']['mean']:.2f}")
+        if latency:
+            cells.append(format_latency(latency[row]) if row in latency else "–")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def mean_std(stat: Mapping[str, float] | None, scale: float = 1.0, digits: int = 1) -> str:
+    """ "92.3 ± 0.4" over several runs, "92.3" for one run (no spread to show), "–" when missing."""
+    if stat is None:
+        return "–"
+    if stat.get("runs", 2) < 2:
+        return f"{stat['mean'] * scale:.{digits}f}"
+    return f"{stat['mean'] * scale:.{digits}f} ± {stat['std'] * scale:.{digits}f}"
 
 
 def per_set_lines(per_seed: dict[int, dict[str, dict]]) -> list[str]:

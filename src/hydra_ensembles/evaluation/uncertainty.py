@@ -2,6 +2,9 @@
 
 Convention (torch-uncertainty's): the ensemble's predictive distribution is the mean of the members'
 softmax probabilities, not the softmax of mean logits. Shapes: B inputs, M members, C classes.
+
+Precision: float64 logits are computed in float64 (evaluation passes them so: float32 creates ties that change
+AUPR); anything narrower (float32, bfloat16, float16) is computed in float32.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from torch import Tensor
 
 def ensemble_probs(member_logits: Tensor) -> Tensor:
     """p(y|x) = (1/M) sum_m softmax(z_m). member_logits (B, M, C) -> (B, C)."""
-    return member_logits.float().softmax(dim=-1).mean(dim=1)
+    return _wide(member_logits).softmax(dim=-1).mean(dim=1)
 
 
 def entropy(probs: Tensor) -> Tensor:
@@ -25,5 +28,10 @@ def mutual_information(member_logits: Tensor) -> Tensor:
 
     Zero when all members agree exactly; at most log M.
     """
-    member_probs = member_logits.float().softmax(dim=-1)  # (B, M, C)
+    member_probs = _wide(member_logits).softmax(dim=-1)  # (B, M, C)
     return (entropy(member_probs.mean(dim=1)) - entropy(member_probs).mean(dim=1)).clamp_min(0.0)
+
+
+def _wide(x: Tensor) -> Tensor:
+    """float64 stays float64; every narrower float type is computed in float32."""
+    return x if x.dtype == torch.float64 else x.float()

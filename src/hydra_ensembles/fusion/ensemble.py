@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from .. import __version__
 from ..adapters import Adapter, adapter_by_name, get_adapter
-from ..data.loaders import split_batch
+from ..data.loaders import Batch, split_batch
 from ..evaluation.uncertainty import ensemble_probs, mutual_information
 from ..io import reading_dir, save_dir_atomic, write_json_atomic
 from ..pruning import KEPT_HEADS_KEY, HeadMap, base_fingerprint, kept_heads
@@ -80,6 +80,7 @@ class HydraEnsemble(nn.Module):
         head_maps: Sequence[HeadMap],
         mlp: MLPMode,
         fingerprint: str,
+        averaged: Sequence[str] = (),
     ):
         super().__init__()
         self.adapter = adapter
@@ -90,6 +91,9 @@ class HydraEnsemble(nn.Module):
         self.head_maps = [dict(h) for h in head_maps]
         self.mlp = mlp
         self.fingerprint = fingerprint
+        # names of the tensors averaged over members that differ in them (mlp="average" after separate
+        # fine-tuning): empty when the ensemble equals its members exactly
+        self.averaged = list(averaged)
         spec = adapter.specs[model_class.__name__]  # model_class: a supported class
         self.is_classifier = spec.classifier
         self.head_tokens = spec.head_tokens  # leading tokens the head reads: the last layer computes only those
@@ -107,16 +111,23 @@ class HydraEnsemble(nn.Module):
     # ---- building ----
 
     @classmethod
-    def fuse(cls, members: Sequence[nn.Module], mlp: MLPMode = "average") -> HydraEnsemble:
+    def fuse(
+        cls, members: Sequence[nn.Module], mlp: MLPMode = "average", *, allow_identical: bool = False
+    ) -> HydraEnsemble:
         """Fuse pruned members (HF models from `build_members`, fine-tuned or not) into one module.
 
         Args:
             members: M >= 1 models of one class, pruned from one checkpoint, with the same classifier shape.
             mlp: "average" averages the members' MLPs, layer norms and embeddings (the paper's merged MLP; exact
-                when members share them, as zero-shot members do); "stack" keeps each member's own (exact for
-                separately fine-tuned members). Tensors identical across members are stored once either way.
+                when members share them, as zero-shot members do; an approximation once members were fine-tuned
+                apart: `ensemble.averaged` names what was averaged, `fusion_deviation` measures the effect);
+                "stack" keeps each member's own (exact for separately fine-tuned members). Tensors identical
+                across members are stored once either way.
+            allow_identical: fuse members with the same heads and weights (refused by default: no diversity).
         """
         _check_members(members, mlp)
+        if not allow_identical:
+            _check_not_identical(members)
         adapter = get_adapter(members[0])
         head_maps = [kept_heads(m) for m in members]
         model_class = adapter.supported_class(type(members[0]))
@@ -126,11 +137,12 @@ class HydraEnsemble(nn.Module):
             blocks = [adapter.block(adapter.layers(m)[index]) for m in members]
             counts = [len(head_map[index]) for head_map in head_maps]
             layers.append(FusedLayer.from_blocks(blocks, counts, mlp, **layer_kwargs))
-        shared, member, parameters = _outer_tensors(adapter, skeleton, members, mlp)
+        shared, member, parameters, averaged = _outer_tensors(adapter, skeleton, members, mlp)
         outer = OuterModules(adapter, skeleton, shared, member, parameters)
         config = _clean_config(members[0].config)
         fingerprint = base_fingerprint(members[0])
-        return cls(adapter, model_class, config, outer, layers, head_maps, mlp, fingerprint).eval()
+        averaged += [f"layers.{i}.{name}" for i, layer in enumerate(layers) for name in layer.averaged]
+        return cls(adapter, model_class, config, outer, layers, head_maps, mlp, fingerprint, averaged).eval()
 
     # ---- running ----
 
@@ -206,7 +218,10 @@ class HydraEnsemble(nn.Module):
         shared = TensorStore.from_state(state, "outer.shared.")
         member = TensorStore.from_state(state, "outer.member.")
         outer = OuterModules(adapter, skeleton, shared, member, set(saved["parameters"]))
-        return cls(adapter, model_class, config, outer, layers, head_maps, saved["mlp"], saved["fingerprint"]).eval()
+        averaged = saved.get("averaged", [])
+        return cls(
+            adapter, model_class, config, outer, layers, head_maps, saved["mlp"], saved["fingerprint"], averaged
+        ).eval()
 
     def _saved_config(self) -> dict[str, Any]:
         parameters = self.outer.shared.parameter_names() + self.outer.member.parameter_names()
@@ -219,6 +234,7 @@ class HydraEnsemble(nn.Module):
             "mlp": self.mlp,
             "head_maps": [{str(layer): heads for layer, heads in h.items()} for h in self.head_maps],
             "fingerprint": self.fingerprint,
+            "averaged": self.averaged,
             "parameters": sorted(parameters),
         }
 
@@ -259,6 +275,63 @@ def _check_members(members: Sequence[nn.Module], mlp: str) -> None:
         raise ValueError(f"members sit on different devices/dtypes {sorted(map(str, placements))}; move them to one.")
 
 
+def _check_not_identical(members: Sequence[nn.Module]) -> None:
+    """Refuse two members with the same kept heads and the same weights: they add nothing but cost."""
+    states = [m.state_dict() for m in members]
+    maps = [kept_heads(m) for m in members]
+    for j in range(len(members)):
+        for i in range(j):
+            if maps[i] == maps[j] and all(torch.equal(states[i][k], states[j][k]) for k in states[i]):
+                raise ValueError(
+                    f"members {i} and {j} are identical (same heads, same weights): an ensemble of copies has no "
+                    "diversity. Make members with hydra_ensembles.sample_members (distinct by construction) or "
+                    "fine-tune them with different seeds; pass allow_identical=True if copies are what you want."
+                )
+
+
+def fusion_deviation(
+    ensemble: HydraEnsemble, members: Sequence[nn.Module], loader: Iterable[Batch], max_examples: int | None = 256
+) -> dict[str, float]:
+    """How far the fused ensemble is from its members run one by one, on (the first `max_examples` of) `loader`.
+
+    Returns {"logits": max |z_fused - z_member|, "probs": max |p_fused - p_members| (ensemble probabilities),
+    "examples": inputs compared}. Zero up to float rounding for mlp="stack" and for members that share their
+    MLPs; the paper's merged MLP (mlp="average") after separate fine-tuning is an approximation measured here.
+    """
+    if len(members) != ensemble.num_members:
+        raise ValueError(f"the ensemble has {ensemble.num_members} members, got {len(members)} models to compare.")
+    adapter = get_adapter(members[0])
+    worst = {"logits": 0.0, "probs": 0.0, "examples": 0}
+    with torch.no_grad():
+        for batch in loader:
+            inputs, _ = split_batch(adapter, batch)
+            if max_examples is not None:
+                left = max_examples - worst["examples"]
+                if left <= 0:
+                    break
+                inputs = {k: v[:left] if isinstance(v, Tensor) else v for k, v in inputs.items()}
+            fused = ensemble(**inputs)
+            one_by_one = torch.stack([_member_output(adapter, m, inputs) for m in members], dim=1)  # (B, M, C|D)
+            got = fused.member_logits if ensemble.is_classifier else fused.member_pooled  # (B, M, C) or (B, M, D)
+            worst["logits"] = max(worst["logits"], (got - one_by_one).abs().max().item())
+            if ensemble.is_classifier:
+                gap = (ensemble_probs(got.double()) - ensemble_probs(one_by_one.double())).abs().max().item()
+                worst["probs"] = max(worst["probs"], gap)
+            worst["examples"] += len(got)
+    if worst["examples"] == 0:
+        raise ValueError("the loader is empty: nothing to compare the fused ensemble with its members on.")
+    return worst
+
+
+def _member_output(adapter: Adapter, member: nn.Module, inputs: dict) -> Tensor:
+    was_training = member.training
+    member.eval()
+    try:
+        return adapter.output(member, inputs)
+    finally:
+        member.train(was_training)
+
+
 def _clean_config(config: transformers.PretrainedConfig) -> transformers.PretrainedConfig:
     config = copy.deepcopy(config)
     setattr(config, KEPT_HEADS_KEY, None)
@@ -287,11 +360,11 @@ def _skeleton(
 
 def _outer_tensors(
     adapter: Adapter, skeleton: nn.Module, members: Sequence[nn.Module], mlp: MLPMode
-) -> tuple[dict[str, Tensor], dict[str, Tensor], set[str]]:
+) -> tuple[dict[str, Tensor], dict[str, Tensor], set[str], list[str]]:
     """Split the members' non-layer tensors into shared ones and per-member stacks.
 
     Heads (everything outside the embeddings) are always per member. Embeddings are shared when identical;
-    otherwise averaged (mlp="average") or stacked (mlp="stack").
+    otherwise averaged (mlp="average") or stacked (mlp="stack"). Also returns the names of those averaged.
     """
     parameters = {name for name, _ in skeleton.named_parameters()}
     names = sorted(parameters | {name for name, _ in skeleton.named_buffers()})
@@ -299,6 +372,7 @@ def _outer_tensors(
     states = [dict(m.named_parameters()) | dict(m.named_buffers()) for m in members]
     shared: dict[str, Tensor] = {}
     member: dict[str, Tensor] = {}
+    averaged: list[str] = []
     with torch.no_grad():
         for name in names:
             tensors = [state[name].detach() for state in states]
@@ -313,6 +387,7 @@ def _outer_tensors(
                 shared[name] = tensors[0].clone()
             elif mlp == "average":
                 shared[name] = torch.stack(tensors).mean(0)
+                averaged.append(name)
             else:
                 member[name] = torch.stack(tensors)
-    return shared, member, parameters
+    return shared, member, parameters, averaged

@@ -61,6 +61,7 @@ class FusedLayer(nn.Module):
         self.norm_position = norm_position
         self.eps = eps
         self.activation = activation
+        self.averaged: list[str] = []  # tensors averaged over members that differ in them (set by from_blocks)
 
     @classmethod
     def from_blocks(
@@ -88,8 +89,10 @@ class FusedLayer(nn.Module):
         attention = {"qkv_weight": qkv_weight, "qkv_bias": qkv_bias, "o_weight": o_weight, "o_bias": o_bias}
         if all(torch.equal(t[m], t[0]) for t in attention.values() for m in range(1, members)):
             attention = {name: t[:1].clone() for name, t in attention.items()}  # identical members: one copy
-        tensors = attention | _shared_or_stacked(blocks, mlp)
-        return cls(tensors, head_counts=head_counts, **layer_kwargs)
+        rest, averaged = _shared_or_stacked(blocks, mlp)
+        layer = cls(attention | rest, head_counts=head_counts, **layer_kwargs)
+        layer.averaged = averaged
+        return layer
 
     @property
     def shared(self) -> bool:
@@ -170,9 +173,10 @@ class FusedLayer(nn.Module):
         return grouped_layer_norm(x, weight, bias, self.eps[which - 1])
 
 
-def _shared_or_stacked(blocks: Sequence[Block], mlp: MLPMode) -> dict[str, Tensor]:
+def _shared_or_stacked(blocks: Sequence[Block], mlp: MLPMode) -> tuple[dict[str, Tensor], list[str]]:
     """Norm, MLP and layer-scale tensors: one copy when all members hold the same values (exact), otherwise the
-    members' average (mlp="average", the paper's merged MLP) or all of them stacked (mlp="stack", exact)."""
+    members' average (mlp="average", the paper's merged MLP) or all of them stacked (mlp="stack", exact).
+    Also returns the names of the tensors averaged although the members differ in them (the approximation)."""
     groups = {
         "norm1": {"norm1_weight": [b.norm1.weight for b in blocks], "norm1_bias": [b.norm1.bias for b in blocks]},
         "norm2": {"norm2_weight": [b.norm2.weight for b in blocks], "norm2_bias": [b.norm2.bias for b in blocks]},
@@ -187,6 +191,7 @@ def _shared_or_stacked(blocks: Sequence[Block], mlp: MLPMode) -> dict[str, Tenso
         groups["scale1"] = {"scale1": [b.scale1 for b in blocks]}
         groups["scale2"] = {"scale2": [b.scale2 for b in blocks]}
     out: dict[str, Tensor] = {}
+    averaged: list[str] = []
     with torch.no_grad():
         for group in groups.values():
             shapes = {name: {tuple(t.shape) for t in ts} for name, ts in group.items()}
@@ -199,6 +204,7 @@ def _shared_or_stacked(blocks: Sequence[Block], mlp: MLPMode) -> dict[str, Tenso
                     out[name] = ts[0].detach().clone()[None]  # (1, ...)
                 elif mlp == "average":
                     out[name] = torch.stack([t.detach() for t in ts]).mean(0, keepdim=True)
+                    averaged.append(name)
                 else:
                     out[name] = torch.stack([t.detach() for t in ts]).clone()  # (M, ...)
-    return out
+    return out, averaged

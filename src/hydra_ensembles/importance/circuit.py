@@ -210,7 +210,8 @@ def extract_circuit(
         top: candidates scored exactly per step by "lazy" and "screen".
         state_path: a JSON file updated after every step; if it exists and was written for this model, data,
             criterion and search, extraction resumes from it ("fast" and "reference" states are interchangeable).
-        progress: show a progress bar over candidate evaluations.
+        progress: show a progress bar over all the candidate evaluations of the extraction (its total is known
+            from the start, so the time estimate covers the whole run).
 
     Under `torchrun --nproc-per-node N` (a torch.distributed group), each rank scores a round-robin share of
     the candidates and the scores are gathered, so every rank removes the same head.
@@ -252,7 +253,18 @@ def extract_circuit(
     scorer = scorer_class(model, id_batches, ood_batches, score_fn, batch_size=batch_size)
     baseline = state["baseline"] if "baseline" in state else scorer.baseline([])
     order = {head: i for i, head in enumerate(candidates)}
-    with tqdm(total=0, desc=f"circuit ({criterion}, {method})", disable=not progress or not is_main()) as bar:
+
+    def evaluations(step: int) -> int:  # candidates scored at `step`: the progress bar's unit
+        left = len(candidates) - step
+        return min(top, left) if method == "screen" or (method == "lazy" and step > 0) else left
+
+    with tqdm(
+        total=sum(evaluations(step) for step in range(budget)),  # the whole extraction, known in advance
+        initial=sum(evaluations(step) for step in range(len(removed))),  # steps done before a resume
+        desc=f"circuit ({criterion}, {method}, {budget} steps)",
+        unit="cand",
+        disable=not progress or not is_main(),
+    ) as bar:
         for step in range(len(removed), budget):
             remaining = [head for head in candidates if head not in removed]
             if method == "screen":
@@ -261,8 +273,6 @@ def extract_circuit(
             elif method == "lazy" and known:
                 remaining = sorted(remaining, key=lambda head: (-known[head], order[head]))[:top]
             remaining.sort(key=order.__getitem__)
-            bar.total += len(remaining)
-            bar.refresh()
             step_scores = gather_dict(scorer.score(removed, shard(remaining), lambda n: bar.update(n * world_size())))
             best = max(remaining, key=lambda head: (step_scores[head], -order[head]))  # ties: earlier (layer, head)
             known.update(step_scores)

@@ -9,8 +9,9 @@ from torch import Tensor
 def nll(probs: Tensor, labels: Tensor) -> float:
     """Mean negative log-probability of the true class: NLL = -(1/N) sum_i log p_{i, y_i}; lower is better.
 
-    Computed from probabilities (an ensemble's are a mean of softmaxes, not a softmax of anything), clamped at
-    the smallest positive float so that a zero probability gives a large finite value rather than infinity.
+    Computed in float64 from probabilities (an ensemble's are a mean of softmaxes, not a softmax of anything),
+    clamped below at the float64 machine epsilon, 2.22e-16 (as sklearn's `log_loss`), so that a zero probability
+    costs -log(2.22e-16) = 36.04 nats rather than infinity.
     Shape: probs (N, C); labels (N,).
     """
     return _compute(probs.double(), labels.to(probs.device)).item()
@@ -18,4 +19,4 @@ def nll(probs: Tensor, labels: Tensor) -> float:
 
 def _compute(probs: Tensor, labels: Tensor) -> Tensor:
     true_class = probs.gather(1, labels.long()[:, None]).squeeze(1)
-    return -torch.log(true_class.clamp_min(torch.finfo(probs.dtype).tiny)).mean()
+    return -torch.log(true_class.clamp_min(torch.finfo(torch.float64).eps)).mean()
