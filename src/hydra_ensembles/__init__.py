@@ -7,27 +7,29 @@ ensemble = he.HydraEnsemble.fuse(he.build_members(model, head_maps))
 out = ensemble(**batch)                                            # out.member_logits: (B, M, C)
 """
 
-__version__ = "0.1.0"
-
 from .adapters import Adapter, UnsupportedModelError, get_adapter, register_adapter, supported_models
 from .cost import Cost, cost_table, count_flops, count_parameters, format_cost_table
-from .evaluation import ensemble_probs, mutual_information
-from .fusion import HydraEnsemble, HydraOutput, fusion_deviation
+from .fusion import HydraEnsemble, fusion_deviation
 from .importance import Circuit, CircuitCriterion, extract_circuit, register_criterion, taylor_head_scores
 from .members import build_members, sample_members
+from .outputs import PredictorOutput, collect_member_logits, labels_of
 from .pruning import HeadMap, ablate_heads, keep_heads, kept_heads, load_model, prune_heads, save_model
+from .uncertainty import ensemble_probs, mutual_information
+from .version import __version__
 
 __all__ = [
+    "__version__",
     "Adapter",
     "Circuit",
     "CircuitCriterion",
     "Cost",
     "HeadMap",
     "HydraEnsemble",
-    "HydraOutput",
+    "PredictorOutput",
     "UnsupportedModelError",
     "ablate_heads",
     "build_members",
+    "collect_member_logits",
     "cost_table",
     "count_flops",
     "count_parameters",
@@ -38,6 +40,7 @@ __all__ = [
     "get_adapter",
     "keep_heads",
     "kept_heads",
+    "labels_of",
     "load_model",
     "mutual_information",
     "prune_heads",

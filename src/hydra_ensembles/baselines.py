@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 from .adapters import Adapter, get_adapter
 from .data.loaders import Batch, materialize, split_batch
 from .finetune import TrainConfig, finetune
-from .fusion import HydraEnsemble, HydraOutput
+from .fusion import HydraEnsemble
+from .outputs import PredictorOutput
 
 
 class DeepEnsemble(nn.Module):
@@ -37,9 +38,9 @@ class DeepEnsemble(nn.Module):
         self.models = nn.ModuleList(models)
         self.stored_parameters = stored_parameters
 
-    def forward(self, **inputs) -> HydraOutput:
+    def forward(self, **inputs) -> PredictorOutput:
         inputs = {k: v for k, v in inputs.items() if k != "labels"}
-        return HydraOutput(member_logits=torch.stack([get_adapter(m).output(m, inputs) for m in self.models], 1))
+        return PredictorOutput(member_logits=torch.stack([get_adapter(m).output(m, inputs) for m in self.models], 1))
 
 
 class MCDropout(nn.Module):
@@ -56,7 +57,7 @@ class MCDropout(nn.Module):
             raise ValueError(f"{type(model).__name__} has no dropout with p > 0: MC dropout would return copies.")
         self.model, self.samples, self.seed, self.calls = model, samples, seed, 0
 
-    def forward(self, **inputs) -> HydraOutput:
+    def forward(self, **inputs) -> PredictorOutput:
         inputs = {k: v for k, v in inputs.items() if k != "labels"}
         adapter = get_adapter(self.model)
         was_training = self.model.training
@@ -68,7 +69,7 @@ class MCDropout(nn.Module):
                 logits = [adapter.output(self.model, inputs) for _ in range(self.samples)]
             finally:
                 self.model.train(was_training)
-        return HydraOutput(member_logits=torch.stack(logits, 1))
+        return PredictorOutput(member_logits=torch.stack(logits, 1))
 
 
 def shared_backbone_ensemble(

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from .adapters import Adapter, get_adapter
 from .data.loaders import Batch, materialize, split_batch, to_device
 from .distributed import barrier, is_distributed, is_main, rank, world_size
-from .evaluation.metrics import accuracy
+from .metrics import accuracy
 
 
 @dataclass(frozen=True)

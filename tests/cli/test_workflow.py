@@ -19,11 +19,11 @@ from cli_support import (
 from tolerances import CONTRACT
 
 import hydra_ensembles as he
+from hydra_ensembles import metrics
 from hydra_ensembles.cli.predict import id_threshold
 from hydra_ensembles.data.files import label_ids, read_examples, text_batches
-from hydra_ensembles.evaluation import metrics
 from hydra_ensembles.evaluation.ood import OOD_SCORES
-from hydra_ensembles.evaluation.report import collect_member_logits
+from hydra_ensembles.outputs import collect_member_logits
 
 
 @pytest.fixture(scope="module")

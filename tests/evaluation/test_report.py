@@ -5,8 +5,9 @@ import torch
 from conftest import MODELS, make_inputs, random_head_maps
 
 import hydra_ensembles as he
-from hydra_ensembles.evaluation import OOD_SCORES, collect_member_logits, evaluate
-from hydra_ensembles.evaluation import metrics as M
+from hydra_ensembles import metrics as M
+from hydra_ensembles.evaluation import OOD_SCORES, evaluate
+from hydra_ensembles.outputs import collect_member_logits
 
 
 def _logits(n, seed, shift=0.0):

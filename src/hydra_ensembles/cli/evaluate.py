@@ -18,9 +18,9 @@ import torch
 
 from ..cost import predictor_latency
 from ..evaluation import suite
-from ..evaluation.report import labels_of
 from ..fusion import HydraEnsemble
 from ..io import write_json_atomic
+from ..outputs import labels_of
 from ..pruning import kept_heads
 from .common import (
     CommandError,

@@ -16,8 +16,8 @@ import sys
 import torch
 
 from ..evaluation.ood import OOD_SCORES
-from ..evaluation.report import collect_member_logits
-from ..evaluation.uncertainty import ensemble_probs, mutual_information
+from ..outputs import collect_member_logits
+from ..uncertainty import ensemble_probs, mutual_information
 from .common import (
     CommandError,
     add_data_options,

@@ -8,12 +8,14 @@ outputs: text batches carry `input_ids` (B, T) and usually `attention_mask` (B, 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from ..adapters import Adapter
+if TYPE_CHECKING:  # the batch contract sits below the adapters: it only reads their input names
+    from ..adapters import Adapter
+
 
 Batch = Mapping[str, Any]
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .metrics.disagreement import disagreement
-from .uncertainty import ensemble_probs, entropy, mutual_information
+from ..metrics.disagreement import disagreement
+from ..uncertainty import ensemble_probs, entropy, mutual_information
 
 
 def msp(member_logits: Tensor) -> Tensor:

@@ -7,18 +7,16 @@ averaged separately and all OOD sets together.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Literal
 
 import numpy as np
 import torch
-from torch import Tensor, nn
-from tqdm.auto import tqdm
+from torch import Tensor
 
-from ..data.loaders import Batch, to_device
-from . import metrics as M
+from .. import metrics as M
+from ..uncertainty import ensemble_probs
 from .ood import OOD_SCORES
-from .uncertainty import ensemble_probs
 
 CLASSIFICATION = ("acc", "brier", "nll", "ece", "aece")
 OOD = ("auroc", "fpr95", "aupr_in", "aupr_out")
@@ -88,35 +86,3 @@ def evaluate(
         if names:
             result[group] = {k: float(np.mean([result["ood"][n][k] for n in names])) for k in OOD}
     return result
-
-
-@torch.no_grad()
-def collect_member_logits(model: nn.Module, loader: Iterable[Batch], progress: bool = False) -> Tensor:
-    """Member logits (N, M, C) of any predictor over a loader.
-
-    A predictor is a module called as `model(**inputs)` that returns either `member_logits` (B, M, C) — a
-    HydraEnsemble or a baseline from `hydra_ensembles.baselines` — or `logits` (B, C), a plain HF classifier.
-    """
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    parts = []
-    try:
-        for batch in tqdm(loader, desc="predicting", disable=not progress, leave=False):
-            inputs = {k: v for k, v in batch.items() if k != "labels"}
-            out = model(**to_device(inputs, device))
-            member_logits = getattr(out, "member_logits", None)
-            parts.append((member_logits if member_logits is not None else out.logits[:, None]).float().cpu())
-    finally:
-        model.train(was_training)
-    if not parts:
-        raise ValueError("the loader is empty: nothing to predict.")
-    return torch.cat(parts)
-
-
-def labels_of(loader: Iterable[Batch]) -> Tensor:
-    """The labels of a labelled loader, concatenated (N,)."""
-    labels = [torch.as_tensor(batch["labels"]) for batch in loader if batch.get("labels") is not None]
-    if not labels:
-        raise ValueError("the loader has no 'labels'.")
-    return torch.cat(labels)

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .. import __version__
+from .. import metrics
 from ..adapters import get_adapter
 from ..baselines import DeepEnsemble, MCDropout, lora_ensemble, shared_backbone_ensemble
 from ..cost import count_flops, count_parameters, format_latency, predictor_latency
@@ -34,13 +34,15 @@ from ..fusion import HydraEnsemble
 from ..importance import Circuit, extract_circuit, taylor_head_scores
 from ..io import write_json_atomic
 from ..members import build_members, sample_members
+from ..outputs import collect_member_logits, labels_of
 from ..pruning import load_model, save_model
-from . import metrics, plots
+from ..uncertainty import ensemble_probs
+from ..version import __version__
+from . import plots
 from .ood import OOD_SCORES
-from .report import collect_member_logits, evaluate, labels_of
+from .report import evaluate
 from .tasks import Task
 from .temperature import TemperatureScaled, fit_temperature
-from .uncertainty import ensemble_probs
 
 ROWS = (
     "Single",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..fusion.ensemble import HydraOutput
-from .uncertainty import ensemble_probs
+from ..outputs import PredictorOutput, member_logits_of
+from ..uncertainty import ensemble_probs
 
 
 def fit_temperature(member_logits: Tensor, labels: Tensor, max_iter: int = 100) -> float:
@@ -42,8 +42,5 @@ class TemperatureScaled(nn.Module):
         self.model = model
         self.temperature = temperature
 
-    def forward(self, **inputs) -> HydraOutput:
-        out = self.model(**inputs)
-        member_logits = getattr(out, "member_logits", None)
-        member_logits = member_logits if member_logits is not None else out.logits[:, None]
-        return HydraOutput(member_logits=member_logits / self.temperature)
+    def forward(self, **inputs) -> PredictorOutput:
+        return PredictorOutput(member_logits=member_logits_of(self.model(**inputs)) / self.temperature)

@@ -1,6 +1,6 @@
 """Fusion: M pruned members in one module, run in one forward pass."""
 
-from .ensemble import HydraEnsemble, HydraOutput, fusion_deviation
+from .ensemble import HydraEnsemble, fusion_deviation
 from .layer import FusedLayer
 
-__all__ = ["FusedLayer", "HydraEnsemble", "HydraOutput", "fusion_deviation"]
+__all__ = ["FusedLayer", "HydraEnsemble", "fusion_deviation"]

@@ -14,7 +14,6 @@ import copy
 import json
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,48 +22,19 @@ import torch
 import transformers
 from torch import Tensor, nn
 
-from .. import __version__
 from ..adapters import Adapter, adapter_by_name, get_adapter
 from ..data.loaders import Batch, split_batch
-from ..evaluation.uncertainty import ensemble_probs, mutual_information
 from ..io import reading_dir, save_dir_atomic, write_json_atomic
+from ..outputs import PredictorOutput
 from ..pruning import KEPT_HEADS_KEY, HeadMap, base_fingerprint, kept_heads
+from ..uncertainty import ensemble_probs
+from ..version import __version__
 from .layer import FusedLayer, MLPMode
 from .outer import OuterModules, TensorStore
 
 CONFIG_NAME = "hydra_config.json"
 WEIGHTS_NAME = "model.safetensors"
 FORMAT_VERSION = 1
-
-
-@dataclass
-class HydraOutput:
-    """What a Hydra Ensemble returns. Shapes: B batch, M members, C classes, D pooled size, T tokens, d hidden.
-
-    member_logits: (B, M, C), each member's logits, for classifiers (None for encoders).
-    member_pooled: (B, M, D), each member's pooled output (what the HF model returns as pooler_output,
-        text_embeds or image_embeds), for encoders without a classifier (None for classifiers).
-    member_hidden_states: (B, M, T, d), each member's last-layer output before any final norm, when asked for.
-    """
-
-    member_logits: Tensor | None = None
-    member_pooled: Tensor | None = None
-    member_hidden_states: Tensor | None = None
-
-    @property
-    def probs(self) -> Tensor:
-        """Ensemble predictive distribution, (B, C): the mean of the members' softmax probabilities."""
-        return ensemble_probs(self._logits())
-
-    @property
-    def mutual_information(self) -> Tensor:
-        """Model uncertainty per input, (B,): entropy of the mean minus mean of the members' entropies (nats)."""
-        return mutual_information(self._logits())
-
-    def _logits(self) -> Tensor:
-        if self.member_logits is None:
-            raise ValueError("this ensemble has no classifier: use member_pooled instead of probabilities.")
-        return self.member_logits
 
 
 class HydraEnsemble(nn.Module):
@@ -146,7 +116,7 @@ class HydraEnsemble(nn.Module):
 
     # ---- running ----
 
-    def forward(self, output_hidden_states: bool = False, **inputs: Any) -> HydraOutput:
+    def forward(self, output_hidden_states: bool = False, **inputs: Any) -> PredictorOutput:
         """Run all members in one pass. `inputs` are what the base HF model takes (e.g. input_ids and
         attention_mask, or pixel_values); a `labels` entry is ignored, so a training batch can be passed as is."""
         inputs, _ = split_batch(self.adapter, inputs)
@@ -165,8 +135,8 @@ class HydraEnsemble(nn.Module):
         out = torch.cat(outs, dim=1).transpose(0, 1)  # (B, M, C) or (B, M, D)
         hidden = torch.cat(hiddens, dim=1).transpose(0, 1) if output_hidden_states else None  # (B, M, T, d)
         if self.is_classifier:
-            return HydraOutput(member_logits=out, member_hidden_states=hidden)
-        return HydraOutput(member_pooled=out, member_hidden_states=hidden)
+            return PredictorOutput(member_logits=out, member_hidden_states=hidden)
+        return PredictorOutput(member_pooled=out, member_hidden_states=hidden)
 
     def run_layers(self, x: Tensor, mask: Tensor | None, start: int = 0, queries: int | None = None) -> Tensor:
         """Layers `start`.. on member streams x (M or 1, B, T, d) -> (M, B, T, d), or (M, B, q, d) when the last

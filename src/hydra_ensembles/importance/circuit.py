@@ -33,8 +33,8 @@ from tqdm.auto import tqdm
 from ..adapters import get_adapter
 from ..data.loaders import Batch, materialize
 from ..distributed import barrier, gather_dict, is_main, shard, world_size
-from ..evaluation.metrics import accuracy, auroc
 from ..io import write_json_atomic
+from ..metrics import accuracy, auroc
 from ..pruning import HeadMap, kept_heads
 from .scoring import SCORERS, Head
 

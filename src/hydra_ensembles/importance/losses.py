@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..evaluation.uncertainty import entropy
+from ..uncertainty import entropy
 
 
 def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:

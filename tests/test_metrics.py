@@ -8,7 +8,7 @@ from tolerances import U32, reordered_sum
 from torchmetrics.functional.classification import multiclass_calibration_error
 
 import hydra_ensembles as he
-from hydra_ensembles.evaluation import metrics as M
+from hydra_ensembles import metrics as M
 from hydra_ensembles.evaluation.ood import OOD_SCORES
 
 

@@ -1,0 +1,83 @@
+"""The predictor contract: whatever predicts returns member logits (B, M, C).
+
+A Hydra Ensemble, a deep ensemble, MC dropout, a LoRA ensemble, a temperature-scaled model, and a plain HF
+classifier (an ensemble of one: its logits (B, C) read as (B, 1, C)) are all predictors. Evaluation, OOD scores,
+`predict` and `evaluate` are written once against this contract. Shapes: B inputs, M members, C classes,
+D pooled size, T tokens, d hidden size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from .data.loaders import to_device
+from .uncertainty import ensemble_probs, mutual_information
+
+
+@dataclass
+class PredictorOutput:
+    """What a predictor returns.
+
+    member_logits: (B, M, C), each member's logits, for classifiers (None for encoders).
+    member_pooled: (B, M, D), each member's pooled output (what the HF model returns as pooler_output,
+        text_embeds or image_embeds), for encoders without a classifier (None for classifiers).
+    member_hidden_states: (B, M, T, d), each member's last-layer output before any final norm, when asked for.
+    """
+
+    member_logits: Tensor | None = None
+    member_pooled: Tensor | None = None
+    member_hidden_states: Tensor | None = None
+
+    @property
+    def probs(self) -> Tensor:
+        """Ensemble predictive distribution, (B, C): the mean of the members' softmax probabilities."""
+        return ensemble_probs(self._logits())
+
+    @property
+    def mutual_information(self) -> Tensor:
+        """Model uncertainty per input, (B,): entropy of the mean minus mean of the members' entropies (nats)."""
+        return mutual_information(self._logits())
+
+    def _logits(self) -> Tensor:
+        if self.member_logits is None:
+            raise ValueError("this ensemble has no classifier: use member_pooled instead of probabilities.")
+        return self.member_logits
+
+
+def member_logits_of(output: Any) -> Tensor:
+    """(B, M, C) from any predictor's output: its `member_logits`, or a plain HF model's `logits` (B, C) as M = 1."""
+    member_logits = getattr(output, "member_logits", None)
+    return member_logits if member_logits is not None else output.logits[:, None]
+
+
+@torch.no_grad()
+def collect_member_logits(model: nn.Module, loader: Iterable[Mapping[str, Any]], progress: bool = False) -> Tensor:
+    """Member logits (N, M, C), float32 on the CPU, of any predictor over a loader of batches (a `labels` entry
+    is left out of the inputs). The model runs in eval mode and is put back in its mode afterwards."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    parts = []
+    try:
+        for batch in tqdm(loader, desc="predicting", disable=not progress, leave=False):
+            inputs = {k: v for k, v in batch.items() if k != "labels"}
+            parts.append(member_logits_of(model(**to_device(inputs, device))).float().cpu())
+    finally:
+        model.train(was_training)
+    if not parts:
+        raise ValueError("the loader is empty: nothing to predict.")
+    return torch.cat(parts)
+
+
+def labels_of(loader: Iterable[Mapping[str, Any]]) -> Tensor:
+    """The labels of a labelled loader, concatenated (N,)."""
+    labels = [torch.as_tensor(batch["labels"]) for batch in loader if batch.get("labels") is not None]
+    if not labels:
+        raise ValueError("the loader has no 'labels'.")
+    return torch.cat(labels)
