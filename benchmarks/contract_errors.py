@@ -13,7 +13,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from conftest import CONTRACT_MODELS, MODELS, SENTENCES, fused_output, make_inputs, output, perturb, random_head_maps  # noqa: E402
+from conftest import (  # noqa: E402
+    CONTRACT_MODELS,
+    MODELS,
+    SENTENCES,
+    fused_output,
+    make_inputs,
+    output,
+    perturb,
+    random_head_maps,
+)
 
 import hydra_ensembles as he  # noqa: E402
 

@@ -18,7 +18,7 @@ import os
 import sys
 
 from ..adapters import UnsupportedModelError
-from ..data.debian import DataFetchError
+from ..bench.datasets.debian import DataFetchError
 from . import bench, circuit, demo, evaluate, finetune, fuse, members, predict, scores
 from .common import CommandError
 

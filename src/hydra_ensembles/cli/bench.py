@@ -14,9 +14,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..evaluation.suite import ROWS
-from ..evaluation.suite import run as run_suite
-from ..evaluation.tasks import TASKS
+from ..bench.suite import ROWS
+from ..bench.suite import run as run_suite
+from ..bench.tasks import TASKS
 from ..io import cache_dir
 
 EXAMPLE = """hydra-ens bench text --quick                 # one seed, small splits (about 10 minutes)

@@ -14,10 +14,10 @@ import argparse
 import time
 from pathlib import Path
 
-from ..cost import format_latency
-from ..evaluation.suite import ROWS
-from ..evaluation.suite import run as run_suite
-from ..evaluation.tasks import TEXT_SIZES, text_task
+from ..bench.suite import ROWS
+from ..bench.suite import run as run_suite
+from ..bench.tasks import TEXT_SIZES, text_task
+from ..evaluation.tables import Column, table_lines
 from ..io import cache_dir
 from .common import check_model_dir
 
@@ -25,13 +25,13 @@ EXAMPLE = """hydra-ens demo                                  # report in ./hydra
 hydra-ens demo --out report --rows Single "Temp. scaling" "Hydra (Taylor)" "Hydra (Circ)\""""
 
 DEMO_ROWS = ("Single", "Hydra (Taylor)", "Hydra (Circ)")
-SHOWN = [  # (header, where, key, scale) of the table printed to the terminal
-    ("Acc %", "id", "acc", 100),
-    ("NLL", "id", "nll", 1),
-    ("ECE %", "id", "ece", 100),
-    ("AUROC near", "near", "auroc", 100),
-    ("AUROC far", "far", "auroc", 100),
-    ("FPR95 all", "all", "fpr95", 100),
+SHOWN = [  # the columns of the table printed to the terminal
+    Column("Acc %", "id", "acc", 100, 1),
+    Column("NLL", "id", "nll", 1, 3),
+    Column("ECE %", "id", "ece", 100, 1),
+    Column("AUROC near", "near", "auroc", 100, 1),
+    Column("AUROC far", "far", "auroc", 100, 1),
+    Column("FPR95 all", "all", "fpr95", 100, 1),
 ]
 
 
@@ -77,22 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def terminal_table(rows: dict[str, dict], latency: dict[str, dict] | None = None) -> str:
-    """The demo's table; cost ratios relative to the first row, latency as median (min-max) over rounds."""
-    first = next(iter(rows.values()))
-    header = f"{'method':<16}{'heads':>12}" + "".join(f"{h:>12}" for h, *_ in SHOWN) + f"{'FLOPs x':>9}"
-    header += f"{'time x (spread)':>20}" if latency else ""
-    lines = [header]
-    for row, stats in rows.items():
-        cells = "".join(
-            f"{stats[f'{w}.{k}']['mean'] * scale:>12.{3 if scale == 1 else 1}f}"
-            if f"{w}.{k}" in stats
-            else f"{'–':>12}"
-            for _, w, k, scale in SHOWN
-        )
-        flops = stats["flops_per_example"]["mean"] / first["flops_per_example"]["mean"]
-        timing = f"{format_latency(latency[row]):>20}" if latency and row in latency else ""
-        lines.append(f"{row:<16}{stats['heads']:>12}{cells}{flops:>9.2f}{timing}")
-    return "\n".join(lines)
+    """The demo's table (the report renderer's text style); latency as median (min-max) over rounds."""
+    return "\n".join(table_lines(rows, latency, columns=SHOWN, style="text"))
 
 
 def report_readme(summary: dict) -> str:

@@ -17,7 +17,9 @@ import platform
 import torch
 
 from ..cost import predictor_latency
-from ..evaluation import suite
+from ..evaluation import plots
+from ..evaluation.report import measure
+from ..evaluation.tables import CONVENTIONS, aggregate, per_set_lines, table_lines
 from ..fusion import HydraEnsemble
 from ..io import write_json_atomic
 from ..outputs import labels_of
@@ -108,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name}: measured before ({cached})")
         else:
             print(f"{name}: {'Hydra Ensemble' if is_ensemble(model_dir) else type(model).__name__} from {model_dir}")
-            results[name] = suite.measure(
+            results[name] = measure(
                 model, test, groups["near"], groups["far"], cached, ood=groups["ood"], progress=not args.quiet
             )
             results[name]["heads"] = _heads(model)
@@ -120,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     if args.latency_repeats:
         print(f"timing {len(predictors)} models, interleaved, {args.latency_repeats} rounds", flush=True)
         latency = predictor_latency(predictors, first_batches, args.latency_repeats)
-    rows = suite.aggregate({0: results})
+    rows = aggregate({0: results})
     lines = [
         "# Evaluation",
         "",
@@ -129,19 +131,19 @@ def run(args: argparse.Namespace) -> int:
         "",
         f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
         "",
-        *suite.table_lines(rows, latency),
+        *table_lines(rows, latency),
         "",
-        suite.CONVENTIONS,
+        CONVENTIONS,
         "",
     ]
     if names:
-        lines += ["AUROC (%) per OOD set:", "", *suite.per_set_lines({0: results}), ""]
+        lines += ["AUROC (%) per OOD set:", "", *per_set_lines({0: results}), ""]
     (out.path / "report.md").write_text("\n".join(lines))
     write_json_atomic(
         out.path / "metrics.json",
         {"models": {n: str(p) for n, p in models.items()}, "results": results, "latency": latency},
     )
-    suite.logit_figures(logits, labels, out.path, "evaluation")
+    plots.logit_figures(logits, labels, out.path, "evaluation")
     out.finish({"models": list(results)})
     print("\n".join(lines))
     print(f"wrote {out.path}/report.md, metrics.json, reliability.png, ood_scores.png")

@@ -1,4 +1,4 @@
-"""Data: loader handling shared by every step, and the real offline data sets the demo uses."""
+"""Data: the batch contract every step reads (loaders.py) and the files users have (files.py)."""
 
 from .loaders import Batch, check_shapes, materialize, split_batch, to_device
 

@@ -11,7 +11,11 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
 from torch import Tensor  # noqa: E402
+
+from ..uncertainty import ensemble_probs  # noqa: E402
+from .ood import OOD_SCORES  # noqa: E402
 
 
 def reliability_diagram(
@@ -97,3 +101,20 @@ def _save(fig, path: str | os.PathLike) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def logit_figures(logits: Mapping[str, dict], labels: Tensor, out_dir: Path, title: str) -> None:
+    """reliability.png and ood_scores.png from each row's saved logits {"test", "near", "far", "ood"}."""
+    reliability_diagram(
+        {row: (ensemble_probs(v["test"]), labels) for row, v in logits.items()},
+        out_dir / "reliability.png",
+        title=f"{title}: reliability (test)",
+    )
+    msp = OOD_SCORES["msp"]
+    panels = {}
+    for row, v in logits.items():
+        panels[row] = {"ID": msp(v["test"])}
+        for group in ("near", "far", "ood"):
+            if v.get(group):
+                panels[row][group if group != "ood" else "OOD"] = torch.cat([msp(x) for x in v[group].values()])
+    ood_histograms(panels, out_dir / "ood_scores.png", "MSP", title=f"{title}: OOD scores")

@@ -8,13 +8,17 @@ averaged separately and all OOD sets together.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .. import metrics as M
+from ..cost import count_flops, count_parameters
+from ..data.loaders import Batch
+from ..outputs import collect_member_logits, labels_of
 from ..uncertainty import ensemble_probs
 from .ood import OOD_SCORES
 
@@ -86,3 +90,29 @@ def evaluate(
         if names:
             result[group] = {k: float(np.mean([result["ood"][n][k] for n in names])) for k in OOD}
     return result
+
+
+def measure(
+    predictor: nn.Module,
+    test: list[Batch],
+    near: Mapping[str, list[Batch]],
+    far: Mapping[str, list[Batch]],
+    logits_path: Path,
+    ood: Mapping[str, list[Batch]] | None = None,
+    progress: bool = False,
+) -> dict:
+    """Metrics on the labelled test set and the OOD sets, parameters and FLOPs per example. Member logits are
+    saved to `logits_path` (for figures). `ood` sets count only towards "all"."""
+    test_logits = collect_member_logits(predictor, test, progress)
+    logits = {"test": test_logits}
+    for group, sets in (("near", near), ("far", far), ("ood", ood or {})):
+        logits[group] = {name: collect_member_logits(predictor, data, progress) for name, data in sets.items()}
+    logits_path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(logits, logits_path)
+    probe = {k: v[:8] for k, v in test[0].items() if k != "labels"}
+    stored = getattr(predictor, "stored_parameters", None)
+    return {
+        "metrics": evaluate(test_logits, labels_of(test), logits["near"], logits["far"], ood=logits["ood"]),
+        "params": stored if stored is not None else count_parameters(predictor),
+        "flops_per_example": count_flops(predictor, probe) / len(next(iter(probe.values()))),
+    }

@@ -6,8 +6,8 @@ import pytest
 import torch
 from conftest import MODELS, make_inputs
 
-from hydra_ensembles.evaluation import suite
-from hydra_ensembles.evaluation.tasks import Task
+from hydra_ensembles.bench import suite
+from hydra_ensembles.bench.tasks import Task
 from hydra_ensembles.finetune import TEXT_RECIPE
 
 

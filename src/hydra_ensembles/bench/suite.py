@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -27,8 +26,11 @@ from torch import Tensor, nn
 from .. import metrics
 from ..adapters import get_adapter
 from ..baselines import DeepEnsemble, MCDropout, lora_ensemble, shared_backbone_ensemble
-from ..cost import count_flops, count_parameters, format_latency, predictor_latency
-from ..data.loaders import Batch
+from ..cost import predictor_latency
+from ..evaluation import plots
+from ..evaluation.report import measure
+from ..evaluation.tables import CONVENTIONS, aggregate, per_set_lines, table_lines
+from ..evaluation.temperature import TemperatureScaled, fit_temperature
 from ..finetune import finetune
 from ..fusion import HydraEnsemble
 from ..importance import Circuit, extract_circuit, taylor_head_scores
@@ -38,11 +40,7 @@ from ..outputs import collect_member_logits, labels_of
 from ..pruning import load_model, save_model
 from ..uncertainty import ensemble_probs
 from ..version import __version__
-from . import plots
-from .ood import OOD_SCORES
-from .report import evaluate
 from .tasks import Task
-from .temperature import TemperatureScaled, fit_temperature
 
 ROWS = (
     "Single",
@@ -137,32 +135,6 @@ def _check_rows(rows: Sequence[str]) -> list[str]:
     if "Single" not in rows:
         raise ValueError("rows must include 'Single': every cost ratio is relative to it.")
     return [row for row in ROWS if row in rows]
-
-
-def measure(
-    predictor: nn.Module,
-    test: list[Batch],
-    near: Mapping[str, list[Batch]],
-    far: Mapping[str, list[Batch]],
-    logits_path: Path,
-    ood: Mapping[str, list[Batch]] | None = None,
-    progress: bool = False,
-) -> dict:
-    """Metrics on the labelled test set and the OOD sets, parameters and FLOPs per example. Member logits are
-    saved to `logits_path` (for figures). `ood` sets count only towards "all"."""
-    test_logits = collect_member_logits(predictor, test, progress)
-    logits = {"test": test_logits}
-    for group, sets in (("near", near), ("far", far), ("ood", ood or {})):
-        logits[group] = {name: collect_member_logits(predictor, data, progress) for name, data in sets.items()}
-    logits_path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(logits, logits_path)
-    probe = {k: v[:8] for k, v in test[0].items() if k != "labels"}
-    stored = getattr(predictor, "stored_parameters", None)
-    return {
-        "metrics": evaluate(test_logits, labels_of(test), logits["near"], logits["far"], ood=logits["ood"]),
-        "params": stored if stored is not None else count_parameters(predictor),
-        "flops_per_example": count_flops(predictor, probe) / len(next(iter(probe.values()))),
-    }
 
 
 class _Builder:
@@ -368,46 +340,22 @@ class _Builder:
 
 # ---- tables ----
 
-COLUMNS = [  # (header, where, key, scale, digits)
-    ("Acc", "id", "acc", 100, 1),
-    ("Brier", "id", "brier", 1, 3),
-    ("NLL", "id", "nll", 1, 3),
-    ("ECE", "id", "ece", 100, 1),
-    ("aECE", "id", "aece", 100, 1),
-    ("AUROC near", "near", "auroc", 100, 1),
-    ("AUROC far", "far", "auroc", 100, 1),
-    ("AUROC all", "all", "auroc", 100, 1),
-    ("FPR95 all", "all", "fpr95", 100, 1),
-    ("AUPR-In all", "all", "aupr_in", 100, 1),
-    ("AUPR-Out all", "all", "aupr_out", 100, 1),
-]
 
-
-def aggregate(per_seed: dict[int, dict[str, dict]]) -> dict[str, dict]:
-    """Mean and standard deviation over seeds of every number of every row."""
-    rows = {}
-    for row in dict.fromkeys(row for seed_results in per_seed.values() for row in seed_results):
-        runs = [seed_results[row] for seed_results in per_seed.values() if row in seed_results]
-        values: dict[str, list[float]] = {}
-        for run in runs:
-            for (where, key), value in _flatten(run).items():
-                values.setdefault(f"{where}.{key}" if where else key, []).append(value)
-        rows[row] = {
-            "heads": runs[0]["heads"],
-            **{
-                k: {"mean": statistics.fmean(v), "std": statistics.pstdev(v) if len(v) > 1 else 0.0, "runs": len(v)}
-                for k, v in values.items()
-            },
-        }
-    return rows
-
-
-def _flatten(run: dict) -> dict[tuple[str, str], float]:
-    flat = {("", k): float(run[k]) for k in ("params", "flops_per_example")}
-    for where in ("id", "near", "far", "all"):
-        for key, value in run["metrics"].get(where, {}).items():
-            flat[(where, key)] = float(value)
-    return flat
+def figures(task: Task, seed_cache: Path, out_dir: Path) -> None:
+    """Reliability diagrams, MSP histograms (ID / near / far) and Taylor / circuit head heatmaps of one seed."""
+    logits = {
+        row: torch.load(seed_cache / "logits" / f"{row}.pt")
+        for row in PLOTTED
+        if (seed_cache / "logits" / f"{row}.pt").exists()
+    }
+    plots.logit_figures(logits, labels_of(task.test), out_dir, task.name)
+    maps = {}
+    if (seed_cache / "taylor_scores.pt").exists():
+        maps["Taylor score"] = torch.load(seed_cache / "taylor_scores.pt")
+    if (seed_cache / "circuit_avg.json").exists():
+        maps["CircAvg removal step (late = useful)"] = Circuit.load(seed_cache / "circuit_avg.json").removal_steps()
+    if maps:
+        plots.head_heatmap(maps, out_dir / "head_importance.png", title=f"{task.name}: head importance")
 
 
 def markdown(summary: dict) -> str:
@@ -432,87 +380,3 @@ def markdown(summary: dict) -> str:
     lines.append(f"- MLP fusion chosen on validation NLL per seed: Hydra (Taylor) {chosen_t}, Hydra (Circ) {chosen}.")
     lines += ["", "Per OOD set (AUROC %, mean over seeds):", "", *per_set_lines(summary["per_seed"])]
     return "\n".join(lines) + "\n"
-
-
-CONVENTIONS = (
-    "Acc, ECE, aECE, AUROC, FPR95, AUPR in %; mean ± std over seeds (a single run shows its value alone). OOD: "
-    "maximum softmax probability of the (ensemble) prediction, OOD = positive class (OpenOOD). Ensemble "
-    "probability = mean of member softmaxes. FLOPs per example relative to the first row; latency relative to "
-    "the first row on one batch, timed interleaved over repeated rounds on this machine: median (min-max)."
-)
-
-
-def table_lines(rows: dict[str, dict], latency: Mapping[str, dict] | None = None) -> list[str]:
-    """A markdown table of aggregated rows (mean ± std over seeds, the value alone for one run); cost ratios are
-    relative to the first row. `latency` ({row: `predictor_latency` stats}) adds a "Latency x" column."""
-    first = next(iter(rows.values()))
-    header = ["Method", "Heads"] + [c[0] for c in COLUMNS] + ["Params (M)", "FLOPs x"]
-    header += ["Latency x"] if latency else []
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row, stats in rows.items():
-        cells = [row, stats["heads"]]
-        for _, where, key, scale, digits in COLUMNS:
-            cells.append(mean_std(stats.get(f"{where}.{key}"), scale, digits))
-        cells.append(f"{stats['params']['mean'] / 1e6:.2f}")
-        cells.append(f"{stats['flops_per_example']['mean'] / first['flops_per_example']['mean']:.2f}")
-        if latency:
-            cells.append(format_latency(latency[row]) if row in latency else "–")
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
-
-
-def mean_std(stat: Mapping[str, float] | None, scale: float = 1.0, digits: int = 1) -> str:
-    """ "92.3 ± 0.4" over several runs, "92.3" for one run (no spread to show), "–" when missing."""
-    if stat is None:
-        return "–"
-    if stat.get("runs", 2) < 2:
-        return f"{stat['mean'] * scale:.{digits}f}"
-    return f"{stat['mean'] * scale:.{digits}f} ± {stat['std'] * scale:.{digits}f}"
-
-
-def per_set_lines(per_seed: dict[int, dict[str, dict]]) -> list[str]:
-    """AUROC (%) per OOD set and row, mean over seeds."""
-    first = next(iter(per_seed.values()))
-    sets = list(next(iter(first.values()))["metrics"]["ood"])
-    lines = ["| Method | " + " | ".join(sets) + " |", "|" + "---|" * (len(sets) + 1)]
-    for row in dict.fromkeys(r for results in per_seed.values() for r in results):
-        means = []
-        for name in sets:
-            values = [r[row]["metrics"]["ood"][name]["auroc"] for r in per_seed.values() if row in r]
-            means.append(f"{100 * statistics.fmean(values):.1f}")
-        lines.append(f"| {row} | " + " | ".join(means) + " |")
-    return lines
-
-
-def figures(task: Task, seed_cache: Path, out_dir: Path) -> None:
-    """Reliability diagrams, MSP histograms (ID / near / far) and Taylor / circuit head heatmaps of one seed."""
-    logits = {
-        row: torch.load(seed_cache / "logits" / f"{row}.pt")
-        for row in PLOTTED
-        if (seed_cache / "logits" / f"{row}.pt").exists()
-    }
-    logit_figures(logits, labels_of(task.test), out_dir, task.name)
-    maps = {}
-    if (seed_cache / "taylor_scores.pt").exists():
-        maps["Taylor score"] = torch.load(seed_cache / "taylor_scores.pt")
-    if (seed_cache / "circuit_avg.json").exists():
-        maps["CircAvg removal step (late = useful)"] = Circuit.load(seed_cache / "circuit_avg.json").removal_steps()
-    if maps:
-        plots.head_heatmap(maps, out_dir / "head_importance.png", title=f"{task.name}: head importance")
-
-
-def logit_figures(logits: Mapping[str, dict], labels: Tensor, out_dir: Path, title: str) -> None:
-    """reliability.png and ood_scores.png from each row's saved logits {"test", "near", "far", "ood"}."""
-    plots.reliability_diagram(
-        {row: (ensemble_probs(v["test"]), labels) for row, v in logits.items()},
-        out_dir / "reliability.png",
-        title=f"{title}: reliability (test)",
-    )
-    msp = OOD_SCORES["msp"]
-    panels = {}
-    for row, v in logits.items():
-        panels[row] = {"ID": msp(v["test"])}
-        for group in ("near", "far", "ood"):
-            if v.get(group):
-                panels[row][group if group != "ood" else "OOD"] = torch.cat([msp(x) for x in v[group].values()])
-    plots.ood_histograms(panels, out_dir / "ood_scores.png", "MSP", title=f"{title}: OOD scores")

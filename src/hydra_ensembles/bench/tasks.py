@@ -28,7 +28,7 @@ from ..finetune import IMAGE_RECIPE, TEXT_RECIPE, TrainConfig
 
 @dataclass
 class Task:
-    """Everything one benchmark needs; see `evaluation.suite.run_seed` for how each field is used."""
+    """Everything one benchmark needs; see `bench.suite.run_seed` for how each field is used."""
 
     name: str
     new_model: Callable[[int], nn.Module]  # seed -> the model to train (pretrained text encoder / fresh ViT)
@@ -109,7 +109,7 @@ def text_task(size: str = "full", model_path: str | None = None) -> Task:
     Hydra (Taylor) samples them from the 2/3 least useful per layer (8 of 12), Hydra (Circ) from the first 2/3
     of the circuit's removal order (48 of 72).
     """
-    from ..data.text import load_bbc, load_drug_reviews, load_python_docs, load_reuters
+    from .datasets.text import load_bbc, load_drug_reviews, load_python_docs, load_reuters
 
     if size not in TEXT_SIZES:
         raise ValueError(f"unknown text task size {size!r}; choose one of {sorted(TEXT_SIZES)}.")
@@ -215,7 +215,7 @@ def image_task(size: str = "full") -> Task:
     if size not in ("full", "quick"):
         raise ValueError(f"unknown image task size {size!r}; choose 'full' or 'quick'.")
     quick = size == "quick"
-    from ..data.images import (
+    from .datasets.images import (
         FASHION_CLASSES,
         load_digits,
         load_fashion_mnist,

@@ -1,0 +1,137 @@
+"""Tables of evaluation results, one renderer for every report: the benchmark's tables, `hydra-ens evaluate`'s
+report and the demo's terminal table.
+
+Rows are aggregated over seeds (`aggregate`: mean, std and the number of runs of every number); cost ratios
+are relative to the first row.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Literal, NamedTuple
+
+from ..cost import format_latency
+
+
+class Column(NamedTuple):
+    """One metric column: its header, where the metric lives in a report ("id", "near", "far", "all"), its
+    key, the scale it is printed at (100 for %) and its digits."""
+
+    header: str
+    where: str
+    key: str
+    scale: float
+    digits: int
+
+
+COLUMNS = [  # the paper's Tables 1-2
+    Column("Acc", "id", "acc", 100, 1),
+    Column("Brier", "id", "brier", 1, 3),
+    Column("NLL", "id", "nll", 1, 3),
+    Column("ECE", "id", "ece", 100, 1),
+    Column("aECE", "id", "aece", 100, 1),
+    Column("AUROC near", "near", "auroc", 100, 1),
+    Column("AUROC far", "far", "auroc", 100, 1),
+    Column("AUROC all", "all", "auroc", 100, 1),
+    Column("FPR95 all", "all", "fpr95", 100, 1),
+    Column("AUPR-In all", "all", "aupr_in", 100, 1),
+    Column("AUPR-Out all", "all", "aupr_out", 100, 1),
+]
+
+
+def aggregate(per_seed: dict[int, dict[str, dict]]) -> dict[str, dict]:
+    """Mean and standard deviation over seeds of every number of every row."""
+    rows = {}
+    for row in dict.fromkeys(row for seed_results in per_seed.values() for row in seed_results):
+        runs = [seed_results[row] for seed_results in per_seed.values() if row in seed_results]
+        values: dict[str, list[float]] = {}
+        for run in runs:
+            for (where, key), value in _flatten(run).items():
+                values.setdefault(f"{where}.{key}" if where else key, []).append(value)
+        rows[row] = {
+            "heads": runs[0]["heads"],
+            **{
+                k: {"mean": statistics.fmean(v), "std": statistics.pstdev(v) if len(v) > 1 else 0.0, "runs": len(v)}
+                for k, v in values.items()
+            },
+        }
+    return rows
+
+
+def _flatten(run: dict) -> dict[tuple[str, str], float]:
+    flat = {("", k): float(run[k]) for k in ("params", "flops_per_example")}
+    for where in ("id", "near", "far", "all"):
+        for key, value in run["metrics"].get(where, {}).items():
+            flat[(where, key)] = float(value)
+    return flat
+
+
+CONVENTIONS = (
+    "Acc, ECE, aECE, AUROC, FPR95, AUPR in %; mean ± std over seeds (a single run shows its value alone). OOD: "
+    "maximum softmax probability of the (ensemble) prediction, OOD = positive class (OpenOOD). Ensemble "
+    "probability = mean of member softmaxes. FLOPs per example relative to the first row; latency relative to "
+    "the first row on one batch, timed interleaved over repeated rounds on this machine: median (min-max)."
+)
+
+
+def table_lines(
+    rows: Mapping[str, dict],
+    latency: Mapping[str, dict] | None = None,
+    columns: Sequence[Column] = COLUMNS,
+    style: Literal["markdown", "text"] = "markdown",
+) -> list[str]:
+    """Aggregated rows (from `aggregate`) as a table: the method, its heads, `columns` (mean ± std over seeds,
+    the value alone for one run), parameters (markdown only) and FLOPs relative to the first row; `latency`
+    ({row: `cost.predictor_latency` stats}) adds "Latency x", the median (min-max) over interleaved rounds.
+    style="markdown" for reports, "text" for a terminal (aligned columns)."""
+    first = next(iter(rows.values()))
+    header = ["Method", "Heads", *(c.header for c in columns)]
+    header += ["Params (M)"] if style == "markdown" else []
+    header += ["FLOPs x"] + (["Latency x"] if latency else [])
+    body = []
+    for row, stats in rows.items():
+        cells = [row, str(stats["heads"])]
+        cells += [mean_std(stats.get(f"{c.where}.{c.key}"), c.scale, c.digits) for c in columns]
+        cells += [f"{stats['params']['mean'] / 1e6:.2f}"] if style == "markdown" else []
+        cells.append(f"{stats['flops_per_example']['mean'] / first['flops_per_example']['mean']:.2f}")
+        if latency:
+            cells.append(format_latency(latency[row]) if row in latency else "–")
+        body.append(cells)
+    return render(header, body, style)
+
+
+def render(header: Sequence[str], body: Sequence[Sequence[str]], style: Literal["markdown", "text"]) -> list[str]:
+    """A table as markdown lines, or as aligned text (first column left, the others right)."""
+    if style == "markdown":
+        return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+            "| " + " | ".join(cells) + " |" for cells in body
+        ]
+    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+    return [
+        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths)))
+        for line in [header, *body]
+    ]
+
+
+def mean_std(stat: Mapping[str, float] | None, scale: float = 1.0, digits: int = 1) -> str:
+    """ "92.3 ± 0.4" over several runs, "92.3" for one run (no spread to show), "–" when missing."""
+    if stat is None:
+        return "–"
+    if stat.get("runs", 2) < 2:
+        return f"{stat['mean'] * scale:.{digits}f}"
+    return f"{stat['mean'] * scale:.{digits}f} ± {stat['std'] * scale:.{digits}f}"
+
+
+def per_set_lines(per_seed: dict[int, dict[str, dict]]) -> list[str]:
+    """AUROC (%) per OOD set and row, mean over seeds."""
+    first = next(iter(per_seed.values()))
+    sets = list(next(iter(first.values()))["metrics"]["ood"])
+    lines = ["| Method | " + " | ".join(sets) + " |", "|" + "---|" * (len(sets) + 1)]
+    for row in dict.fromkeys(r for results in per_seed.values() for r in results):
+        means = []
+        for name in sets:
+            values = [r[row]["metrics"]["ood"][name]["auroc"] for r in per_seed.values() if row in r]
+            means.append(f"{100 * statistics.fmean(values):.1f}")
+        lines.append(f"| {row} | " + " | ".join(means) + " |")
+    return lines
