@@ -25,19 +25,26 @@ from torch import Tensor, nn
 
 from .. import metrics
 from ..adapters import get_adapter
-from ..baselines import DeepEnsemble, MCDropout, lora_ensemble, shared_backbone_ensemble
 from ..cost import predictor_latency
 from ..evaluation import plots
 from ..evaluation.report import measure
 from ..evaluation.tables import CONVENTIONS, aggregate, per_set_lines, table_lines
-from ..evaluation.temperature import TemperatureScaled, fit_temperature
 from ..finetune import finetune
 from ..fusion import HydraEnsemble
 from ..importance import Circuit, extract_circuit, taylor_head_scores
 from ..io import write_json_atomic
 from ..members import build_members, sample_members
 from ..outputs import collect_member_logits, labels_of
-from ..pruning import load_model, save_model
+from ..predictors import (
+    DeepEnsemble,
+    MCDropout,
+    TemperatureScaled,
+    fit_temperature,
+    load_predictor,
+    lora_ensemble,
+    save_predictor,
+    shared_backbone_ensemble,
+)
 from ..uncertainty import ensemble_probs
 from ..version import __version__
 from .tasks import Task
@@ -170,11 +177,12 @@ class _Builder:
         return get_adapter(self.single()).num_layers(self.single())
 
     def trained(self, name: str, build: Callable[[], nn.Module]) -> nn.Module:
+        """The predictor cached under `name`, built (and cached) on first use."""
         path = self.cache / "models" / name
         if path.exists():
-            return load_model(path)
+            return load_predictor(path)
         model = build()
-        save_model(model, path)
+        save_predictor(model, path)
         return model
 
     def single(self) -> nn.Module:
@@ -263,15 +271,13 @@ class _Builder:
         return DeepEnsemble([self.single(), *others]), f"{self.heads}x{self.task.members}", {}
 
     def deep_ensemble_d(self):
-        path = self.cache / "models" / "deep-ensemble-d"
-        if path.exists():
-            ensemble = HydraEnsemble.from_pretrained(path)
-        else:
-            seeds = [self.seed * 100 + m for m in range(self.task.members)]
-            ensemble = shared_backbone_ensemble(
+        seeds = [self.seed * 100 + m for m in range(self.task.members)]
+        ensemble = self.trained(
+            "deep-ensemble-d",
+            lambda: shared_backbone_ensemble(
                 self.single(), self.task.train, seeds, epochs=self.task.head_epochs, progress=self.progress
-            )
-            ensemble.save_pretrained(path)
+            ),
+        )
         return ensemble, f"{self.heads}", {}
 
     def mc_dropout(self):
@@ -289,17 +295,12 @@ class _Builder:
     def lora(self):
         task = self.task
         seeds = [self.seed * 100 + m for m in range(task.members)]
-        meta_path = self.cache / "models" / "lora.json"
-        paths = [self.cache / "models" / f"lora{m}" for m in range(task.members)]
-        if meta_path.exists() and all(p.exists() for p in paths):
-            stored = json.loads(meta_path.read_text())["stored_parameters"]
-            return DeepEnsemble([load_model(p) for p in paths], stored), f"{self.heads}x{task.members}", {}
-        base = self.single() if task.lora_from_single else task.new_model(self.seed)
-        ensemble = lora_ensemble(base, task.train, task.lora_recipe, seeds, progress=self.progress)
-        for model, path in zip(ensemble.models, paths):
-            save_model(model, path)
-        write_json_atomic(meta_path, {"stored_parameters": ensemble.stored_parameters})
-        return ensemble, f"{self.heads}x{task.members}", {}
+
+        def build() -> nn.Module:
+            base = self.single() if task.lora_from_single else task.new_model(self.seed)
+            return lora_ensemble(base, task.train, task.lora_recipe, seeds, progress=self.progress)
+
+        return self.trained("lora", build), f"{self.heads}x{task.members}", {}
 
     def taylor(self):
         budget = self.task.prune_per_layer

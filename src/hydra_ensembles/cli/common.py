@@ -18,12 +18,13 @@ import torch
 import transformers
 from torch import nn
 
+from .. import predictors
 from ..adapters import UnsupportedModelError, adapter_for_class, get_adapter
 from ..data.files import Examples, image_batches, label_ids, read_examples, text_batches
 from ..fusion import HydraEnsemble
 from ..fusion.ensemble import CONFIG_NAME as HYDRA_CONFIG
 from ..io import write_json_atomic
-from ..pruning import load_model
+from ..predictors.baselines.deep_ensemble import PREDICTOR_FILE
 from ..version import __version__
 
 RECORD = "hydra-ens.json"  # in every output directory: the command, its settings, and what it produced
@@ -60,18 +61,18 @@ def check_model_dir(path: str | os.PathLike, what: str = "--model") -> Path:
     )
     if inner:
         path = path / inner
-    if not (path / "config.json").is_file() and not (path / HYDRA_CONFIG).is_file():
+    if not any((path / name).is_file() for name in ("config.json", HYDRA_CONFIG, PREDICTOR_FILE)):
         raise CommandError(
             f"{what} {str(path)!r} is not a model directory: it has neither config.json (a Hugging Face "
-            f"checkpoint) nor {HYDRA_CONFIG} (a saved Hydra Ensemble)."
+            f"checkpoint), {HYDRA_CONFIG} (a saved Hydra Ensemble) nor {PREDICTOR_FILE} (a saved baseline)."
         )
     return path
 
 
 def check_supported(path: Path, what: str = "--model") -> None:
     """Refuse a checkpoint whose architecture has no adapter, from its config alone (before any other work)."""
-    if is_ensemble(path):
-        return
+    if not (path / "config.json").is_file():
+        return  # a saved ensemble or wrapper: it was built from supported models
     config = transformers.AutoConfig.from_pretrained(path)
     named = [getattr(transformers, name, None) for name in getattr(config, "architectures", None) or []]
     classes = [cls for cls in named if cls is not None]
@@ -89,22 +90,31 @@ def is_ensemble(path: Path) -> bool:
 
 
 def load_predictor(path: str | os.PathLike, what: str = "--model") -> nn.Module:
-    """A saved Hydra Ensemble, or an HF classifier (pruned or not), in eval mode."""
+    """Any saved predictor (`hydra_ensembles.predictors.load_predictor`) that classifies, in eval mode."""
     path = check_model_dir(path, what)
-    model = HydraEnsemble.from_pretrained(path) if is_ensemble(path) else load_model(path)
-    if is_ensemble(path):
-        if not model.is_classifier:
+    model = predictors.load_predictor(path)
+    inner = base_model(model)
+    if isinstance(inner, HydraEnsemble):
+        if not inner.is_classifier:
             raise CommandError(f"{what} {str(path)!r} is an ensemble of encoders without a classifier.")
-    elif not get_adapter(model).is_classifier(model):
+    elif not get_adapter(inner).is_classifier(inner):
         raise CommandError(
-            f"{what} {str(path)!r} is a {type(model).__name__}, which has no classifier; fine-tune it first "
+            f"{what} {str(path)!r} is a {type(inner).__name__}, which has no classifier; fine-tune it first "
             "(hydra-ens finetune gives it a classification head from your labelled data)."
         )
     return model
 
 
+def base_model(model: nn.Module) -> nn.Module:
+    """The HF model or Hydra Ensemble inside a wrapper predictor (temperature, MC dropout, deep ensemble)."""
+    while hasattr(model, "model") or hasattr(model, "models"):
+        model = model.model if hasattr(model, "model") else model.models[0]
+    return model
+
+
 def model_config(model: nn.Module) -> transformers.PretrainedConfig:
-    return model.model_config if isinstance(model, HydraEnsemble) else model.config
+    inner = base_model(model)
+    return inner.model_config if isinstance(inner, HydraEnsemble) else inner.config
 
 
 def class_names(model: nn.Module) -> list[str]:

@@ -29,6 +29,7 @@ from .common import (
     Output,
     add_data_options,
     add_output_options,
+    base_model,
     check_model_dir,
     class_names,
     data_settings,
@@ -152,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _heads(model) -> str:
     """Kept heads per member, e.g. "36 + 36 + 36"."""
-    maps = model.head_maps if isinstance(model, HydraEnsemble) else [kept_heads(model)]
+    inner = base_model(model)
+    maps = inner.head_maps if isinstance(inner, HydraEnsemble) else [kept_heads(inner)]
     counts = [sum(len(h) for h in head_map.values()) for head_map in maps]
     return " + ".join(str(c) for c in counts)

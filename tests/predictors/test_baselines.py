@@ -1,11 +1,14 @@
 """The baselines share HydraEnsemble's interface: model(**inputs).member_logits is (B, M, C)."""
 
+
+import copy
+
 import pytest
 import torch
 from conftest import LAYERS, MODELS, fused_output, make_inputs, output
 
 import hydra_ensembles as he
-from hydra_ensembles import baselines as B
+from hydra_ensembles import predictors as B
 from hydra_ensembles.finetune import TEXT_RECIPE
 
 
@@ -65,8 +68,37 @@ def test_temperature_scaling_recovers_a_known_temperature():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(4000, 5, generator=g) * 3
     labels = torch.multinomial((logits / 2.5).softmax(-1), 1, generator=g)[:, 0]  # truth: T = 2.5
-    temperature = he.evaluation.temperature.fit_temperature(logits[:, None], labels)
+    temperature = B.fit_temperature(logits[:, None], labels)
     assert temperature == pytest.approx(2.5, rel=0.1)
-    scaled = he.evaluation.temperature.TemperatureScaled(MODELS["bert"](), 2.0)
+    scaled = B.TemperatureScaled(MODELS["bert"](), 2.0)
     inputs = make_inputs("bert")
     assert torch.allclose(fused_output(scaled, inputs)[:, 0], output(scaled.model, inputs) / 2.0)
+
+
+def test_every_predictor_saves_and_loads_back_equal(tmp_path):
+    inputs = make_inputs("bert")
+    model = MODELS["bert"]()
+    pruned = he.build_members(model, [{0: [0, 1], 1: [2], 2: [0, 3]}])[0]
+    dropout = copy.deepcopy(model)
+    for module in dropout.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.1
+    kinds = {
+        "hf": model,
+        "pruned": pruned,
+        "hydra": he.HydraEnsemble.fuse(he.build_members(model, he.sample_members(torch.rand(3, 4), seed=1))),
+        "deep": B.DeepEnsemble([model, pruned], stored_parameters=123),
+        "temperature": B.TemperatureScaled(B.DeepEnsemble([model, pruned]), 1.7),
+        "mc_dropout": B.MCDropout(dropout, samples=3, seed=5),
+    }
+    for name, predictor in kinds.items():
+        B.save_predictor(predictor, tmp_path / name)
+        loaded = B.load_predictor(tmp_path / name)
+        assert type(loaded) is type(predictor), name
+        expected, got = he.collect_member_logits(predictor, [inputs]), he.collect_member_logits(loaded, [inputs])
+        if name == "mc_dropout":  # the masks follow the seed and a call counter: a fresh copy starts again
+            expected = he.collect_member_logits(B.MCDropout(dropout, samples=3, seed=5), [inputs])
+        assert torch.equal(got, expected), name  # the same weights and operations: bit-identical
+    assert B.load_predictor(tmp_path / "deep").stored_parameters == 123
+    with pytest.raises(FileNotFoundError, match="holds no saved predictor"):
+        B.load_predictor(tmp_path)
