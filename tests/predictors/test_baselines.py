@@ -1,6 +1,5 @@
 """The baselines share HydraEnsemble's interface: model(**inputs).member_logits is (B, M, C)."""
 
-
 import copy
 
 import pytest
