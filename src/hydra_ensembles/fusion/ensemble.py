@@ -26,7 +26,8 @@ from ..adapters import Adapter, adapter_by_name, get_adapter
 from ..data.loaders import Batch, split_batch
 from ..io import reading_dir, save_dir_atomic, write_json_atomic
 from ..outputs import PredictorOutput
-from ..pruning import KEPT_HEADS_KEY, HeadMap, base_fingerprint, kept_heads
+from ..pruning import HeadMap, base_fingerprint, kept_heads
+from ..pruning.persist import clear_structures
 from ..uncertainty import ensemble_probs
 from ..version import __version__
 from .layer import FusedLayer, MLPMode
@@ -303,9 +304,7 @@ def _member_output(adapter: Adapter, member: nn.Module, inputs: dict) -> Tensor:
 
 
 def _clean_config(config: transformers.PretrainedConfig) -> transformers.PretrainedConfig:
-    config = copy.deepcopy(config)
-    setattr(config, KEPT_HEADS_KEY, None)
-    return config
+    return clear_structures(copy.deepcopy(config))
 
 
 def _skeleton(

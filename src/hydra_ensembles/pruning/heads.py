@@ -1,8 +1,8 @@
 """Structural head pruning for HF transformers v5 (which removed `prune_heads`), and reversible head ablation.
 
 A *head map* says, for every layer, which heads are kept, as sorted indices in the original numbering:
-`{0: [0, 1, 3], 1: [2], ...}`. A pruned model carries its head map in `config.hydra_kept_heads`, so it is saved
-and restored with the model (`save_model` / `load_model`).
+`{0: [0, 1, 3], 1: [2], ...}`. A pruned model carries its head map in `config.hydra_kept_heads`, a structure
+that `persist.py` records and replays: the model is saved and restored with it (`save_model` / `load_model`).
 
 Pruning head h of a layer removes rows h*dh:(h+1)*dh of W_q, W_k, W_v (and their biases) and the same columns of
 W_o; the model stays a normal HF model. Ablation instead zeroes those columns of W_o in place and restores them
@@ -16,23 +16,18 @@ drops the placeholder. Parameter counts of the HF model include the placeholder 
 
 from __future__ import annotations
 
-import hashlib
-import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
-import transformers
 from torch import nn
 from transformers.pytorch_utils import prune_linear_layer
 
-from .adapters import Adapter, get_adapter
-from .io import reading_dir, save_dir_atomic
+from ..adapters import Adapter, get_adapter
+from .persist import record_fingerprint, register_structure
 
 HeadMap = dict[int, list[int]]
 KEPT_HEADS_KEY = "hydra_kept_heads"
-FINGERPRINT_KEY = "hydra_base_fingerprint"
 
 
 def kept_heads(model: nn.Module) -> HeadMap:
@@ -142,30 +137,6 @@ def head_counts(model: nn.Module) -> list[int]:
     return [len(heads) for heads in kept_heads(model).values()]
 
 
-def base_fingerprint(model: nn.Module) -> str:
-    """Identity of the pretrained checkpoint a model (or member) comes from.
-
-    Recorded in the config at the first pruning, from the embedding weights, so that members pruned from one
-    checkpoint and fine-tuned later still match; computed afresh for a model that was never pruned.
-    """
-    stored = getattr(model.config, FINGERPRINT_KEY, None)
-    if stored:
-        return stored
-    adapter = get_adapter(model)
-    digest = hashlib.sha256(type(adapter).__name__.encode())
-    for path in adapter.embedding_paths:
-        module = adapter.backbone(model).get_submodule(path)
-        for name, tensor in sorted(module.state_dict().items()):
-            digest.update(name.encode())
-            digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
-def record_fingerprint(model: nn.Module) -> None:
-    if not getattr(model.config, FINGERPRINT_KEY, None):
-        setattr(model.config, FINGERPRINT_KEY, base_fingerprint(model))
-
-
 def _rebuild_attention(adapter: Adapter, model: nn.Module, layer: nn.Module, positions: list[int]) -> None:
     """Keep only the heads at `positions` (indices into the layer's current heads)."""
     head_dim = adapter.head_dim(model)
@@ -194,43 +165,6 @@ def _slice(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
     return sliced
 
 
-def save_model(model: nn.Module, path: str | os.PathLike) -> Path:
-    """`model.save_pretrained(path)`, atomically: a crash midway leaves the previous save at `path` intact.
-
-    The head map travels in config.json; restore the model with `load_model`.
-    """
-    return save_dir_atomic(path, lambda tmp: model.save_pretrained(tmp))
-
-
-def load_model(path: str | os.PathLike, **from_pretrained_kwargs) -> nn.Module:
-    """Load a model saved by `save_model` (or `save_pretrained`), re-applying its head map.
-
-    `AutoModel.from_pretrained` cannot load a pruned model: its q/k/v/o shapes no longer match the config. Here
-    the model is built, pruned to its saved head map, and only then filled by HF's own loader (which also maps
-    checkpoint key names). The result is an instance of the plain HF class.
-    """
-    with reading_dir(path, "saved model") as path:
-        config = transformers.AutoConfig.from_pretrained(path)
-        cls = model_class(config)
-        head_map = getattr(config, KEPT_HEADS_KEY, None)
-        if head_map is None:
-            return cls.from_pretrained(path, config=config, **from_pretrained_kwargs).eval()
-
-        class Pruned(cls):  # builds the pruned shapes inside HF's loader, then hands back a plain `cls`
-            def __init__(self, config, *args, **kwargs):
-                setattr(config, KEPT_HEADS_KEY, None)
-                super().__init__(config, *args, **kwargs)
-                keep_heads(self, {int(layer): heads for layer, heads in head_map.items()})
-
-        Pruned.__name__ = Pruned.__qualname__ = cls.__name__
-        model = Pruned.from_pretrained(path, config=config, **from_pretrained_kwargs)
-        model.__class__ = cls
-        return model.eval()
-
-
-def model_class(config: transformers.PretrainedConfig) -> type:
-    """The HF class named in `config.architectures`."""
-    names = getattr(config, "architectures", None) or []
-    if not names or not hasattr(transformers, names[0]):
-        raise ValueError(f"config.architectures is {names!r}: cannot tell which HF model class to build.")
-    return getattr(transformers, names[0])
+register_structure(  # kept heads: recorded in config.json, replayed when the model is loaded
+    KEPT_HEADS_KEY, lambda model, saved: keep_heads(model, {int(layer): heads for layer, heads in saved.items()})
+)

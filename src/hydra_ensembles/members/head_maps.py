@@ -11,15 +11,14 @@ drawn again, and settings that cannot give M distinct members are refused (unles
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from .importance.circuit import Circuit
-from .pruning import HeadMap, keep_heads
+from ..importance.circuit import Circuit
+from ..pruning import HeadMap
 
 
 def sample_members(
@@ -66,16 +65,6 @@ def sample_members(
             "the circuits prune the same heads within this budget: use circuits of other criteria or a larger budget",
         )
     return head_maps
-
-
-def build_members(model: nn.Module, head_maps: Sequence[HeadMap], *, allow_identical: bool = False) -> list[nn.Module]:
-    """One pruned copy of `model` per head map; `model` itself is left unchanged. Equal head maps would give
-    identical members and are refused unless `allow_identical=True`."""
-    if not head_maps:
-        raise ValueError("build_members needs at least one head map.")
-    if not allow_identical:
-        check_distinct(head_maps, "make them with sample_members, which draws distinct members")
-    return [keep_heads(copy.deepcopy(model), head_map) for head_map in head_maps]
 
 
 def check_distinct(head_maps: Sequence[HeadMap], fix: str) -> None:

@@ -1,0 +1,32 @@
+"""Surgery: structural changes of HF models that stay normal HF models.
+
+heads.py   remove attention heads (and ablate them reversibly, for scoring)
+persist.py save and load a changed model: every structural change recorded in config.json and replayed
+"""
+
+from .heads import (
+    KEPT_HEADS_KEY,
+    HeadMap,
+    ablate_heads,
+    check_heads,
+    head_counts,
+    keep_heads,
+    kept_heads,
+    prune_heads,
+)
+from .persist import base_fingerprint, load_model, register_structure, save_model
+
+__all__ = [
+    "KEPT_HEADS_KEY",
+    "HeadMap",
+    "ablate_heads",
+    "base_fingerprint",
+    "check_heads",
+    "head_counts",
+    "keep_heads",
+    "kept_heads",
+    "load_model",
+    "prune_heads",
+    "register_structure",
+    "save_model",
+]

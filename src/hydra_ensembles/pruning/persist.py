@@ -1,0 +1,107 @@
+"""One persistence path for every structural change: recorded in the saved config, replayed on load.
+
+A structure is a change of a model's shapes (kept attention heads today; kept MLP neurons next) recorded as
+plain JSON under its own key of `config.json`. `save_model` writes the model as Hugging Face does (atomically);
+`load_model` builds the plain HF class, replays every recorded structure in the order they were registered, and
+only then lets HF's own loader fill the weights (which `AutoModel.from_pretrained` cannot: the shapes no
+longer match the config). A module that changes shapes registers its structure with `register_structure`.
+
+The checkpoint's identity (`base_fingerprint`) is recorded the same way at the first change, so members pruned
+from one checkpoint and fine-tuned later are still recognised as siblings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import transformers
+from torch import nn
+
+from ..adapters import get_adapter
+from ..io import reading_dir, save_dir_atomic
+
+FINGERPRINT_KEY = "hydra_base_fingerprint"
+# config key -> replay(model, saved value): re-applies the change to a freshly built, unchanged model
+STRUCTURES: dict[str, Callable[[nn.Module, Any], object]] = {}
+
+
+def register_structure(config_key: str, replay: Callable[[nn.Module, Any], object]) -> None:
+    """Record a kind of structural change: `load_model` replays `replay(model, config.<config_key>)`."""
+    STRUCTURES[config_key] = replay
+
+
+def clear_structures(config: transformers.PretrainedConfig) -> transformers.PretrainedConfig:
+    """`config` with no structure recorded: the config of the unchanged model (in place; returns it)."""
+    for key in STRUCTURES:
+        setattr(config, key, None)
+    return config
+
+
+def save_model(model: nn.Module, path: str | os.PathLike) -> Path:
+    """`model.save_pretrained(path)`, atomically: a crash midway leaves the previous save at `path` intact.
+
+    Every structural change travels in config.json; restore the model with `load_model`.
+    """
+    return save_dir_atomic(path, lambda tmp: model.save_pretrained(tmp))
+
+
+def load_model(path: str | os.PathLike, **from_pretrained_kwargs) -> nn.Module:
+    """Load a model saved by `save_model` (or `save_pretrained`), replaying its recorded structures.
+
+    The model is built, changed to its saved structures, and only then filled by HF's own loader (which also
+    maps checkpoint key names). The result is an instance of the plain HF class.
+    """
+    with reading_dir(path, "saved model") as path:
+        config = transformers.AutoConfig.from_pretrained(path)
+        cls = model_class(config)
+        recorded = {key: getattr(config, key) for key in STRUCTURES if getattr(config, key, None) is not None}
+        if not recorded:
+            return cls.from_pretrained(path, config=config, **from_pretrained_kwargs).eval()
+
+        class Restructured(cls):  # builds the saved shapes inside HF's loader, then hands back a plain `cls`
+            def __init__(self, config, *args, **kwargs):
+                clear_structures(config)
+                super().__init__(config, *args, **kwargs)
+                for key, value in recorded.items():
+                    STRUCTURES[key](self, value)
+
+        Restructured.__name__ = Restructured.__qualname__ = cls.__name__
+        model = Restructured.from_pretrained(path, config=config, **from_pretrained_kwargs)
+        model.__class__ = cls
+        return model.eval()
+
+
+def model_class(config: transformers.PretrainedConfig) -> type:
+    """The HF class named in `config.architectures`."""
+    names = getattr(config, "architectures", None) or []
+    if not names or not hasattr(transformers, names[0]):
+        raise ValueError(f"config.architectures is {names!r}: cannot tell which HF model class to build.")
+    return getattr(transformers, names[0])
+
+
+def base_fingerprint(model: nn.Module) -> str:
+    """Identity of the pretrained checkpoint a model (or member) comes from.
+
+    Recorded in the config at the first pruning, from the embedding weights, so that members pruned from one
+    checkpoint and fine-tuned later still match; computed afresh for a model that was never pruned.
+    """
+    stored = getattr(model.config, FINGERPRINT_KEY, None)
+    if stored:
+        return stored
+    adapter = get_adapter(model)
+    digest = hashlib.sha256(type(adapter).__name__.encode())
+    for path in adapter.embedding_paths:
+        module = adapter.backbone(model).get_submodule(path)
+        for name, tensor in sorted(module.state_dict().items()):
+            digest.update(name.encode())
+            digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def record_fingerprint(model: nn.Module) -> None:
+    if not getattr(model.config, FINGERPRINT_KEY, None):
+        setattr(model.config, FINGERPRINT_KEY, base_fingerprint(model))
