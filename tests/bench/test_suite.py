@@ -8,7 +8,7 @@ from conftest import MODELS, make_inputs
 
 from hydra_ensembles.bench import suite
 from hydra_ensembles.bench.tasks import Task
-from hydra_ensembles.finetune import TEXT_RECIPE
+from hydra_ensembles.training import TEXT_RECIPE
 
 
 def _batches(seeds, labelled=True):

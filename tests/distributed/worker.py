@@ -15,7 +15,7 @@ from conftest import MODELS, make_inputs  # noqa: E402
 
 import hydra_ensembles as he  # noqa: E402
 from hydra_ensembles.distributed import init_from_env, is_main, world_size  # noqa: E402
-from hydra_ensembles.finetune import TEXT_RECIPE, finetune  # noqa: E402
+from hydra_ensembles.training import TEXT_RECIPE, finetune  # noqa: E402
 
 
 def circuit_data():

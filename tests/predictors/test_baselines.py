@@ -8,7 +8,7 @@ from conftest import LAYERS, MODELS, fused_output, make_inputs, output
 
 import hydra_ensembles as he
 from hydra_ensembles import predictors as B
-from hydra_ensembles.finetune import TEXT_RECIPE
+from hydra_ensembles.training import TEXT_RECIPE
 
 
 def _train(name="bert", batches=3):

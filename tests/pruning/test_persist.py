@@ -36,4 +36,3 @@ def test_a_model_changed_two_ways_reloads_as_saved(tmp_path, monkeypatch):
     assert torch.equal(output(loaded, inputs), output(model, inputs))  # same weights, same shapes: bit-identical
     fused_config = he.HydraEnsemble.fuse([loaded]).model_config
     assert getattr(fused_config, NEURONS_KEY) is None and getattr(fused_config, he.pruning.KEPT_HEADS_KEY) is None
-

@@ -149,6 +149,20 @@ class Adapter(ABC):
         prefix = self.backbone_path(model)
         return f"{prefix}.{path}" if prefix else path
 
+    def embedding_prefixes(self, model: nn.Module) -> tuple[str, ...]:
+        """Parameter-name prefixes of the embeddings inside `model`, e.g. ("bert.embeddings.",)."""
+        return tuple(self.full_path(model, path) + "." for path in self.embedding_paths)
+
+    def locate(self, model: nn.Module, parameter: str) -> tuple[str, int | None]:
+        """Where a parameter (by its name in `model`) sits: ("embeddings", None), ("layer", index) or
+        ("head", None) for everything after the layers (final norm, pooler, classifier)."""
+        if parameter.startswith(self.embedding_prefixes(model)):
+            return "embeddings", None
+        layers = self.full_path(model, self.layers_path) + "."
+        if parameter.startswith(layers):
+            return "layer", int(parameter[len(layers) :].split(".")[0])
+        return "head", None
+
     def layers(self, model: nn.Module) -> nn.ModuleList:
         return self.backbone(model).get_submodule(self.layers_path)
 

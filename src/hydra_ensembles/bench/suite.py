@@ -29,7 +29,6 @@ from ..cost import predictor_latency
 from ..evaluation import plots
 from ..evaluation.report import measure
 from ..evaluation.tables import CONVENTIONS, aggregate, per_set_lines, table_lines
-from ..finetune import finetune
 from ..fusion import HydraEnsemble
 from ..importance import Circuit, extract_circuit, taylor_head_scores
 from ..io import write_json_atomic
@@ -45,6 +44,7 @@ from ..predictors import (
     save_predictor,
     shared_backbone_ensemble,
 )
+from ..training import finetune
 from ..uncertainty import ensemble_probs
 from ..version import __version__
 from .tasks import Task

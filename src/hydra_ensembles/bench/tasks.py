@@ -23,7 +23,7 @@ import transformers
 from torch import nn
 
 from ..data.loaders import Batch
-from ..finetune import IMAGE_RECIPE, TEXT_RECIPE, TrainConfig
+from ..training import IMAGE_RECIPE, TEXT_RECIPE, TrainConfig
 
 
 @dataclass

@@ -20,8 +20,8 @@ import torch
 import transformers
 
 from ..data.files import label_ids
-from ..finetune import IMAGE_RECIPE, TEXT_RECIPE, finetune
 from ..pruning import load_model, save_model
+from ..training import IMAGE_RECIPE, TEXT_RECIPE, finetune
 from .common import (
     CommandError,
     Output,

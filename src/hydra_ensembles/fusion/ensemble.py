@@ -337,7 +337,7 @@ def _outer_tensors(
     """
     parameters = {name for name, _ in skeleton.named_parameters()}
     names = sorted(parameters | {name for name, _ in skeleton.named_buffers()})
-    embedding_prefixes = tuple(adapter.full_path(skeleton, p) + "." for p in adapter.embedding_paths)
+    embedding_prefixes = adapter.embedding_prefixes(skeleton)
     states = [dict(m.named_parameters()) | dict(m.named_buffers()) for m in members]
     shared: dict[str, Tensor] = {}
     member: dict[str, Tensor] = {}

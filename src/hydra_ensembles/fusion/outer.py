@@ -79,8 +79,7 @@ class OuterModules(nn.Module):
         self.__dict__["_apply_fn"] = _Apply(skeleton)  # outside the module tree: .to() must not touch meta
         self.shared = TensorStore(shared, parameters)
         self.member = TensorStore(member, parameters)
-        embedding_prefixes = tuple(adapter.full_path(skeleton, p) + "." for p in adapter.embedding_paths)
-        self.embeddings_per_member = any(name.startswith(embedding_prefixes) for name in member)
+        self.embeddings_per_member = any(name.startswith(adapter.embedding_prefixes(skeleton)) for name in member)
 
     @property
     def skeleton(self) -> nn.Module:

@@ -30,5 +30,4 @@ def reset_classifier(model: nn.Module, seed: int) -> None:
 
 def head_parameters(model: nn.Module, adapter: Adapter) -> list[nn.Parameter]:
     """Parameters outside the embeddings and the layers: final norm, pooler, classifier."""
-    inner = tuple(adapter.full_path(model, p) + "." for p in (*adapter.embedding_paths, adapter.layers_path))
-    return [p for name, p in model.named_parameters() if not name.startswith(inner)]
+    return [p for name, p in model.named_parameters() if adapter.locate(model, name)[0] == "head"]

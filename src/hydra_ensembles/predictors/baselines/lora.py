@@ -10,7 +10,7 @@ from torch import nn
 
 from ...adapters import get_adapter
 from ...data.loaders import Batch
-from ...finetune import TrainConfig, finetune
+from ...training import TrainConfig, finetune
 from .deep_ensemble import DeepEnsemble
 from .heads import reset_classifier
 

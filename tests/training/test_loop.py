@@ -4,7 +4,8 @@ import pytest
 import torch
 from conftest import MODELS, make_inputs
 
-from hydra_ensembles import finetune as ft
+from hydra_ensembles import training as ft
+from hydra_ensembles.training.recipes import lr_factor
 
 
 def _data(name="bert", batches=3, seed=5):
@@ -48,22 +49,25 @@ def test_train_last_updates_only_the_last_blocks_and_the_head():
 
 def test_validation_keeps_the_best_epoch_and_stops_early():
     model = MODELS["bert"]()
-    ft.finetune(model, _data(), CONFIG.with_(epochs=6, patience=1, lr=5e-2), val_loader=_data(seed=20), progress=False)
+    config = CONFIG.with_(epochs=6, patience=1, lr=5e-2, monitor="nll")
+    ft.finetune(model, _data(), config, val_loader=_data(seed=20), progress=False)
     history = model.training_history
     assert 1 <= len(history) <= 6 and all("val_acc" in h and "val_nll" in h for h in history)
-    best = min(h["val_nll"] for h in history)  # the default monitor
-    assert ft._validate(model, ft.get_adapter(model), _data(seed=20))["val_nll"] == pytest.approx(best)
+    best = min(h["val_nll"] for h in history)
+    assert ft.validate(model, _data(seed=20))["val_nll"] == best  # the kept epoch's weights, evaluated again
+    assert model.kept_epoch == next(h["epoch"] for h in history if h["val_nll"] == best)
     by_accuracy = MODELS["bert"]()
     config = CONFIG.with_(epochs=6, patience=1, lr=5e-2, monitor="acc")
     ft.finetune(by_accuracy, _data(), config, val_loader=_data(seed=20), progress=False)
     best = max(h["val_acc"] for h in by_accuracy.training_history)
-    assert ft._validate(by_accuracy, ft.get_adapter(by_accuracy), _data(seed=20))["val_acc"] == pytest.approx(best)
+    assert ft.validate(by_accuracy, _data(seed=20))["val_acc"] == best
+    assert ft.TEXT_RECIPE.monitor == "acc"  # the paper's (§C.2)
 
 
 def test_schedules():
-    warm_linear = ft._lr_lambda(ft.TrainConfig(warmup=0.1, schedule="linear"), 100)
+    warm_linear = lr_factor(ft.TrainConfig(warmup=0.1, schedule="linear"), 100)
     assert warm_linear(0) == pytest.approx(0.1) and warm_linear(9) == 1.0 and warm_linear(55) == pytest.approx(0.5)
-    cosine = ft._lr_lambda(ft.TrainConfig(warmup=0.0, schedule="cosine", min_lr=0.1), 100)
+    cosine = lr_factor(ft.TrainConfig(warmup=0.0, schedule="cosine", min_lr=0.1), 100)
     import math
 
     assert cosine(1) == 1.0  # one warm-up step at least, then cosine from the top
@@ -80,3 +84,24 @@ def test_bad_inputs():
         ft.finetune(MODELS["bert_encoder"](), _data(), CONFIG, progress=False)
     with pytest.raises(ValueError, match="optimizer must be"):
         ft.finetune(MODELS["bert"](), _data(), CONFIG.with_(optimizer="adam"), progress=False)
+
+
+def test_the_same_loop_distils_a_student_from_a_frozen_teacher():
+    """A second use of the loop: a student trained only against a frozen teacher's outputs, with a KL loss."""
+    teacher, student = MODELS["bert"](seed=1), MODELS["bert"](seed=2)
+    with torch.no_grad():  # a confident teacher (a random tiny model's logits are all near zero)
+        teacher.classifier.weight.mul_(100.0)
+    teacher_before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    data = [{k: v for k, v in batch.items() if k != "labels"} for batch in _data(batches=4)]  # no labels needed
+
+    def gap() -> float:  # KL(teacher || student) on the transfer inputs, at temperature 1
+        kl = ft.TeacherKL(teacher, lambda m, x: m(**x).logits)
+        with torch.no_grad():
+            return sum(kl(student(**batch).logits, batch) for batch in data).item()
+
+    before = gap()
+    loss = ft.TeacherKL(teacher, lambda m, inputs: m(**inputs).logits, temperature=2.0)
+    ft.train(student, data, CONFIG.with_(epochs=40, lr=3e-3), loss=loss, progress=False)
+    assert gap() < 0.2 * before  # the student moved onto the teacher
+    assert all(torch.equal(v, teacher_before[k]) for k, v in teacher.state_dict().items())  # frozen
+    assert len(student.training_history) == 40 and student.kept_epoch == 40

@@ -1,0 +1,219 @@
+"""The one training loop: seeded, checkpointed every epoch, resumable, data-parallel under torchrun.
+
+It takes the loss and the forward as arguments: fine-tuning (`finetune`: cross-entropy on the model's logits),
+distillation from a frozen teacher (`losses.TeacherKL`), and feature matching are the same loop with another
+loss. Each step: `output = forward(model, inputs)`, `loss(output, batch).backward()`, clip, step, schedule.
+
+Under `torchrun --nproc-per-node N` the model is wrapped in DistributedDataParallel and each rank takes every
+N-th example of each batch, so a step averages the gradient over the whole batch, as one process would.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from ..adapters import Adapter, get_adapter
+from ..data.loaders import Batch, materialize, split_batch, to_device
+from ..distributed import barrier, is_distributed, is_main, rank, world_size
+from ..metrics import accuracy, nll
+from ..outputs import collect_member_logits, labels_of
+from ..uncertainty import ensemble_probs
+from .losses import CrossEntropy, Forward
+from .recipes import OPTIMIZERS, TEXT_RECIPE, TrainConfig, lr_factor
+
+CHECKPOINT = "checkpoint.pt"
+Loss = Callable[[Any, dict[str, Any]], Tensor]
+
+
+def train(
+    model: nn.Module,
+    train_loader: Iterable[Batch],
+    config: TrainConfig,
+    *,
+    loss: Loss,
+    forward: Forward | None = None,
+    val_loader: Iterable[Batch] | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+    desc: str = "training",
+) -> nn.Module:
+    """Train `model` in place with `loss(forward(model, inputs), batch)`; returns it in eval mode.
+
+    Args:
+        model: a supported HF model (or a PEFT wrapper of one).
+        train_loader: batches of model inputs, plus whatever `loss` reads (e.g. `labels`).
+        config: optimiser, schedule, epochs, freezing, early stopping (`TrainConfig`).
+        loss: called as `loss(output, batch)` -> scalar tensor; see `training.losses`.
+        forward: `forward(model, inputs)` -> output; default: the model's logits (or pooled output).
+        val_loader: labelled validation batches of a classifier: the epoch with the best `config.monitor` ("acc":
+            highest accuracy, "nll": lowest NLL; an improvement must exceed `min_delta`, so a tie keeps the
+            earlier epoch) is kept, and training stops after `patience` epochs without one.
+        checkpoint_dir: where a checkpoint is written (atomically) after every epoch; a run started again
+            with it resumes and ends with the same weights as an uninterrupted one. A checkpoint written under
+            another config or loss is refused.
+
+    Batches are reshuffled every epoch from `config.seed`, and dropout is seeded per epoch. `model.training_history`
+    lists every epoch; `model.kept_epoch` is the epoch whose weights were returned.
+    """
+    adapter = get_adapter(_unwrapped(model))
+    forward = forward or (lambda m, inputs: adapter.output(m, inputs))
+    batches = materialize(train_loader, "training loader")
+    val_batches = materialize(val_loader, "validation loader") if val_loader is not None else None
+    trainable = _select_trainable(model, adapter, config)
+    optimizer = OPTIMIZERS[config.optimizer](trainable, config)
+    total = config.epochs * len(batches)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(config, total))
+    identity = {"config": asdict(config), "loss": getattr(loss, "name", type(loss).__name__)}
+    state = {"epoch": 0, "history": [], "best": None, "best_epoch": None, "best_score": -math.inf, "stale": 0}
+    path = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None
+    if path is not None and path.exists():
+        state = _resume(path, model, optimizer, schedule, identity)
+    device = next(model.parameters()).device
+    runner = nn.parallel.DistributedDataParallel(model) if is_distributed() else model
+    with tqdm(
+        total=total, initial=state["epoch"] * len(batches), desc=desc, disable=not progress or not is_main()
+    ) as bar:
+        for epoch in range(state["epoch"], config.epochs):
+            if config.patience is not None and state["stale"] >= config.patience:
+                break
+            model.train()
+            torch.manual_seed(config.seed * 1000 + epoch)  # dropout masks
+            order = torch.randperm(len(batches), generator=torch.Generator().manual_seed(config.seed * 1000 + epoch))
+            losses = []
+            for index in order.tolist():
+                batch = to_device(_my_rows(batches[index]), device)
+                inputs, _ = split_batch(adapter, batch)
+                value = loss(forward(runner, inputs), batch)
+                optimizer.zero_grad(set_to_none=True)
+                value.backward()
+                if config.clip is not None:
+                    nn.utils.clip_grad_norm_(trainable, config.clip)
+                optimizer.step()
+                schedule.step()
+                losses.append(value.item())
+                bar.update()
+                bar.set_postfix(epoch=epoch + 1, loss=f"{value.item():.3f}")
+            record = {"epoch": epoch + 1, "loss": sum(losses) / len(losses)}
+            if val_batches is not None:
+                record.update(validate(model, val_batches))
+                score = -record["val_nll"] if config.monitor == "nll" else record["val_acc"]  # higher = better
+                if score > state["best_score"] + config.min_delta:
+                    state["best_score"], state["stale"], state["best_epoch"] = score, 0, epoch + 1
+                    state["best"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                else:
+                    state["stale"] += 1
+            state["history"].append(record)
+            state["epoch"] = epoch + 1
+            if path is not None and is_main():
+                _save(path, model, optimizer, schedule, identity, state)
+            barrier()
+    if state["best"] is not None:
+        model.load_state_dict(state["best"])
+    model.training_history = state["history"]
+    model.kept_epoch = state.get("best_epoch") or state["epoch"]
+    return model.eval()
+
+
+def finetune(
+    model: nn.Module,
+    train_loader: Iterable[Batch],
+    config: TrainConfig = TEXT_RECIPE,
+    *,
+    val_loader: Iterable[Batch] | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> nn.Module:
+    """Fine-tune a classifier in place with cross-entropy on its logits (`train` with the recipe's label
+    smoothing); returns it in eval mode, with its best-validation weights if `val_loader` is given."""
+    if not get_adapter(_unwrapped(model)).is_classifier(_unwrapped(model)):
+        raise ValueError(f"{type(_unwrapped(model)).__name__} has no classifier to fine-tune.")
+    batches = materialize(train_loader, "training loader")
+    if any(batch.get("labels") is None for batch in batches):
+        raise ValueError("training batches need 'labels'.")
+    return train(
+        model,
+        batches,
+        config,
+        loss=CrossEntropy(config.label_smoothing),
+        val_loader=val_loader,
+        checkpoint_dir=checkpoint_dir,
+        progress=progress,
+        desc="fine-tuning",
+    )
+
+
+def validate(model: nn.Module, batches: list[Batch]) -> dict[str, float]:
+    """Validation accuracy and NLL of a classifier (of its ensemble probability, for M members)."""
+    probs = ensemble_probs(collect_member_logits(model, batches).double())
+    labels = labels_of(batches)
+    return {"val_acc": accuracy(probs, labels), "val_nll": nll(probs, labels)}
+
+
+def _select_trainable(model: nn.Module, adapter: Adapter, config: TrainConfig) -> list[nn.Parameter]:
+    """Freeze what the config keeps fixed; return the parameters left to train (those trainable already)."""
+    base = _unwrapped(model)
+    num_layers = adapter.num_layers(base)
+    for name, param in base.named_parameters():
+        where = adapter.locate(base, name)  # ("embeddings", None), ("layer", index) or ("head", None)
+        if config.freeze_embeddings and where[0] == "embeddings":
+            param.requires_grad_(False)
+        if config.train_last is not None and (
+            where[0] == "embeddings" or (where[0] == "layer" and where[1] < num_layers - config.train_last)
+        ):
+            param.requires_grad_(False)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
+        raise ValueError("nothing to train: every parameter is frozen.")
+    return trainable
+
+
+def _save(path: Path, model, optimizer, schedule, identity: dict, state: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    payload = {
+        **identity,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "schedule": schedule.state_dict(),
+        "state": state,
+    }
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def _resume(path: Path, model, optimizer, schedule, identity: dict) -> dict:
+    payload = torch.load(path, map_location=next(model.parameters()).device, weights_only=False)
+    if payload["config"] != identity["config"] or payload.get("loss") != identity["loss"]:
+        changed = sorted(k for k in payload["config"] if payload["config"][k] != identity["config"].get(k))
+        if payload.get("loss") != identity["loss"]:
+            changed.append("loss")
+        raise ValueError(
+            f"the checkpoint at {str(path)!r} was written with a different config ({changed}); "
+            "delete it or pass another checkpoint_dir."
+        )
+    model.load_state_dict(payload["model"])
+    optimizer.load_state_dict(payload["optimizer"])
+    schedule.load_state_dict(payload["schedule"])
+    return payload["state"]
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """The HF model inside a PEFT wrapper (LoRA), or the model itself."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _my_rows(batch: Batch) -> Batch:
+    """This rank's rows of a batch (every world_size-th example), or the batch itself on one process."""
+    if not is_distributed():
+        return batch
+    rows = slice(rank(), None, world_size())
+    return {k: v[rows] if isinstance(v, torch.Tensor) else v for k, v in batch.items()}

@@ -1,0 +1,130 @@
+"""How to train: a typed config, the paper's two fine-tuning recipes, and the optimisers and learning-rate
+schedules a config names (registries, like the circuit criteria).
+
+- `TEXT_RECIPE` (paper 000 §C.2, §D.2 BERT/SST-2): AdamW with decoupled weight decay 0.01 (not on biases and
+  norms), linear warm-up over 10% of the steps then linear decay to zero, gradient clipping at 1.0, early
+  stopping on validation accuracy (patience 2, delta 5e-4), the epoch with the best validation accuracy kept.
+- `IMAGE_RECIPE` (§C.1, §D.2 ViT): SGD with momentum 0.9, no weight decay, linear warm-up then cosine decay to
+  a floor of 1e-5 x lr, label smoothing 0.1; "stop at validation convergence": the best validation NLL.
+Both take `train_last=k` to update only the last k blocks (plus the final norm and the head) — the paper's
+partial unfreezing — and `freeze_embeddings`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train. `warmup` is a fraction of all steps; `min_lr` a fraction of `lr` (cosine only);
+    `optimizer` and `schedule` name entries of `OPTIMIZERS` and `SCHEDULES`."""
+
+    epochs: int = 3
+    lr: float = 5e-5
+    optimizer: str = "adamw"
+    weight_decay: float = 0.01
+    momentum: float = 0.9
+    warmup: float = 0.1
+    schedule: str = "linear"
+    min_lr: float = 0.0
+    label_smoothing: float = 0.0
+    clip: float | None = 1.0
+    train_last: int | None = None
+    freeze_embeddings: bool = False
+    patience: int | None = None
+    monitor: Literal["nll", "acc"] = "nll"  # what picks the best epoch when a validation loader is given
+    min_delta: float = 5e-4
+    seed: int = 0
+
+    def __post_init__(self):
+        for name, registry in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES)):
+            if getattr(self, name) not in registry:
+                raise ValueError(f"{name} must be one of {sorted(registry)}, got {getattr(self, name)!r}.")
+        if self.monitor not in ("nll", "acc"):
+            raise ValueError(f"monitor must be 'nll' or 'acc', got {self.monitor!r}.")
+
+    def with_(self, **changes) -> TrainConfig:
+        return replace(self, **changes)
+
+
+# ---- optimisers: (trainable parameters, config) -> optimiser ----
+
+
+def adamw(params: list[nn.Parameter], config: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (biases and norm weights are 1-D and not decayed)."""
+    decay = [p for p in params if p.dim() >= 2]
+    rest = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr)
+
+
+def sgd(params: list[nn.Parameter], config: TrainConfig) -> torch.optim.Optimizer:
+    """SGD with momentum."""
+    return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+
+
+OPTIMIZERS: dict[str, Callable[[list[nn.Parameter], TrainConfig], torch.optim.Optimizer]] = {
+    "adamw": adamw,
+    "sgd": sgd,
+}
+
+
+# ---- learning-rate schedules: (progress after warm-up in [0, 1], config) -> factor of lr ----
+
+
+def linear(progress: float, config: TrainConfig) -> float:
+    """Linear decay to zero."""
+    return max(0.0, 1 - progress)
+
+
+def cosine(progress: float, config: TrainConfig) -> float:
+    """Cosine decay to `min_lr` x lr."""
+    return config.min_lr + (1 - config.min_lr) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+SCHEDULES: dict[str, Callable[[float, TrainConfig], float]] = {"linear": linear, "cosine": cosine}
+
+
+def lr_factor(config: TrainConfig, total_steps: int) -> Callable[[int], float]:
+    """The learning-rate factor at each step: linear warm-up over `warmup` of the steps, then the schedule."""
+    warm = max(1, int(config.warmup * total_steps))
+    decay = SCHEDULES[config.schedule]
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        return decay((step - warm) / max(1, total_steps - warm), config)
+
+    return factor
+
+
+TEXT_RECIPE = TrainConfig(
+    epochs=3,
+    lr=5e-5,
+    optimizer="adamw",
+    weight_decay=0.01,
+    warmup=0.1,
+    schedule="linear",
+    clip=1.0,
+    patience=2,
+    monitor="acc",
+)
+IMAGE_RECIPE = TrainConfig(
+    epochs=10,
+    lr=0.01,
+    optimizer="sgd",
+    weight_decay=0.0,
+    momentum=0.9,
+    warmup=0.05,
+    schedule="cosine",
+    min_lr=1e-5,
+    label_smoothing=0.1,
+    clip=1.0,
+)
