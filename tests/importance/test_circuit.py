@@ -247,7 +247,7 @@ def test_screen_scores_its_shortlist_exactly_and_resumes(tmp_path):
 
 def test_first_order_estimates_track_the_surrogate():
     """The screen's estimate is the first-order change of the surrogate: check it against the real change."""
-    from hydra_ensembles.importance.scoring import FastScorer
+    from hydra_ensembles.importance.circuit.scoring import FastScorer
 
     model, (id_batches, ood_batches) = MODELS["bert"](), _data()
     criterion = circuit_module.CRITERIA["avg"]

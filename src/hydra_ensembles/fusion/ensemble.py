@@ -121,8 +121,7 @@ class HydraEnsemble(nn.Module):
         """Run all members in one pass. `inputs` are what the base HF model takes (e.g. input_ids and
         attention_mask, or pixel_values); a `labels` entry is ignored, so a training batch can be passed as is."""
         inputs, _ = split_batch(self.adapter, inputs)
-        x = self.outer.embed(inputs)  # (1, B, T, d) when shared, else (M, B, T, d)
-        mask = self.adapter.attention_mask(inputs, x.shape[2])
+        x, mask = self.embed(inputs)  # x: (1, B, T, d) when shared, else (M, B, T, d)
         batch, tokens = x.shape[1], x.shape[2]
         step = batch if self.max_rows is None else max(1, self.max_rows // (self.num_members * tokens))
         outs, hiddens = [], []
@@ -131,13 +130,44 @@ class HydraEnsemble(nn.Module):
             part = {k: v[rows] if isinstance(v, Tensor) and v.shape[0] == batch else v for k, v in inputs.items()}
             part_mask = mask[rows] if mask is not None and mask.dim() == 4 else mask
             h = self.run_layers(x[:, rows], part_mask, queries=None if output_hidden_states else self.head_tokens)
-            outs.append(self.outer.head(h, part))  # (M, b, C) or (M, b, D)
+            outs.append(self.classify(h, part))  # (M, b, C) or (M, b, D)
             hiddens.append(h if output_hidden_states else None)
         out = torch.cat(outs, dim=1).transpose(0, 1)  # (B, M, C) or (B, M, D)
         hidden = torch.cat(hiddens, dim=1).transpose(0, 1) if output_hidden_states else None  # (B, M, T, d)
         if self.is_classifier:
             return PredictorOutput(member_logits=out, member_hidden_states=hidden)
         return PredictorOutput(member_pooled=out, member_hidden_states=hidden)
+
+    # ---- engine API: the steps of a forward pass, for scoring candidates as members and training heads ----
+
+    def embed(self, inputs: dict[str, Any]) -> tuple[Tensor, Tensor | None]:
+        """Member streams entering layer 0 and the attention mask. inputs: model inputs (no labels).
+
+        Returns x (1, B, T, d) when the members share their embeddings (else (M, B, T, d)) and the mask (bool,
+        (B, 1, 1|T, T) or (T, T), or None), as every layer takes them."""
+        x = self.outer.embed(inputs)
+        return x, self.adapter.attention_mask(inputs, x.shape[2])
+
+    def prefix(self, inputs: dict[str, Any], last: int) -> tuple[list[Tensor], Tensor | None]:
+        """The hidden states entering layers 0..last (each (1|M, B, T, d)), and the mask: what candidates of
+        layers <= last share, since turning a head off in layer l changes nothing below l."""
+        x, mask = self.embed(inputs)
+        states = [x]
+        for layer in self.layers[:last]:
+            states.append(layer(states[-1], mask))
+        return states, mask
+
+    def ablation_candidates(
+        self, layer: int, x: Tensor, mask: Tensor | None, slots: Sequence[int], queries: int | None = None
+    ) -> Tensor:
+        """Layer `layer`'s output once per candidate head (slot) turned off, from its input x (1, B, T, d) of a
+        one-member engine: (C, B, T, d), or (C, B, q, d) with `queries` (see `FusedLayer.ablation_candidates`)."""
+        return self.layers[layer].ablation_candidates(x, mask, slots, queries)
+
+    def classify(self, hidden: Tensor, inputs: dict[str, Any]) -> Tensor:
+        """Each member's head (final norm, pooler, classifier) on its last-layer states hidden (M, B, T|q, d):
+        logits (M, B, C), or pooled outputs (M, B, D) for encoders."""
+        return self.outer.head(hidden, inputs)
 
     def run_layers(self, x: Tensor, mask: Tensor | None, start: int = 0, queries: int | None = None) -> Tensor:
         """Layers `start`.. on member streams x (M or 1, B, T, d) -> (M, B, T, d), or (M, B, q, d) when the last

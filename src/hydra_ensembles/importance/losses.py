@@ -1,4 +1,5 @@
-"""The losses whose gradients Taylor importance reads.
+"""The losses whose gradients Taylor importance reads: one class each behind a tiny interface, chosen by name
+from a registry (`register_taylor_loss` adds one), as the circuit criteria are.
 
 With labels: cross-entropy. Without labels: the information entropy of the model's predictions (paper 002,
 §3.3) — of the softmax over classes for a classifier, or, for an encoder without a classifier, of the softmax
@@ -7,20 +8,49 @@ over in-batch cosine similarities of its pooled embeddings (Eq. 5-7).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..uncertainty import entropy
 
 
-def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
-    """Mean cross-entropy. logits (B, C), labels (B,) -> scalar."""
-    return F.cross_entropy(logits.float(), labels.to(logits.device))
+class TaylorLoss(ABC):
+    """A scalar loss of a batch's outputs (logits (B, C), or pooled embeddings (B, D) of an encoder)."""
+
+    needs_labels: ClassVar[bool]
+
+    @abstractmethod
+    def __call__(self, output: Tensor, labels: Tensor | None, *, classifier: bool, temperature: float) -> Tensor:
+        """The mean loss over the batch; `temperature` is tau of the similarity entropy of encoders."""
 
 
-def prediction_entropy(logits: Tensor) -> Tensor:
-    """Mean entropy of softmax(logits): E = -(1/B) sum_i sum_c p_ic log p_ic. logits (B, C) -> scalar."""
-    return entropy(logits.float().softmax(dim=-1)).mean()
+class CrossEntropy(TaylorLoss):
+    """Mean cross-entropy of a classifier's logits with the batch's labels."""
+
+    needs_labels = True
+
+    def __call__(self, output: Tensor, labels: Tensor | None, *, classifier: bool, temperature: float) -> Tensor:
+        if labels is None or not classifier:
+            raise ValueError(
+                "loss='cross_entropy' needs a classifier and batches with 'labels'; "
+                "use loss='entropy' (label-free) otherwise."
+            )
+        return F.cross_entropy(output.float(), labels.to(output.device))
+
+
+class PredictionEntropy(TaylorLoss):
+    """Label-free (paper 002, §3.3): the mean entropy of softmax(logits) for a classifier,
+    E = -(1/B) sum_i sum_c p_ic log p_ic; for an encoder, `similarity_entropy` of its pooled embeddings."""
+
+    needs_labels = False
+
+    def __call__(self, output: Tensor, labels: Tensor | None, *, classifier: bool, temperature: float) -> Tensor:
+        if classifier:
+            return entropy(output.float().softmax(dim=-1)).mean()
+        return similarity_entropy(output, temperature)
 
 
 def similarity_entropy(embeddings: Tensor, temperature: float = 1 / 15) -> Tensor:
@@ -36,24 +66,15 @@ def similarity_entropy(embeddings: Tensor, temperature: float = 1 / 15) -> Tenso
     return entropy(probs).mean()
 
 
-def importance_loss(
-    output: Tensor, labels: Tensor | None, *, loss: str, classifier: bool, temperature: float
-) -> Tensor:
-    """Dispatch on `loss` in {"cross_entropy", "entropy"}; `output` is logits or a pooled embedding."""
-    if loss == "cross_entropy":
-        if labels is None or not classifier:
-            raise ValueError(
-                "loss='cross_entropy' needs a classifier and batches with 'labels'; "
-                "use loss='entropy' (label-free) otherwise."
-            )
-        return cross_entropy(output, labels)
-    if loss == "entropy":
-        return prediction_entropy(output) if classifier else similarity_entropy(output, temperature)
-    raise ValueError(f"loss must be 'auto', 'cross_entropy' or 'entropy', got {loss!r}.")
+TAYLOR_LOSSES: dict[str, TaylorLoss] = {"cross_entropy": CrossEntropy(), "entropy": PredictionEntropy()}
 
 
-def has_labels(batches: list) -> bool:
-    return all(batch.get("labels") is not None for batch in batches)
+def register_taylor_loss(name: str, loss: TaylorLoss) -> None:
+    """Make `loss` available as `taylor_head_scores(..., loss=name)`."""
+    TAYLOR_LOSSES[name] = loss
 
 
-__all__ = ["cross_entropy", "has_labels", "importance_loss", "prediction_entropy", "similarity_entropy"]
+def taylor_loss(name: str) -> TaylorLoss:
+    if name not in TAYLOR_LOSSES:
+        raise ValueError(f"loss must be 'auto' or one of {sorted(TAYLOR_LOSSES)}, got {name!r}.")
+    return TAYLOR_LOSSES[name]

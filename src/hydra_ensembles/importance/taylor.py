@@ -21,8 +21,9 @@ from tqdm.auto import tqdm
 
 from ..adapters import get_adapter
 from ..data.loaders import Batch, batch_size, materialize, split_batch, to_device
-from ..pruning import kept_heads, prune_heads
-from .losses import has_labels, importance_loss
+from ..pruning import kept_heads, per_layer, prune_heads
+from .gradients import gradients_for
+from .losses import taylor_loss
 
 
 def taylor_head_scores(
@@ -54,11 +55,13 @@ def taylor_head_scores(
     adapter = get_adapter(model)
     batches = materialize(loader, "calibration loader")
     if loss == "auto":
-        loss = "cross_entropy" if adapter.is_classifier(model) and has_labels(batches) else "entropy"
+        labelled = all(batch.get("labels") is not None for batch in batches)
+        loss = "cross_entropy" if adapter.is_classifier(model) and labelled else "entropy"
+    taylor_loss(loss)  # an unknown name fails here, before any work
     num_layers = adapter.num_layers(model)
     if sequential_budget is None:
         return _scores(model, batches, range(num_layers), loss, temperature, progress, "Taylor scores")
-    budgets = _per_layer(sequential_budget, num_layers)
+    budgets = per_layer(sequential_budget, num_layers, "sequential_budget")
     work = copy.deepcopy(model)
     scores = torch.full((num_layers, adapter.num_heads(model)), float("nan"))
     for layer in range(num_layers):
@@ -93,25 +96,14 @@ def _scores(
     total = sum(batch_size(split_batch(adapter, batch)[0]) for batch in batches)
     device = next(model.parameters()).device
     classifier = adapter.is_classifier(model)
-    flags = {p: p.requires_grad for p in model.parameters()}
-    was_training = model.training
-    try:
-        model.eval()
-        for p in model.parameters():
-            p.requires_grad_(False)
-        for w in weights:
-            w.requires_grad_(True)
+    with gradients_for(model, weights):
         for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
             inputs, labels = split_batch(adapter, batch)
             output = adapter.output(model, to_device(inputs, device))
             weight = batch_size(inputs) / total
-            value = importance_loss(output, labels, loss=loss, classifier=classifier, temperature=temperature)
+            value = taylor_loss(loss)(output, labels, classifier=classifier, temperature=temperature)
             for acc, g in zip(grads, torch.autograd.grad(value * weight, weights)):
                 acc += g.float()
-    finally:
-        for p, flag in flags.items():
-            p.requires_grad_(flag)
-        model.train(was_training)
     return _per_head(model, layers, weights, grads)
 
 
@@ -129,10 +121,3 @@ def _per_head(model: nn.Module, layers: list[int], weights: list[Tensor], grads:
         if kept[layer]:
             scores[layer, kept[layer]] = layer_scores[: len(kept[layer])]
     return scores
-
-
-def _per_layer(budget: int | Sequence[int], num_layers: int) -> list[int]:
-    budgets = [budget] * num_layers if isinstance(budget, int) else [int(b) for b in budget]
-    if len(budgets) != num_layers or any(b < 0 for b in budgets):
-        raise ValueError(f"budget must be an int >= 0 or {num_layers} of them (one per layer), got {budget!r}.")
-    return budgets

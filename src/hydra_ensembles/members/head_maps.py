@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ..importance.circuit import Circuit
-from ..pruning import HeadMap
+from ..pruning import HeadMap, per_layer
 
 
 def sample_members(
@@ -92,11 +92,11 @@ def _from_scores(
         raise ValueError(f"scores must be a (layers, heads) tensor, got shape {tuple(scores.shape)}.")
     _check_members(num_members)
     num_layers = scores.shape[0]
-    budgets = [n // 3 for n in _available(scores)] if budget is None else _per_layer(budget, num_layers, "budget")
+    budgets = [n // 3 for n in _available(scores)] if budget is None else per_layer(budget, num_layers, "budget")
     pools = (
         [min(2 * b, n) for b, n in zip(budgets, _available(scores))]
         if pool is None
-        else _per_layer(pool, num_layers, "pool")
+        else per_layer(pool, num_layers, "pool")
     )
     ranked = []  # per layer: scored heads from least to most useful (ties: lower index first)
     for layer in range(num_layers):
@@ -191,13 +191,6 @@ def _third(circuit: Circuit) -> int:
 
 def _available(scores: Tensor) -> list[int]:
     return (~scores.isnan()).sum(dim=1).tolist()
-
-
-def _per_layer(value: int | Sequence[int], num_layers: int, name: str) -> list[int]:
-    values = [int(value)] * num_layers if isinstance(value, int) else [int(v) for v in value]
-    if len(values) != num_layers or any(v < 0 for v in values):
-        raise ValueError(f"{name} must be an int >= 0 or {num_layers} of them (one per layer), got {value!r}.")
-    return values
 
 
 def _check_global(budget: int | None, ranked: int) -> int:

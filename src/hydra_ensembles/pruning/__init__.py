@@ -12,6 +12,7 @@ from .heads import (
     head_counts,
     keep_heads,
     kept_heads,
+    per_layer,
     prune_heads,
 )
 from .persist import base_fingerprint, load_model, register_structure, save_model
@@ -26,6 +27,7 @@ __all__ = [
     "keep_heads",
     "kept_heads",
     "load_model",
+    "per_layer",
     "prune_heads",
     "register_structure",
     "save_model",

@@ -16,7 +16,7 @@ drops the placeholder. Parameter counts of the HF model include the placeholder 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -130,6 +130,14 @@ def ablate_heads(model: nn.Module, heads: Mapping[int, Iterable[int]]) -> Iterat
         with torch.no_grad():
             for weight, cols, block in saved:
                 weight[:, cols] = block
+
+
+def per_layer(value: int | Sequence[int], num_layers: int, name: str) -> list[int]:
+    """A per-layer count of heads (`budget`, `pool`, ...): one int for every layer, or one per layer."""
+    values = [int(value)] * num_layers if isinstance(value, int) else [int(v) for v in value]
+    if len(values) != num_layers or any(v < 0 for v in values):
+        raise ValueError(f"{name} must be an int >= 0 or {num_layers} of them (one per layer), got {value!r}.")
+    return values
 
 
 def head_counts(model: nn.Module) -> list[int]:

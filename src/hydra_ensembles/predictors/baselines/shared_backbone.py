@@ -57,8 +57,7 @@ def _features(model: nn.Module, batches: list[Batch]) -> list[tuple[Tensor, dict
     out = []
     for batch in batches:
         inputs, labels = split_batch(adapter, batch)
-        x = engine.outer.embed(inputs)
-        mask = adapter.attention_mask(inputs, x.shape[2])
+        x, mask = engine.embed(inputs)
         hidden = engine.run_layers(x, mask, queries=engine.head_tokens)[0]  # (B, q, d)
         out.append((hidden, inputs, torch.as_tensor(labels)))
     return out

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from abc import ABC, abstractmethod
+from abc import ABC
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,88 +30,15 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..adapters import get_adapter
-from ..data.loaders import Batch, materialize
-from ..distributed import barrier, gather_dict, is_main, shard, world_size
-from ..io import write_json_atomic
-from ..metrics import accuracy, auroc
-from ..pruning import HeadMap, kept_heads
-from .scoring import SCORERS, Head
+from ...adapters import get_adapter
+from ...data.loaders import Batch, materialize
+from ...distributed import barrier, gather_dict, is_main, shard, world_size
+from ...io import write_json_atomic
+from ...pruning import HeadMap, kept_heads
+from .criteria import CRITERIA, CircuitCriterion
+from .scoring import CandidateScorer, FastScorer, Head, ReferenceScorer
 
 STATE_VERSION = 1
-
-
-# ---- criteria: one class each behind a tiny interface, chosen by name from a registry ----
-
-
-class CircuitCriterion(ABC):
-    """A validation score S to keep high while heads are removed."""
-
-    needs_ood: ClassVar[bool]
-
-    @abstractmethod
-    def __call__(self, id_logits: Tensor, id_labels: Tensor, ood_logits: Tensor | None) -> float:
-        """S from ID logits (N, C), ID labels (N,) and OOD logits (N_ood, C)."""
-
-    def surrogate(self, id_logits: Tensor, id_labels: Tensor, ood_logits: Tensor | None) -> Tensor:
-        """A differentiable stand-in for S, used only by the approximate `method="screen"`."""
-        raise NotImplementedError(f"{type(self).__name__} has no differentiable surrogate; use method='fast'.")
-
-
-class AccuracyCriterion(CircuitCriterion):
-    """S_acc: top-1 accuracy on the ID validation set. Surrogate: mean probability of the true class."""
-
-    needs_ood = False
-
-    def __call__(self, id_logits: Tensor, id_labels: Tensor, ood_logits: Tensor | None) -> float:
-        return accuracy(id_logits, id_labels)
-
-    def surrogate(self, id_logits: Tensor, id_labels: Tensor, ood_logits: Tensor | None) -> Tensor:
-        return id_logits.softmax(dim=-1).gather(1, id_labels[:, None].to(id_logits.device)).mean()
-
-
-class MSPAurocCriterion(CircuitCriterion):
-    """S_ood: AUROC of the maximum softmax probability separating ID from OOD (OOD positive, score = -MSP).
-
-    Surrogate: the mean over (ID, OOD) pairs of sigmoid((MSP_id - MSP_ood) / 0.05), a smoothed AUROC.
-    """
-
-    needs_ood = True
-
-    def __call__(self, id_logits: Tensor, id_labels: Tensor, ood_logits: Tensor | None) -> float:
-        msp = torch.cat([id_logits, ood_logits]).double().softmax(dim=-1).amax(dim=-1)
-        is_ood = torch.cat([torch.zeros(len(id_logits)), torch.ones(len(ood_logits))]).bool()
-        return auroc(-msp, is_ood)
-
-    def surrogate(self, id_logits: Tensor, id_labels: Tensor, ood_logits: Tensor | None) -> Tensor:
-        msp_id, msp_ood = id_logits.softmax(-1).amax(-1), ood_logits.softmax(-1).amax(-1)
-        return torch.sigmoid((msp_id[:, None] - msp_ood[None, :]) / 0.05).mean()
-
-
-class AverageCriterion(CircuitCriterion):
-    """S_avg = (S_acc + S_ood) / 2; its surrogate is the mean of theirs."""
-
-    needs_ood = True
-
-    def __call__(self, id_logits: Tensor, id_labels: Tensor, ood_logits: Tensor | None) -> float:
-        acc = AccuracyCriterion()(id_logits, id_labels, ood_logits)
-        return (acc + MSPAurocCriterion()(id_logits, id_labels, ood_logits)) / 2
-
-    def surrogate(self, id_logits: Tensor, id_labels: Tensor, ood_logits: Tensor | None) -> Tensor:
-        parts = (AccuracyCriterion(), MSPAurocCriterion())
-        return sum(c.surrogate(id_logits, id_labels, ood_logits) for c in parts) / 2
-
-
-CRITERIA: dict[str, CircuitCriterion] = {
-    "acc": AccuracyCriterion(),
-    "ood": MSPAurocCriterion(),
-    "avg": AverageCriterion(),
-}
-
-
-def register_criterion(name: str, criterion: CircuitCriterion) -> None:
-    """Make `criterion` available as `extract_circuit(..., criterion=name)`."""
-    CRITERIA[name] = criterion
 
 
 # ---- the result ----
@@ -177,7 +104,80 @@ class Circuit:
 
 # ---- the extraction ----
 
-METHODS = {"fast": "exact", "reference": "exact", "lazy": "approximate", "screen": "approximate"}
+
+class SearchMethod(ABC):
+    """How each step of the greedy search picks the candidates it scores, and with which scorer."""
+
+    exact: ClassVar[bool]  # True: the ranking of Algorithm 1 itself
+    scorer: ClassVar[type[CandidateScorer]] = FastScorer
+
+    def check(self, criterion: CircuitCriterion, name: str) -> None:  # noqa: B027 (default: no restriction)
+        """Raise ValueError if the method cannot run with `criterion`."""
+
+    def shortlist(
+        self,
+        remaining: list[Head],
+        step: int,
+        known: dict[Head, float],
+        scorer: CandidateScorer,
+        removed: list[Head],
+        top: int,
+    ) -> list[Head]:
+        """The candidates to score exactly at `step` (default: all of them)."""
+        return remaining
+
+    def evaluations(self, left: int, step: int, top: int) -> int:
+        """How many candidates `shortlist` returns when `left` remain: the progress bar's unit."""
+        return left
+
+
+class Fast(SearchMethod):
+    """Exact: every candidate, scored with prefix caching and batched candidates (`scoring.FastScorer`)."""
+
+    exact = True
+
+
+class Reference(SearchMethod):
+    """Exact: the literal loop, one full evaluation of the model per candidate (the oracle of `fast`)."""
+
+    exact = True
+    scorer = ReferenceScorer
+
+
+class Lazy(SearchMethod):
+    """Approximate: every head at the first step, then only the `top` best by their latest score."""
+
+    exact = False
+
+    def shortlist(self, remaining, step, known, scorer, removed, top):
+        return sorted(remaining, key=lambda head: -known[head])[:top] if known else remaining
+
+    def evaluations(self, left: int, step: int, top: int) -> int:
+        return min(top, left) if step > 0 else left
+
+
+class Screen(SearchMethod):
+    """Approximate: the `top` best by a first-order estimate of the change in a smooth surrogate of S (one
+    backward pass per step), scored exactly."""
+
+    exact = False
+
+    def check(self, criterion: CircuitCriterion, name: str) -> None:  # noqa: B027 (default: no restriction)
+        if type(criterion).surrogate is CircuitCriterion.surrogate:
+            raise ValueError(
+                f"criterion {name!r} has no differentiable surrogate, which method='screen' needs: define "
+                "surrogate() on it, or use method='fast'."
+            )
+
+    def shortlist(self, remaining, step, known, scorer, removed, top):
+        estimate = scorer.first_order(removed)  # estimated S after removing each head
+        return sorted(remaining, key=lambda head: -estimate[head])[:top]
+
+    def evaluations(self, left: int, step: int, top: int) -> int:
+        return min(top, left)
+
+
+METHODS: dict[str, SearchMethod] = {"fast": Fast(), "reference": Reference(), "lazy": Lazy(), "screen": Screen()}
 
 
 def extract_circuit(
@@ -201,7 +201,7 @@ def extract_circuit(
         ood_loader: OOD validation batches (labels unused); required for "ood" and "avg".
         criterion: "acc", "ood", "avg", or a name added with `register_criterion`.
         budget: number of heads to remove, 1 <= budget < number of heads.
-        method: "fast" (default, exact: prefix caching and batched candidates, see `importance.scoring`),
+        method: "fast" (default, exact: prefix caching and batched candidates, see `importance.circuit.scoring`),
             "reference" (the literal loop, one full evaluation per candidate), or one of two approximate modes
             that score exactly only `top` candidates per step: "lazy" (the best-scoring so far; every head is
             scored at the first step) or "screen" (the best by a first-order estimate of the change in a smooth
@@ -221,12 +221,8 @@ def extract_circuit(
         raise ValueError(f"unknown criterion {criterion!r}; choose from {sorted(CRITERIA)}.")
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {sorted(METHODS)}.")
-    score_fn = CRITERIA[criterion]
-    if method == "screen" and type(score_fn).surrogate is CircuitCriterion.surrogate:
-        raise ValueError(
-            f"criterion {criterion!r} has no differentiable surrogate, which method='screen' needs: define "
-            "surrogate() on it, or use method='fast'."
-        )
+    score_fn, search_method = CRITERIA[criterion], METHODS[method]
+    search_method.check(score_fn, criterion)
     if not adapter.is_classifier(model):
         raise ValueError(
             f"circuit extraction scores accuracy and MSP, which needs a classifier; {type(model).__name__} has none."
@@ -242,21 +238,19 @@ def extract_circuit(
             f"budget must be between 1 and {len(candidates) - 1} (the model has {len(candidates)} heads and a "
             f"circuit keeps at least one), got {budget}."
         )
-    search = "exact" if METHODS[method] == "exact" else f"{method}-{top}"
+    search = "exact" if search_method.exact else f"{method}-{top}"
     identity = _identity(model, id_batches, ood_batches, criterion) | {"search": search}
     state = _load_state(state_path, identity)
     removed: list[Head] = [tuple(x) for x in state.get("removed", [])][:budget]
     scores: list[float] = state.get("scores", [])[: len(removed)]
     known = {(int(layer), int(h)): s for layer, h, s in state.get("known", [])}  # latest score of each head
 
-    scorer_class = SCORERS["reference" if method == "reference" else "fast"]
-    scorer = scorer_class(model, id_batches, ood_batches, score_fn, batch_size=batch_size)
+    scorer = search_method.scorer(model, id_batches, ood_batches, score_fn, batch_size=batch_size)
     baseline = state["baseline"] if "baseline" in state else scorer.baseline([])
     order = {head: i for i, head in enumerate(candidates)}
 
     def evaluations(step: int) -> int:  # candidates scored at `step`: the progress bar's unit
-        left = len(candidates) - step
-        return min(top, left) if method == "screen" or (method == "lazy" and step > 0) else left
+        return search_method.evaluations(len(candidates) - step, step, top)
 
     with tqdm(
         total=sum(evaluations(step) for step in range(budget)),  # the whole extraction, known in advance
@@ -266,12 +260,8 @@ def extract_circuit(
         disable=not progress or not is_main(),
     ) as bar:
         for step in range(len(removed), budget):
-            remaining = [head for head in candidates if head not in removed]
-            if method == "screen":
-                estimate = scorer.first_order(removed)  # estimated S after removing each head
-                remaining = sorted(remaining, key=lambda head: (-estimate[head], order[head]))[:top]
-            elif method == "lazy" and known:
-                remaining = sorted(remaining, key=lambda head: (-known[head], order[head]))[:top]
+            remaining = [head for head in candidates if head not in removed]  # in (layer, head) order
+            remaining = search_method.shortlist(remaining, step, known, scorer, removed, top)  # sorts are stable
             remaining.sort(key=order.__getitem__)
             step_scores = gather_dict(scorer.score(removed, shard(remaining), lambda n: bar.update(n * world_size())))
             best = max(remaining, key=lambda head: (step_scores[head], -order[head]))  # ties: earlier (layer, head)

@@ -26,9 +26,10 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..adapters import get_adapter
-from ..data.loaders import Batch, rebatch, split_batch, to_device
-from ..pruning import ablate_heads, kept_heads, prune_heads
+from ...adapters import get_adapter
+from ...data.loaders import Batch, rebatch, split_batch, to_device
+from ...pruning import ablate_heads, kept_heads, prune_heads
+from ..gradients import gradients_for
 
 Head = tuple[int, int]
 Criterion = Callable[[Tensor, Tensor, Tensor | None], float]
@@ -102,7 +103,7 @@ class FastScorer(CandidateScorer):
         logits: dict[Head, list[Tensor]] = {head: [] for head in candidates}
         with torch.no_grad():
             for chunk in self.chunks:
-                states, mask = self._prefix(chunk, max(by_layer, default=-1))
+                states, mask = self.engine.prefix(chunk, max(by_layer, default=-1))
                 for layer, heads in by_layer.items():
                     slots = [self.kept[layer].index(h) for _, h in heads]
                     out = self._candidates(chunk, states[layer], mask, layer, slots)  # (C, B, classes)
@@ -116,9 +117,10 @@ class FastScorer(CandidateScorer):
         parts = []
         with torch.no_grad():
             for chunk in self.chunks:
-                states, mask = self._prefix(chunk, len(self.engine.layers) - 1)
-                x = self.engine.layers[-1](states[-1], mask, self.engine.head_tokens)
-                parts.append(self.engine.outer.head(x, chunk)[0].float().cpu())
+                last = len(self.engine.layers) - 1
+                states, mask = self.engine.prefix(chunk, last)
+                x = self.engine.run_layers(states[-1], mask, start=last, queries=self.engine.head_tokens)
+                parts.append(self.engine.classify(x, chunk)[0].float().cpu())
         return self._criterion(torch.cat(parts))
 
     def first_order(self, removed: Sequence[Head]) -> dict[Head, float]:
@@ -131,17 +133,13 @@ class FastScorer(CandidateScorer):
         model = self.pruned
         layers = self.adapter.layers(model)
         outputs = [self.adapter.block(layer).output.weight for layer in layers]
-        flags = {p: p.requires_grad for p in model.parameters()}
-        try:
-            model.eval().requires_grad_(False)
+        with gradients_for(model, outputs):
             with torch.no_grad():
                 logits = torch.cat([self.adapter.output(model, chunk) for chunk in self.chunks]).float()
             logits.requires_grad_(True)
             ood = logits[self.num_id :] if len(logits) > self.num_id else None
             surrogate = self.criterion.surrogate(logits[: self.num_id], self.labels, ood)
             (upstream,) = torch.autograd.grad(surrogate, logits)  # dS~/dlogits, (N, classes)
-            for weight in outputs:
-                weight.requires_grad_(True)
             grads = [torch.zeros_like(w) for w in outputs]
             start = 0
             for chunk in self.chunks:  # backpropagate chunk by chunk: memory stays one chunk's
@@ -150,9 +148,6 @@ class FastScorer(CandidateScorer):
                 for acc, g in zip(grads, torch.autograd.grad(out, outputs, grad_outputs=part)):
                     acc += g
                 start += len(out)
-        finally:
-            for p, flag in flags.items():
-                p.requires_grad_(flag)
         base, estimates = surrogate.item(), {}
         head_dim = self.adapter.head_dim(model)
         for layer, (weight, grad) in enumerate(zip(outputs, grads)):
@@ -165,26 +160,17 @@ class FastScorer(CandidateScorer):
         ood = logits[self.num_id :] if len(logits) > self.num_id else None
         return self.criterion(logits[: self.num_id], self.labels, ood)
 
-    def _prefix(self, chunk: dict, last: int) -> tuple[list[Tensor], Tensor | None]:
-        """Hidden states entering layers 0..last with the removed heads off: each (1, B, T, d)."""
-        x = self.engine.outer.embed(chunk)  # (1, B, T, d)
-        mask = self.adapter.attention_mask(chunk, x.shape[2])
-        states = [x]
-        for layer in self.engine.layers[:last]:
-            states.append(layer(states[-1], mask))
-        return states, mask
-
     def _candidates(self, chunk: dict, x: Tensor, mask: Tensor | None, layer: int, slots: list[int]) -> Tensor:
         """Logits (C, B, classes) of the candidates of one layer, as one batch of C x B streams."""
         count, batch, queries = len(slots), x.shape[1], self.engine.head_tokens
         last = layer == len(self.engine.layers) - 1
-        y = self.engine.layers[layer].ablation_candidates(x, mask, slots, queries if last else None)  # (C, B, T, d)
+        y = self.engine.ablation_candidates(layer, x, mask, slots, queries if last else None)  # (C, B, T, d)
         y = y.reshape(1, count * batch, *y.shape[2:])  # candidates stacked on the batch axis
         if mask is not None and mask.dim() == 4:  # (B, 1, 1|T, T): per example; a (T, T) causal mask is not
             mask = mask.repeat(count, 1, 1, 1)
         y = self.engine.run_layers(y, mask, start=layer + 1, queries=queries)
         tiled = {k: _tile(v, count) for k, v in chunk.items()}
-        return self.engine.outer.head(y, tiled)[0].view(count, batch, -1)
+        return self.engine.classify(y, tiled)[0].view(count, batch, -1)
 
     def _ablate(self, removed: Sequence[Head]) -> None:
         """Remove heads for good. Pruning them structurally equals ablating them (contract 2) and makes every
@@ -201,7 +187,7 @@ class FastScorer(CandidateScorer):
             self._build()
 
     def _build(self) -> None:
-        from ..fusion import HydraEnsemble  # fusion imports pruning; keep the import graph one-way
+        from ...fusion import HydraEnsemble  # fusion imports pruning; keep the import graph one-way
 
         self.engine = HydraEnsemble.fuse([self.pruned]).eval()  # one member: every tensor shared (G = 1)
         self.kept = kept_heads(self.pruned)
@@ -231,6 +217,3 @@ def batch_logits(model: nn.Module, batches: list[Batch]) -> tuple[Tensor, Tensor
     finally:
         model.train(was_training)
     return torch.cat(logits), (torch.cat(labels) if labels else None)
-
-
-SCORERS: dict[str, type[CandidateScorer]] = {"reference": ReferenceScorer, "fast": FastScorer}

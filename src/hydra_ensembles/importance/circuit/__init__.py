@@ -1,0 +1,29 @@
+"""Circuits: greedy extraction of the heads a validation score needs (paper 000, §D.1.2, Algorithm 1).
+
+criteria.py  the score S to keep high (acc, ood, avg; a registry)
+search.py    the greedy loop, its search methods (fast, reference, lazy, screen; a registry), `Circuit`
+scoring.py   candidate scorers: the literal reference and the prefix-cached, candidate-batched fast one
+"""
+
+from .criteria import (
+    CRITERIA,
+    AccuracyCriterion,
+    AverageCriterion,
+    CircuitCriterion,
+    MSPAurocCriterion,
+    register_criterion,
+)
+from .search import METHODS, Circuit, SearchMethod, extract_circuit
+
+__all__ = [
+    "CRITERIA",
+    "METHODS",
+    "AccuracyCriterion",
+    "AverageCriterion",
+    "Circuit",
+    "CircuitCriterion",
+    "MSPAurocCriterion",
+    "SearchMethod",
+    "extract_circuit",
+    "register_criterion",
+]
