@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Install, then run the whole test suite (offline; tiny random models plus the packaged MiniLM).
+# Install, then check the layering (import-linter contracts in pyproject.toml) and run the whole test suite
+# (offline; tiny random models plus the packaged MiniLM).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+lint-imports
 python -m pytest -q "$@"
