@@ -13,7 +13,6 @@ from ..adapters import get_adapter
 from ..importance import extract_circuit
 from ..importance.circuit import CRITERIA, METHODS
 from .common import (
-    Output,
     add_data_options,
     add_output_options,
     check_model_dir,
@@ -22,6 +21,7 @@ from .common import (
     load_predictor,
     model_config,
     read_data,
+    start_step,
 )
 
 EXAMPLE = "hydra-ens circuit --model my-classifier --data val.csv --ood ood-val.txt --budget 48 --out circuit"
@@ -57,9 +57,8 @@ def run(args: argparse.Namespace) -> int:
         **{k: getattr(args, k) for k in ("criterion", "budget", "method", "top")},
         **data_settings(args),
     }
-    out = Output(args.out, "circuit", settings, args.force)
-    if out.done():
-        print(f"already done: {out.path}/circuit.json (pass --force to redo)")
+    out = start_step(args, "circuit", settings, "circuit.json")
+    if out is None:
         return 0
     model = load_predictor(model_dir)
     config = model_config(model)

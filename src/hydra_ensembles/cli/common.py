@@ -277,6 +277,19 @@ def add_output_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def start_step(args: argparse.Namespace, command: str, settings: dict, result: str = "") -> Output | None:
+    """The output directory of a step, or None (having said so) when this very step already finished there.
+
+    `result` names what the step wrote (shown in the message); a finished `evaluate` shows its report again."""
+    out = Output(args.out, command, settings, args.force)
+    if not out.done():
+        return out
+    if (out.path / result).is_file() and result.endswith(".md"):
+        print((out.path / result).read_text())
+    print(f"already done: {out.path / result if result else out.path} (pass --force to redo)")
+    return None
+
+
 class Output:
     """An output directory and its record, written when a step starts and again when it finishes.
 

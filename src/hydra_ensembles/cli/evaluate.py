@@ -26,7 +26,6 @@ from ..outputs import labels_of
 from ..pruning import kept_heads
 from .common import (
     CommandError,
-    Output,
     add_data_options,
     add_output_options,
     base_model,
@@ -39,6 +38,7 @@ from .common import (
     model_config,
     named_sources,
     read_data,
+    start_step,
 )
 
 EXAMPLE = """hydra-ens evaluate --model single=my-classifier --model hydra=hydra --data test.csv \\
@@ -80,10 +80,8 @@ def run(args: argparse.Namespace) -> int:
         "sets": {group: {n: fingerprint_path(p, f"--{group}") for n, p in s.items()} for group, s in sets.items()},
         **data_settings(args),
     }
-    out = Output(args.out, "evaluate", settings, args.force)
-    if out.done():
-        print((out.path / "report.md").read_text())
-        print(f"already done: {out.path} (pass --force to redo)")
+    out = start_step(args, "evaluate", settings, "report.md")
+    if out is None:
         return 0
     results, logits, labels, classes, predictors, first_batches = {}, {}, None, None, {}, {}
     for name, path in models.items():

@@ -24,7 +24,6 @@ from ..pruning import load_model, save_model
 from ..training import IMAGE_RECIPE, TEXT_RECIPE, finetune
 from .common import (
     CommandError,
-    Output,
     add_data_options,
     add_output_options,
     check_model_dir,
@@ -35,6 +34,7 @@ from .common import (
     load_preprocessor,
     read_data,
     read_source,
+    start_step,
 )
 from .members import MEMBERS_FILE, member_dirs
 
@@ -91,9 +91,8 @@ def run(args: argparse.Namespace) -> int:
         "recipe": recipe.__dict__ | {"seed": args.seed},
         **data_settings(args),
     }
-    out = Output(args.out, "finetune", settings, args.force)
-    if out.done():
-        print(f"already done: {out.path} (pass --force to redo)")
+    out = start_step(args, "finetune", settings)
+    if out is None:
         return 0
     train_examples = read_source(args, args.data, kind, labelled=True, flag="--data")
     histories = {}

@@ -16,13 +16,13 @@ from ..fusion import HydraEnsemble, fusion_deviation
 from ..pruning import load_model
 from .common import (
     CommandError,
-    Output,
     add_data_options,
     add_output_options,
     copy_preprocessor,
     data_settings,
     fingerprint_path,
     read_data,
+    start_step,
 )
 from .members import member_dirs
 
@@ -61,9 +61,8 @@ def run(args: argparse.Namespace) -> int:
         "allow_identical": args.allow_identical,
         **data_settings(args),
     }
-    out = Output(args.out, "fuse", settings, args.force)
-    if out.done():
-        print(f"already done: {out.path}/ensemble (pass --force to redo)")
+    out = start_step(args, "fuse", settings, "ensemble")
+    if out is None:
         return 0
     if args.sample < 1:
         raise CommandError(f"--sample must be at least 1, got {args.sample}.")

@@ -22,12 +22,12 @@ from ..members import build_members, sample_members
 from ..pruning import save_model
 from .common import (
     CommandError,
-    Output,
     add_output_options,
     check_model_dir,
     copy_preprocessor,
     fingerprint_path,
     load_predictor,
+    start_step,
 )
 
 EXAMPLE = """hydra-ens members --model my-classifier --scores scores --num-members 3 --budget 6 --pool 8 --out members
@@ -66,9 +66,8 @@ def run(args: argparse.Namespace) -> int:
         "source": fingerprint_path(source_path, "--scores" if args.scores else "--circuit"),
         **{k: getattr(args, k) for k in ("num_members", "budget", "pool", "seed", "allow_identical")},
     }
-    out = Output(args.out, "members", settings, args.force)
-    if out.done():
-        print(f"already done: {out.path} (pass --force to redo)")
+    out = start_step(args, "members", settings)
+    if out is None:
         return 0
     model = load_predictor(model_dir)
     source = safetensors.torch.load_file(source_path)["scores"] if args.scores else Circuit.load(source_path)

@@ -15,7 +15,6 @@ from ..evaluation import plots
 from ..importance import taylor_head_scores
 from ..io import write_json_atomic
 from .common import (
-    Output,
     add_data_options,
     add_output_options,
     check_model_dir,
@@ -24,6 +23,7 @@ from .common import (
     load_predictor,
     model_config,
     read_data,
+    start_step,
 )
 
 EXAMPLE = "hydra-ens scores --model my-classifier --data val.csv --out scores"
@@ -50,9 +50,8 @@ def run(args: argparse.Namespace) -> int:
         "loss": args.loss,
         **data_settings(args),
     }
-    out = Output(args.out, "scores", settings, args.force)
-    if out.done():
-        print(f"already done: {out.path}/scores.safetensors (pass --force to redo)")
+    out = start_step(args, "scores", settings, "scores.safetensors")
+    if out is None:
         return 0
     model = load_predictor(model_dir)
     labelled = {"auto": None, "cross_entropy": True, "entropy": False}[args.loss]

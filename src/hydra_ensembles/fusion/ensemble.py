@@ -30,7 +30,7 @@ from ..pruning import HeadMap, base_fingerprint, kept_heads
 from ..pruning.persist import clear_structures
 from ..uncertainty import ensemble_probs
 from ..version import __version__
-from .layer import FusedLayer, MLPMode
+from .layer import FusedLayer, MLPMode, share_average_or_stack
 from .outer import OuterModules, TensorStore
 
 CONFIG_NAME = "hydra_config.json"
@@ -381,12 +381,12 @@ def _outer_tensors(
                     f"members differ in the shape of {name}: {shapes}; they need one architecture and classifier."
                 )
             if not name.startswith(embedding_prefixes):
-                member[name] = torch.stack(tensors)  # (M, ...)
-            elif all(torch.equal(t, tensors[0]) for t in tensors):
-                shared[name] = tensors[0].clone()
-            elif mlp == "average":
-                shared[name] = torch.stack(tensors).mean(0)
-                averaged.append(name)
+                member[name] = torch.stack(tensors)  # (M, ...): heads are always per member
+                continue
+            combined, approximate = share_average_or_stack({name: tensors}, mlp)
+            if combined[name].shape[0] == 1:
+                shared[name] = combined[name][0]
             else:
-                member[name] = torch.stack(tensors)
+                member[name] = combined[name]
+            averaged += [name] if approximate else []
     return shared, member, parameters, averaged

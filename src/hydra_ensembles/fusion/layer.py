@@ -12,7 +12,7 @@ views of the q/k/v projection without copying.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 import torch
@@ -192,19 +192,30 @@ def _shared_or_stacked(blocks: Sequence[Block], mlp: MLPMode) -> tuple[dict[str,
         groups["scale2"] = {"scale2": [b.scale2 for b in blocks]}
     out: dict[str, Tensor] = {}
     averaged: list[str] = []
-    with torch.no_grad():
-        for group in groups.values():
-            shapes = {name: {tuple(t.shape) for t in ts} for name, ts in group.items()}
-            uneven = {name: sorted(s) for name, s in shapes.items() if len(s) > 1}
-            if uneven:
-                raise ValueError(f"members differ in the shape of {uneven}; fusion needs equal MLP widths.")
-            identical = all(torch.equal(t, ts[0]) for ts in group.values() for t in ts)
-            for name, ts in group.items():
-                if identical:
-                    out[name] = ts[0].detach().clone()[None]  # (1, ...)
-                elif mlp == "average":
-                    out[name] = torch.stack([t.detach() for t in ts]).mean(0, keepdim=True)
-                    averaged.append(name)
-                else:
-                    out[name] = torch.stack([t.detach() for t in ts]).clone()  # (M, ...)
+    for group in groups.values():
+        shapes = {name: {tuple(t.shape) for t in ts} for name, ts in group.items()}
+        uneven = {name: sorted(s) for name, s in shapes.items() if len(s) > 1}
+        if uneven:
+            raise ValueError(f"members differ in the shape of {uneven}; fusion needs equal MLP widths.")
+        combined, approximate = share_average_or_stack(group, mlp)
+        out |= combined
+        averaged += list(group) if approximate else []
     return out, averaged
+
+
+def share_average_or_stack(group: Mapping[str, Sequence[Tensor]], mlp: MLPMode) -> tuple[dict[str, Tensor], bool]:
+    """The one rule for what members may share (here and for the embeddings, `ensemble._outer_tensors`).
+
+    A group of tensors that go together (a layer norm's weight and bias, an MLP's four tensors; M of each) is kept
+    once, (1, ...), when every member holds the same values (exact); otherwise it is the members' average, (1, ...)
+    (mlp="average", the paper's merged MLP: an approximation), or all of them stacked, (M, ...) (mlp="stack",
+    exact). Returns the combined tensors and whether differing tensors were averaged."""
+    with torch.no_grad():
+        identical = all(torch.equal(t, ts[0]) for ts in group.values() for t in ts)
+        if identical:
+            return {name: ts[0].detach().clone()[None] for name, ts in group.items()}, False
+        if mlp == "average":
+            return {
+                name: torch.stack([t.detach() for t in ts]).mean(0, keepdim=True) for name, ts in group.items()
+            }, True
+        return {name: torch.stack([t.detach() for t in ts]).clone() for name, ts in group.items()}, False

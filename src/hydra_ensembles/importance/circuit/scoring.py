@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from ...adapters import get_adapter
 from ...data.loaders import Batch, rebatch, split_batch, to_device
+from ...outputs import collect_member_logits, labels_of
 from ...pruning import ablate_heads, kept_heads, prune_heads
 from ..gradients import gradients_for
 
@@ -77,8 +78,9 @@ class ReferenceScorer(CandidateScorer):
         for layer, h in removed:
             heads.setdefault(layer, []).append(h)
         with ablate_heads(self.model, heads):
-            id_logits, id_labels = batch_logits(self.model, self.id_batches)
-            ood_logits = batch_logits(self.model, self.ood_batches)[0] if self.ood_batches else None
+            id_logits = collect_member_logits(self.model, self.id_batches)[:, 0]  # (N, C)
+            ood_logits = collect_member_logits(self.model, self.ood_batches)[:, 0] if self.ood_batches else None
+        id_labels = labels_of(self.id_batches)
         return self.criterion(id_logits, id_labels, ood_logits)
 
 
@@ -198,22 +200,3 @@ def _tile(value, count: int):
     if isinstance(value, Tensor):
         return value.repeat(count, *([1] * (value.dim() - 1)))
     return value
-
-
-@torch.no_grad()
-def batch_logits(model: nn.Module, batches: list[Batch]) -> tuple[Tensor, Tensor | None]:
-    """Logits (N, C) and labels (N,) (None if unlabelled) of the HF model over all batches, in eval mode."""
-    adapter = get_adapter(model)
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        logits, labels = [], []
-        for batch in batches:
-            inputs, batch_labels = split_batch(adapter, batch)
-            logits.append(adapter.output(model, to_device(inputs, device)).float().cpu())
-            if batch_labels is not None:
-                labels.append(torch.as_tensor(batch_labels).cpu())
-    finally:
-        model.train(was_training)
-    return torch.cat(logits), (torch.cat(labels) if labels else None)
