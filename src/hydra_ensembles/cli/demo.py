@@ -17,7 +17,7 @@ from pathlib import Path
 from ..bench.suite import ROWS
 from ..bench.suite import run as run_suite
 from ..bench.tasks import TEXT_SIZES, text_task
-from ..evaluation.tables import Column, table_lines
+from ..evaluation.tables import COLUMNS, table_lines
 from ..io import cache_dir
 from .common import check_model_dir
 
@@ -25,13 +25,8 @@ EXAMPLE = """hydra-ens demo                                  # report in ./hydra
 hydra-ens demo --out report --rows Single "Temp. scaling" "Hydra (Taylor)" "Hydra (Circ)\""""
 
 DEMO_ROWS = ("Single", "Hydra (Taylor)", "Hydra (Circ)")
-SHOWN = [  # the columns of the table printed to the terminal
-    Column("Acc %", "id", "acc", 100, 1),
-    Column("NLL", "id", "nll", 1, 3),
-    Column("ECE %", "id", "ece", 100, 1),
-    Column("AUROC near", "near", "auroc", 100, 1),
-    Column("AUROC far", "far", "auroc", 100, 1),
-    Column("FPR95 all", "all", "fpr95", 100, 1),
+SHOWN = [  # the columns of the table printed to the terminal (Acc, ECE, AUROC and FPR95 in %)
+    column for column in COLUMNS if column.header in ("Acc", "NLL", "ECE", "AUROC near", "AUROC far", "FPR95 all")
 ]
 
 
@@ -91,11 +86,11 @@ def report_readme(summary: dict) -> str:
 ```
 
 How to read it:
-- **Acc, NLL, ECE** on held-out in-distribution articles: lower NLL and ECE mean better-calibrated probabilities.
+- **Acc, NLL, ECE** (Acc, ECE, AUROC and FPR95 in %) on held-out in-distribution articles: lower NLL and ECE mean better-calibrated probabilities.
 - **AUROC near / far**: how well the maximum softmax probability separates the in-distribution articles from
   unseen BBC topics (near-OOD) and from drug reviews and Reuters news (far-OOD); OOD is the positive class.
   **FPR95**: the fraction of in-distribution articles flagged when 95% of the OOD ones are.
-- **FLOPs x**: compute per example relative to the single model. **time x**: latency relative to the single
+- **FLOPs x**: compute per example relative to the single model. **Latency x**: latency relative to the single
   model on one batch of {summary.get("latency_batch", "?")} articles, every model timed in turn over repeated
   interleaved rounds on this machine: the median ratio, and in brackets the lowest and highest round. On a CPU a
   fused ensemble costs about its FLOPs; another job on the machine during the run makes these numbers noisy.
