@@ -86,7 +86,8 @@ def report_readme(summary: dict) -> str:
 ```
 
 How to read it:
-- **Acc, NLL, ECE** (Acc, ECE, AUROC and FPR95 in %) on held-out in-distribution articles: lower NLL and ECE mean better-calibrated probabilities.
+- **Acc, NLL, ECE** (Acc, ECE, AUROC and FPR95 in %) on held-out in-distribution articles: lower NLL and ECE
+  mean better-calibrated probabilities.
 - **AUROC near / far**: how well the maximum softmax probability separates the in-distribution articles from
   unseen BBC topics (near-OOD) and from drug reviews and Reuters news (far-OOD); OOD is the positive class.
   **FPR95**: the fraction of in-distribution articles flagged when 95% of the OOD ones are.

@@ -79,6 +79,10 @@ class HydraEnsemble(nn.Module):
     def num_members(self) -> int:
         return len(self.head_maps)
 
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
     # ---- building ----
 
     @classmethod
@@ -139,6 +143,8 @@ class HydraEnsemble(nn.Module):
         return PredictorOutput(member_pooled=out, member_hidden_states=hidden)
 
     # ---- engine API: the steps of a forward pass, for scoring candidates as members and training heads ----
+    # (with `num_layers` and `head_tokens`, the leading tokens the heads read; nothing outside fusion/ reaches
+    # into `outer` or `layers`)
 
     def embed(self, inputs: dict[str, Any]) -> tuple[Tensor, Tensor | None]:
         """Member streams entering layer 0 and the attention mask. inputs: model inputs (no labels).

@@ -119,7 +119,7 @@ class FastScorer(CandidateScorer):
         parts = []
         with torch.no_grad():
             for chunk in self.chunks:
-                last = len(self.engine.layers) - 1
+                last = self.engine.num_layers - 1
                 states, mask = self.engine.prefix(chunk, last)
                 x = self.engine.run_layers(states[-1], mask, start=last, queries=self.engine.head_tokens)
                 parts.append(self.engine.classify(x, chunk)[0].float().cpu())
@@ -165,7 +165,7 @@ class FastScorer(CandidateScorer):
     def _candidates(self, chunk: dict, x: Tensor, mask: Tensor | None, layer: int, slots: list[int]) -> Tensor:
         """Logits (C, B, classes) of the candidates of one layer, as one batch of C x B streams."""
         count, batch, queries = len(slots), x.shape[1], self.engine.head_tokens
-        last = layer == len(self.engine.layers) - 1
+        last = layer == self.engine.num_layers - 1
         y = self.engine.ablation_candidates(layer, x, mask, slots, queries if last else None)  # (C, B, T, d)
         y = y.reshape(1, count * batch, *y.shape[2:])  # candidates stacked on the batch axis
         if mask is not None and mask.dim() == 4:  # (B, 1, 1|T, T): per example; a (T, T) causal mask is not
