@@ -10,10 +10,29 @@ out = ensemble(**batch)                                            # out.member_
 from .adapters import Adapter, UnsupportedModelError, get_adapter, register_adapter, supported_models
 from .cost import Cost, cost_table, count_flops, count_parameters, format_cost_table
 from .fusion import HydraEnsemble, fusion_deviation
-from .importance import Circuit, CircuitCriterion, extract_circuit, register_criterion, taylor_head_scores
+from .importance import (
+    Circuit,
+    CircuitCriterion,
+    adaptive_mlp_pruning,
+    extract_circuit,
+    neuron_scores,
+    register_criterion,
+    taylor_head_scores,
+)
 from .members import build_members, sample_members
 from .outputs import PredictorOutput, collect_member_logits, labels_of
-from .pruning import HeadMap, ablate_heads, keep_heads, kept_heads, load_model, prune_heads, save_model
+from .pruning import (
+    HeadMap,
+    ablate_heads,
+    ablate_neurons,
+    keep_heads,
+    kept_heads,
+    kept_neurons,
+    load_model,
+    prune_heads,
+    prune_neurons,
+    save_model,
+)
 from .uncertainty import ensemble_probs, mutual_information
 from .version import __version__
 
@@ -28,6 +47,8 @@ __all__ = [
     "PredictorOutput",
     "UnsupportedModelError",
     "ablate_heads",
+    "ablate_neurons",
+    "adaptive_mlp_pruning",
     "build_members",
     "collect_member_logits",
     "cost_table",
@@ -40,10 +61,13 @@ __all__ = [
     "get_adapter",
     "keep_heads",
     "kept_heads",
+    "kept_neurons",
     "labels_of",
     "load_model",
     "mutual_information",
+    "neuron_scores",
     "prune_heads",
+    "prune_neurons",
     "register_adapter",
     "register_criterion",
     "sample_members",

@@ -237,6 +237,11 @@ class Adapter(ABC):
         for attr in names.width_attrs:
             setattr(attention, attr, projections[0].out_features)
 
+    def set_mlp(self, layer: nn.Module, mlp_in: nn.Linear, mlp_out: nn.Linear) -> None:
+        """Swap in re-sized MLP linears (d -> F', F' -> d)."""
+        layer.set_submodule(self.layer_names.mlp_in, mlp_in)
+        layer.set_submodule(self.layer_names.mlp_out, mlp_out)
+
 
 def _get_attr(root: object, path: str) -> object:
     value = root

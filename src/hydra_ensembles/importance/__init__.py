@@ -1,4 +1,5 @@
-"""Head importance: Taylor scores from gradients (§D.1.1) and circuits from greedy ablation (§D.1.2)."""
+"""Importance: head Taylor scores (paper 000 §D.1.1), circuits from greedy ablation (§D.1.2), and MLP neuron
+scores with the adaptive per-block search of their hidden size (paper 002, neurons.py)."""
 
 from .circuit import (
     CRITERIA,
@@ -10,9 +11,14 @@ from .circuit import (
     extract_circuit,
     register_criterion,
 )
+from .neurons import AdaptivePruning, adaptive_mlp_pruning, binary_search_size, neuron_scores
 from .taylor import taylor_head_scores
 
 __all__ = [
+    "AdaptivePruning",
+    "adaptive_mlp_pruning",
+    "binary_search_size",
+    "neuron_scores",
     "CRITERIA",
     "AccuracyCriterion",
     "AverageCriterion",

@@ -1,6 +1,7 @@
 """Surgery: structural changes of HF models that stay normal HF models.
 
 heads.py   remove attention heads (and ablate them reversibly, for scoring)
+neurons.py remove MLP hidden neurons (and ablate them), paper 002
 persist.py save and load a changed model: every structural change recorded in config.json and replayed
 """
 
@@ -15,9 +16,16 @@ from .heads import (
     per_layer,
     prune_heads,
 )
+from .neurons import KEPT_NEURONS_KEY, NeuronMap, ablate_neurons, keep_neurons, kept_neurons, prune_neurons
 from .persist import base_fingerprint, load_model, register_structure, save_model
 
 __all__ = [
+    "KEPT_NEURONS_KEY",
+    "NeuronMap",
+    "ablate_neurons",
+    "keep_neurons",
+    "kept_neurons",
+    "prune_neurons",
     "KEPT_HEADS_KEY",
     "HeadMap",
     "ablate_heads",

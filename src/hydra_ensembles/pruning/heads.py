@@ -151,8 +151,8 @@ def _rebuild_attention(adapter: Adapter, model: nn.Module, layer: nn.Module, pos
     block = adapter.block(layer)
     placeholder = not positions
     rows = torch.cat([torch.arange(p * head_dim, (p + 1) * head_dim) for p in positions or [0]])
-    query, key, value = (_slice(linear, rows, dim=0) for linear in (block.query, block.key, block.value))
-    output = _slice(block.output, rows, dim=1)
+    query, key, value = (slice_linear(linear, rows, dim=0) for linear in (block.query, block.key, block.value))
+    output = slice_linear(block.output, rows, dim=1)
     if placeholder:
         with torch.no_grad():
             for linear in (query, key, value):
@@ -166,7 +166,7 @@ def _rebuild_attention(adapter: Adapter, model: nn.Module, layer: nn.Module, pos
     adapter.set_projections(layer, (query, key, value, output), num_heads=max(len(positions), 1))
 
 
-def _slice(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
+def slice_linear(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
     """`prune_linear_layer`, keeping the layer's dtype and trainability (it builds a float32 layer)."""
     sliced = prune_linear_layer(linear, index, dim=dim).to(dtype=linear.weight.dtype)
     sliced.requires_grad_(linear.weight.requires_grad)

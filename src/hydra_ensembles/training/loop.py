@@ -27,8 +27,8 @@ from ..distributed import barrier, is_distributed, is_main, rank, world_size
 from ..metrics import accuracy, nll
 from ..outputs import collect_member_logits, labels_of
 from ..uncertainty import ensemble_probs
-from .losses import CrossEntropy, Forward
-from .recipes import OPTIMIZERS, TEXT_RECIPE, TrainConfig, lr_factor
+from .losses import CrossEntropy, FeatureMSE, Forward
+from .recipes import AMP_RECOVERY, OPTIMIZERS, TEXT_RECIPE, TrainConfig, lr_factor
 
 CHECKPOINT = "checkpoint.pt"
 Loss = Callable[[Any, dict[str, Any]], Tensor]
@@ -148,6 +148,35 @@ def finetune(
         checkpoint_dir=checkpoint_dir,
         progress=progress,
         desc="fine-tuning",
+    )
+
+
+def last_hidden_states(model: nn.Module, inputs: dict[str, Any]) -> Tensor:
+    """A forward for feature distillation: the encoder's last-layer token features (B, T, d)."""
+    adapter = get_adapter(_unwrapped(model))
+    return adapter.backbone(_unwrapped(model))(**inputs).last_hidden_state
+
+
+def recover(
+    student: nn.Module,
+    teacher: nn.Module,
+    train_loader: Iterable[Batch],
+    config: TrainConfig = AMP_RECOVERY,
+    *,
+    checkpoint_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> nn.Module:
+    """Recovery of a pruned model by distillation from the unpruned one (paper 002, §3.5, Eq. 8): the loop with
+    `FeatureMSE` on the last layer's features; labels are not needed."""
+    return train(
+        student,
+        train_loader,
+        config,
+        loss=FeatureMSE(teacher, last_hidden_states),
+        forward=last_hidden_states,
+        checkpoint_dir=checkpoint_dir,
+        progress=progress,
+        desc="recovery",
     )
 
 

@@ -48,3 +48,25 @@ class TeacherKL:
         t = self.temperature
         log_student, log_teacher = F.log_softmax(logits / t, dim=-1), F.log_softmax(teacher / t, dim=-1)
         return F.kl_div(log_student, log_teacher, log_target=True, reduction="batchmean") * t * t
+
+
+class FeatureMSE:
+    """Feature distillation for recovery after pruning (paper 002, Eq. 8): per example,
+    (1/C) ||z_cls - z^_cls||^2 + (1/(N C)) ||z_rest - z^_rest||^2 between the teacher's and the student's
+    last-layer token features (B, T, C), token 0 being [CLS]; padded tokens (attention_mask 0) are left out of
+    the second term. Averaged over the batch."""
+
+    name = "feature_mse"
+
+    def __init__(self, teacher: nn.Module, forward: Forward):
+        self.teacher, self.forward = teacher.eval(), forward
+
+    def __call__(self, features: Tensor, batch: dict[str, Any]) -> Tensor:
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        with torch.no_grad():
+            target = self.forward(self.teacher, inputs).to(features.device)
+        first = ((features[:, 0] - target[:, 0]) ** 2).mean(dim=-1)  # (B,)
+        rest = ((features[:, 1:] - target[:, 1:]) ** 2).mean(dim=-1)  # (B, T-1)
+        mask = batch.get("attention_mask")
+        valid = torch.ones_like(rest) if mask is None else mask[:, 1:].to(rest.dtype)
+        return (first + (rest * valid).sum(dim=1) / valid.sum(dim=1).clamp_min(1)).mean()

@@ -128,3 +128,7 @@ IMAGE_RECIPE = TrainConfig(
     label_smoothing=0.1,
     clip=1.0,
 )
+# Recovery after adaptive MLP pruning (paper 002, §4.1, A.1): AdamW, one epoch in ten of warm-up, cosine decay.
+AMP_RECOVERY = TrainConfig(
+    epochs=10, lr=1e-4, optimizer="adamw", weight_decay=0.05, warmup=0.1, schedule="cosine", min_lr=0.01, clip=1.0
+)

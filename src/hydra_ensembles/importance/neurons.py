@@ -1,0 +1,184 @@
+"""Adaptive MLP pruning (paper 002, §3.2-3.4): Taylor importance of MLP neurons and a per-block binary search
+of each MLP's hidden size under an entropy threshold (Algorithm 1).
+
+Importance (Eq. 3-4): with h_k the input of an MLP's second linear layer (neuron k's activation) and C the
+criterion, I_k = |sum over tokens n of h_k^(n) dC/dh_k^(n)|, accumulated over the pruning set. C is one of the
+Taylor losses (`importance.losses`): cross-entropy with labels, the entropy of the model's predictions
+(label-free), or for an encoder the inter-instance similarity entropy of Eq. 5-7.
+
+Search (Algorithm 1): blocks go from the last to the first; block l's hidden size M is searched in [0, M0] by
+halving the range t_max times: M_t = (M_min + M_max) // 2 keeps block l's M_t most important neurons; it is
+accepted (M_max = M_t, the next step tries fewer) when the criterion E rose by less than delta_e over E_0^(l),
+the entropy accepted at the previous block, else rejected (M_min = M_t). Sizes are tried by ablation (exact:
+`pruning.ablate_neurons`); the result is pruned structurally.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from ..adapters import get_adapter
+from ..data.loaders import Batch, batch_size, materialize, split_batch, to_device
+from ..pruning import NeuronMap, ablate_neurons, kept_neurons, prune_neurons
+from .gradients import gradients_for
+from .losses import taylor_loss
+
+
+def neuron_scores(
+    model: nn.Module, loader: Iterable[Batch], *, loss: str = "auto", temperature: float = 1 / 15, progress: bool = True
+) -> list[Tensor]:
+    """I_k of every MLP neuron (Eq. 4), one (F_l,) tensor per layer in the model's current neuron order;
+    higher = more important. The model is not modified. `loss` as in `taylor_head_scores`."""
+    adapter = get_adapter(model)
+    batches = materialize(loader, "pruning loader")
+    loss = _resolve(loss, model, batches)
+    blocks = [adapter.block(layer) for layer in adapter.layers(model)]
+    sums = [torch.zeros(b.mlp_out.in_features, dtype=torch.float64) for b in blocks]
+    total = sum(batch_size(split_batch(adapter, batch)[0]) for batch in batches)
+    device = next(model.parameters()).device
+    activations: list[Tensor] = []
+    hooks = [b.mlp_out.register_forward_pre_hook(lambda _, args: activations.append(args[0])) for b in blocks]
+    try:
+        # gradients through the first MLP linears make every activation h part of the graph
+        with gradients_for(model, [b.mlp_in.weight for b in blocks]):
+            for batch in tqdm(batches, desc="neuron scores", disable=not progress, leave=False):
+                inputs, labels = split_batch(adapter, batch)
+                activations.clear()
+                with torch.enable_grad():
+                    output = adapter.output(model, to_device(inputs, device))
+                    value = taylor_loss(loss)(
+                        output, labels, classifier=adapter.is_classifier(model), temperature=temperature
+                    )
+                    grads = torch.autograd.grad(value * batch_size(inputs) / total, activations)
+                for acc, h, g in zip(sums, activations, grads):
+                    acc += (h.detach() * g).double().reshape(-1, h.shape[-1]).sum(dim=0).cpu()  # sum over tokens
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [s.abs().float() for s in sums]
+
+
+def criterion_value(model: nn.Module, batches: list[Batch], loss: str, temperature: float = 1 / 15) -> float:
+    """The criterion E over the pruning set: the batch-size-weighted mean of the loss, in eval mode."""
+    adapter = get_adapter(model)
+    device = next(model.parameters()).device
+    total = sum(batch_size(split_batch(adapter, batch)[0]) for batch in batches)
+    was_training = model.training
+    model.eval()
+    value = 0.0
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                inputs, labels = split_batch(adapter, batch)
+                output = adapter.output(model, to_device(inputs, device))
+                part = taylor_loss(loss)(
+                    output, labels, classifier=adapter.is_classifier(model), temperature=temperature
+                )
+                value += part.item() * batch_size(inputs) / total
+    finally:
+        model.train(was_training)
+    return value
+
+
+def binary_search_size(
+    evaluate: Callable[[int], float], full_size: int, reference: float, delta: float, t_max: int | None = 6
+) -> tuple[int, float]:
+    """Algorithm 1's search for one block: the hidden size M in [0, full_size] and its criterion.
+
+    Each step tries M_t = (M_min + M_max) // 2 and accepts it when evaluate(M_t) - reference < delta (then
+    M_max = M_t), else M_min = M_t; it stops after `t_max` steps (None: until the range is one apart). Returns
+    the last accepted (M, E), or (full_size, reference) if none was. If evaluate(M) decreases as M grows, the
+    result with t_max=None is the smallest size (>= 1) under the threshold.
+    """
+    low, high = 0, full_size
+    best, best_value = full_size, reference
+    step = 0
+    while high - low > 1 and (t_max is None or step < t_max):
+        size = max(1, (low + high) // 2)
+        value = evaluate(size)
+        if value - reference < delta:
+            high, best, best_value = size, size, value
+        else:
+            low = size
+        step += 1
+    return best, best_value
+
+
+@dataclass
+class AdaptivePruning:
+    """The outcome of `adaptive_mlp_pruning`.
+
+    sizes: the kept hidden size of every block (original numbering of layers).
+    entropies: the criterion accepted after each block, E_res^(l), in the order searched (last block first).
+    baseline: E of the unpruned model. kept: the neuron map of the pruned model.
+    """
+
+    sizes: list[int]
+    entropies: list[float]
+    baseline: float
+    kept: NeuronMap
+
+
+def adaptive_mlp_pruning(
+    model: nn.Module,
+    loader: Iterable[Batch],
+    delta_e: float,
+    *,
+    t_max: int | None = 6,
+    loss: str = "entropy",
+    temperature: float = 1 / 15,
+    scores: list[Tensor] | None = None,
+    progress: bool = True,
+) -> tuple[nn.Module, AdaptivePruning]:
+    """Algorithm 1 of paper 002 on a copy of `model`: per block, from the last to the first, the smallest MLP
+    hidden size (by binary search, `t_max` steps) whose criterion stays within `delta_e` of the entropy
+    accepted at the previous block, keeping the most important neurons (`neuron_scores`, computed with the same
+    criterion unless given). Returns the structurally pruned copy and the search record.
+    """
+    batches = materialize(loader, "pruning loader")
+    loss = _resolve(loss, model, batches)
+    if delta_e <= 0:
+        raise ValueError(f"delta_e must be > 0 (the entropy increase a block may cause), got {delta_e}.")
+    scores = (
+        scores
+        if scores is not None
+        else neuron_scores(model, batches, loss=loss, temperature=temperature, progress=progress)
+    )
+    work = copy.deepcopy(model)
+    kept = kept_neurons(work)
+    if [len(s) for s in scores] != [len(kept[layer]) for layer in sorted(kept)]:
+        raise ValueError("scores do not match the model's MLP widths: compute them with neuron_scores(model, ...).")
+    ranked = {
+        layer: [kept[layer][i] for i in torch.argsort(scores[layer], descending=True, stable=True).tolist()]
+        for layer in kept
+    }
+    baseline = reference = criterion_value(work, batches, loss, temperature)
+    removed: dict[int, list[int]] = {}  # neurons dropped in the blocks already searched
+    sizes, entropies = {layer: len(kept[layer]) for layer in kept}, []
+    for layer in tqdm(sorted(kept, reverse=True), desc="adaptive MLP pruning", disable=not progress):
+
+        def evaluate(size: int, layer: int = layer) -> float:
+            with ablate_neurons(work, removed | {layer: ranked[layer][size:]}):
+                return criterion_value(work, batches, loss, temperature)
+
+        size, reference = binary_search_size(evaluate, len(ranked[layer]), reference, delta_e, t_max)
+        sizes[layer] = size
+        removed[layer] = ranked[layer][size:]
+        entropies.append(reference)
+    prune_neurons(work, {layer: ks for layer, ks in removed.items() if ks})
+    record = AdaptivePruning([sizes[layer] for layer in sorted(sizes)], entropies, baseline, kept_neurons(work))
+    return work.eval(), record
+
+
+def _resolve(loss: str, model: nn.Module, batches: list[Batch]) -> str:
+    if loss == "auto":
+        labelled = all(batch.get("labels") is not None for batch in batches)
+        loss = "cross_entropy" if get_adapter(model).is_classifier(model) and labelled else "entropy"
+    taylor_loss(loss)  # an unknown name fails here
+    return loss

@@ -1,0 +1,120 @@
+"""Structural MLP-neuron pruning (paper 002, §3.4): remove hidden neurons of each layer's MLP, and ablate them
+reversibly, for scoring.
+
+A *neuron map* says, for every layer, which MLP hidden neurons are kept, as sorted indices in the original
+numbering: `{0: [0, 3, 4, ...], ...}`. A pruned model carries it in `config.hydra_kept_neurons`, a structure
+that `persist.py` records and replays, so the model saves and reloads as a plain HF model.
+
+Pruning neuron k of a layer removes row k of the MLP's first linear (and its bias) and column k of the second.
+Ablation instead zeroes column k of the second linear in place (the neuron then adds exactly nothing) and
+restores it afterwards; the two give the same outputs. Every layer keeps at least one neuron.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from ..adapters import get_adapter
+from .heads import slice_linear
+from .persist import record_fingerprint, register_structure
+
+NeuronMap = dict[int, list[int]]
+KEPT_NEURONS_KEY = "hydra_kept_neurons"
+
+
+def kept_neurons(model: nn.Module) -> NeuronMap:
+    """The model's neuron map: for each layer, the kept MLP neurons in the original numbering."""
+    adapter = get_adapter(model)
+    stored = getattr(model.config, KEPT_NEURONS_KEY, None)
+    if stored is not None:
+        return {int(layer): sorted(int(k) for k in kept) for layer, kept in stored.items()}
+    widths = [adapter.block(layer).mlp_in.out_features for layer in adapter.layers(model)]
+    return {layer: list(range(width)) for layer, width in enumerate(widths)}
+
+
+def prune_neurons(model: nn.Module, neurons_to_prune: Mapping[int, Iterable[int]]) -> nn.Module:
+    """Structurally remove MLP neurons, in place. Returns `model`.
+
+    Args:
+        model: a supported HF model, pruned or not (heads and neurons are independent structures).
+        neurons_to_prune: `{layer: [neuron, ...]}` in the original numbering.
+    """
+    adapter = get_adapter(model)
+    kept = kept_neurons(model)
+    plan = _check(kept, neurons_to_prune)
+    record_fingerprint(model)
+    layers = adapter.layers(model)
+    for layer, neurons in plan.items():
+        remaining = [k for k in kept[layer] if k not in neurons]
+        if not remaining:
+            raise ValueError(f"pruning {sorted(neurons)} would leave layer {layer} without MLP neurons; keep one.")
+        rows = torch.tensor([kept[layer].index(k) for k in remaining])
+        block = adapter.block(layers[layer])
+        adapter.set_mlp(
+            layers[layer], slice_linear(block.mlp_in, rows, dim=0), slice_linear(block.mlp_out, rows, dim=1)
+        )
+        kept[layer] = remaining
+    setattr(model.config, KEPT_NEURONS_KEY, {str(layer): neurons for layer, neurons in kept.items()})
+    return model
+
+
+def keep_neurons(model: nn.Module, neuron_map: Mapping[int, Iterable[int]]) -> nn.Module:
+    """Prune, in place, every MLP neuron that `neuron_map` does not keep. Layers missing from it keep all."""
+    kept = kept_neurons(model)
+    wanted = {int(layer): {int(k) for k in neurons} for layer, neurons in neuron_map.items()}
+    unknown = {layer: sorted(ks - set(kept.get(layer, []))) for layer, ks in wanted.items()}
+    unknown = {layer: ks for layer, ks in unknown.items() if ks}
+    if unknown:
+        raise ValueError(f"neuron map keeps neurons the model no longer has (or that do not exist): {unknown}.")
+    return prune_neurons(model, {layer: [k for k in kept[layer] if k not in wanted[layer]] for layer in wanted})
+
+
+@contextmanager
+def ablate_neurons(model: nn.Module, neurons: Mapping[int, Iterable[int]]) -> Iterator[nn.Module]:
+    """Turn MLP neurons off by zeroing their columns of the MLP's second linear; restore them on exit."""
+    adapter = get_adapter(model)
+    kept = kept_neurons(model)
+    plan = _check(kept, neurons)
+    layers = adapter.layers(model)
+    saved = []
+    with torch.no_grad():
+        for layer, ks in plan.items():
+            weight = adapter.block(layers[layer]).mlp_out.weight  # (d, F)
+            cols = torch.tensor([kept[layer].index(k) for k in ks])
+            saved.append((weight, cols, weight[:, cols].clone()))
+            weight[:, cols] = 0
+    try:
+        yield model
+    finally:
+        with torch.no_grad():
+            for weight, cols, block in saved:
+                weight[:, cols] = block
+
+
+def _check(kept: NeuronMap, neurons: Mapping[int, Iterable[int]]) -> dict[int, set[int]]:
+    if not isinstance(neurons, Mapping):
+        raise TypeError(f"neurons must be a dict {{layer: [neuron, ...]}}, got {type(neurons).__name__}.")
+    plan = {}
+    for layer, ks in neurons.items():
+        layer = int(layer)
+        if layer not in kept:
+            raise ValueError(f"layer {layer} is out of range: the model has layers 0..{len(kept) - 1}.")
+        ks = {int(k) for k in ks}
+        gone = sorted(ks - set(kept[layer]))
+        if gone:
+            raise ValueError(
+                f"neuron(s) {gone[:5]} of layer {layer} are not in the model (already pruned, or beyond its width); "
+                "neuron indices are always in the original numbering."
+            )
+        if ks:
+            plan[layer] = ks
+    return plan
+
+
+register_structure(  # kept MLP neurons: recorded in config.json, replayed when the model is loaded
+    KEPT_NEURONS_KEY, lambda model, saved: keep_neurons(model, {int(layer): ks for layer, ks in saved.items()})
+)

@@ -1,0 +1,94 @@
+"""Adaptive MLP pruning (paper 002): neuron importance against the formula, the binary search, Algorithm 1."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import MODELS, make_inputs, output
+from tolerances import CONTRACT, U32, reordered_sum
+
+import hydra_ensembles as he
+from hydra_ensembles import training
+from hydra_ensembles.importance.neurons import binary_search_size, criterion_value
+
+
+def _data(seeds=(1, 2)):
+    return [make_inputs("bert", seed=s) | {"labels": torch.tensor([0, 1, 2, 1])} for s in seeds]
+
+
+def test_neuron_scores_follow_eq_4():
+    """I_k = |sum_n h_k dC/dh_k| = |sum_j W2[j, k] dC/dW2[j, k]| (h_k feeds W2's column k): computed here from
+    the weight gradient of the mean loss, an independent path."""
+    model, data = MODELS["bert"](), _data()
+    got = he.neuron_scores(model, data, loss="cross_entropy", progress=False)
+    work = copy.deepcopy(model).eval()
+    batch = {k: torch.cat([b[k] for b in data]) for k in data[0]}
+    loss = F.cross_entropy(work(**{k: v for k, v in batch.items() if k != "labels"}).logits, batch["labels"])
+    weights = [layer.output.dense.weight for layer in work.bert.encoder.layer]  # W2, (d, F)
+    grads = torch.autograd.grad(loss, weights)
+    for layer, (w, g) in enumerate(zip(weights, grads)):
+        expected = (w * g).sum(dim=0).abs()
+        # two orders of summing 8 examples x 10 tokens x 32 outputs of float32 products
+        tol = reordered_sum(8 * 10 * 32, (w * g).abs().sum(dim=0).max().item(), U32)
+        assert (got[layer] - expected).abs().max().item() <= tol + 1e-12
+
+
+def test_binary_search_finds_the_smallest_size_under_the_threshold():
+    entropy = lambda size: 1.0 / size  # noqa: E731 (monotone: a wider MLP is less uncertain)
+    for delta in (0.01, 0.05, 0.3):
+        size, value = binary_search_size(entropy, 1536, reference=1 / 1536, delta=delta, t_max=None)
+        smallest = min(m for m in range(1, 1537) if entropy(m) - 1 / 1536 < delta)
+        assert (size, value) == (smallest, entropy(smallest))
+    # the paper's t_max = 6 halvings of [0, 1536]: 768, 384, 192, 96, 48, 24 -> accepted down to 96 here
+    tried = []
+    binary_search_size(lambda m: tried.append(m) or entropy(m), 1536, 1 / 1536, 0.01, t_max=6)
+    assert tried == [768, 384, 192, 96, 48, 72]
+    assert binary_search_size(entropy, 10, reference=0.0, delta=1e-9) == (10, 0.0)  # nothing accepted
+
+
+def test_adaptive_pruning_keeps_the_most_important_neurons_within_the_threshold():
+    model, data = MODELS["bert"](), _data()
+    with torch.no_grad():
+        model.classifier.weight.mul_(50.0)  # a confident model, so that entropy rises when neurons go
+    scores = he.neuron_scores(model, data, loss="entropy", progress=False)
+    pruned, record = he.adaptive_mlp_pruning(model, data, 0.05, loss="entropy", scores=scores, progress=False)
+    assert record.sizes == [len(record.kept[layer]) for layer in range(3)]
+    for layer, size in enumerate(record.sizes):
+        order = torch.argsort(scores[layer], descending=True, stable=True).tolist()
+        assert sorted(order[:size]) == record.kept[layer]  # the top-`size` neurons by importance
+    reference = record.baseline
+    for value in record.entropies:  # each block within delta_e of the entropy accepted before it
+        assert value - reference < 0.05
+        reference = value
+    assert criterion_value(pruned, data, "entropy") == pytest.approx(record.entropies[-1], abs=CONTRACT)
+    removed = {layer: [k for k in range(37) if k not in record.kept[layer]] for layer in range(3)}
+    with he.ablate_neurons(model, removed):
+        zeroed = output(model, make_inputs("bert", seed=9))
+    assert (output(pruned, make_inputs("bert", seed=9)) - zeroed).abs().max().item() <= CONTRACT
+    assert he.kept_neurons(model) == {layer: list(range(37)) for layer in range(3)}  # the original untouched
+    loose, _ = he.adaptive_mlp_pruning(model, data, 10.0, loss="entropy", scores=scores, t_max=None, progress=False)
+    assert [len(k) for k in he.kept_neurons(loose).values()] == [1, 1, 1]
+    with pytest.raises(ValueError, match="delta_e must be > 0"):
+        he.adaptive_mlp_pruning(model, data, 0.0, progress=False)
+
+
+def test_recovery_distils_the_pruned_model_towards_the_unpruned_one_with_the_shared_loop():
+    teacher, data = MODELS["bert"](), _data((1, 2, 3, 4))
+    student = he.prune_neurons(copy.deepcopy(teacher), {0: range(34), 1: range(34), 2: range(34)})
+    with torch.no_grad():  # far from the teacher (pruning a random tiny model changes it little)
+        for p in student.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    loss = training.FeatureMSE(teacher, training.last_hidden_states)
+
+    def gap() -> float:
+        with torch.no_grad():
+            return sum(
+                loss(training.last_hidden_states(student, {k: v for k, v in b.items() if k != "labels"}), b)
+                for b in data
+            ).item()
+
+    before = gap()
+    training.recover(student, teacher, data, training.AMP_RECOVERY.with_(epochs=15, lr=1e-3), progress=False)
+    assert gap() < 0.5 * before
+    assert student.training_history[-1]["loss"] < student.training_history[0]["loss"]

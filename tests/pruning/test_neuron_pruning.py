@@ -1,0 +1,60 @@
+"""Structural MLP-neuron pruning equals zeroing those neurons; it composes with head pruning, saves, reloads
+and fuses (the fusion contracts hold on a neuron-pruned base)."""
+
+import copy
+
+import pytest
+import torch
+from conftest import CONTRACT_MODELS, MODELS, fused_output, make_inputs, output, perturb, random_head_maps
+from tolerances import CONTRACT
+
+import hydra_ensembles as he
+
+PLAN = {0: [0, 5, 36], 2: list(range(30))}  # MLP width 37 in the tiny configs
+
+
+@pytest.mark.parametrize("name", CONTRACT_MODELS)
+def test_pruned_neurons_equal_zeroed_neurons(name):
+    model, inputs = MODELS[name](), make_inputs(name)
+    with he.ablate_neurons(model, PLAN):
+        zeroed = output(model, inputs)
+    restored = output(model, inputs)
+    pruned = he.prune_neurons(MODELS[name](), PLAN)
+    assert (output(pruned, inputs) - zeroed).abs().max().item() <= CONTRACT
+    assert (output(MODELS[name](), inputs) - restored).abs().max().item() == 0  # ablation was undone
+    width = len(he.kept_neurons(MODELS[name]())[1])  # 37, or 64 for DINOv2 (mlp_ratio 2)
+    assert he.kept_neurons(pruned)[2] == list(range(30, width)) and he.kept_neurons(pruned)[1] == list(range(width))
+    block = he.get_adapter(pruned).block(he.get_adapter(pruned).layers(pruned)[2])
+    assert block.mlp_in.out_features == block.mlp_out.in_features == width - 30
+
+
+def test_neurons_and_heads_save_reload_and_fuse(tmp_path):
+    model, inputs = MODELS["vit"](), make_inputs("vit")
+    he.prune_neurons(model, PLAN)
+    both = he.prune_heads(copy.deepcopy(model), {1: [0, 3]})
+    he.save_model(both, tmp_path / "m")
+    loaded_both = he.load_model(tmp_path / "m")
+    assert he.kept_neurons(loaded_both) == he.kept_neurons(both) and he.kept_heads(loaded_both) == he.kept_heads(both)
+    assert torch.equal(output(loaded_both, inputs), output(both, inputs))  # same weights and shapes: bit-identical
+    he.save_model(model, tmp_path / "n")
+    loaded = he.load_model(tmp_path / "n")  # neurons only: the base that members prune heads from
+    members = [perturb(m, seed=i) for i, m in enumerate(he.build_members(loaded, random_head_maps(3, seed=7)))]
+    expected = torch.stack([output(m, inputs) for m in members], dim=1)
+    stacked = he.HydraEnsemble.fuse(members, mlp="stack")
+    assert (fused_output(stacked, inputs) - expected).abs().max().item() <= CONTRACT  # contract 3 on an AMP base
+    shared = he.build_members(loaded, random_head_maps(3, seed=8, min_heads=1))
+    averaged = he.HydraEnsemble.fuse(shared, mlp="average")
+    expected = torch.stack([output(m, inputs) for m in shared], dim=1)
+    assert (fused_output(averaged, inputs) - expected).abs().max().item() <= CONTRACT  # contract 4
+    assert averaged.layers[2].mlp_in_weight.shape[-1] == 7
+
+
+def test_bad_neuron_plans_are_refused():
+    model = MODELS["bert"]()
+    with pytest.raises(ValueError, match="without MLP neurons"):
+        he.prune_neurons(model, {0: range(37)})
+    with pytest.raises(ValueError, match="out of range"):
+        he.prune_neurons(model, {5: [0]})
+    he.prune_neurons(model, {0: [1]})
+    with pytest.raises(ValueError, match="original numbering"):
+        he.prune_neurons(model, {0: [1]})
