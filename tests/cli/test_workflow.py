@@ -362,3 +362,36 @@ def test_image_folders_fine_tune_evaluate_and_predict(tmp_path, image_files, ima
     assert set(result) == {"id", "ood", "far", "all"} and "stripes" in result["ood"]
     predicted = hydra_ens("predict", "--model", str(tmp_path / "vit"), "--inputs", f["ood"], "--threshold", "-0.5")
     assert "stripes0.png" in predicted.stdout and "threshold given by --threshold" in predicted.stdout
+
+
+def test_amp_then_the_usual_steps_give_a_hydra_ensemble_on_the_pruned_base(flow, tmp_path):
+    root, d, f, runs = flow
+    amp = tmp_path / "amp"
+    out = hydra_ens(
+        "amp",
+        "--model",
+        d["single"],
+        "--data",
+        f["val"],
+        "--delta-e",
+        "0.05",
+        "--recover-data",
+        f["train"],
+        "--epochs",
+        "2",
+        "--out",
+        str(amp),
+    ).stdout
+    record = json.loads((amp / "hydra-ens.json").read_text())["results"]
+    pruned = he.load_model(amp / "model")
+    assert [len(k) for k in he.kept_neurons(pruned).values()] == record["sizes"]
+    assert record["parameters"]["after"] < record["parameters"]["before"] and "MLP hidden sizes per block" in out
+    assert len(record["recovery"]) == 2
+    hydra_ens("scores", "--model", str(amp), "--data", f["val"], "--out", str(tmp_path / "scores"))
+    hydra_ens("members", "--model", str(amp), "--scores", str(tmp_path / "scores"), "--out", str(tmp_path / "m"))
+    fused = hydra_ens("fuse", "--members", str(tmp_path / "m"), "--out", str(tmp_path / "hydra")).stdout
+    assert "exact by construction" in fused
+    ensemble = he.HydraEnsemble.from_pretrained(tmp_path / "hydra" / "ensemble")
+    members = [he.load_model(tmp_path / "m" / f"member{i}") for i in range(3)]
+    assert all(he.kept_neurons(m) == he.kept_neurons(pruned) for m in members)
+    assert he.fusion_deviation(ensemble, members, batches(f["val"], ensemble))["logits"] <= CONTRACT

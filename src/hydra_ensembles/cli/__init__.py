@@ -1,6 +1,7 @@
 """`hydra-ens`: the Hydra Ensembles workflow from the command line, one sub-command per step.
 
 hydra-ens finetune  --model BASE --data train.csv --val val.csv --out single
+hydra-ens amp       --model single --data val.csv --delta-e 0.01 --out amp   # optional: adaptive MLP pruning
 hydra-ens scores    --model single --data val.csv --out scores            # Taylor head importance
 hydra-ens circuit   --model single --data val.csv --ood ood-val.txt --out circuit
 hydra-ens members   --model single --scores scores --out members          # or --circuit circuit
@@ -19,11 +20,11 @@ import sys
 
 from ..adapters import UnsupportedModelError
 from ..bench.datasets.debian import DataFetchError
-from . import bench, circuit, demo, evaluate, finetune, fuse, members, predict, scores
+from . import amp, bench, circuit, demo, evaluate, finetune, fuse, members, predict, scores
 from .common import CommandError
 
 USER_ERRORS = (CommandError, UnsupportedModelError, DataFetchError, ValueError, FileNotFoundError, NotADirectoryError)
-COMMANDS = (finetune, scores, circuit, members, fuse, evaluate, predict, bench, demo)
+COMMANDS = (finetune, amp, scores, circuit, members, fuse, evaluate, predict, bench, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

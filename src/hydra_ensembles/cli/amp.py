@@ -1,0 +1,123 @@
+"""Adaptive MLP pruning (paper 002): shrink every MLP to the hidden size its block needs, then recover.
+
+Neuron importance (Eq. 4) on --data (the pruning set; labels used by --loss cross_entropy only), then per block,
+last to first, a binary search (--t-max steps) of the hidden size whose criterion rises by less than --delta-e;
+the removed neurons are pruned structurally. With --recover-data, the pruned model is distilled from the
+unpruned one (MSE on the last layer's [CLS] and token features, Eq. 8) for --epochs. Writes <out>/model/ (an HF
+checkpoint with its kept neurons, which every later step takes as --model: scores, circuit, members, fuse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import shutil
+
+from ..cost import count_parameters
+from ..importance import adaptive_mlp_pruning
+from ..pruning import load_model, save_model
+from ..training import AMP_RECOVERY, recover
+from .common import (
+    CommandError,
+    add_data_options,
+    add_output_options,
+    check_model_dir,
+    check_supported,
+    copy_preprocessor,
+    data_settings,
+    fingerprint_path,
+    model_config,
+    read_data,
+    start_step,
+)
+
+EXAMPLE = """hydra-ens amp --model single --data val.csv --delta-e 0.01 --out amp
+hydra-ens amp --model single --data val.csv --delta-e 0.01 --recover-data train.csv --epochs 3 --out amp-recovered
+hydra-ens members --model amp --scores scores --out members            # then the usual steps on the AMP base"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="an HF checkpoint directory (a classifier or an encoder)")
+    parser.add_argument("--data", required=True, help="the pruning set (paper 002: a small sample of training data)")
+    parser.add_argument(
+        "--delta-e", type=float, required=True, help="the criterion increase each block may cause (paper: 1e-4..0.1)"
+    )
+    parser.add_argument("--t-max", type=int, default=6, help="binary-search steps per block (default: 6, the paper's)")
+    parser.add_argument(
+        "--loss",
+        choices=("auto", "cross_entropy", "entropy"),
+        default="entropy",
+        help="criterion for importance and search (default: entropy, label-free; auto: cross-entropy with labels)",
+    )
+    parser.add_argument("--temperature", type=float, default=1 / 15, help="tau of the encoders' similarity entropy")
+    parser.add_argument("--recover-data", help="data to distil the pruned model from the unpruned one on (Eq. 8)")
+    parser.add_argument("--epochs", type=int, default=AMP_RECOVERY.epochs, help="recovery epochs")
+    parser.add_argument("--lr", type=float, default=AMP_RECOVERY.lr, help="recovery learning rate (AdamW, cosine)")
+    add_output_options(parser)
+    add_data_options(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    model_dir = check_model_dir(args.model)
+    check_supported(model_dir)
+    settings = {
+        "model": fingerprint_path(model_dir, "--model"),
+        "data": fingerprint_path(args.data, "--data"),
+        "recover_data": fingerprint_path(args.recover_data, "--recover-data") if args.recover_data else None,
+        **{k: getattr(args, k) for k in ("delta_e", "t_max", "loss", "temperature", "epochs", "lr")},
+        **data_settings(args),
+    }
+    out = start_step(args, "amp", settings, "model")
+    if out is None:
+        return 0
+    if args.delta_e <= 0:
+        raise CommandError(f"--delta-e must be > 0, got {args.delta_e}.")
+    model = load_model(model_dir)
+    labelled = {"auto": None, "cross_entropy": True, "entropy": False}[args.loss]
+    data = read_data(args, args.data, model_dir, model_config(model), labelled=labelled, flag="--data")
+    pruned, record = adaptive_mlp_pruning(
+        model,
+        data.batches,
+        args.delta_e,
+        t_max=args.t_max,
+        loss=args.loss,
+        temperature=args.temperature,
+        progress=not args.quiet,
+    )
+    before, after = count_parameters(model), count_parameters(pruned)
+    print(f"MLP hidden sizes per block: {record.sizes} (criterion {record.baseline:.4f} -> {record.entropies[-1]:.4f})")
+    print(f"parameters: {before / 1e6:.2f} M -> {after / 1e6:.2f} M ({after / before:.1%})")
+    history = None
+    if args.recover_data:
+        train = read_data(
+            args, args.recover_data, model_dir, model_config(model), labelled=False, flag="--recover-data"
+        )
+        config = AMP_RECOVERY.with_(epochs=args.epochs, lr=args.lr)
+        recover(
+            pruned,
+            copy.deepcopy(model),
+            train.batches,
+            config,
+            checkpoint_dir=out.path / "checkpoint",
+            progress=not args.quiet,
+        )
+        history = pruned.training_history
+        print(
+            f"recovered: feature MSE {history[0]['loss']:.4f} in epoch 1, {history[-1]['loss']:.4f} in epoch "
+            f"{len(history)}"
+        )
+    save_model(pruned, out.path / "model")
+    copy_preprocessor(model_dir, out.path / "model")
+    shutil.rmtree(out.path / "checkpoint", ignore_errors=True)
+    out.finish(
+        {
+            "model_dir": "model",
+            "sizes": record.sizes,
+            "baseline": record.baseline,
+            "entropies": record.entropies,
+            "parameters": {"before": before, "after": after},
+            "recovery": history,
+        }
+    )
+    print(f"wrote {out.path}/model")
+    return 0
