@@ -64,17 +64,22 @@ def prune_heads(model: nn.Module, heads_to_prune: Mapping[int, Iterable[int]]) -
 
 def keep_heads(model: nn.Module, head_map: Mapping[int, Iterable[int]]) -> nn.Module:
     """Prune, in place, every head that `head_map` does not keep. Layers missing from `head_map` keep all heads."""
-    kept = kept_heads(model)
-    wanted = {int(layer): {int(h) for h in heads} for layer, heads in head_map.items()}
+    return prune_heads(model, complement(kept_heads(model), head_map, "head"))
+
+
+def complement(kept: dict[int, list[int]], keep: Mapping[int, Iterable[int]], what: str) -> dict[int, list[int]]:
+    """What to prune so that only `keep` remains ({layer: [index, ...]}, original numbering; a layer missing
+    from `keep` keeps all): the map of heads or neurons `kept` minus `keep`, checked against it."""
+    wanted = {int(layer): {int(i) for i in indices} for layer, indices in keep.items()}
     outside = sorted(set(wanted) - set(kept))
     if outside:
-        raise ValueError(f"head map names layer(s) {outside}, out of range: the model has layers 0..{len(kept) - 1}.")
-    unknown = {layer: sorted(heads - set(kept.get(layer, []))) for layer, heads in wanted.items()}
-    unknown = {layer: heads for layer, heads in unknown.items() if heads}
+        raise ValueError(f"{what} map names layer(s) {outside}, out of range: the model has layers 0..{len(kept) - 1}.")
+    unknown = {layer: sorted(indices - set(kept[layer])) for layer, indices in wanted.items()}
+    unknown = {layer: indices for layer, indices in unknown.items() if indices}
     if unknown:
-        raise ValueError(f"head map keeps heads the model no longer has (or that do not exist): {unknown}.")
-    to_prune = {layer: [h for h in kept[layer] if h not in wanted[layer]] for layer in wanted}
-    return prune_heads(model, {layer: heads for layer, heads in to_prune.items() if heads})
+        raise ValueError(f"{what} map keeps {what}s the model no longer has (or that do not exist): {unknown}.")
+    plan = {layer: [i for i in kept[layer] if i not in wanted[layer]] for layer in wanted}
+    return {layer: indices for layer, indices in plan.items() if indices}
 
 
 def check_heads(model: nn.Module, heads: Mapping[int, Iterable[int]], kept: HeadMap, what: str) -> dict[int, set[int]]:

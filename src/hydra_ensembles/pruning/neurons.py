@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..adapters import get_adapter
-from .heads import slice_linear
+from .heads import complement, slice_linear
 from .persist import record_fingerprint, register_structure
 
 NeuronMap = dict[int, list[int]]
@@ -64,13 +64,7 @@ def prune_neurons(model: nn.Module, neurons_to_prune: Mapping[int, Iterable[int]
 
 def keep_neurons(model: nn.Module, neuron_map: Mapping[int, Iterable[int]]) -> nn.Module:
     """Prune, in place, every MLP neuron that `neuron_map` does not keep. Layers missing from it keep all."""
-    kept = kept_neurons(model)
-    wanted = {int(layer): {int(k) for k in neurons} for layer, neurons in neuron_map.items()}
-    unknown = {layer: sorted(ks - set(kept.get(layer, []))) for layer, ks in wanted.items()}
-    unknown = {layer: ks for layer, ks in unknown.items() if ks}
-    if unknown:
-        raise ValueError(f"neuron map keeps neurons the model no longer has (or that do not exist): {unknown}.")
-    return prune_neurons(model, {layer: [k for k in kept[layer] if k not in wanted[layer]] for layer in wanted})
+    return prune_neurons(model, complement(kept_neurons(model), neuron_map, "neuron"))
 
 
 @contextmanager
