@@ -120,17 +120,27 @@ def ablate_heads(model: nn.Module, heads: Mapping[int, Iterable[int]]) -> Iterat
     plan = check_heads(model, heads, kept, what="ablate")
     head_dim = adapter.head_dim(model)
     layers = adapter.layers(model)
-    saved: list[tuple[torch.Tensor, slice, torch.Tensor]] = []
-    with torch.no_grad():
-        for layer, layer_heads in plan.items():
-            weight = adapter.block(layers[layer]).output.weight  # (d, H*dh)
-            for head in layer_heads:
-                position = kept[layer].index(head)
-                cols = slice(position * head_dim, (position + 1) * head_dim)
-                saved.append((weight, cols, weight[:, cols].clone()))
-                weight[:, cols] = 0
-    try:
+    columns = []
+    for layer, layer_heads in plan.items():
+        weight = adapter.block(layers[layer]).output.weight  # (d, H*dh)
+        for head in layer_heads:
+            position = kept[layer].index(head)
+            columns.append((weight, slice(position * head_dim, (position + 1) * head_dim)))
+    with zeroed_columns(columns):
         yield model
+
+
+@contextmanager
+def zeroed_columns(columns: Iterable[tuple[torch.Tensor, slice | torch.Tensor]]) -> Iterator[None]:
+    """Zero the given columns of weight matrices in place, and restore them on exit (also after an error):
+    the reversible ablation of heads (W_o column blocks) and of MLP neurons (columns of the second linear)."""
+    saved = []
+    with torch.no_grad():
+        for weight, cols in columns:
+            saved.append((weight, cols, weight[:, cols].clone()))
+            weight[:, cols] = 0
+    try:
+        yield
     finally:
         with torch.no_grad():
             for weight, cols, block in saved:

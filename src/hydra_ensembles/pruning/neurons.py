@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..adapters import get_adapter
-from .heads import complement, slice_linear
+from .heads import complement, slice_linear, zeroed_columns
 from .persist import record_fingerprint, register_structure
 
 NeuronMap = dict[int, list[int]]
@@ -74,19 +74,12 @@ def ablate_neurons(model: nn.Module, neurons: Mapping[int, Iterable[int]]) -> It
     kept = kept_neurons(model)
     plan = _check(kept, neurons)
     layers = adapter.layers(model)
-    saved = []
-    with torch.no_grad():
-        for layer, ks in plan.items():
-            weight = adapter.block(layers[layer]).mlp_out.weight  # (d, F)
-            cols = torch.tensor([kept[layer].index(k) for k in ks])
-            saved.append((weight, cols, weight[:, cols].clone()))
-            weight[:, cols] = 0
-    try:
+    columns = [
+        (adapter.block(layers[layer]).mlp_out.weight, torch.tensor([kept[layer].index(k) for k in ks]))  # (d, F)
+        for layer, ks in plan.items()
+    ]
+    with zeroed_columns(columns):
         yield model
-    finally:
-        with torch.no_grad():
-            for weight, cols, block in saved:
-                weight[:, cols] = block
 
 
 def _check(kept: NeuronMap, neurons: Mapping[int, Iterable[int]]) -> dict[int, set[int]]:
