@@ -39,12 +39,27 @@ def _text_config(cls, **extra):
     return cls(vocab_size=VOCAB, max_position_embeddings=24, **SIZES, **extra)
 
 
+def _strong_position_bias(model: torch.nn.Module) -> torch.nn.Module:
+    """MPNet's relative position bias at a trained model's scale (std 1, not the init's 0.02): a head reading
+    another head's bias plane must change the output far beyond the contracts' tolerance."""
+    with torch.no_grad():
+        encoder = model.mpnet.encoder if hasattr(model, "mpnet") else model.encoder
+        encoder.relative_attention_bias.weight.normal_(0, 1)
+    return model
+
+
 MODELS: dict[str, Callable[..., torch.nn.Module]] = {
     "bert": _seeded(lambda: T.BertForSequenceClassification(_text_config(T.BertConfig, num_labels=3))),
     "bert_encoder": _seeded(lambda: T.BertModel(_text_config(T.BertConfig))),
     "roberta": _seeded(
         lambda: T.RobertaForSequenceClassification(_text_config(T.RobertaConfig, num_labels=3, pad_token_id=1))
     ),
+    "mpnet": _seeded(
+        lambda: _strong_position_bias(
+            T.MPNetForSequenceClassification(_text_config(T.MPNetConfig, num_labels=3, pad_token_id=1))
+        )
+    ),
+    "mpnet_encoder": _seeded(lambda: _strong_position_bias(T.MPNetModel(_text_config(T.MPNetConfig, pad_token_id=1)))),
     "distilbert": _seeded(
         lambda: T.DistilBertForSequenceClassification(
             T.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=3, n_heads=4, hidden_dim=37, num_labels=3)
@@ -86,12 +101,14 @@ MODELS: dict[str, Callable[..., torch.nn.Module]] = {
         )
     ),
 }
-TEXT = {"bert", "bert_encoder", "roberta", "distilbert", "clip_text"}
+TEXT = {"bert", "bert_encoder", "roberta", "mpnet", "mpnet_encoder", "distilbert", "clip_text"}
 # The families the contracts must hold for; a representative of each norm position and of both CLIP towers.
 CONTRACT_MODELS = [
     "bert",
     "bert_encoder",
     "roberta",
+    "mpnet",
+    "mpnet_encoder",
     "distilbert",
     "vit",
     "vit_encoder",
@@ -115,7 +132,7 @@ def make_inputs(kind: str, batch: int = 4, seed: int = 1) -> dict[str, torch.Ten
         mask[row, valid:] = 0
         if kind == "clip_text":
             ids[row, 0], ids[row, valid - 1] = BOS, EOS
-        ids[row, valid:] = 1 if kind == "roberta" else 0
+        ids[row, valid:] = 1 if kind in ("roberta", "mpnet", "mpnet_encoder") else 0
     return {"input_ids": ids, "attention_mask": mask}
 
 

@@ -192,6 +192,7 @@ def _labelled(name, seeds, classes):
         ("vit", 5, "acc", 3),
         ("clip_classifier", 5, "avg", 3),
         ("dinov2", 5, "avg", 3),
+        ("mpnet", 3, "avg", 4),
         ("distilbert", 3, "ood", 3),
     ],
 )

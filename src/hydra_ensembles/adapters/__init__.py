@@ -8,6 +8,7 @@ from .base import Adapter, Block, LayerNames, ModelSpec
 from .bert import BertAdapter
 from .clip import CLIPTextAdapter, CLIPVisionAdapter
 from .dinov2 import Dinov2Adapter
+from .mpnet import MPNetAdapter
 from .distilbert import DistilBertAdapter
 from .vit import ViTAdapter
 
@@ -46,6 +47,7 @@ for _adapter in (
     DistilBertAdapter(),
     ViTAdapter(),
     Dinov2Adapter(),
+    MPNetAdapter(),
     CLIPTextAdapter(),
     CLIPVisionAdapter(),
 ):

@@ -9,7 +9,7 @@ after the last layer). Adding an architecture means adding one adapter module; s
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -221,13 +221,21 @@ class Adapter(ABC):
             scale2=_get_attr(layer, names.scale2) if names.scale2 else None,
         )
 
+    def attention_bias(self, backbone: nn.Module, seq_len: int) -> Tensor | None:
+        """An additive bias that every layer adds to its attention scores, one plane per original head,
+        (H, T, T), computed once before the first layer from tensors under `embedding_paths` (MPNet's relative
+        position bias); None for families without one."""
+        return None
+
     def set_projections(
         self,
         layer: nn.Module,
         projections: tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear],
         num_heads: int,
+        kept: Sequence[int] | None = None,
     ) -> None:
-        """Swap in re-sized (query, key, value, output) projections and update the head-count attributes."""
+        """Swap in re-sized (query, key, value, output) projections and update the head-count attributes.
+        `kept`: the original indices of the heads the layer keeps (empty for a placeholder head)."""
         names = self.layer_names
         for path, module in zip((names.query, names.key, names.value, names.output), projections):
             layer.set_submodule(path, module)

@@ -111,7 +111,8 @@ class HydraEnsemble(nn.Module):
         for index in range(adapter.num_layers(members[0])):
             blocks = [adapter.block(adapter.layers(m)[index]) for m in members]
             counts = [len(head_map[index]) for head_map in head_maps]
-            layers.append(FusedLayer.from_blocks(blocks, counts, mlp, **layer_kwargs))
+            kept = [head_map[index] for head_map in head_maps]
+            layers.append(FusedLayer.from_blocks(blocks, kept, mlp, **layer_kwargs))
         shared, member, parameters, averaged = _outer_tensors(adapter, skeleton, members, mlp)
         outer = OuterModules(adapter, skeleton, shared, member, parameters)
         config = _clean_config(members[0].config)
@@ -149,10 +150,20 @@ class HydraEnsemble(nn.Module):
     def embed(self, inputs: dict[str, Any]) -> tuple[Tensor, Tensor | None]:
         """Member streams entering layer 0 and the attention mask. inputs: model inputs (no labels).
 
-        Returns x (1, B, T, d) when the members share their embeddings (else (M, B, T, d)) and the mask (bool,
-        (B, 1, 1|T, T) or (T, T), or None), as every layer takes them."""
+        Returns x (1, B, T, d) when the members share their embeddings (else (M, B, T, d)) and the mask, as every
+        layer takes it: bool, (B, 1, 1|T, T) or (T, T), or None; or, for families whose layers share an additive
+        score bias (MPNet), float (B, G*H, T, T): one plane per original head of each of G = 1 or M bias copies,
+        -inf where the padding mask forbids."""
         x = self.outer.embed(inputs)
-        return x, self.adapter.attention_mask(inputs, x.shape[2])
+        batch, tokens = x.shape[1], x.shape[2]
+        mask = self.adapter.attention_mask(inputs, tokens)
+        bias = self.outer.attention_bias(tokens)  # (G, H, T, T) or None
+        if bias is None:
+            return x, mask
+        bias = bias.flatten(0, 1)[None].expand(batch, -1, -1, -1)  # (B, G*H, T, T), a view
+        if mask is not None:
+            bias = bias.masked_fill(~mask, float("-inf"))
+        return x, bias
 
     def prefix(self, inputs: dict[str, Any], last: int) -> tuple[list[Tensor], Tensor | None]:
         """The hidden states entering layers 0..last (each (1|M, B, T, d)), and the mask: what candidates of
@@ -220,8 +231,8 @@ class HydraEnsemble(nn.Module):
         for index in range(len(head_maps[0])):
             prefix = f"layers.{index}."
             tensors = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
-            counts = [len(head_map[index]) for head_map in head_maps]
-            layers.append(FusedLayer(tensors, head_counts=counts, **layer_kwargs))
+            kept = [head_map[index] for head_map in head_maps]
+            layers.append(FusedLayer(tensors, kept_heads=kept, **layer_kwargs))
         shared = TensorStore.from_state(state, "outer.shared.")
         member = TensorStore.from_state(state, "outer.member.")
         outer = OuterModules(adapter, skeleton, shared, member, set(saved["parameters"]))
@@ -358,6 +369,7 @@ def _skeleton(
         "norm_position": adapter.norm_position,
         "eps": (block.norm1.eps, block.norm2.eps),
         "activation": block.activation,
+        "num_heads": adapter.num_heads(model),
     }
     adapter.backbone(model).set_submodule(adapter.layers_path, nn.ModuleList())
     return model.eval(), layer_kwargs

@@ -8,6 +8,10 @@ Hp slots and the rest are zero-padded (zero q/k/v weights and zero W_o rows, so 
 nothing). All members' heads then go through one `scaled_dot_product_attention` call laid out as
 (M*B, Hp, T, dh) — each member's heads attend within its own stream, as in the paper's Eq. 2-3 — built from
 views of the q/k/v projection without copying.
+
+A family whose layers share an additive score bias (MPNet's relative position bias) passes it in place of the
+boolean mask: float (B, G*H, T, T), one plane per original head of G = 1 or M copies; each member's slot s then
+reads the plane of the original head it holds there (`bias_index`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ SHAREABLE = ("norm1", "norm2", "mlp", "scale1", "scale2")
 
 
 class FusedLayer(nn.Module):
-    """M members' copies of one layer.
+    """M members' copies of one layer. `kept_heads[m]`: the original indices of the heads member m keeps here.
 
     Tensors (see the module docstring for symbols):
         qkv_weight (M, d, 3*Hp*dh), qkv_bias (M, 1, 3*Hp*dh): columns [q heads | k heads | v heads]
@@ -42,7 +46,8 @@ class FusedLayer(nn.Module):
         self,
         tensors: dict[str, Tensor],
         *,
-        head_counts: Sequence[int],
+        kept_heads: Sequence[Sequence[int]],
+        num_heads: int,
         head_dim: int,
         scaling: float,
         norm_position: Literal["pre", "post"],
@@ -54,8 +59,14 @@ class FusedLayer(nn.Module):
             self.register_parameter(name, nn.Parameter(tensor, requires_grad=tensor.is_floating_point()))
         if "scale1" not in tensors:
             self.scale1 = self.scale2 = None
-        self.head_counts = list(head_counts)
+        self.kept_heads = [list(heads) for heads in kept_heads]
+        self.head_counts = [len(heads) for heads in self.kept_heads]
         self.padded_heads = max(self.head_counts, default=0)
+        self.num_heads = num_heads  # heads per layer of the unpruned model
+        index = torch.zeros(len(self.kept_heads), self.padded_heads, dtype=torch.long)  # padded slots: plane 0
+        for m, heads in enumerate(self.kept_heads):
+            index[m, : len(heads)] = torch.as_tensor(heads, dtype=torch.long)
+        self.register_buffer("bias_index", index, persistent=False)  # (M, Hp), rebuilt from the head maps
         self.head_dim = head_dim
         self.scaling = scaling
         self.norm_position = norm_position
@@ -65,9 +76,10 @@ class FusedLayer(nn.Module):
 
     @classmethod
     def from_blocks(
-        cls, blocks: Sequence[Block], head_counts: Sequence[int], mlp: MLPMode, **layer_kwargs
+        cls, blocks: Sequence[Block], kept_heads: Sequence[Sequence[int]], mlp: MLPMode, **layer_kwargs
     ) -> FusedLayer:
-        """Gather one layer from M members. `blocks[m]` keeps `head_counts[m]` heads (its first rows)."""
+        """Gather one layer from M members. `blocks[m]` keeps the heads `kept_heads[m]` (its first rows)."""
+        head_counts = [len(heads) for heads in kept_heads]
         head_dim = layer_kwargs["head_dim"]
         width = max(head_counts, default=0) * head_dim  # Hp * dh
         first = blocks[0].output.weight
@@ -90,17 +102,18 @@ class FusedLayer(nn.Module):
         if all(torch.equal(t[m], t[0]) for t in attention.values() for m in range(1, members)):
             attention = {name: t[:1].clone() for name, t in attention.items()}  # identical members: one copy
         rest, averaged = _shared_or_stacked(blocks, mlp)
-        layer = cls(attention | rest, head_counts=head_counts, **layer_kwargs)
+        layer = cls(attention | rest, kept_heads=kept_heads, **layer_kwargs)
         layer.averaged = averaged
         return layer
 
     @property
     def shared(self) -> bool:
         """True when every tensor has one copy (G = 1): the layer is the same function for every member."""
-        return all(p.shape[0] == 1 for p in self.parameters()) and len(set(self.head_counts)) <= 1
+        return all(p.shape[0] == 1 for p in self.parameters()) and len({tuple(h) for h in self.kept_heads}) <= 1
 
     def forward(self, x: Tensor, mask: Tensor | None, queries: int | None = None) -> Tensor:
-        """x: (M, B, T, d) member streams; mask: bool, (B, 1, 1|T, T) or (T, T), or None.
+        """x: (M, B, T, d) member streams; mask: bool, (B, 1, 1|T, T) or (T, T), or None; or a score bias
+        (B, G*H, T, T) (see the module docstring).
 
         Returns (M, B, T, d), or (M, B, q, d) with `queries=q`: only the first q token rows are computed (keys
         and values still come from all T tokens) — all a last layer needs when the head reads [CLS] only.
@@ -158,10 +171,21 @@ class FusedLayer(nn.Module):
             q = q[:, :, :queries]  # (M*B, Hp, q, dh)
             if mask is not None and mask.shape[-2] > 1:  # a causal mask has one row per query
                 mask = mask[..., :queries, :]
-        if mask is not None and mask.dim() == 4 and members > 1:  # (B, 1, 1|T, T) -> (M*B, 1, 1|T, T)
+        if mask is not None and mask.is_floating_point():
+            mask = self.member_bias(mask, members)  # (M*B, Hp, q|T, T)
+        elif mask is not None and mask.dim() == 4 and members > 1:  # (B, 1, 1|T, T) -> (M*B, 1, 1|T, T)
             mask = mask.expand(members, *mask.shape).reshape(members * batch, *mask.shape[1:])
         z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)  # (M*B, Hp, q, dh)
         return z.transpose(1, 2).reshape(members, out_rows, heads * head_dim)  # (M, B*q, Hp*dh)
+
+    def member_bias(self, bias: Tensor, members: int) -> Tensor:
+        """Each member's slots' planes of a shared score bias: (B, G*H, R, T) -> (M*B, Hp, R, T)."""
+        index = self.bias_index[:members]  # (M, Hp); a one-member engine has M = 1
+        if bias.shape[1] > self.num_heads:  # G = M copies: member m reads planes m*H..(m+1)*H-1
+            index = index + self.num_heads * torch.arange(members, device=index.device)[:, None]
+        planes = bias[:, index.flatten()]  # (B, M*Hp, R, T)
+        planes = planes.view(bias.shape[0], members, self.padded_heads, *bias.shape[2:]).transpose(0, 1)
+        return planes.reshape(members * bias.shape[0], self.padded_heads, *bias.shape[2:])
 
     def mlp(self, x: Tensor) -> Tensor:
         """x: (M, N, d) -> (M, N, d)."""

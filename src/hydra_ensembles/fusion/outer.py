@@ -100,6 +100,19 @@ class OuterModules(nn.Module):
             return self._call(self.member_slice(0), embed, inputs)[None]  # (1, B, T, d)
         return torch.vmap(lambda tensors: self._call(tensors, embed, inputs))(self.member.tensors())
 
+    def attention_bias(self, seq_len: int) -> Tensor | None:
+        """The additive score bias every layer shares (`Adapter.attention_bias`, e.g. MPNet's relative position
+        bias): (G, H, T, T), G = 1 when the members share their embeddings, else M; None for most families."""
+
+        def bias(model: nn.Module, seq_len: int) -> Tensor | None:
+            return self.adapter.attention_bias(self.adapter.backbone(model), seq_len)
+
+        if bias(self.skeleton, 0) is None:  # meta tensors: free
+            return None
+        if not self.embeddings_per_member:
+            return self._call(self.member_slice(0), bias, seq_len)[None]  # (1, H, T, T)
+        return torch.vmap(lambda tensors: self._call(tensors, bias, seq_len))(self.member.tensors())
+
     def head(self, hidden: Tensor, inputs: Mapping[str, Any]) -> Tensor:
         """Each member's own head on its own stream: hidden (M, B, T, d) -> (M, B, C) or (M, B, D)."""
         head = self.adapter.head

@@ -56,7 +56,7 @@ def prune_heads(model: nn.Module, heads_to_prune: Mapping[int, Iterable[int]]) -
     for layer, heads in plan.items():
         remaining = [h for h in kept[layer] if h not in heads]
         positions = [kept[layer].index(h) for h in remaining]
-        _rebuild_attention(adapter, model, layers[layer], positions)
+        _rebuild_attention(adapter, model, layers[layer], positions, remaining)
         kept[layer] = remaining
     setattr(model.config, KEPT_HEADS_KEY, {str(layer): heads for layer, heads in kept.items()})
     return model
@@ -160,8 +160,10 @@ def head_counts(model: nn.Module) -> list[int]:
     return [len(heads) for heads in kept_heads(model).values()]
 
 
-def _rebuild_attention(adapter: Adapter, model: nn.Module, layer: nn.Module, positions: list[int]) -> None:
-    """Keep only the heads at `positions` (indices into the layer's current heads)."""
+def _rebuild_attention(
+    adapter: Adapter, model: nn.Module, layer: nn.Module, positions: list[int], kept: list[int]
+) -> None:
+    """Keep only the heads at `positions` (indices into the layer's current heads; `kept`: their original ids)."""
     head_dim = adapter.head_dim(model)
     block = adapter.block(layer)
     placeholder = not positions
@@ -178,7 +180,7 @@ def _rebuild_attention(adapter: Adapter, model: nn.Module, layer: nn.Module, pos
         for tensor in (query.weight, query.bias, key.weight, key.bias, value.weight, value.bias, output.weight):
             if tensor is not None:
                 tensor.requires_grad_(False)  # fine-tuning must leave the placeholder at zero
-    adapter.set_projections(layer, (query, key, value, output), num_heads=max(len(positions), 1))
+    adapter.set_projections(layer, (query, key, value, output), num_heads=max(len(positions), 1), kept=kept)
 
 
 def slice_linear(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
