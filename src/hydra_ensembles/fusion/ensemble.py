@@ -110,7 +110,6 @@ class HydraEnsemble(nn.Module):
         layers = []
         for index in range(adapter.num_layers(members[0])):
             blocks = [adapter.block(adapter.layers(m)[index]) for m in members]
-            counts = [len(head_map[index]) for head_map in head_maps]
             kept = [head_map[index] for head_map in head_maps]
             layers.append(FusedLayer.from_blocks(blocks, kept, mlp, **layer_kwargs))
         shared, member, parameters, averaged = _outer_tensors(adapter, skeleton, members, mlp)
