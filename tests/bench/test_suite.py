@@ -42,23 +42,29 @@ def tiny_task():
 
 
 def test_every_row_is_built_evaluated_tabled_and_cached(tiny_task, tmp_path, monkeypatch):
-    summary = suite.run(tiny_task, [0], tmp_path / "out", tmp_path / "cache", command="pytest", progress=False)
-    assert list(summary["rows"]) == list(suite.ROWS)
+    rows = suite.ALL_ROWS
+    summary = suite.run(
+        tiny_task, [0], tmp_path / "out", tmp_path / "cache", command="pytest", progress=False, rows=rows
+    )
+    assert list(summary["rows"]) == list(rows)
     table = (tmp_path / "out" / "table.md").read_text()
-    assert all(f"| {row} |" in table for row in suite.ROWS) and "a tiny test task" in table
+    assert all(f"| {row} |" in table for row in rows) and "a tiny test task" in table
     assert not [line for line in table.splitlines() if line.startswith("| ") and " ± " in line]  # one seed: no "± 0.0"
-    assert set(summary["latency"]) == set(suite.ROWS) and summary["latency"]["Single"]["median"] == 1.0
+    assert set(summary["latency"]) == set(rows) and summary["latency"]["Single"]["median"] == 1.0
     single_line = next(line for line in table.splitlines() if line.startswith("| Single |"))
     assert single_line.endswith("| 1.00 (1.00-1.00) |")  # latency: median (min-max) over interleaved rounds
     saved = json.loads((tmp_path / "out" / "table.json").read_text())
     assert saved["seeds"] == [0] and saved["command"] == "pytest" and saved["wall_time_s"] > 0
-    hydra = saved["per_seed"]["0"]["Hydra (Circ)"]
-    assert hydra["heads"] == "3x3 (avg)" and hydra["mlp"] in ("average", "stack") and len(hydra["head_maps"]) == 3
+    hydra, stacked = (saved["per_seed"]["0"][row] for row in ("Hydra (Circ)", "Hydra (Circ), stacked MLP"))
+    assert hydra["heads"] == "3x3 (avg)" and hydra["mlp"] == "average" and len(hydra["head_maps"]) == 3
+    assert stacked["mlp"] == "stack" and stacked["head_maps"] == hydra["head_maps"]  # the same members
+    assert hydra["averaged"] > 0 and stacked["averaged"] == 0  # fine-tuned apart: the merged MLP is averaged
+    assert "| Hydra (Circ) | " in table.split("Members' disagreement")[1]  # one by one vs after fusion
     for name in ("reliability.png", "ood_scores.png", "head_importance.png"):
         assert (tmp_path / "out" / name).stat().st_size > 5000
     # a second run trains nothing: every model and result comes from the cache
     monkeypatch.setattr(suite, "finetune", lambda *a, **k: pytest.fail("retrained a cached model"))
-    again = suite.run(tiny_task, [0], tmp_path / "out2", tmp_path / "cache", progress=False)
+    again = suite.run(tiny_task, [0], tmp_path / "out2", tmp_path / "cache", progress=False, rows=rows)
     assert again["rows"]["Single"]["id.acc"] == summary["rows"]["Single"]["id.acc"]
 
 

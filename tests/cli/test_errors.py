@@ -66,6 +66,16 @@ def test_unreadable_data(tmp_path, classifier, text_files):
     images = tmp_path / "images"
     images.mkdir()
     torch.save({}, images / "not-an-image.png")
+    too_many = fails(
+        "scores", "--model", str(classifier), "--data", str(text_files["val"]), "--sequential", "9", "--out", out
+    )
+    assert "sequential_budget for layer 0 is 9" in too_many and "prune fewer heads" in too_many
+    usage = hydra_ens(
+        "scores", "--model", str(classifier), "--data", "x", "--sequential", "a", "--out", out, check=False
+    )
+    assert (
+        usage.returncode == 2 and "--sequential: expected a number of heads or a comma-separated list" in usage.stderr
+    )
     assert "cannot read image" in fails("scores", "--model", str(classifier), "--data", str(images), "--out", out)
     unknown = tmp_path / "other-labels.csv"
     unknown.write_text("text,label\ngoal match,cooking\n")

@@ -1,18 +1,23 @@
 """The comparison of the paper's Tables 1-2 on one task: every baseline and both Hydra Ensembles, per seed,
 then mean +- std over seeds as markdown and JSON tables, plus figures.
 
-Rows: Single, Deep Ensembles, Deep Ensembles (D), MC Dropout, Temp. scaling, LoRA Ens., Taylor, CircAvg,
-Hydra (Taylor), Hydra (Circ). Everything trained is cached under `cache_dir/<task>-<fingerprint>/seed<k>/`
-and reused, and each seed's finished rows are recorded there, so an interrupted benchmark resumes where it
-stopped. The cache key includes `Task.fingerprint()`, so a changed recipe or split retrains instead of reusing.
+Rows (`ROWS`): Single, Deep Ensembles, Deep Ensembles (D), MC Dropout, Temp. scaling, LoRA Ens., Taylor,
+CircAvg, Hydra (Taylor), Hydra (Circ) — the paper's method: sequential Taylor scores (§D.1.1), exact circuits
+(§D.1.2), fine-tuned members fused with the merged (averaged) MLP (§4.2) — and the variant that keeps each
+member's own MLP, as its own labelled rows (same members, exact fusion, more parameters).
+`REVIEW_ROWS` answer reviewers' questions (paper §B.1-B.3): Taylor / CircAvg / Hydra (Circ) without
+fine-tuning (Table 4), CircAcc and CircOOD next to CircAvg (Table 6); `head_sweep` gives Figures 5-6.
 
-Choices made on validation data only: early stopping of the single and deep-ensemble models, the temperature,
-and whether a Hydra Ensemble averages its members' MLPs (the paper's merged MLP) or keeps each member's own
-(the lower validation NLL wins; the choice is recorded in the JSON).
+Everything trained is cached under `cache_dir/<task>-<fingerprint>/seed<k>/` and reused, and each seed's
+finished rows are recorded there, so an interrupted benchmark resumes where it stopped. The cache key includes
+`Task.fingerprint()`, so a changed recipe or split retrains instead of reusing. Choices made on validation
+data only: early stopping of the single and deep-ensemble models, and the temperature; no row is chosen or
+dropped after seeing test data.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -23,7 +28,6 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .. import metrics
 from ..adapters import get_adapter
 from ..cost import predictor_latency
 from ..evaluation import plots
@@ -45,7 +49,6 @@ from ..predictors import (
     shared_backbone_ensemble,
 )
 from ..training import finetune
-from ..uncertainty import ensemble_probs
 from ..version import __version__
 from .tasks import Task
 
@@ -60,7 +63,17 @@ ROWS = (
     "CircAvg",
     "Hydra (Taylor)",
     "Hydra (Circ)",
+    "Hydra (Taylor), stacked MLP",
+    "Hydra (Circ), stacked MLP",
 )
+REVIEW_ROWS = (
+    "Taylor, no fine-tuning",
+    "CircAvg, no fine-tuning",
+    "Hydra (Circ), no fine-tuning",
+    "CircAcc",
+    "CircOOD",
+)
+ALL_ROWS = ROWS + REVIEW_ROWS
 PLOTTED = ("Single", "Deep Ensembles", "Hydra (Taylor)", "Hydra (Circ)")
 
 
@@ -129,28 +142,27 @@ def run_seed(task: Task, seed: int, cache: Path, progress: bool = True, rows: Se
 def timed_rows(task: Task, seed: int, cache: Path, results: Mapping[str, dict], repeats: int) -> dict[str, dict]:
     """Latency of every row relative to Single on the first test batch: the rows' predictors (from the cache)
     timed interleaved, `repeats` rounds (`cost.predictor_latency`)."""
-    build = _Builder(task, seed, cache, progress=False, mlp_choices={r: v.get("mlp") for r, v in results.items()})
+    build = _Builder(task, seed, cache, progress=False)
     predictors = {row: build.row(row)[0] for row in results}
     print(f"timing {len(predictors)} rows, interleaved, {repeats} rounds", flush=True)
     return predictor_latency(predictors, {row: task.test[0] for row in predictors}, repeats)
 
 
 def _check_rows(rows: Sequence[str]) -> list[str]:
-    unknown = [row for row in rows if row not in ROWS]
+    unknown = [row for row in rows if row not in ALL_ROWS]
     if unknown:
-        raise ValueError(f"unknown row(s) {unknown}; choose from {list(ROWS)}.")
+        raise ValueError(f"unknown row(s) {unknown}; choose from {list(ALL_ROWS)}.")
     if "Single" not in rows:
         raise ValueError("rows must include 'Single': every cost ratio is relative to it.")
-    return [row for row in ROWS if row in rows]
+    return [row for row in ALL_ROWS if row in rows]
 
 
 class _Builder:
     """Builds each row's predictor for one seed, caching every trained model."""
 
-    def __init__(self, task: Task, seed: int, cache: Path, progress: bool, mlp_choices: Mapping | None = None):
+    def __init__(self, task: Task, seed: int, cache: Path, progress: bool):
         self.task, self.seed, self.cache, self.progress = task, seed, cache, progress
         self._single: nn.Module | None = None
-        self.mlp_choices = dict(mlp_choices or {})  # row -> MLP mode chosen before (skips choosing again)
 
     def row(self, name: str) -> tuple[nn.Module, str, dict]:
         return {
@@ -161,9 +173,16 @@ class _Builder:
             "Temp. scaling": self.temperature,
             "LoRA Ens.": self.lora,
             "Taylor": self.taylor,
-            "CircAvg": self.circavg,
-            "Hydra (Taylor)": self.hydra_taylor,
-            "Hydra (Circ)": self.hydra_circ,
+            "CircAvg": lambda: self.circuit_row("avg"),
+            "Hydra (Taylor)": lambda: self.hydra_taylor("average"),
+            "Hydra (Circ)": lambda: self.hydra_circ("average"),
+            "Hydra (Taylor), stacked MLP": lambda: self.hydra_taylor("stack"),
+            "Hydra (Circ), stacked MLP": lambda: self.hydra_circ("stack"),
+            "Taylor, no fine-tuning": lambda: self.taylor(fine_tune=False),
+            "CircAvg, no fine-tuning": lambda: self.circuit_row("avg", fine_tune=False),
+            "Hydra (Circ), no fine-tuning": lambda: self.hydra_circ("average", fine_tune=False),
+            "CircAcc": lambda: self.circuit_row("acc"),
+            "CircOOD": lambda: self.circuit_row("ood"),
         }[name]()
 
     # ---- shared pieces ----
@@ -202,14 +221,19 @@ class _Builder:
         )
 
     def taylor_scores(self) -> Tensor:
-        path = self.cache / "taylor_scores.pt"
+        """Sequential Taylor scores (§D.1.1): layer by layer, the layer's `prune_per_layer` lowest heads are
+        pruned before the next layer is scored."""
+        path = self.cache / "taylor_scores_sequential.pt"
         if not path.exists():
             calibration = self.task.train[: max(1, len(self.task.val))]
-            torch.save(taylor_head_scores(self.single(), calibration, progress=self.progress), path)
+            scores = taylor_head_scores(
+                self.single(), calibration, sequential_budget=self.task.prune_per_layer, progress=self.progress
+            )
+            torch.save(scores, path)
         return torch.load(path)
 
-    def circuit(self) -> Circuit:
-        path = self.cache / "circuit_avg.json"
+    def circuit(self, criterion: str = "avg") -> Circuit:
+        path = self.cache / f"circuit_{criterion}.json"
         if not path.exists():
             task = self.task
             budget = max(task.circuit_pool, task.prune_per_layer * self.layers)
@@ -217,46 +241,41 @@ class _Builder:
                 self.single(),
                 task.circuit_id,
                 task.circuit_ood,
-                "avg",
+                criterion,
                 budget,
                 method=task.circuit_method,
                 top=task.circuit_top,
-                state_path=self.cache / "circuit_state.json",
+                state_path=self.cache / f"circuit_{criterion}_state.json",
                 progress=self.progress,
             )
             circuit.save(path)
         return Circuit.load(path)
 
-    def fine_tuned_members(self, prefix: str, head_maps) -> list[nn.Module]:
+    def fine_tuned_members(self, prefix: str, head_maps, fine_tune: bool = True) -> list[nn.Module]:
+        if not fine_tune:  # the pruned copies as they are (zero-shot, paper Table 4)
+            return build_members(self.single(), head_maps)
         members = []
         for m, head_map in enumerate(head_maps):
             seed = self.seed * 100 + m
+            name = f"{prefix}{m}-{_digest(head_map)}"  # the head map is part of what is cached
 
-            def build(head_map=head_map, seed=seed, m=m) -> nn.Module:
+            def build(head_map=head_map, seed=seed, name=name) -> nn.Module:
                 member = build_members(self.single(), [head_map])[0]
                 return finetune(
                     member,
                     self.task.train,
                     self.task.member_recipe.with_(seed=seed),
-                    checkpoint_dir=self.cache / "checkpoints" / f"{prefix}{m}",
+                    checkpoint_dir=self.cache / "checkpoints" / name,
                     progress=self.progress,
                 )
 
-            members.append(self.trained(f"{prefix}{m}", build))
+            members.append(self.trained(name, build))
         return members
 
-    def fused(self, members: list[nn.Module], row: str) -> tuple[HydraEnsemble, dict]:
-        """Average or stack the members' MLPs, whichever gives the lower validation NLL."""
-        if self.mlp_choices.get(row):
-            return HydraEnsemble.fuse(members, mlp=self.mlp_choices[row]), {"mlp": self.mlp_choices[row]}
-        val_labels = labels_of(self.task.val)
-        options = {}
-        for mode in ("average", "stack"):
-            ensemble = HydraEnsemble.fuse(members, mlp=mode)
-            probs = ensemble_probs(collect_member_logits(ensemble, self.task.val))
-            options[mode] = (metrics.nll(probs, val_labels), ensemble)
-        mode = min(options, key=lambda k: options[k][0])
-        return options[mode][1], {"mlp": mode, "val_nll": {k: v[0] for k, v in options.items()}}
+    @staticmethod
+    def fused(members: list[nn.Module], mlp: str) -> tuple[HydraEnsemble, dict]:
+        ensemble = HydraEnsemble.fuse(members, mlp=mlp)
+        return ensemble, {"mlp": mlp, "averaged": len(ensemble.averaged)}
 
     # ---- rows ----
 
@@ -302,18 +321,18 @@ class _Builder:
 
         return self.trained("lora", build), f"{self.heads}x{task.members}", {}
 
-    def taylor(self):
+    def taylor(self, fine_tune: bool = True):
         budget = self.task.prune_per_layer
         head_maps = sample_members(self.taylor_scores(), num_members=1, budget=budget, pool=budget)
-        model = self.fine_tuned_members("taylor", head_maps)[0]
+        model = self.fine_tuned_members("taylor", head_maps, fine_tune)[0]
         return model, str(self.heads - budget), {}
 
-    def circavg(self):
-        head_map = self.circuit().head_map(self.task.prune_per_layer * self.layers)
-        model = self.fine_tuned_members("circavg", [head_map])[0]
+    def circuit_row(self, criterion: str, fine_tune: bool = True):
+        head_map = self.circuit(criterion).head_map(self.task.prune_per_layer * self.layers)
+        model = self.fine_tuned_members(f"circ{criterion}", [head_map], fine_tune)[0]
         return model, f"{self.heads - self.task.prune_per_layer} (avg)", {}
 
-    def hydra_taylor(self):
+    def hydra_taylor(self, mlp: str):
         task = self.task
         head_maps = sample_members(
             self.taylor_scores(),
@@ -322,10 +341,10 @@ class _Builder:
             pool=task.taylor_pool,
             seed=self.seed,
         )
-        ensemble, extra = self.fused(self.fine_tuned_members("hydra-taylor", head_maps), "Hydra (Taylor)")
+        ensemble, extra = self.fused(self.fine_tuned_members("hydra-taylor", head_maps), mlp)
         return ensemble, f"{self.heads - task.prune_per_layer}x{task.members}", extra | {"head_maps": head_maps}
 
-    def hydra_circ(self):
+    def hydra_circ(self, mlp: str, fine_tune: bool = True):
         task = self.task
         head_maps = sample_members(
             self.circuit(),
@@ -334,9 +353,14 @@ class _Builder:
             pool=task.circuit_pool,
             seed=self.seed,
         )
-        ensemble, extra = self.fused(self.fine_tuned_members("hydra-circ", head_maps), "Hydra (Circ)")
+        ensemble, extra = self.fused(self.fine_tuned_members("hydra-circ", head_maps, fine_tune), mlp)
         heads = f"{self.heads - task.prune_per_layer}x{task.members} (avg)"
         return ensemble, heads, extra | {"head_maps": head_maps}
+
+
+def _digest(head_map: Mapping[int, Sequence[int]]) -> str:
+    text = json.dumps({str(layer): sorted(heads) for layer, heads in sorted(head_map.items())})
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 # ---- tables ----
@@ -351,12 +375,38 @@ def figures(task: Task, seed_cache: Path, out_dir: Path) -> None:
     }
     plots.logit_figures(logits, labels_of(task.test), out_dir, task.name)
     maps = {}
-    if (seed_cache / "taylor_scores.pt").exists():
-        maps["Taylor score"] = torch.load(seed_cache / "taylor_scores.pt")
+    if (seed_cache / "taylor_scores_sequential.pt").exists():
+        maps["Taylor score (sequential)"] = torch.load(seed_cache / "taylor_scores_sequential.pt")
     if (seed_cache / "circuit_avg.json").exists():
         maps["CircAvg removal step (late = useful)"] = Circuit.load(seed_cache / "circuit_avg.json").removal_steps()
     if maps:
         plots.head_heatmap(maps, out_dir / "head_importance.png", title=f"{task.name}: head importance")
+
+
+def disagreement_lines(rows: Mapping[str, dict]) -> list[str]:
+    """Members' disagreement on the test set, run one by one (the stacked-MLP fusion is exact) and fused with the
+    merged MLP: does averaging the MLPs make the members agree?"""
+    pairs = [
+        (r, f"{r}, stacked MLP")
+        for r in ("Hydra (Taylor)", "Hydra (Circ)")
+        if all("id.disagreement" in rows.get(name, {}) for name in (r, f"{r}, stacked MLP"))
+    ]
+    if not pairs:
+        return []
+    lines = [
+        "",
+        "Members' disagreement on the test set (mean over seeds): the fraction of member pairs whose top-1 classes "
+        "differ, and the mean mutual information (nats), for the members run one by one (= stacked MLP, exact) and "
+        "after fusion with the merged MLP:",
+        "",
+        "| Members | disagreement one by one | after fusion | MI one by one | after fusion |",
+        "|---|---|---|---|---|",
+    ]
+    for fused, separate in pairs:
+        cell = [f"{100 * rows[r]['id.disagreement']['mean']:.1f} %" for r in (separate, fused)]
+        cell += [f"{rows[r]['id.mi']['mean']:.4f}" for r in (separate, fused)]
+        lines.append(f"| {fused} | {' | '.join(cell)} |")
+    return lines
 
 
 def markdown(summary: dict) -> str:
@@ -376,8 +426,11 @@ def markdown(summary: dict) -> str:
         "",
     ]
     lines += [f"- {note}" for note in summary["notes"]]
-    chosen = {s: r["Hydra (Circ)"].get("mlp") for s, r in summary["per_seed"].items() if "Hydra (Circ)" in r}
-    chosen_t = {s: r["Hydra (Taylor)"].get("mlp") for s, r in summary["per_seed"].items() if "Hydra (Taylor)" in r}
-    lines.append(f"- MLP fusion chosen on validation NLL per seed: Hydra (Taylor) {chosen_t}, Hydra (Circ) {chosen}.")
+    lines.append(
+        "- Hydra (Taylor) and Hydra (Circ) are the paper's method: sequential Taylor scores, exact circuits (method "
+        "in the notes above), members fine-tuned and fused with the merged (averaged) MLP. The rows '…, stacked "
+        "MLP' fuse the same members keeping each one's own MLP (exact, more parameters)."
+    )
     lines += ["", "Per OOD set (AUROC %, mean over seeds):", "", *per_set_lines(summary["per_seed"])]
+    lines += disagreement_lines(summary["rows"])
     return "\n".join(lines) + "\n"

@@ -26,7 +26,8 @@ from .common import (
     start_step,
 )
 
-EXAMPLE = "hydra-ens scores --model my-classifier --data val.csv --out scores"
+EXAMPLE = """hydra-ens scores --model my-classifier --data val.csv --out scores
+hydra-ens scores --model my-classifier --data val.csv --sequential 4 --out scores-seq   # prune 4 per layer, rescore"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,8 +39,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="auto: cross-entropy when the data has labels, entropy otherwise",
     )
+    parser.add_argument(
+        "--sequential",
+        type=_budget,
+        metavar="K",
+        help="prune-and-recompute (paper §D.1.1): after scoring each layer, prune its K least useful heads before "
+        "scoring the next; K is one number or one per layer, comma-separated (e.g. 4 or 2,2,4,4,6,6)",
+    )
     add_output_options(parser)
     add_data_options(parser)
+
+
+def _budget(text: str) -> int | list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of heads or a comma-separated list, got {text!r}") from None
+    return values[0] if len(values) == 1 else values
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         "model": fingerprint_path(model_dir, "--model"),
         "data": fingerprint_path(args.data, "--data"),
         "loss": args.loss,
+        "sequential": args.sequential,
         **data_settings(args),
     }
     out = start_step(args, "scores", settings, "scores.safetensors")
@@ -56,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
     model = load_predictor(model_dir)
     labelled = {"auto": None, "cross_entropy": True, "entropy": False}[args.loss]
     data = read_data(args, args.data, model_dir, model_config(model), labelled=labelled, flag="--data")
-    scores = taylor_head_scores(model, data.batches, loss=args.loss, progress=not args.quiet)
+    scores = taylor_head_scores(
+        model, data.batches, loss=args.loss, sequential_budget=args.sequential, progress=not args.quiet
+    )
     safetensors.torch.save_file({"scores": scores.contiguous()}, out.path / "scores.safetensors")
     plots.head_heatmap({"Taylor score": scores}, out.path / "head_importance.png", title="Taylor head importance")
     ranked = {
@@ -69,11 +88,13 @@ def run(args: argparse.Namespace) -> int:
             "scores": [[None if v != v else v for v in row] for row in scores.tolist()],  # NaN (pruned) -> null
             "least_useful_first": ranked,
             "loss": args.loss,
+            "sequential": args.sequential,
             "examples": len(data.examples),
         },
     )
     out.finish({"shape": list(scores.shape), "least_useful_first": ranked, "examples": len(data.examples)})
-    print(f"scored {scores.shape[0]} layers x {scores.shape[1]} heads on {len(data.examples)} examples -> {out.path}")
+    mode = f", sequential: {args.sequential} pruned per layer before the next is scored" if args.sequential else ""
+    print(f"scored {scores.shape[0]} layers x {scores.shape[1]} heads on {len(data.examples)} examples{mode} -> {out.path}")
     for layer, heads in ranked.items():
         print(f"  layer {layer}: least useful first {heads}")
     return 0

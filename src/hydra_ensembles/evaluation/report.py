@@ -19,17 +19,21 @@ from .. import metrics as M
 from ..cost import count_flops, count_parameters
 from ..data.loaders import Batch
 from ..outputs import collect_member_logits, labels_of
-from ..uncertainty import ensemble_probs
+from ..uncertainty import ensemble_probs, mutual_information
 from .ood import OOD_SCORES
 
-CLASSIFICATION = ("acc", "brier", "nll", "ece", "aece")
+CLASSIFICATION = ("acc", "brier", "nll", "ece", "aece", "disagreement", "mi")
 OOD = ("auroc", "fpr95", "aupr_in", "aupr_out")
 
 
 def classification_metrics(member_logits: Tensor, labels: Tensor) -> dict[str, float]:
-    """acc, brier, nll, ece, aece of the ensemble prediction, in float64. member_logits (N, M, C), labels (N,)."""
+    """acc, brier, nll, ece, aece of the ensemble prediction, in float64, and how much the members differ: the
+    mean pairwise disagreement of their top-1 classes and the mean mutual information (nats; both 0 for one
+    member). member_logits (N, M, C), labels (N,)."""
     probs = ensemble_probs(member_logits.double())
     return {
+        "disagreement": M.disagreement(member_logits.double()).mean().item(),
+        "mi": mutual_information(member_logits.double()).mean().item(),
         "acc": M.accuracy(probs, labels),
         "brier": M.brier(probs, labels),
         "nll": M.nll(probs, labels),
