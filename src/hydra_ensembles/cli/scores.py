@@ -54,7 +54,9 @@ def _budget(text: str) -> int | list[int]:
     try:
         values = [int(v) for v in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of heads or a comma-separated list, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a number of heads or a comma-separated list, got {text!r}"
+        ) from None
     return values[0] if len(values) == 1 else values
 
 
@@ -94,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     )
     out.finish({"shape": list(scores.shape), "least_useful_first": ranked, "examples": len(data.examples)})
     mode = f", sequential: {args.sequential} pruned per layer before the next is scored" if args.sequential else ""
-    print(f"scored {scores.shape[0]} layers x {scores.shape[1]} heads on {len(data.examples)} examples{mode} -> {out.path}")
+    shape = f"{scores.shape[0]} layers x {scores.shape[1]} heads"
+    print(f"scored {shape} on {len(data.examples)} examples{mode} -> {out.path}")
     for layer, heads in ranked.items():
         print(f"  layer {layer}: least useful first {heads}")
     return 0
