@@ -96,3 +96,20 @@ def test_the_cache_key_changes_with_any_setting_or_split(tiny_task):
     assert key != replace(tiny_task, recipe=tiny_task.recipe.with_(lr=2e-3)).fingerprint()
     assert key != replace(tiny_task, prune_per_layer=2).fingerprint()
     assert key != replace(tiny_task, test=tiny_task.test[:1]).fingerprint()
+
+
+def test_head_sweep_measures_each_budget_zero_shot_and_fine_tuned(tiny_task, tmp_path):
+    from dataclasses import replace
+
+    task = replace(tiny_task, circuit_pool=6)  # the circuit must rank 2 heads x 3 layers
+    summary = suite.head_sweep(task, [0], [1, 2], tmp_path / "out", tmp_path / "cache", progress=False)
+    rows = summary["rows"]
+    assert list(rows)[0] == "Single" and len(rows) == 1 + 2 * 2 * 2  # budgets x methods x (zero-shot, tuned)
+    for method in ("Taylor", "CircAvg"):
+        zero, tuned = (rows[f"{method}, 2 pruned/layer, {stage}"] for stage in ("zero-shot", "fine-tuned"))
+        assert zero["params"]["mean"] == tuned["params"]["mean"] < rows["Single"]["params"]["mean"]
+        assert rows[f"{method}, 1 pruned/layer, zero-shot"]["params"]["mean"] > zero["params"]["mean"]
+    assert (tmp_path / "out" / "head_sweep.png").stat().st_size > 5000
+    assert "| CircAvg, 2 pruned/layer, fine-tuned |" in (tmp_path / "out" / "sweep.md").read_text()
+    with pytest.raises(ValueError, match="use budgets up to 2"):
+        suite.head_sweep(task, [0], [3], tmp_path / "out", tmp_path / "cache", progress=False)

@@ -31,8 +31,9 @@ from torch import Tensor, nn
 from ..adapters import get_adapter
 from ..cost import predictor_latency
 from ..evaluation import plots
+from ..evaluation.plots import sweep_figure
 from ..evaluation.report import measure
-from ..evaluation.tables import CONVENTIONS, aggregate, per_set_lines, table_lines
+from ..evaluation.tables import CONVENTIONS, aggregate, mean_std, per_set_lines, render, table_lines
 from ..fusion import HydraEnsemble
 from ..importance import Circuit, extract_circuit, taylor_head_scores
 from ..io import write_json_atomic
@@ -220,15 +221,15 @@ class _Builder:
             progress=self.progress,
         )
 
-    def taylor_scores(self) -> Tensor:
-        """Sequential Taylor scores (§D.1.1): layer by layer, the layer's `prune_per_layer` lowest heads are
-        pruned before the next layer is scored."""
-        path = self.cache / "taylor_scores_sequential.pt"
+    def taylor_scores(self, budget: int | None = None) -> Tensor:
+        """Sequential Taylor scores (§D.1.1): layer by layer, the layer's `budget` (default: the task's
+        `prune_per_layer`) lowest heads are pruned before the next layer is scored."""
+        budget = self.task.prune_per_layer if budget is None else budget
+        suffix = "" if budget == self.task.prune_per_layer else f"_b{budget}"
+        path = self.cache / f"taylor_scores_sequential{suffix}.pt"
         if not path.exists():
             calibration = self.task.train[: max(1, len(self.task.val))]
-            scores = taylor_head_scores(
-                self.single(), calibration, sequential_budget=self.task.prune_per_layer, progress=self.progress
-            )
+            scores = taylor_head_scores(self.single(), calibration, sequential_budget=budget, progress=self.progress)
             torch.save(scores, path)
         return torch.load(path)
 
@@ -356,6 +357,100 @@ class _Builder:
         ensemble, extra = self.fused(self.fine_tuned_members("hydra-circ", head_maps, fine_tune), mlp)
         heads = f"{self.heads - task.prune_per_layer}x{task.members} (avg)"
         return ensemble, heads, extra | {"head_maps": head_maps}
+
+
+# ---- Figures 5-6: the number of heads pruned ----
+
+SWEEP_COLUMNS = (("Acc", "id", "acc"), ("AUROC all", "all", "auroc"), ("FPR95 all", "all", "fpr95"))
+
+
+def head_sweep(
+    task: Task,
+    seeds: Sequence[int],
+    budgets: Sequence[int],
+    out_dir: str | os.PathLike,
+    cache_dir: str | os.PathLike,
+    command: str = "",
+    progress: bool = True,
+) -> dict:
+    """Paper §B.3, Figures 5-6: Taylor and CircAvg models pruning b heads per layer, for each b in `budgets`,
+    without fine-tuning (Fig. 5) and fine-tuned (Fig. 6), against Single. Shares the benchmark's cache (the
+    single model, the CircAvg circuit, and any pruned model the main table trained). Writes sweep.md,
+    sweep.json and head_sweep.png to `out_dir`."""
+    started = time.perf_counter()
+    out_dir, cache = Path(out_dir), Path(cache_dir) / f"{task.name}-{task.fingerprint()}"
+    per_seed = {seed: sweep_seed(task, seed, budgets, cache / f"seed{seed}", progress) for seed in seeds}
+    summary = {
+        "task": task.name,
+        "command": command,
+        "seeds": list(seeds),
+        "budgets": list(budgets),
+        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
+        "rows": aggregate(per_seed),
+        "per_seed": per_seed,
+        "wall_time_s": round(time.perf_counter() - started, 1),
+    }
+    write_json_atomic(out_dir / "sweep.json", summary)
+    (out_dir / "sweep.md").write_text(sweep_markdown(summary))
+    sweep_figure(summary, out_dir / "head_sweep.png")
+    return summary
+
+
+def sweep_seed(task: Task, seed: int, budgets: Sequence[int], cache: Path, progress: bool = True) -> dict[str, dict]:
+    """{row: results} for one seed; rows "Single" and "<Taylor|CircAvg>, <b> pruned/layer, <zero-shot|tuned>"."""
+    cache.mkdir(parents=True, exist_ok=True)
+    record = cache / "sweep.json"
+    results: dict[str, dict] = json.loads(record.read_text()) if record.exists() else {}
+    build = _Builder(task, seed, cache, progress)
+    layers = build.layers
+    ranked = max(task.circuit_pool, task.prune_per_layer * layers)  # what `_Builder.circuit` extracts
+    for budget in budgets:
+        if not 0 < budget < build.heads:
+            raise ValueError(f"budgets must be between 1 and {build.heads - 1} heads per layer, got {budget}.")
+        if budget * layers > ranked:
+            raise ValueError(
+                f"a budget of {budget} heads per layer needs {budget * layers} heads of the CircAvg circuit, which "
+                f"ranks {ranked} (the task's circuit_pool): use budgets up to {ranked // layers}."
+            )
+    plans = {"Single": lambda: build.single()}
+    for budget in budgets:
+        taylor = lambda b=budget: sample_members(build.taylor_scores(b), num_members=1, budget=b, pool=b)[0]  # noqa: E731
+        circuit = lambda b=budget: build.circuit("avg").head_map(b * layers)  # noqa: E731
+        for method, head_map, prefix in (("Taylor", taylor, "taylor"), ("CircAvg", circuit, "circavg")):
+            for tuned in (False, True):
+                row = f"{method}, {budget} pruned/layer, {'fine-tuned' if tuned else 'zero-shot'}"
+                plans[row] = lambda h=head_map, p=prefix, t=tuned: build.fine_tuned_members(p, [h()], t)[0]
+    for row, make in plans.items():
+        if row in results:
+            continue
+        print(f"[sweep] {row}", flush=True)
+        results[row] = measure(make(), task.test, task.near, task.far, cache / "sweep-logits" / f"{row}.pt")
+        results[row]["heads"] = row.split(", ")[1] if "pruned" in row else str(build.heads)
+        write_json_atomic(record, results)
+    return {row: results[row] for row in plans}
+
+
+def sweep_markdown(summary: dict) -> str:
+    header = ["Model", *(c[0] for c in SWEEP_COLUMNS), "Params (M)"]
+    body = []
+    for row, stats in summary["rows"].items():
+        cells = [mean_std(stats.get(f"{where}.{key}"), 100, 1) for _, where, key in SWEEP_COLUMNS]
+        body.append([row, *cells, f"{stats['params']['mean'] / 1e6:.2f}"])
+    lines = [
+        f"# {summary['task']}: pruning b heads per layer (paper Figures 5-6)",
+        "",
+        f"Command: `{summary['command']}`  ",
+        f"Machine: {summary['machine']}  ",
+        f"Seeds: {summary['seeds']}; budgets (heads pruned per layer): {summary['budgets']}  ",
+        f"Wall time: {summary['wall_time_s'] / 60:.1f} min for this run",
+        "",
+        *render(header, body, "markdown"),
+        "",
+        "Taylor: sequential Taylor scores computed for each budget; CircAvg: the first b x layers heads of the "
+        "CircAvg circuit. Zero-shot: pruned and evaluated as is; fine-tuned: the task's recipe for pruned models. "
+        "Values in %, mean ± std over seeds; OOD by maximum softmax probability, OOD = positive.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _digest(head_map: Mapping[int, Sequence[int]]) -> str:

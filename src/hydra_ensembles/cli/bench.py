@@ -16,7 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..bench.suite import ALL_ROWS, ROWS
+from ..bench.suite import ALL_ROWS, ROWS, head_sweep
 from ..bench.suite import run as run_suite
 from ..bench.tasks import TASKS
 from ..io import cache_dir
@@ -36,6 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ROW",
         help=f"default: the main table {list(ROWS)}; also available: {list(ALL_ROWS[len(ROWS) :])}",
     )
+    parser.add_argument(
+        "--head-sweep",
+        type=int,
+        nargs="+",
+        metavar="B",
+        help="instead of the table: Taylor and CircAvg models pruning B heads per layer, zero-shot and fine-tuned "
+        "(the paper's Figures 5-6); writes sweep.md, sweep.json, head_sweep.png",
+    )
     parser.add_argument("--out", type=Path, help="default: benchmarks/results/<task>[-quick]")
     parser.add_argument("--cache", type=Path, help="default: $HYDRA_ENSEMBLES_CACHE/bench")
 
@@ -46,6 +54,11 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or Path("benchmarks") / "results" / (task.name + ("-quick" if args.quick else ""))
     cache = (args.cache or cache_dir() / "bench") / ("quick" if args.quick else "full")
     command = "hydra-ens " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    if args.head_sweep:
+        summary = head_sweep(task, seeds, args.head_sweep, out, cache, command=command, progress=not args.quiet)
+        print((out / "sweep.md").read_text())
+        print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
+        return 0
     summary = run_suite(task, seeds, out, cache, command=command, progress=not args.quiet, rows=args.rows or ROWS)
     print((out / "table.md").read_text())
     print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")

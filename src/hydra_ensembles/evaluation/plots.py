@@ -94,6 +94,26 @@ def head_heatmap(maps: Mapping[str, Tensor], path: str | os.PathLike, title: str
     return _save(fig, path)
 
 
+def sweep_figure(summary: Mapping, path: str | os.PathLike) -> Path:
+    """Paper Figures 5-6: accuracy, all-OOD AUROC and FPR95 (%) against heads pruned per layer, Taylor and
+    CircAvg, zero-shot (dashed) and fine-tuned (solid), Single as a grey line. `summary`: `bench.suite.head_sweep`."""
+    rows, budgets = summary["rows"], summary["budgets"]
+    metrics = (("Accuracy", "id.acc"), ("AUROC, all OOD", "all.auroc"), ("FPR95, all OOD", "all.fpr95"))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.2))
+    for ax, (title, key) in zip(axes, metrics):
+        if key in rows.get("Single", {}):
+            ax.axhline(100 * rows["Single"][key]["mean"], color="grey", lw=1, label="Single")
+        for method, color in (("Taylor", "tab:blue"), ("CircAvg", "tab:orange")):
+            for stage, style in (("zero-shot", "--"), ("fine-tuned", "-")):
+                names = [f"{method}, {b} pruned/layer, {stage}" for b in budgets]
+                values = [100 * rows[n][key]["mean"] for n in names if n in rows]
+                if values:
+                    ax.plot(budgets[: len(values)], values, style, color=color, marker="o", label=f"{method}, {stage}")
+        ax.set(title=title, xlabel="heads pruned per layer", xticks=list(budgets))
+    axes[0].legend(fontsize=7)
+    return _save(fig, path)
+
+
 def _save(fig, path: str | os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
