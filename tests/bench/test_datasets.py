@@ -6,8 +6,8 @@ from hydra_ensembles.bench.datasets.text import load_sentiment
 from hydra_ensembles.bench.tasks import SENTIMENT_SIZES, sentiment_data
 
 # Sentences per domain as published with the data (Hutto & Gilbert 2014; ../shared/DATA.md), and how many of
-# their lines carry a mean rating of exactly 0.0 (counted on the raw files once, outside the loader): those have no sign, and
-# the loader drops them.
+# their lines carry a mean rating of exactly 0.0 (counted on the raw files once, outside the loader): those
+# have no sign, and the loader drops them.
 PUBLISHED = {"movies": 10_605, "amazon": 3_708, "nyt": 5_190, "tweets": 4_200}
 NEUTRAL = {"movies": 37, "amazon": 98, "nyt": 244, "tweets": 4}
 

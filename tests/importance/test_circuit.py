@@ -268,3 +268,29 @@ def test_first_order_estimates_track_the_surrogate():
         # the method's accuracy, not rounding: a first-order (Taylor) estimate of a smooth change should be
         # within half of it, or within 2e-3 (0.2 points of S) where the change itself is about zero
         assert predicted == pytest.approx(real, abs=max(0.5 * abs(real), 2e-3))
+
+
+def test_multi_removes_the_best_scoring_heads_of_each_step_at_once():
+    from hydra_ensembles.importance.circuit.criteria import CRITERIA
+    from hydra_ensembles.importance.circuit.scoring import FastScorer
+
+    model, (id_batches, ood_batches) = MODELS["bert"](), _data()
+    exact = he.extract_circuit(model, id_batches, ood_batches, "avg", 4, progress=False)
+    one = he.extract_circuit(model, id_batches, ood_batches, "avg", 4, method="multi", top=1, progress=False)
+    assert one.removed == exact.removed and exact.search == "exact" and one.search == "multi-1"
+    scorer = FastScorer(model, id_batches, ood_batches, CRITERIA["avg"], batch_size=16)
+    heads = [(layer, h) for layer in range(LAYERS) for h in range(HEADS)]
+    first = scorer.score([], heads, lambda n: None)
+    best_two = sorted(heads, key=lambda head: (-first[head], heads.index(head)))[:2]
+    two = he.extract_circuit(model, id_batches, ood_batches, "avg", 3, method="multi", top=2, progress=False)
+    assert two.removed[:2] == best_two and len(set(two.removed)) == 3  # then 1 more (the budget), not 2
+
+
+def test_bf16_search_is_labelled_approximate_and_ranks_distinct_heads(tmp_path):
+    model, (id_batches, ood_batches) = MODELS["bert"](), _data()
+    circuit = he.extract_circuit(model, id_batches, ood_batches, "avg", 5, precision="bf16", progress=False)
+    assert circuit.search == "fast-8-bf16" and len(set(circuit.removed)) == 5
+    circuit.save(tmp_path / "c.json")
+    assert he.Circuit.load(tmp_path / "c.json").search == "fast-8-bf16"
+    with pytest.raises(ValueError, match="precision must be one of"):
+        he.extract_circuit(model, id_batches, ood_batches, "avg", 2, precision="fp16", progress=False)

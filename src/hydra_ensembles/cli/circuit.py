@@ -41,9 +41,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--method",
         choices=sorted(METHODS),
         default="fast",
-        help="fast (exact, default), reference (exact, slow), screen / lazy (approximate)",
+        help="fast (exact, default), reference (exact, slow), screen / lazy / multi (approximate)",
     )
-    parser.add_argument("--top", type=int, default=8, help="candidates scored exactly per step by screen / lazy")
+    parser.add_argument(
+        "--top",
+        type=int,
+        default=8,
+        help="candidates scored exactly per step by screen / lazy; heads removed per step by multi",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="bf16: score candidates under bfloat16 autocast (faster on CPUs with AMX; approximate)",
+    )
     add_output_options(parser)
     add_data_options(parser)
 
@@ -54,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         "model": fingerprint_path(model_dir, "--model"),
         "data": fingerprint_path(args.data, "--data"),
         "ood": fingerprint_path(args.ood, "--ood") if args.ood else None,
-        **{k: getattr(args, k) for k in ("criterion", "budget", "method", "top")},
+        **{k: getattr(args, k) for k in ("criterion", "budget", "method", "top", "precision")},
         **data_settings(args),
     }
     out = start_step(args, "circuit", settings, "circuit.json")
@@ -79,16 +90,23 @@ def run(args: argparse.Namespace) -> int:
         budget,
         method=args.method,
         top=args.top,
+        precision=args.precision,
         state_path=state,
         progress=not args.quiet,
     )
     circuit.save(out.path / "circuit.json")
     out.finish(
-        {"removed": [list(h) for h in circuit.removed], "baseline": circuit.baseline, "final": circuit.scores[-1]}
+        {
+            "removed": [list(h) for h in circuit.removed],
+            "baseline": circuit.baseline,
+            "final": circuit.scores[-1],
+            "search": circuit.search,
+        }
     )
+    search = "exact search" if circuit.search == "exact" else f"approximate search {circuit.search}"
     print(
-        f"removed {len(circuit.removed)} heads; S ({args.criterion}) {circuit.baseline:.4f} -> {circuit.scores[-1]:.4f}"
-        f" -> {out.path}/circuit.json"
+        f"removed {len(circuit.removed)} heads ({search}); S ({args.criterion}) {circuit.baseline:.4f} -> "
+        f"{circuit.scores[-1]:.4f} -> {out.path}/circuit.json"
     )
     print(f"  removal order (layer, head): {circuit.removed[:12]}{' ...' if len(circuit.removed) > 12 else ''}")
     return 0

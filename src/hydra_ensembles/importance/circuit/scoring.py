@@ -19,6 +19,7 @@ can only change a score when two examples' maximum softmax probabilities lie tha
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -35,6 +36,7 @@ from ..gradients import gradients_for
 Head = tuple[int, int]
 Criterion = Callable[[Tensor, Tensor, Tensor | None], float]
 Progress = Callable[[int], object]
+PRECISIONS = ("fp32", "bf16")
 
 
 class CandidateScorer(ABC):
@@ -47,12 +49,24 @@ class CandidateScorer(ABC):
         ood_batches: list[Batch],
         criterion: Criterion,
         batch_size: int = 64,
+        precision: str = "fp32",
     ):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}.")
         self.model = model
         self.adapter = get_adapter(model)
         self.id_batches, self.ood_batches = id_batches, ood_batches
         self.criterion = criterion
         self.batch_size = batch_size
+        self.precision = precision
+
+    def numerics(self) -> contextlib.AbstractContextManager:
+        """The forward passes' arithmetic: fp32 as the model is, or bf16 autocast (matrix products in bfloat16,
+        norms and softmax in fp32; on CPUs with AMX about 2.7x faster for a BERT-base model, and approximate)."""
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        device = next(self.model.parameters()).device.type
+        return torch.autocast(device_type=device, dtype=torch.bfloat16)
 
     @abstractmethod
     def score(self, removed: Sequence[Head], candidates: Sequence[Head], progress: Progress) -> dict[Head, float]:
@@ -77,7 +91,7 @@ class ReferenceScorer(CandidateScorer):
         heads: dict[int, list[int]] = {}
         for layer, h in removed:
             heads.setdefault(layer, []).append(h)
-        with ablate_heads(self.model, heads):
+        with ablate_heads(self.model, heads), self.numerics():
             id_logits = collect_member_logits(self.model, self.id_batches)[:, 0]  # (N, C)
             ood_logits = collect_member_logits(self.model, self.ood_batches)[:, 0] if self.ood_batches else None
         id_labels = labels_of(self.id_batches)
@@ -103,7 +117,7 @@ class FastScorer(CandidateScorer):
         for head in candidates:
             by_layer.setdefault(head[0], []).append(head)
         logits: dict[Head, list[Tensor]] = {head: [] for head in candidates}
-        with torch.no_grad():
+        with torch.no_grad(), self.numerics():
             for chunk in self.chunks:
                 states, mask = self.engine.prefix(chunk, max(by_layer, default=-1))
                 for layer, heads in by_layer.items():
@@ -117,7 +131,7 @@ class FastScorer(CandidateScorer):
     def baseline(self, removed: Sequence[Head]) -> float:
         self._ablate(removed)
         parts = []
-        with torch.no_grad():
+        with torch.no_grad(), self.numerics():
             for chunk in self.chunks:
                 last = self.engine.num_layers - 1
                 states, mask = self.engine.prefix(chunk, last)
