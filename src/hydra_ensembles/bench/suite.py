@@ -31,7 +31,6 @@ from torch import Tensor, nn
 from ..adapters import get_adapter
 from ..cost import predictor_latency
 from ..evaluation import plots
-from ..evaluation.plots import sweep_figure
 from ..evaluation.report import measure
 from ..evaluation.tables import CONVENTIONS, aggregate, mean_std, per_set_lines, render, table_lines
 from ..fusion import HydraEnsemble
@@ -392,7 +391,7 @@ def head_sweep(
     }
     write_json_atomic(out_dir / "sweep.json", summary)
     (out_dir / "sweep.md").write_text(sweep_markdown(summary))
-    sweep_figure(summary, out_dir / "head_sweep.png")
+    plots.sweep_figure(summary, out_dir / "head_sweep.png")
     return summary
 
 
