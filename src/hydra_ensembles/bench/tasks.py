@@ -132,17 +132,7 @@ def bbc_data(sizes: TextSize, rng: random.Random) -> TextData:
     """Three BBC News topics (ID); the two others (near-OOD); drug reviews and Reuters acq/crude (far-OOD)."""
     from .datasets.text import load_bbc, load_drug_reviews, load_python_docs, load_reuters
 
-    per_topic = dict(train=sizes.train, val=sizes.val, test=sizes.test)
-    splits: dict[str, Split] = {name: ([], []) for name in per_topic}
-    for label, topic in enumerate(ID_TOPICS):
-        texts = load_bbc(topic)
-        rng.shuffle(texts)
-        start = 0
-        for split, count in per_topic.items():
-            splits[split][0].extend(texts[start : start + count])
-            splits[split][1].extend([label] * count)
-            start += count
-    train, val, test = (_shuffled(*splits[split], rng) for split in ("train", "val", "test"))
+    train, val, test = _split_by_label([load_bbc(topic) for topic in ID_TOPICS], sizes, rng)
     return TextData(
         name="text-bbc",
         classes=ID_TOPICS,
@@ -167,16 +157,7 @@ def sentiment_data(sizes: TextSize, rng: random.Random) -> TextData:
     by_class: dict[int, list[str]] = {0: [], 1: []}
     for _, text, label in load_sentiment("movies"):  # one sentence per id: no review spans two splits
         by_class[label].append(text)
-    per_class = dict(train=sizes.train, val=sizes.val, test=sizes.test)
-    splits: dict[str, Split] = {name: ([], []) for name in per_class}
-    for label, texts in by_class.items():
-        rng.shuffle(texts)
-        start = 0
-        for split, count in per_class.items():
-            splits[split][0].extend(texts[start : start + count])
-            splits[split][1].extend([label] * count)
-            start += count
-    train, val, test = (_shuffled(*splits[split], rng) for split in ("train", "val", "test"))
+    train, val, test = _split_by_label([by_class[0], by_class[1]], sizes, rng)
     amazon = [text for _, text, _ in load_sentiment("amazon")]
     news = [text for topic in TOPICS for text in load_bbc(topic)]
     return TextData(
@@ -197,6 +178,21 @@ def sentiment_data(sizes: TextSize, rng: random.Random) -> TextData:
         f"sentences; far-OOD: BBC articles, drug reviews, Reuters; {sizes.ood} examples per OOD set (Reuters: "
         f"{min(sizes.ood, 70)}); {sizes.tokens} tokens.",
     )
+
+
+def _split_by_label(texts_per_label: list[list[str]], sizes: TextSize, rng: random.Random) -> tuple[Split, ...]:
+    """Train, val and test splits with `sizes.train` / `.val` / `.test` texts of each label (label = position in
+    `texts_per_label`), each label's texts shuffled first and each split shuffled after."""
+    per_label = dict(train=sizes.train, val=sizes.val, test=sizes.test)
+    splits: dict[str, Split] = {name: ([], []) for name in per_label}
+    for label, texts in enumerate(texts_per_label):
+        rng.shuffle(texts)
+        start = 0
+        for split, count in per_label.items():
+            splits[split][0].extend(texts[start : start + count])
+            splits[split][1].extend([label] * count)
+            start += count
+    return tuple(_shuffled(*splits[split], rng) for split in per_label)
 
 
 def _shuffled(texts: list[str], labels: list[int], rng: random.Random) -> Split:
@@ -379,6 +375,20 @@ def image_splits(quick: bool, circuit_count: int) -> ImageSplits:
     )
 
 
+def _image_data(data: ImageSplits, batches: Callable[..., list[Batch]], circuit_count: int, train_batch: int) -> dict:
+    """The Task's data fields from the splits: train/val/test, near/far OOD sets, circuit ID and OOD data."""
+    val_x, val_y = data.val
+    return dict(
+        train=batches(*data.train, size=train_batch),
+        val=batches(val_x, val_y),
+        test=batches(*data.test),
+        near={name: batches(images) for name, images in data.near.items()},
+        far={name: batches(images) for name, images in data.far.items()},
+        circuit_id=batches(val_x[:circuit_count], val_y[:circuit_count]),
+        circuit_ood=batches(data.circuit_ood),
+    )
+
+
 def _image_batches(pixels: Callable[[Tensor], Tensor]) -> Callable[..., list[Batch]]:
     """`batches(images, labels=None, size=128)`: model inputs from grey (N, 28, 28) images via `pixels`."""
 
@@ -401,7 +411,6 @@ def image_task(size: str = "full") -> Task:
     circuit_count = 400 if quick else 600
     data = image_splits(quick, circuit_count)
     batches = _image_batches(lambda images: ((images - FASHION_MEAN) / FASHION_STD)[:, None])  # (N, 1, 28, 28)
-    val_x, val_y = data.val
     # from scratch: AdamW (as DeiT) rather than the fine-tuning recipe's SGD
     scratch = IMAGE_RECIPE.with_(epochs=3 if quick else 5, lr=1e-3, optimizer="adamw", weight_decay=0.05, min_lr=0.01)
 
@@ -425,13 +434,7 @@ def image_task(size: str = "full") -> Task:
     return Task(
         name="image-fmnist",
         new_model=new_model,
-        train=batches(*data.train, size=64),
-        val=batches(val_x, val_y),
-        test=batches(*data.test),
-        near={name: batches(images) for name, images in data.near.items()},
-        far={name: batches(images) for name, images in data.far.items()},
-        circuit_id=batches(val_x[:circuit_count], val_y[:circuit_count]),
-        circuit_ood=batches(data.circuit_ood),
+        **_image_data(data, batches, circuit_count, train_batch=64),
         recipe=scratch,
         member_recipe=IMAGE_RECIPE.with_(epochs=1, lr=0.01),
         lora_recipe=scratch.with_(epochs=1, lr=2e-3, weight_decay=0.0),
@@ -482,7 +485,6 @@ def dinov2_task(size: str = "full") -> Task:
         return (big.clamp(0, 1).expand(-1, 3, -1, -1) - mean) / std  # (N, 3, 56, 56)
 
     batches = _image_batches(pixels)
-    val_x, val_y = data.val
 
     def new_model(seed: int) -> nn.Module:
         torch.manual_seed(seed)  # the new classifier
@@ -495,13 +497,7 @@ def dinov2_task(size: str = "full") -> Task:
     return Task(
         name="image-dinov2",
         new_model=new_model,
-        train=batches(*data.train, size=32),
-        val=batches(val_x, val_y),
-        test=batches(*data.test),
-        near={name: batches(images) for name, images in data.near.items()},
-        far={name: batches(images) for name, images in data.far.items()},
-        circuit_id=batches(val_x[:circuit_count], val_y[:circuit_count]),
-        circuit_ood=batches(data.circuit_ood),
+        **_image_data(data, batches, circuit_count, train_batch=32),
         recipe=recipe,
         member_recipe=recipe.with_(epochs=member_epochs),
         lora_recipe=recipe.with_(lr=2e-3, freeze_embeddings=False),
