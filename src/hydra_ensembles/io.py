@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+PREDICTOR_FILE = "predictor.json"  # what a saved wrapper predictor (or MLP student) is: its kind and settings
+
 
 def cache_dir() -> Path:
     """Where trained models and fetched data are cached: $HYDRA_ENSEMBLES_CACHE or ~/.cache/hydra-ensembles."""

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from .data.loaders import to_device
+from .data.loaders import TARGETS, to_device
 from .uncertainty import ensemble_probs, mutual_information
 
 
@@ -28,11 +28,14 @@ class PredictorOutput:
     member_pooled: (B, M, D), each member's pooled output (what the HF model returns as pooler_output,
         text_embeds or image_embeds), for encoders without a classifier (None for classifiers).
     member_hidden_states: (B, M, T, d), each member's last-layer output before any final norm, when asked for.
+    member_gaussians: (B, M, 2), each member's predictive Gaussian (mean, log-variance), for heteroscedastic
+        regressors (None for the others); the prediction is their uniform mixture.
     """
 
     member_logits: Tensor | None = None
     member_pooled: Tensor | None = None
     member_hidden_states: Tensor | None = None
+    member_gaussians: Tensor | None = None
 
     @property
     def probs(self) -> Tensor:
@@ -50,6 +53,13 @@ class PredictorOutput:
         return self.member_logits
 
 
+def member_outputs_of(output: Any) -> Tensor:
+    """What a predictor's members predict: member logits (B, M, C) of a classifier (see `member_logits_of`), or
+    member Gaussians (B, M, 2) of a regressor."""
+    gaussians = getattr(output, "member_gaussians", None)
+    return gaussians if gaussians is not None else member_logits_of(output)
+
+
 def member_logits_of(output: Any) -> Tensor:
     """(B, M, C) from any predictor's output: its `member_logits`, or a plain HF model's `logits` (B, C) as M = 1."""
     member_logits = getattr(output, "member_logits", None)
@@ -58,16 +68,17 @@ def member_logits_of(output: Any) -> Tensor:
 
 @torch.no_grad()
 def collect_member_logits(model: nn.Module, loader: Iterable[Mapping[str, Any]], progress: bool = False) -> Tensor:
-    """Member logits (N, M, C), float32 on the CPU, of any predictor over a loader of batches (a `labels` entry
-    is left out of the inputs). The model runs in eval mode and is put back in its mode afterwards."""
+    """Member logits (N, M, C), float32 on the CPU, of any predictor over a loader of batches (`labels` and the
+    other training targets are left out of the inputs); member Gaussians (N, M, 2) for a regressor. The model
+    runs in eval mode and is put back in its mode afterwards."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     parts = []
     try:
         for batch in tqdm(loader, desc="predicting", disable=not progress, leave=False):
-            inputs = {k: v for k, v in batch.items() if k != "labels"}
-            parts.append(member_logits_of(model(**to_device(inputs, device))).float().cpu())
+            inputs = {k: v for k, v in batch.items() if k not in TARGETS}
+            parts.append(member_outputs_of(model(**to_device(inputs, device))).float().cpu())
     finally:
         model.train(was_training)
     if not parts:

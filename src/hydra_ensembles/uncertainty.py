@@ -28,8 +28,27 @@ def mutual_information(member_logits: Tensor) -> Tensor:
 
     Zero when all members agree exactly; at most log M.
     """
+    return decompose(member_logits)["model"]
+
+
+def decompose(member_logits: Tensor) -> dict[str, Tensor]:
+    """Paper 001 Eq. 6 for classifiers, each (B,) in nats: total = H[mean_m p_m] (entropy of the ensemble
+    probability), data = mean_m H[p_m] (expected data uncertainty), model = total - data (the mutual
+    information, `mutual_information`). member_logits (B, M, C)."""
     member_probs = _wide(member_logits).softmax(dim=-1)  # (B, M, C)
-    return (entropy(member_probs.mean(dim=1)) - entropy(member_probs).mean(dim=1)).clamp_min(0.0)
+    total, data = entropy(member_probs.mean(dim=1)), entropy(member_probs).mean(dim=1)
+    return {"total": total, "data": data, "model": (total - data).clamp_min(0.0)}
+
+
+def gaussian_mixture(member_gaussians: Tensor) -> dict[str, Tensor]:
+    """The uniform mixture of M Gaussians N(mu_m, sigma_m^2) and its variance's decomposition, each (B,):
+    mean = mean_m mu_m; aleatoric = mean_m sigma_m^2 (data); epistemic = mean_m mu_m^2 - mean^2 (the members'
+    disagreement, model); total = aleatoric + epistemic (the mixture's variance). member_gaussians (B, M, 2):
+    (mean, log-variance) per member."""
+    mu, variance = _wide(member_gaussians[..., 0]), _wide(member_gaussians[..., 1]).exp()  # (B, M)
+    mean = mu.mean(dim=1)
+    aleatoric, epistemic = variance.mean(dim=1), mu.var(dim=1, unbiased=False)
+    return {"mean": mean, "aleatoric": aleatoric, "epistemic": epistemic, "total": aleatoric + epistemic}
 
 
 def _wide(x: Tensor) -> Tensor:

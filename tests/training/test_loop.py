@@ -5,6 +5,7 @@ import torch
 from conftest import MODELS, make_inputs
 
 from hydra_ensembles import training as ft
+from hydra_ensembles.distill import attach_teacher
 from hydra_ensembles.training.recipes import lr_factor
 
 
@@ -92,16 +93,16 @@ def test_the_same_loop_distils_a_student_from_a_frozen_teacher():
     with torch.no_grad():  # a confident teacher (a random tiny model's logits are all near zero)
         teacher.classifier.weight.mul_(100.0)
     teacher_before = {k: v.clone() for k, v in teacher.state_dict().items()}
-    data = [{k: v for k, v in batch.items() if k != "labels"} for batch in _data(batches=4)]  # no labels needed
+    no_labels = [{k: v for k, v in batch.items() if k != "labels"} for batch in _data(batches=4)]
+    data = attach_teacher(no_labels, teacher)  # teacher_outputs (B, 1, C): one teacher, computed once
 
     def gap() -> float:  # KL(teacher || student) on the transfer inputs, at temperature 1
-        kl = ft.TeacherKL(teacher, lambda m, x: m(**x).logits)
+        kl = ft.DistillKL()
         with torch.no_grad():
-            return sum(kl(student(**batch).logits, batch) for batch in data).item()
+            return sum(kl(student(**{k: batch[k] for k in no_labels[0]}).logits, batch) for batch in data).item()
 
     before = gap()
-    loss = ft.TeacherKL(teacher, lambda m, inputs: m(**inputs).logits, temperature=2.0)
-    ft.train(student, data, CONFIG.with_(epochs=40, lr=3e-3), loss=loss, progress=False)
+    ft.train(student, data, CONFIG.with_(epochs=40, lr=3e-3), loss=ft.DistillKL(temperature=2.0), progress=False)
     assert gap() < 0.2 * before  # the student moved onto the teacher
     assert all(torch.equal(v, teacher_before[k]) for k, v in teacher.state_dict().items())  # frozen
     assert len(student.training_history) == 40 and student.kept_epoch == 40

@@ -23,8 +23,7 @@ from ..adapters import UnsupportedModelError, adapter_for_class, get_adapter
 from ..data.files import Examples, image_batches, label_ids, read_examples, text_batches
 from ..fusion import HydraEnsemble
 from ..fusion.ensemble import CONFIG_NAME as HYDRA_CONFIG
-from ..io import write_json_atomic
-from ..predictors.baselines.deep_ensemble import PREDICTOR_FILE
+from ..io import PREDICTOR_FILE, write_json_atomic
 from ..version import __version__
 
 RECORD = "hydra-ens.json"  # in every output directory: the command, its settings, and what it produced

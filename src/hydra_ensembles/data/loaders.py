@@ -20,6 +20,9 @@ if TYPE_CHECKING:  # the batch contract sits below the adapters: it only reads t
 Batch = Mapping[str, Any]
 
 _TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
+# What a batch may carry besides the model's inputs: what training losses read, never fed to the model.
+# labels (B,): classes; teacher_outputs (B, M, C): a teacher's member logits (or (B, M, 2) Gaussians) on this batch.
+TARGETS = ("labels", "teacher_outputs")
 
 
 def materialize(loader: Iterable[Batch], name: str) -> list[Batch]:
@@ -38,18 +41,21 @@ def materialize(loader: Iterable[Batch], name: str) -> list[Batch]:
     return batches
 
 
-def split_batch(adapter: Adapter, batch: Batch) -> tuple[dict[str, Any], Tensor | None]:
-    """Separate model inputs from labels and check them against what the model family accepts."""
-    unknown = sorted(set(batch) - set(adapter.input_names) - {"labels"})
+def split_batch(adapter: Adapter | None, batch: Batch) -> tuple[dict[str, Any], Tensor | None]:
+    """Separate model inputs from labels (and the other `TARGETS`) and check them against what the model family
+    accepts. adapter=None (a plain module, e.g. an MLP): every entry but the targets is an input."""
+    if adapter is None:
+        return {key: value for key, value in batch.items() if key not in TARGETS}, batch.get("labels")
+    unknown = sorted(set(batch) - set(adapter.input_names) - set(TARGETS))
     if unknown:
         raise ValueError(
             f"unexpected input(s) {unknown} for a {adapter.name} model; it accepts {list(adapter.input_names)} "
-            "and 'labels'. Drop the extra keys from the batch."
+            f"and {' / '.join(repr(t) for t in TARGETS)}. Drop the extra keys from the batch."
         )
     missing = [key for key in adapter.required_inputs if batch.get(key) is None]
     if missing:
         raise ValueError(f"missing input(s) {missing} for a {adapter.name} model; got keys {sorted(batch)}.")
-    inputs = {key: value for key, value in batch.items() if key != "labels" and value is not None}
+    inputs = {key: value for key, value in batch.items() if key not in TARGETS and value is not None}
     check_shapes(inputs)
     return inputs, batch.get("labels")
 
@@ -79,14 +85,14 @@ def batch_size(inputs: Mapping[str, Any]) -> int:
 
 
 def rebatch(batches: list[Batch], size: int) -> list[dict[str, Any]]:
-    """Concatenate batches of model inputs (labels dropped) and cut them into batches of `size` examples.
+    """Concatenate batches of model inputs (`TARGETS` dropped) and cut them into batches of `size` examples.
 
     Token inputs of different lengths are right-padded to the longest (input ids, token types and positions with
     0, the attention mask with 0, so padding is never attended to). Other inputs must agree in shape.
     """
     if size < 1:
         raise ValueError(f"batch size must be >= 1, got {size}.")
-    inputs = [{k: v for k, v in batch.items() if k != "labels" and v is not None} for batch in batches]
+    inputs = [{k: v for k, v in batch.items() if k not in TARGETS and v is not None} for batch in batches]
     keys = set(inputs[0])
     if any(set(x) != keys for x in inputs):
         raise ValueError(f"batches carry different inputs: {sorted({tuple(sorted(x)) for x in inputs})}.")

@@ -119,6 +119,43 @@ class HydraEnsemble(nn.Module):
         averaged += [f"layers.{i}.{name}" for i, layer in enumerate(layers) for name in layer.averaged]
         return cls(adapter, model_class, config, outer, layers, head_maps, mlp, fingerprint, averaged).eval()
 
+    def grow(self, heads: int, head_layers: int = 0) -> HydraEnsemble:
+        """Hydra distillation's student (paper 001 §2, "multi-head growth"): this one-member ensemble with its
+        last `head_layers` layers and its head (final norm, pooler, classifier) copied `heads` times, on one
+        shared body (the embeddings and the other layers, run once: the trunk). Every copy starts equal to the
+        original, so right after growing each member predicts exactly what the one member did; training then
+        moves the copies apart. head_layers=0: the heads are the classifiers alone. Returns a new ensemble; this
+        one is unchanged."""
+        if self.num_members != 1:
+            raise ValueError(
+                f"grow starts from a one-member ensemble (the Hinton head); this one has {self.num_members}."
+            )
+        if heads < 1 or not 0 <= head_layers <= self.num_layers:
+            raise ValueError(
+                f"grow needs heads >= 1 and 0 <= head_layers <= {self.num_layers} (the layers of this model), "
+                f"got heads={heads}, head_layers={head_layers}."
+            )
+        first_head_layer = self.num_layers - head_layers
+        layers = [layer.repeat(heads, stack=i >= first_head_layer) for i, layer in enumerate(self.layers)]
+        with torch.no_grad():
+            member = {k: t.detach().expand(heads, *t.shape[1:]).clone() for k, t in self.outer.member.tensors().items()}
+            shared = {k: t.detach().clone() for k, t in self.outer.shared.tensors().items()}
+        parameters = set(self.outer.shared.parameter_names() + self.outer.member.parameter_names())
+        outer = OuterModules(self.adapter, self.outer.skeleton, shared, member, parameters)
+        mlp = "stack" if head_layers else self.mlp
+        grown = HydraEnsemble(
+            self.adapter,
+            self.model_class,
+            self.model_config,
+            outer,
+            layers,
+            self.head_maps * heads,
+            mlp,
+            self.fingerprint,
+            self.averaged,
+        )
+        return grown.train(self.training)
+
     # ---- running ----
 
     def forward(self, output_hidden_states: bool = False, **inputs: Any) -> PredictorOutput:

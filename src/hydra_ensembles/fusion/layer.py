@@ -106,6 +106,21 @@ class FusedLayer(nn.Module):
         layer.averaged = averaged
         return layer
 
+    def repeat(self, members: int, stack: bool) -> FusedLayer:
+        """This one-member layer as the same layer of `members` members that start equal: every tensor kept once
+        (stack=False: a layer of the shared body) or copied `members` times, (M, ...), so the copies can be
+        trained apart (stack=True: a layer of the heads). Hydra distillation grows its student this way."""
+        if len(self.kept_heads) != 1:
+            raise ValueError(f"only a one-member layer can be repeated; this one has {len(self.kept_heads)} members.")
+        with torch.no_grad():
+            tensors = {
+                name: p.detach().expand(members, *p.shape[1:]).clone() if stack else p.detach().clone()
+                for name, p in self.named_parameters()
+            }
+        kwargs = {"num_heads": self.num_heads, "head_dim": self.head_dim, "scaling": self.scaling}
+        kwargs |= {"norm_position": self.norm_position, "eps": self.eps, "activation": self.activation}
+        return FusedLayer(tensors, kept_heads=self.kept_heads * members, **kwargs)
+
     @property
     def shared(self) -> bool:
         """True when every tensor has one copy (G = 1): the layer is the same function for every member."""

@@ -3,6 +3,7 @@
 Classification (from ensemble probabilities): accuracy, brier, nll, ece, adaptive_ece.
 OOD detection (OpenOOD convention: OOD positive, score "higher = more OOD"): auroc, fpr_at_tpr, aupr_in,
 aupr_out. Model uncertainty per input (from member logits): mutual_information, disagreement.
+Regression (from member Gaussians): gaussian_mixture_nll.
 """
 
 from ..uncertainty import mutual_information
@@ -14,6 +15,7 @@ from .brier import brier
 from .disagreement import disagreement
 from .ece import ece
 from .fpr95 import fpr_at_tpr
+from .gaussian_nll import gaussian_mixture_nll
 from .nll import nll
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "disagreement",
     "ece",
     "fpr_at_tpr",
+    "gaussian_mixture_nll",
     "mutual_information",
     "nll",
 ]

@@ -3,7 +3,8 @@
 What a directory holds tells its kind:
     hydra_config.json          a Hydra Ensemble (`HydraEnsemble.save_pretrained`)
     predictor.json             a wrapper: {"kind": "deep_ensemble" | "mc_dropout" | "temperature", ...} with its
-                               models in sub-directories (`member0/`, ... or `model/`)
+                               models in sub-directories (`member0/`, ... or `model/`); or a distillation
+                               student for tabular data, {"kind": "multi_head_mlp"} with model.safetensors
     config.json                a Hugging Face model, pruned or not (`save_model`; its structure is replayed)
 """
 
@@ -15,18 +16,20 @@ from pathlib import Path
 
 from torch import nn
 
+from ..distill import MultiHeadMLP
+from ..distill.students import KIND as MLP_KIND
 from ..fusion import HydraEnsemble
 from ..fusion.ensemble import CONFIG_NAME as HYDRA_CONFIG
-from ..io import save_dir_atomic, write_json_atomic
+from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ..pruning import load_model, save_model
-from .baselines.deep_ensemble import PREDICTOR_FILE, DeepEnsemble
+from .baselines.deep_ensemble import DeepEnsemble
 from .baselines.mc_dropout import MCDropout
 from .temperature import TemperatureScaled
 
 
 def save_predictor(model: nn.Module, path: str | os.PathLike) -> Path:
     """Save any predictor atomically so that `load_predictor(path)` returns an equal one."""
-    if isinstance(model, HydraEnsemble | DeepEnsemble):
+    if isinstance(model, HydraEnsemble | DeepEnsemble | MultiHeadMLP):
         return model.save_pretrained(path)
     if isinstance(model, TemperatureScaled | MCDropout):
         record = (
@@ -54,6 +57,8 @@ def load_predictor(path: str | os.PathLike) -> nn.Module:
         if kind == "deep_ensemble":
             models = [load_model(path / f"member{i}") for i in range(record["members"])]
             return DeepEnsemble(models, record.get("stored_parameters")).eval()
+        if kind == MLP_KIND:
+            return MultiHeadMLP.from_pretrained(path)
         if kind == "temperature":
             return TemperatureScaled(load_predictor(path / "model"), record["temperature"]).eval()
         if kind == "mc_dropout":

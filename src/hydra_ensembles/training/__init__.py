@@ -2,7 +2,7 @@
 recipes, optimisers and schedules (recipes.py). Fine-tuning is the loop with cross-entropy."""
 
 from .loop import CHECKPOINT, finetune, last_hidden_states, recover, train, validate
-from .losses import CrossEntropy, FeatureMSE, TeacherKL
+from .losses import CrossEntropy, DistillKL, FeatureMSE, GaussianKL, GaussianNLL, gaussian_kl
 from .recipes import AMP_RECOVERY, IMAGE_RECIPE, OPTIMIZERS, SCHEDULES, TEXT_RECIPE, TrainConfig
 
 __all__ = [
@@ -16,7 +16,10 @@ __all__ = [
     "SCHEDULES",
     "TEXT_RECIPE",
     "CrossEntropy",
-    "TeacherKL",
+    "DistillKL",
+    "GaussianKL",
+    "GaussianNLL",
+    "gaussian_kl",
     "TrainConfig",
     "finetune",
     "train",

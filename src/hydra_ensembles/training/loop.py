@@ -1,8 +1,10 @@
 """The one training loop: seeded, checkpointed every epoch, resumable, data-parallel under torchrun.
 
 It takes the loss and the forward as arguments: fine-tuning (`finetune`: cross-entropy on the model's logits),
-distillation from a frozen teacher (`losses.TeacherKL`), and feature matching are the same loop with another
-loss. Each step: `output = forward(model, inputs)`, `loss(output, batch).backward()`, clip, step, schedule.
+distillation from a teacher's outputs (`losses.DistillKL`, `losses.GaussianKL`: `hydra_ensembles.distill`), and
+feature matching are the same loop with another loss. It trains HF models, fused ensembles (a distillation
+student) and plain modules (an MLP) alike. Each step: `output = forward(model, inputs)`,
+`loss(output, batch).backward()`, clip, step, schedule.
 
 Under `torchrun --nproc-per-node N` the model is wrapped in DistributedDataParallel and each rank takes every
 N-th example of each batch, so a step averages the gradient over the whole batch, as one process would.
@@ -18,14 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..adapters import Adapter, get_adapter
 from ..data.loaders import Batch, materialize, split_batch, to_device
 from ..distributed import barrier, is_distributed, is_main, rank, world_size
-from ..metrics import accuracy, nll
-from ..outputs import collect_member_logits, labels_of
+from ..metrics import accuracy, gaussian_mixture_nll, nll
+from ..outputs import collect_member_logits, labels_of, member_outputs_of
 from ..uncertainty import ensemble_probs
 from .losses import CrossEntropy, FeatureMSE, Forward
 from .recipes import AMP_RECOVERY, OPTIMIZERS, TEXT_RECIPE, TrainConfig, lr_factor
@@ -49,11 +52,13 @@ def train(
     """Train `model` in place with `loss(forward(model, inputs), batch)`; returns it in eval mode.
 
     Args:
-        model: a supported HF model (or a PEFT wrapper of one).
-        train_loader: batches of model inputs, plus whatever `loss` reads (e.g. `labels`).
-        config: optimiser, schedule, epochs, freezing, early stopping (`TrainConfig`).
+        model: a supported HF model (or a PEFT wrapper of one); or any module that returns a predictor output
+            (a fused `HydraEnsemble`, a `distill.MultiHeadMLP`).
+        train_loader: batches of model inputs, plus whatever `loss` reads (e.g. `labels`, `teacher_outputs`).
+        config: optimiser, schedule, epochs, freezing (HF models only), early stopping (`TrainConfig`).
         loss: called as `loss(output, batch)` -> scalar tensor; see `training.losses`.
-        forward: `forward(model, inputs)` -> output; default: the model's logits (or pooled output).
+        forward: `forward(model, inputs)` -> output; default: an HF model's logits (or pooled output), another
+            module's member outputs (B, M, C) (`outputs.member_outputs_of`).
         val_loader: labelled validation batches of a classifier: the epoch with the best `config.monitor` ("acc":
             highest accuracy, "nll": lowest NLL; an improvement must exceed `min_delta`, so a tie keeps the
             earlier epoch) is kept, and training stops after `patience` epochs without one.
@@ -64,11 +69,14 @@ def train(
     Batches are reshuffled every epoch from `config.seed`, and dropout is seeded per epoch. `model.training_history`
     lists every epoch; `model.kept_epoch` is the epoch whose weights were returned.
     """
-    adapter = get_adapter(_unwrapped(model))
-    forward = forward or (lambda m, inputs: adapter.output(m, inputs))
+    adapter, is_hf = _family(model)
+    if forward is None:
+        forward = (lambda m, x: adapter.output(m, x)) if is_hf else (lambda m, x: member_outputs_of(m(**x)))
     batches = materialize(train_loader, "training loader")
     val_batches = materialize(val_loader, "validation loader") if val_loader is not None else None
-    trainable = _select_trainable(model, adapter, config)
+    if val_batches is not None and config.monitor == "acc" and getattr(model, "regression", False):
+        raise ValueError("a regressor has no accuracy to monitor: use monitor='nll'.")
+    trainable = _select_trainable(model, adapter if is_hf else None, config)
     optimizer = OPTIMIZERS[config.optimizer](trainable, config)
     total = config.epochs * len(batches)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(config, total))
@@ -181,14 +189,37 @@ def recover(
 
 
 def validate(model: nn.Module, batches: list[Batch]) -> dict[str, float]:
-    """Validation accuracy and NLL of a classifier (of its ensemble probability, for M members)."""
-    probs = ensemble_probs(collect_member_logits(model, batches).double())
-    labels = labels_of(batches)
+    """Validation accuracy and NLL of a classifier (of its ensemble probability, for M members); the NLL of a
+    regressor's Gaussian mixture (a model with `regression = True`)."""
+    outputs, labels = collect_member_logits(model, batches), labels_of(batches)
+    if getattr(model, "regression", False):
+        return {"val_nll": gaussian_mixture_nll(outputs, labels)}
+    probs = ensemble_probs(outputs.double())
     return {"val_acc": accuracy(probs, labels), "val_nll": nll(probs, labels)}
 
 
-def _select_trainable(model: nn.Module, adapter: Adapter, config: TrainConfig) -> list[nn.Parameter]:
-    """Freeze what the config keeps fixed; return the parameters left to train (those trainable already)."""
+def _family(model: nn.Module) -> tuple[Adapter | None, bool]:
+    """(the model's family adapter, whether it is an HF model): an HF model's adapter (unsupported classes are
+    refused), a fused ensemble's own adapter (it reads the same inputs), or None for a plain module."""
+    base = _unwrapped(model)
+    if isinstance(base, transformers.PreTrainedModel):
+        return get_adapter(base), True
+    return getattr(base, "adapter", None), False
+
+
+def _select_trainable(model: nn.Module, adapter: Adapter | None, config: TrainConfig) -> list[nn.Parameter]:
+    """Freeze what the config keeps fixed; return the parameters left to train (those trainable already).
+    adapter=None (not an HF model): nothing is frozen by name."""
+    if adapter is None:
+        if config.freeze_embeddings or config.train_last is not None:
+            raise ValueError(
+                f"freeze_embeddings and train_last name parts of an HF model; a {type(model).__name__} has none: "
+                "set requires_grad on its parameters instead."
+            )
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if not trainable:
+            raise ValueError("nothing to train: every parameter is frozen.")
+        return trainable
     base = _unwrapped(model)
     num_layers = adapter.num_layers(base)
     for name, param in base.named_parameters():

@@ -1,10 +1,11 @@
 """Training losses: what the one training loop minimises. Each is called as `loss(output, batch)`, with
 `output` what the loop's forward returned for this batch's inputs (logits (B, C) for the default forward) and
-`batch` the batch itself (its `labels`, and the inputs a teacher needs).
+`batch` the batch itself (its `labels`, a teacher's `teacher_outputs`, and the inputs a teacher needs).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,9 @@ Forward = Callable[[nn.Module, dict[str, Any]], Tensor]
 
 
 class CrossEntropy:
-    """Mean cross-entropy with the batch's labels, optionally label-smoothed (fine-tuning)."""
+    """Mean cross-entropy with the batch's labels, optionally label-smoothed (fine-tuning). Logits (B, C); or
+    member logits (B, M, C) of M independent networks in one module (a `distill.MultiHeadMLP` with no shared
+    body): each member's own mean cross-entropy, summed over members, so each gets exactly its own gradient."""
 
     name = "cross_entropy"
 
@@ -27,27 +30,106 @@ class CrossEntropy:
         labels = batch.get("labels")
         if labels is None:
             raise ValueError("cross-entropy needs batches with 'labels'.")
-        return F.cross_entropy(logits, labels.to(logits.device), label_smoothing=self.label_smoothing)
+        labels = labels.to(logits.device)
+        if logits.dim() == 3:  # (B, M, C): every member against the labels
+            members = logits.shape[1]
+            labels = labels[:, None].expand(-1, members).flatten()
+            return F.cross_entropy(logits.flatten(0, 1), labels, label_smoothing=self.label_smoothing) * members
+        return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
 
 
-class TeacherKL:
-    """Knowledge distillation (Hinton et al., 2015): KL(softmax(z_t / T) || softmax(z_s / T)) x T^2, averaged
-    over the batch, against a frozen teacher's logits on the same inputs. Shapes: student logits (B, C)."""
+class GaussianNLL:
+    """Heteroscedastic regression: -log N(y; mean, exp(log_var)), averaged over the batch, for member Gaussians
+    (B, M, 2) (mean, log-variance) against the batch's float `labels` (B,); each member's own NLL, summed over
+    members (independent networks in one module, as `CrossEntropy`)."""
 
-    name = "teacher_kl"
+    name = "gaussian_nll"
 
-    def __init__(self, teacher: nn.Module, forward: Forward, temperature: float = 1.0):
+    def __call__(self, gaussians: Tensor, batch: dict[str, Any]) -> Tensor:
+        targets = batch.get("labels")
+        if targets is None:
+            raise ValueError("the Gaussian NLL needs batches with 'labels' (the regression targets).")
+        mean, log_var = gaussians[..., 0], gaussians[..., 1]  # (B, M)
+        targets = targets.to(gaussians.device, gaussians.dtype)[:, None]
+        nll = 0.5 * (math.log(2 * math.pi) + log_var + (targets - mean) ** 2 / log_var.exp())
+        return nll.mean(dim=0).sum()
+
+
+class DistillKL:
+    """Distillation from a teacher's member logits (paper 001 Eq. 1-4), at temperature T, scaled by T^2 so that
+    gradients keep their size across temperatures; averaged over the batch. Reads the batch's
+    `teacher_outputs` (B, M, C) (`distill.attach_teacher` puts them there), student logits (B, K, C):
+
+    - K = 1, one head against the ensemble mean (Eq. 1-2; Hinton et al.'s knowledge distillation, the
+      "Hinton head"): KL(mean_m softmax(z_m / T) || softmax(s / T)) T^2. A single teacher is M = 1.
+    - K = M, head m against member m (Eq. 3-4, Hydra): (1/M) sum_m KL(softmax(z_m / T) || softmax(s_m / T)) T^2.
+    """
+
+    name = "distill_kl"
+
+    def __init__(self, temperature: float = 1.0):
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}.")
-        self.teacher, self.forward, self.temperature = teacher.eval(), forward, temperature
+        self.temperature = temperature
 
-    def __call__(self, logits: Tensor, batch: dict[str, Any]) -> Tensor:
-        inputs = {k: v for k, v in batch.items() if k != "labels"}
-        with torch.no_grad():
-            teacher = self.forward(self.teacher, inputs).to(logits.device)
+    def __call__(self, student: Tensor, batch: dict[str, Any]) -> Tensor:
+        student = student[:, None] if student.dim() == 2 else student  # (B, K, C)
+        student = student.to(torch.promote_types(student.dtype, torch.float32))  # half precision: in float32
+        teacher = _teacher_outputs(batch, student).to(student.dtype)  # (B, M, C)
         t = self.temperature
-        log_student, log_teacher = F.log_softmax(logits / t, dim=-1), F.log_softmax(teacher / t, dim=-1)
-        return F.kl_div(log_student, log_teacher, log_target=True, reduction="batchmean") * t * t
+        if student.shape[1] == 1:  # against the mean of the members' (heated) probabilities
+            target = F.softmax(teacher / t, dim=-1).mean(dim=1, keepdim=True)  # (B, 1, C)
+            log_target = torch.log(target.clamp_min(torch.finfo(target.dtype).tiny))
+        elif student.shape[1] == teacher.shape[1]:
+            log_target = F.log_softmax(teacher / t, dim=-1)  # (B, M, C)
+        else:
+            raise ValueError(
+                f"the student has {student.shape[1]} heads and the teacher {teacher.shape[1]} members: distil "
+                "into one head (knowledge distillation) or one head per member (Hydra)."
+            )
+        log_student = F.log_softmax(student / t, dim=-1)
+        kl = (log_target.exp() * (log_target - log_student)).sum(dim=-1)  # (B, K)
+        return kl.mean() * t * t
+
+
+def gaussian_kl(mean_p: Tensor, log_var_p: Tensor, mean_q: Tensor, log_var_q: Tensor) -> Tensor:
+    """KL(N(mean_p, var_p) || N(mean_q, var_q)) = 1/2 [log(var_q / var_p) + (var_p + (mean_p - mean_q)^2) / var_q - 1],
+    elementwise (broadcast)."""
+    return 0.5 * (log_var_q - log_var_p + (log_var_p.exp() + (mean_p - mean_q) ** 2) / log_var_q.exp() - 1)
+
+
+class GaussianKL:
+    """Distillation of heteroscedastic regressors (paper 001 §2, Regression): (1/M) sum_m KL(N_m || N^_k), in
+    closed form (`gaussian_kl`), averaged over the batch. The paper's printed derivation flips the sign of the
+    quadratic term; this is the correct form, tested against a Monte-Carlo estimate. Reads the batch's
+    `teacher_outputs` (B, M, 2) (mean, log-variance per member); student (B, K, 2):
+
+    - K = M: head m against member m (Hydra).
+    - K = 1: the one head against every member (knowledge distillation, Eq. 5). It differs from
+      KL(mixture || N^) only by a constant of the teacher (the mixture's entropy minus the members' mean
+      entropy), so it has the same minimiser and gradients; Eq. 5 itself has no closed form.
+    """
+
+    name = "gaussian_kl"
+
+    def __call__(self, student: Tensor, batch: dict[str, Any]) -> Tensor:
+        teacher = _teacher_outputs(batch, student)  # (B, M, 2)
+        if student.shape[1] not in (1, teacher.shape[1]):
+            raise ValueError(
+                f"the student has {student.shape[1]} heads and the teacher {teacher.shape[1]} members: distil "
+                "into one head or one head per member."
+            )
+        return gaussian_kl(teacher[..., 0], teacher[..., 1], student[..., 0], student[..., 1]).mean()
+
+
+def _teacher_outputs(batch: dict[str, Any], student: Tensor) -> Tensor:
+    teacher = batch.get("teacher_outputs")
+    if teacher is None:
+        raise ValueError(
+            "distillation needs batches with 'teacher_outputs' (B, M, C): attach them with "
+            "hydra_ensembles.distill.attach_teacher(batches, teacher)."
+        )
+    return teacher.to(student.device)
 
 
 class FeatureMSE:

@@ -10,11 +10,9 @@ import torch
 from torch import nn
 
 from ...adapters import get_adapter
-from ...io import save_dir_atomic, write_json_atomic
+from ...io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ...outputs import PredictorOutput
 from ...pruning import save_model
-
-PREDICTOR_FILE = "predictor.json"  # what a saved wrapper predictor is: its kind and settings
 
 
 class DeepEnsemble(nn.Module):

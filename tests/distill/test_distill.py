@@ -1,0 +1,237 @@
+"""Hydra distillation (paper 001): losses against their closed forms, growth is exact, students save and reload."""
+
+import math
+
+import pytest
+import torch
+from conftest import LAYERS, MODELS, make_inputs
+from tolerances import CONTRACT
+
+import hydra_ensembles as he
+from hydra_ensembles import training as ft
+from hydra_ensembles.distill import MultiHeadMLP, attach_teacher, distill
+from hydra_ensembles.metrics import gaussian_mixture_nll
+from hydra_ensembles.predictors import DeepEnsemble, load_predictor, save_predictor
+from hydra_ensembles.uncertainty import decompose, gaussian_mixture
+
+# ---- classification loss (Eq. 1-4) ----
+
+
+def _kl(p, q):
+    return sum(a * math.log(a / b) for a, b in zip(p, q))
+
+
+def _softmax(z, t=1.0):
+    e = [math.exp(v / t) for v in z]
+    return [v / sum(e) for v in e]
+
+
+TEACHER = [[[2.0, 0.0, -1.0], [0.0, 1.0, 0.5]], [[-1.0, 3.0, 0.0], [1.0, 1.0, 1.0]]]  # (B=2, M=2, C=3)
+STUDENT = [[[1.0, 0.5, 0.0], [0.2, 0.1, 0.0]], [[0.0, 2.0, 1.0], [-0.5, 0.5, 0.0]]]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.5])
+def test_per_head_kl_is_the_mean_of_the_members_kl_times_t_squared(temperature):
+    loss = ft.DistillKL(temperature)(
+        torch.tensor(STUDENT, dtype=torch.float64), {"teacher_outputs": torch.tensor(TEACHER, dtype=torch.float64)}
+    )
+    expected = [
+        _kl(_softmax(TEACHER[b][m], temperature), _softmax(STUDENT[b][m], temperature))
+        for b in range(2)
+        for m in range(2)
+    ]
+    assert loss.item() == pytest.approx(sum(expected) / 4 * temperature**2, rel=1e-12)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 3.0])
+def test_one_head_matches_the_ensemble_mean(temperature):
+    student = [[row[0]] for row in STUDENT]  # (B, 1, C): the Hinton head
+    loss = ft.DistillKL(temperature)(
+        torch.tensor(student, dtype=torch.float64), {"teacher_outputs": torch.tensor(TEACHER, dtype=torch.float64)}
+    )
+    expected = []
+    for b in range(2):
+        members = [_softmax(TEACHER[b][m], temperature) for m in range(2)]
+        mean = [(x + y) / 2 for x, y in zip(*members)]
+        expected.append(_kl(mean, _softmax(student[b][0], temperature)))
+    assert loss.item() == pytest.approx(sum(expected) / 2 * temperature**2, rel=1e-12)
+
+
+def test_distillation_losses_refuse_bad_batches():
+    with pytest.raises(ValueError, match="attach_teacher"):
+        ft.DistillKL()(torch.zeros(2, 2, 3), {"labels": torch.zeros(2)})
+    with pytest.raises(ValueError, match="3 heads and the teacher 2 members"):
+        ft.DistillKL()(torch.zeros(2, 3, 3), {"teacher_outputs": torch.zeros(2, 2, 3)})
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        ft.DistillKL(0.0)
+
+
+# ---- regression (Gaussian KL) ----
+
+
+def test_gaussian_kl_matches_a_monte_carlo_estimate():
+    g = torch.Generator().manual_seed(0)
+    mean_p, log_var_p, mean_q, log_var_q = 0.3, math.log(0.5), -0.4, math.log(2.0)
+    x = mean_p + math.exp(0.5 * log_var_p) * torch.randn(2_000_000, generator=g, dtype=torch.float64)
+    log_p = -0.5 * (math.log(2 * math.pi) + log_var_p + (x - mean_p) ** 2 / math.exp(log_var_p))
+    log_q = -0.5 * (math.log(2 * math.pi) + log_var_q + (x - mean_q) ** 2 / math.exp(log_var_q))
+    samples = log_p - log_q
+    monte_carlo, error = samples.mean().item(), 4 * samples.std().item() / math.sqrt(len(samples))
+    closed = ft.gaussian_kl(*map(torch.tensor, (mean_p, log_var_p, mean_q, log_var_q))).item()
+    assert abs(closed - monte_carlo) < error
+    # the paper's printed form flips the sign of the quadratic term: it is far from the estimate
+    var_p, var_q = math.exp(log_var_p), math.exp(log_var_q)
+    printed = -(var_p + (mean_p - mean_q) ** 2) / (2 * var_q) + 0.5 * math.log(2 * math.pi * var_q)
+    entropy_p = 0.5 * math.log(2 * math.pi * math.e * var_p)
+    assert abs(printed - entropy_p - monte_carlo) > 100 * error
+
+
+def test_gaussian_kl_loss_per_head_and_against_every_member():
+    teacher = torch.tensor([[[0.0, 0.0], [1.0, math.log(2.0)]]])  # (B=1, M=2, 2)
+    heads = torch.tensor([[[0.5, 0.1], [0.5, 0.1]]])
+    one = heads[:, :1]
+    kl = lambda a, b: ft.gaussian_kl(a[0], a[1], b[0], b[1])  # noqa: E731
+    per_head = (kl(teacher[0, 0], heads[0, 0]) + kl(teacher[0, 1], heads[0, 1])) / 2
+    assert ft.GaussianKL()(heads, {"teacher_outputs": teacher}).item() == pytest.approx(per_head.item())
+    assert ft.GaussianKL()(one, {"teacher_outputs": teacher}).item() == pytest.approx(per_head.item())
+
+
+def test_mixture_nll_equals_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    g = torch.Generator().manual_seed(1)
+    gaussians = torch.randn(20, 3, 2, generator=g, dtype=torch.float64)
+    targets = torch.randn(20, generator=g, dtype=torch.float64)
+    mu, sd = gaussians[..., 0].numpy(), gaussians[..., 1].exp().sqrt().numpy()
+    density = stats.norm.pdf(targets.numpy()[:, None], mu, sd).mean(axis=1)
+    assert gaussian_mixture_nll(gaussians, targets) == pytest.approx(
+        -math.log(density).mean() if False else float(-__import__("numpy").log(density).mean()), rel=1e-10
+    )
+
+
+# ---- uncertainty decomposition (Eq. 6) ----
+
+
+def test_decomposition_matches_a_hand_computation():
+    logits = torch.log(torch.tensor([[[0.9, 0.1], [0.1, 0.9]], [[0.7, 0.3], [0.7, 0.3]]], dtype=torch.float64))
+    parts = decompose(logits)
+    h = lambda p: -sum(x * math.log(x) for x in p)  # noqa: E731
+    assert parts["total"].tolist() == pytest.approx([math.log(2), h([0.7, 0.3])])
+    assert parts["data"].tolist() == pytest.approx([h([0.9, 0.1]), h([0.7, 0.3])])
+    assert parts["model"].tolist() == pytest.approx([math.log(2) - h([0.9, 0.1]), 0.0], abs=1e-12)
+    assert torch.equal(parts["model"], he.mutual_information(logits))
+    gaussians = torch.tensor([[[0.0, 0.0], [2.0, math.log(3.0)]]], dtype=torch.float64)  # N(0, 1), N(2, 3)
+    mixture = gaussian_mixture(gaussians)
+    assert (mixture["mean"].item(), mixture["aleatoric"].item()) == pytest.approx((1.0, 2.0))
+    assert (mixture["epistemic"].item(), mixture["total"].item()) == pytest.approx((1.0, 3.0))
+
+
+# ---- students: growth is exact, save and reload ----
+
+
+@pytest.mark.parametrize("name", ["bert", "vit", "mpnet"])
+@pytest.mark.parametrize("head_layers", [0, 1, LAYERS])
+def test_a_grown_transformer_student_predicts_what_its_hinton_head_did(name, head_layers):
+    inputs = make_inputs(name)
+    hinton = he.HydraEnsemble.fuse([MODELS[name]()])
+    grown = hinton.grow(3, head_layers)
+    assert grown.num_members == 3 and grown.trunk == LAYERS - head_layers
+    with torch.no_grad():
+        one, many = hinton(**inputs).member_logits, grown(**inputs).member_logits  # (B, 1, C), (B, 3, C)
+    assert (many - one).abs().max().item() <= CONTRACT
+    assert torch.allclose(he.ensemble_probs(many), he.ensemble_probs(one), atol=CONTRACT)
+    shared_body = he.count_parameters(hinton)
+    head = he.count_parameters(grown) - shared_body
+    assert head == 2 * (shared_body - (he.count_parameters(hinton) - _head_parameters(hinton, head_layers)))
+
+
+def _head_parameters(hinton, head_layers):
+    """Parameters of the last `head_layers` layers plus the classifier side of a one-member ensemble."""
+    layers = sum(p.numel() for layer in hinton.layers[len(hinton.layers) - head_layers :] for p in layer.parameters())
+    return layers + sum(p.numel() for p in hinton.outer.member.parameters())
+
+
+def test_a_grown_mlp_student_predicts_what_its_hinton_head_did():
+    hinton = MultiHeadMLP(4, 3, body=(8,), head=(5,), heads=1, seed=3)
+    grown = hinton.grow(4)
+    x = torch.randn(6, 4)
+    with torch.no_grad():
+        assert torch.equal(grown(x).member_logits, hinton(x).member_logits.expand(6, 4, 3))
+
+
+def test_training_moves_the_heads_apart_and_the_body_once(tmp_path):
+    """Phase 2 through the loop on a fused transformer student: heads diverge towards their members, the body
+    (one copy) is updated, and the student saves and reloads to identical outputs."""
+    teacher = DeepEnsemble([_scaled(MODELS["bert"](seed=s), 20.0) for s in (1, 2, 3)])  # confident, different
+    data = attach_teacher([make_inputs("bert", seed=s) for s in range(4)], teacher)
+    student = he.HydraEnsemble.fuse([MODELS["bert"](seed=9)]).grow(3, head_layers=1)
+    body_before = {k: v.clone() for k, v in student.layers[0].state_dict().items()}
+    loss = ft.DistillKL()
+    before = sum(loss(student(**_inputs(b)).member_logits, b).item() for b in data)
+    ft.train(student, data, ft.TEXT_RECIPE.with_(epochs=25, lr=3e-3, patience=None), loss=loss, progress=False)
+    with torch.no_grad():
+        after = sum(loss(student(**_inputs(b)).member_logits, b).item() for b in data)
+        logits = student(**_inputs(data[0])).member_logits
+    assert after < 0.5 * before
+    assert (logits[:, 0] - logits[:, 1]).abs().max() > 1e-2  # the heads no longer agree
+    assert any(not torch.equal(v, body_before[k]) for k, v in student.layers[0].state_dict().items())
+    saved = save_predictor(student, tmp_path / "student")
+    reloaded = load_predictor(saved)
+    with torch.no_grad():
+        assert torch.equal(reloaded(**_inputs(data[0])).member_logits, logits)
+
+
+def _scaled(model, factor):
+    with torch.no_grad():
+        model.classifier.weight.mul_(factor)
+    return model
+
+
+def _inputs(batch):
+    return {k: v for k, v in batch.items() if k not in ("labels", "teacher_outputs")}
+
+
+# ---- the two phases end to end (MLP), and saving ----
+
+
+def _blobs(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 3, (n,), generator=g)
+    centres = torch.tensor([[0.0, 2.0], [2.0, -1.0], [-2.0, -1.0]])
+    return centres[labels] + 1.2 * torch.randn(n, 2, generator=g), labels
+
+
+def _batches(x, y, size=32):
+    return [{"inputs": x[i : i + size], "labels": y[i : i + size]} for i in range(0, len(x), size)]
+
+
+def test_hydra_keeps_the_members_disagreement_that_knowledge_distillation_loses(tmp_path):
+    x, y = _blobs(384, 0)
+    ensemble = MultiHeadMLP(2, 3, body=(), head=(32,), heads=5, seed=0)  # five independent MLPs
+    ft.train(
+        ensemble, _batches(x, y), ft.TrainConfig(epochs=30, lr=1e-2, warmup=0.0), loss=ft.CrossEntropy(), progress=False
+    )
+    far = torch.randn(200, 2) * 2 + torch.tensor([8.0, 8.0])  # far from every class: members disagree
+    transfer = attach_teacher(
+        _batches(torch.cat([x, far[:100]]), torch.cat([y, torch.zeros(100, dtype=torch.long)])), ensemble
+    )
+    config = ft.TrainConfig(epochs=40, lr=1e-2, warmup=0.0)
+    student = MultiHeadMLP(2, 3, body=(32,), head=(16,), heads=1, seed=1)
+    result = distill(student, transfer, phase1=config, phase2=config, temperature=2.0, progress=False)
+    with torch.no_grad():
+        mu = {
+            k: he.mutual_information(m(far[100:]).member_logits)
+            for k, m in [("teacher", ensemble), ("kd", result.kd), ("hydra", result.hydra)]
+        }
+    assert result.kd.num_members == 1 and result.hydra.num_members == 5
+    assert mu["kd"].abs().max() == 0  # one head: no model uncertainty at all
+    gap_hydra = (mu["hydra"] - mu["teacher"]).abs().mean()
+    assert mu["teacher"].mean() > 0.01 and gap_hydra < 0.25 * mu["teacher"].mean()  # measured: 0.031, 0.0014
+    reloaded = load_predictor(save_predictor(result.hydra, tmp_path / "hydra"))
+    with torch.no_grad():
+        assert torch.equal(reloaded(far).member_logits, result.hydra(far).member_logits)
+
+
+def test_distill_refuses_batches_without_teacher_outputs():
+    x, y = _blobs(8, 0)
+    with pytest.raises(ValueError, match="attach_teacher"):
+        distill(MultiHeadMLP(2, 3), _batches(x, y), phase1=ft.TrainConfig(), phase2=ft.TrainConfig(), progress=False)
