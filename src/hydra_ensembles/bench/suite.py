@@ -148,6 +148,14 @@ def timed_rows(task: Task, seed: int, cache: Path, results: Mapping[str, dict], 
     return predictor_latency(predictors, {row: task.test[0] for row in predictors}, repeats)
 
 
+def suite_predictor(task: Task, seed: int, seed_cache: Path, row: str, progress: bool = True) -> nn.Module:
+    """The predictor of one row of the table for one seed, from (or into) the seed's cache directory: what other
+    experiments build on (e.g. the teachers that distillation compresses)."""
+    _check_rows([row, "Single"])  # an unknown row is refused by name
+    seed_cache.mkdir(parents=True, exist_ok=True)
+    return _Builder(task, seed, seed_cache, progress).row(row)[0]
+
+
 def _check_rows(rows: Sequence[str]) -> list[str]:
     unknown = [row for row in rows if row not in ALL_ROWS]
     if unknown:

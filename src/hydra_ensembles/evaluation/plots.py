@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import Tensor  # noqa: E402
 
-from ..uncertainty import ensemble_probs  # noqa: E402
+from ..uncertainty import decompose, ensemble_probs  # noqa: E402
 from .ood import OOD_SCORES  # noqa: E402
 
 
@@ -138,3 +138,44 @@ def logit_figures(logits: Mapping[str, dict], labels: Tensor, out_dir: Path, tit
             if v.get(group):
                 panels[row][group if group != "ood" else "OOD"] = torch.cat([msp(x) for x in v[group].values()])
     ood_histograms(panels, out_dir / "ood_scores.png", "MSP", title=f"{title}: OOD scores")
+
+
+def uncertainty_maps(
+    grid_logits: Mapping[str, Tensor],
+    extent: float,
+    points: tuple[Tensor, Tensor],
+    path: str | os.PathLike,
+) -> Path:
+    """Paper 001's Fig. 2: total, expected data and model uncertainty (nats; `uncertainty.decompose`) over a square
+    2-D input grid, one column per model, training points on top. grid_logits: {model: member logits
+    (R*R, M, C) on an R x R grid over [-extent, extent]^2, rows y ascending}; points: inputs (N, 2), labels (N,)."""
+    parts = ("total", "data", "model")
+    fig, axes = plt.subplots(3, len(grid_logits), figsize=(3.3 * len(grid_logits), 9.2), squeeze=False)
+    x, y = points
+    for col, (name, logits) in enumerate(grid_logits.items()):
+        side = int(round(len(logits) ** 0.5))
+        values = decompose(logits)
+        for row, part in enumerate(parts):
+            ax = axes[row][col]
+            image = ax.imshow(
+                values[part].view(side, side).numpy(),
+                origin="lower",
+                extent=(-extent, extent, -extent, extent),
+                cmap="viridis",
+                vmin=0.0,
+                vmax=max(float(np.log(logits.shape[-1])) if part != "model" else 0.5, 1e-6),
+            )
+            ax.scatter(x[:, 0].numpy(), x[:, 1].numpy(), c=y.numpy(), s=2, cmap="Set1", alpha=0.5, linewidths=0)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if row == 0:
+                ax.set_title(name, fontsize=10)
+            if col == 0:
+                ax.set_ylabel(f"{part} uncertainty", fontsize=10)
+            fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
