@@ -405,3 +405,31 @@ def test_amp_then_the_usual_steps_give_a_hydra_ensemble_on_the_pruned_base(flow,
     members = [he.load_model(tmp_path / "m" / f"member{i}") for i in range(3)]
     assert all(he.kept_neurons(m) == he.kept_neurons(pruned) for m in members)
     assert he.fusion_deviation(ensemble, members, batches(f["val"], ensemble))["logits"] <= CONTRACT
+
+
+def test_distill_writes_a_hydra_student_with_one_head_per_member_and_a_kd_student(flow, tmp_path):
+    root, d, f, runs = flow
+    out = tmp_path / "student"
+    run = hydra_ens(
+        "distill",
+        "--teacher", f"{d['hydra']}/ensemble",
+        "--model", f"{d['single']}/model",
+        "--data", f["train"],
+        "--val", f["val"],
+        "--epochs", "2",
+        "--lr", "1e-3",
+        "--out", str(out),
+    )  # fmt: skip
+    assert "teacher: 3 members" in run.stdout and "hydra: 3 head(s)" in run.stdout and "kd: 1 head(s)" in run.stdout
+    hydra, kd = he.HydraEnsemble.from_pretrained(out / "hydra"), he.HydraEnsemble.from_pretrained(out / "kd")
+    assert (hydra.num_members, kd.num_members) == (3, 1) and hydra.trunk == hydra.num_layers - 1  # --head-layers 1
+    test = batches(f["test"], hydra, "review")
+    logits = collect_member_logits(hydra, test)
+    assert logits.shape[1:] == (3, 3) and (logits[:, 0] - logits[:, 1]).abs().max() > 0  # heads trained apart
+    evaluated = hydra_ens("evaluate", "--model", str(out / "hydra"), "--data", f["test"], "--text-column", "review",
+                          "--out", str(tmp_path / "report"))  # fmt: skip
+    assert evaluated.returncode == 0
+    teacher, model = f"{d['hydra']}/ensemble", f"{d['single']}/model"
+    bad = hydra_ens("distill", "--teacher", teacher, "--model", model, "--data", f["train"],
+                    "--temperature", "0", "--out", str(tmp_path / "bad"), check=False)  # fmt: skip
+    assert bad.returncode == 2 and "--temperature must be > 0" in bad.stderr

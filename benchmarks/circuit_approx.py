@@ -1,0 +1,79 @@
+"""How far the approximate circuit searches agree with the exact one, and what they cost, on a benchmark task's
+own fine-tuned model and circuit data (issue 12, deliverable 5) — measured in one run.
+
+The exact ranking is the suite's cached `circuit_avg.json` for that seed when it exists (else it is computed
+here, the slow part). Each approximation runs the same data, criterion and budget; agreement is the overlap of
+the sets of the first n heads removed (n = half the budget, and the whole budget), i.e. how many of the heads
+that a pruned member would lose are the same.
+
+    python benchmarks/circuit_approx.py image-dinov2 --seed 0 --methods fast:bf16 multi-2 multi-4 multi-4:bf16 multi-8
+"""
+
+import argparse
+import time
+
+import hydra_ensembles as he
+from hydra_ensembles.bench.suite import suite_predictor
+from hydra_ensembles.bench.tasks import TASKS
+from hydra_ensembles.io import cache_dir
+
+
+def overlap(a, b, n):
+    return len(set(a[:n]) & set(b[:n])) / n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("task", choices=sorted(TASKS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--budget", type=int, help="default: the task's circuit budget (what the suite extracts)")
+    parser.add_argument("--methods", nargs="+", default=["fast:bf16", "multi-2", "multi-4", "multi-4:bf16", "multi-8"])
+    parser.add_argument(
+        "--exact-steps", type=int, default=2, help="exact steps timed to estimate the exact search's total time"
+    )
+    args = parser.parse_args()
+    task = TASKS[args.task]("full")
+    seed_cache = cache_dir() / "bench" / "full" / f"{task.name}-{task.fingerprint()}" / f"seed{args.seed}"
+    model = suite_predictor(task, args.seed, seed_cache, "Single", progress=False)
+    layers = he.get_adapter(model).num_layers(model)
+    budget = args.budget or max(task.circuit_pool, task.prune_per_layer * layers)
+    exact_path = seed_cache / "circuit_avg.json"
+    if exact_path.exists() and len(he.Circuit.load(exact_path).removed) >= budget:
+        exact, exact_seconds = he.Circuit.load(exact_path), None
+    else:
+        started = time.perf_counter()
+        exact = he.extract_circuit(model, task.circuit_id, task.circuit_ood, "avg", budget, method="fast")
+        exact_seconds = time.perf_counter() - started
+    if exact_seconds is None:  # time the first steps; a step costs in proportion to the candidates left
+        started = time.perf_counter()
+        he.extract_circuit(model, task.circuit_id, task.circuit_ood, "avg", args.exact_steps, progress=False)
+        candidates = sum(len(h) for h in he.kept_heads(model).values())
+        per_candidate = (time.perf_counter() - started) / sum(candidates - s for s in range(args.exact_steps))
+        exact_seconds = per_candidate * sum(candidates - s for s in range(budget))
+    half, pruned = task.prune_per_layer * layers // 2, task.prune_per_layer * layers
+    print(f"{task.name} seed {args.seed}: budget {budget}; members prune {pruned}; exact search ~{exact_seconds:.0f} s")
+    columns = ("search", "seconds", "x faster", f"overlap@{half}", f"overlap@{pruned}", f"overlap@{budget}")
+    print(f"{columns[0]:<16}" + "".join(f"{c:>13}" for c in columns[1:]))
+    for spec in args.methods:
+        name, _, precision = spec.partition(":")
+        method, _, top = name.partition("-")
+        started = time.perf_counter()
+        circuit = he.extract_circuit(
+            model,
+            task.circuit_id,
+            task.circuit_ood,
+            "avg",
+            budget,
+            method=method,
+            top=int(top or 8),
+            precision=precision or "fp32",
+            progress=False,
+        )
+        seconds = time.perf_counter() - started
+        agreement = [overlap(circuit.removed, exact.removed, n) for n in (half, pruned, budget)]
+        cells = [f"{seconds:.0f}", f"{exact_seconds / seconds:.1f}", *(f"{a:.3f}" for a in agreement)]
+        print(f"{circuit.search:<16}" + "".join(f"{c:>13}" for c in cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Hydra distillation (paper 001): compress any saved ensemble into one student with a shared body and one head
+per member, so it keeps the members' disagreement; also writes the knowledge-distillation (KD) student.
+
+--teacher: any saved predictor that returns member logits (a Hydra Ensemble, a deep ensemble, MC dropout).
+--model: the student's starting point, a classifier over the same classes read by the same preprocessor (e.g.
+the fine-tuned single model, or the teacher's base checkpoint). Phase 1 trains it as one head on the ensemble
+mean (the KD student); phase 2 grows one head per member — a copy of the last --head-layers layers and the
+classifier — and trains head m against member m. With --val each phase keeps its epoch with the best validation
+NLL. Writes <out>/hydra/ and <out>/kd/ (both saved Hydra Ensembles: `evaluate` and `predict` take them as
+--model); checkpoints per epoch under <out>/checkpoints/: run the same command again to resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+
+from ..cost import count_parameters
+from ..distill import attach_teacher, distill
+from ..fusion import HydraEnsemble
+from ..outputs import collect_member_logits
+from ..pruning import load_model
+from ..training import IMAGE_RECIPE, TEXT_RECIPE
+from .common import (
+    CommandError,
+    add_data_options,
+    add_output_options,
+    check_model_dir,
+    check_supported,
+    class_names,
+    copy_preprocessor,
+    data_settings,
+    fingerprint_path,
+    load_predictor,
+    load_preprocessor,
+    read_data,
+    start_step,
+)
+
+EXAMPLE = """hydra-ens distill --teacher hydra/ensemble --model single/model --data train.csv --val val.csv --out st
+hydra-ens evaluate --model single/model --model st/hydra --model st/kd --data test.csv --out report"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--teacher", required=True, help="a saved predictor with member logits (B, M, C)")
+    parser.add_argument("--model", required=True, help="the student's starting classifier (an HF checkpoint)")
+    parser.add_argument("--data", required=True, help="transfer data (labels not needed)")
+    parser.add_argument("--val", help="labelled validation data: each phase keeps its best-NLL epoch")
+    parser.add_argument("--head-layers", type=int, default=1, help="layers each head owns (0: the classifier alone)")
+    parser.add_argument("--temperature", type=float, default=2.0, help="T of the KL losses (default: 2)")
+    parser.add_argument("--epochs", type=int, help="epochs of each phase (default: the recipe's)")
+    parser.add_argument("--lr", type=float)
+    parser.add_argument("--seed", type=int, default=0)
+    add_output_options(parser)
+    add_data_options(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    model_dir = check_model_dir(args.model, "--model")
+    check_supported(model_dir)
+    kind, _ = load_preprocessor(model_dir)
+    recipe = {"text": TEXT_RECIPE, "image": IMAGE_RECIPE}[kind].with_(monitor="nll", seed=args.seed)
+    recipe = recipe.with_(**{k: v for k, v in {"epochs": args.epochs, "lr": args.lr}.items() if v is not None})
+    if not args.val:
+        recipe = recipe.with_(patience=None)
+    if args.temperature <= 0:
+        raise CommandError(f"--temperature must be > 0, got {args.temperature}.")
+    settings = {
+        "teacher": fingerprint_path(args.teacher, "--teacher"),
+        "model": fingerprint_path(model_dir, "--model"),
+        "data": fingerprint_path(args.data, "--data"),
+        "val": fingerprint_path(args.val, "--val") if args.val else None,
+        "head_layers": args.head_layers,
+        "temperature": args.temperature,
+        "recipe": recipe.__dict__,
+        **data_settings(args),
+    }
+    out = start_step(args, "distill", settings)
+    if out is None:
+        return 0
+    teacher = load_predictor(args.teacher, "--teacher")
+    student_model = load_model(model_dir)
+    if class_names(teacher) != class_names(student_model):
+        raise CommandError(
+            f"the teacher predicts {class_names(teacher)} but --model {str(model_dir)!r} predicts "
+            f"{class_names(student_model)}: the student must classify the same classes, in the same order."
+        )
+    transfer = read_data(args, args.data, model_dir, student_model.config, labelled=False, flag="--data").batches
+    val = (
+        read_data(args, args.val, model_dir, student_model.config, labelled=True, flag="--val").batches
+        if args.val
+        else None
+    )
+    members = collect_member_logits(teacher, transfer[:1]).shape[1]
+    examples = sum(len(next(iter(b.values()))) for b in transfer)
+    print(f"teacher: {members} members; computing its outputs on {examples} transfer inputs")
+    transfer = attach_teacher(transfer, teacher, progress=not args.quiet)
+    try:
+        result = distill(
+            HydraEnsemble.fuse([student_model]),
+            transfer,
+            phase1=recipe,
+            phase2=recipe,
+            temperature=args.temperature,
+            head_layers=args.head_layers,
+            val_loader=val,
+            checkpoint_dir=out.path / "checkpoints",
+            progress=not args.quiet,
+        )
+    except ValueError as error:
+        raise CommandError(str(error)) from None
+    for name, student in (("kd", result.kd), ("hydra", result.hydra)):
+        student.save_pretrained(out.path / name)
+        copy_preprocessor(model_dir, out.path / name)
+        print(
+            f"{name}: {student.num_members} head(s), {count_parameters(student) / 1e6:.2f} M parameters, "
+            f"kept epoch {student.kept_epoch} of {len(student.training_history)} -> {out.path / name}"
+        )
+    shutil.rmtree(out.path / "checkpoints", ignore_errors=True)
+    out.finish(
+        {"model_dir": "hydra", "members": members, "temperature": args.temperature, "head_layers": args.head_layers}
+    )
+    return 0
