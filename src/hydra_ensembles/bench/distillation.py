@@ -116,6 +116,7 @@ def spiral_seed(seed: int, members: int = 10, progress: bool = False) -> tuple[d
             "mu_gap_ood": (decompose(ood_logits)["model"] - teacher_mu["ood"]).abs().mean().item(),
             "mi_ood": decompose(ood_logits)["model"].mean().item(),
             "auroc_ood": ood_metrics(test_logits, ood_logits)["auroc"],
+            "auroc_ood_mi": ood_metrics(test_logits, ood_logits, score="mutual_information")["auroc"],
             "params": count_parameters(model),
             "temperature": students[name][1] if name in students else None,
         }
@@ -131,7 +132,8 @@ SPIRAL_COLUMNS = (
     ("|ΔMU| test", "mu_gap_id", 1, 4),
     ("MU OOD", "mi_ood", 1, 3),
     ("|ΔMU| OOD", "mu_gap_ood", 1, 3),
-    ("AUROC OOD", "auroc_ood", 100, 1),
+    ("AUROC OOD (MSP)", "auroc_ood", 100, 1),
+    ("AUROC OOD (MI)", "auroc_ood_mi", 100, 1),
     ("Params", "params", 1, 0),
     ("T", "temperature", 1, 1),
 )
