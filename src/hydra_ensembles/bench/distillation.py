@@ -85,7 +85,13 @@ def distil_both(
 # ---- (a) spiral ----
 
 
-def spiral_seed(seed: int, members: int = 10, progress: bool = False) -> tuple[dict[str, dict], dict[str, nn.Module]]:
+def spiral_seed(
+    seed: int,
+    members: int = 10,
+    config: TrainConfig = MLP_CONFIG,
+    temperatures: Sequence[float] = TEMPERATURES,
+    progress: bool = False,
+) -> tuple[dict[str, dict], dict[str, nn.Module]]:
     """One seed of the spiral experiment: rows {name: metrics} and the three models."""
     splits = spiral_splits(seed)
     train_batches, val_batches = _batches(*splits.train), _batches(*splits.val)
@@ -93,7 +99,7 @@ def spiral_seed(seed: int, members: int = 10, progress: bool = False) -> tuple[d
     train(
         ensemble,
         train_batches,
-        MLP_CONFIG.with_(seed=seed),
+        config.with_(seed=seed),
         loss=CrossEntropy(),
         val_loader=val_batches,
         progress=progress,
@@ -103,7 +109,9 @@ def spiral_seed(seed: int, members: int = 10, progress: bool = False) -> tuple[d
     def student() -> MultiHeadMLP:
         return MultiHeadMLP(2, 3, body=(64, 64), head=(32,), heads=1, seed=1000 + seed)
 
-    students = distil_both(ensemble, student, train_batches, val_batches, MLP_CONFIG.with_(seed=seed))
+    students = distil_both(
+        ensemble, student, train_batches, val_batches, config.with_(seed=seed), temperatures=temperatures
+    )
     models = {f"Ensemble ({members} MLPs)": ensemble, **{k: m for k, (m, _) in students.items()}}
     test_x, test_y = splits.test
     ood = spiral_ood(seed=seed)
