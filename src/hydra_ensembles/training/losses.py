@@ -71,6 +71,7 @@ class DistillKL:
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}.")
         self.temperature = temperature
+        self.name = f"distill_kl(T={temperature:g})"  # a checkpoint resumes only at the same temperature
 
     def __call__(self, student: Tensor, batch: dict[str, Any]) -> Tensor:
         student = student[:, None] if student.dim() == 2 else student  # (B, K, C)
