@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import torch
 
 PREDICTOR_FILE = "predictor.json"  # what a saved wrapper predictor (or MLP student) is: its kind and settings
 
@@ -80,3 +83,12 @@ def reading_dir(path: str | os.PathLike, what: str) -> Iterator[Path]:
     if not path.is_dir():
         raise FileNotFoundError(f"no {what} at {str(path)!r}: the directory does not exist.")
     yield path
+
+
+def tensor_digest(tensors: Iterable[torch.Tensor]) -> str:
+    """A short hash of tensors' shapes and bytes: what a saved state must match to be resumed."""
+    digest = hashlib.sha256()
+    for tensor in tensors:
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+import shutil
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -266,10 +267,11 @@ def _students(task, seed, cache, teacher_row, teacher, head_layers, temperatures
     where = cache / "distill" / f"{slug}-k{head_layers}"
     config = task.recipe.with_(seed=seed, monitor="nll", freeze_embeddings=False)
     best: dict[str, tuple[float, nn.Module, float]] = {}
+    transfer = None  # the teacher's outputs, computed once, and only if a student is still to be trained
     for t in temperatures:
         paths = {kind: where / f"T{t:g}" / kind for kind in ("KD", "Hydra")}
         if not all(p.exists() for p in paths.values()):
-            transfer = attach_teacher(task.train, teacher, progress=progress)
+            transfer = transfer or attach_teacher(task.train, teacher, progress=progress)
             student = HydraEnsemble.fuse([task.new_model(seed)])
             result = distill(
                 student,
@@ -284,6 +286,7 @@ def _students(task, seed, cache, teacher_row, teacher, head_layers, temperatures
             )
             save_predictor(result.kd, paths["KD"])
             save_predictor(result.hydra, paths["Hydra"])
+            shutil.rmtree(where / f"T{t:g}" / "checkpoints", ignore_errors=True)
         for kind, path in paths.items():
             model = load_predictor(path)
             score = validate(model, task.val)["val_nll"]

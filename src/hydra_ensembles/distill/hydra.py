@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from torch import nn
 
-from ..data.loaders import Batch, materialize
+from ..data.loaders import Batch, materialize, split_batch
 from ..fusion import HydraEnsemble
+from ..io import tensor_digest, write_json_atomic
+from ..outputs import member_outputs_of
 from ..training import DistillKL, GaussianKL, TrainConfig, train
 from .students import MultiHeadMLP
 
@@ -47,7 +51,8 @@ def distill(
             its first L - head_layers layers), or `MultiHeadMLP(..., heads=1)`. Trained in place in phase 1.
         train_loader: transfer batches with `teacher_outputs` (B, M, C) (`attach_teacher`): M heads are grown.
         phase1, phase2: how long and how each phase trains. With `val_loader` each phase keeps its epoch with
-            the best validation NLL and stops after `patience` epochs without one ("until convergence").
+            the best `config.monitor` (use "nll": the probabilistic fit is what distillation is for) and stops
+            after `patience` epochs without one ("until convergence").
         temperature: T of the KL losses (classification; regression uses the Gaussian KL, no temperature).
         head_layers: k, the last layers each head of a transformer student owns (0: the classifier alone).
         checkpoint_dir: each phase checkpoints every epoch under it (`phase1/`, `phase2/`) and resumes.
@@ -60,8 +65,12 @@ def distill(
     if student.num_members != 1:
         raise ValueError(f"distill starts from a one-head student; this one has {student.num_members} heads.")
     members = batches[0]["teacher_outputs"].shape[1]
+    _check_growth(student, head_layers)  # before phase 1, not after it
+    _check_outputs(student, batches[0])
     loss = GaussianKL() if getattr(student, "regression", False) else DistillKL(temperature)
     where = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    if where is not None:  # the loop's checkpoints know their config, not the teacher or the student: say which
+        _claim(where, student, batches, members, head_layers, temperature)
     common = {"loss": loss, "val_loader": val_loader, "progress": progress}
     kd = train(
         student, batches, phase1, checkpoint_dir=where and where / "phase1", desc="distil: Hinton head", **common
@@ -74,10 +83,52 @@ def distill(
 
 
 def _grow(student: nn.Module, heads: int, head_layers: int) -> Student:
+    return student.grow(heads, head_layers) if isinstance(student, HydraEnsemble) else student.grow(heads)
+
+
+def _check_growth(student: nn.Module, head_layers: int) -> None:
     if isinstance(student, HydraEnsemble):
-        return student.grow(heads, head_layers)
-    if head_layers:
+        if not 0 <= head_layers <= student.num_layers:
+            raise ValueError(
+                f"head_layers must be in 0..{student.num_layers} (the student's layers), got {head_layers}."
+            )
+    elif head_layers:
         raise ValueError(
             "an MLP student's heads are set when it is built (MultiHeadMLP(head=...)): head_layers is for transformers."
         )
-    return student.grow(heads)
+
+
+@torch.no_grad()
+def _check_outputs(student: nn.Module, batch: Batch) -> None:
+    """The student must predict what the teacher's members do: as many classes, or a (mean, log-variance) pair."""
+    inputs, _ = split_batch(getattr(student, "adapter", None), batch)
+    was_training = student.training
+    try:
+        produced = member_outputs_of(student.eval()(**inputs)).shape[-1]
+    finally:
+        student.train(was_training)
+    taught = batch["teacher_outputs"].shape[-1]
+    if produced != taught:
+        raise ValueError(
+            f"the teacher's members output {taught} values per input but the student outputs {produced}: a student "
+            "must predict the teacher's classes (a regressor: one (mean, log-variance) pair)."
+        )
+
+
+def _claim(where: Path, student: nn.Module, batches: list[Batch], members: int, head_layers: int, t: float) -> None:
+    """Record what the checkpoints under `where` distil; refuse to resume another distillation's."""
+    identity = {
+        "teacher_outputs": tensor_digest(batch["teacher_outputs"] for batch in batches),
+        "student": tensor_digest(v for _, v in sorted(student.state_dict().items())),
+        "members": members,
+        "head_layers": head_layers,
+        "temperature": t,
+    }
+    path = where / "distill.json"
+    if path.exists() and json.loads(path.read_text()) != identity:
+        raise ValueError(
+            f"the checkpoints in {str(where)!r} belong to another distillation (teacher outputs, starting student, "
+            "heads or temperature differ); delete them or pass another checkpoint_dir."
+        )
+    where.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, identity)

@@ -88,7 +88,8 @@ class MultiHeadMLP(nn.Module):
         growth"): right after growing, every head predicts exactly what the one did. Returns a new model."""
         if self.num_members != 1:
             raise ValueError(f"grow starts from a one-head student (the Hinton head); this one has {self.num_members}.")
-        grown = MultiHeadMLP(**(self.settings | {"heads": heads}))
+        reference = next(self.parameters())
+        grown = MultiHeadMLP(**(self.settings | {"heads": heads})).to(reference.device, reference.dtype)
         with torch.no_grad():
             grown.body.load_state_dict(self.body.state_dict())
             for target, source in zip(

@@ -59,9 +59,10 @@ def train(
         loss: called as `loss(output, batch)` -> scalar tensor; see `training.losses`.
         forward: `forward(model, inputs)` -> output; default: an HF model's logits (or pooled output), another
             module's member outputs (B, M, C) (`outputs.member_outputs_of`).
-        val_loader: labelled validation batches of a classifier: the epoch with the best `config.monitor` ("acc":
-            highest accuracy, "nll": lowest NLL; an improvement must exceed `min_delta`, so a tie keeps the
-            earlier epoch) is kept, and training stops after `patience` epochs without one.
+        val_loader: labelled validation batches (classes; a regressor's float targets, monitored by NLL only):
+            the epoch with the best `config.monitor` ("acc": highest accuracy, "nll": lowest NLL; an improvement
+            must exceed `min_delta`, so a tie keeps the earlier epoch) is kept, and training stops after
+            `patience` epochs without one.
         checkpoint_dir: where a checkpoint is written (atomically) after every epoch; a run started again
             with it resumes and ends with the same weights as an uninterrupted one. A checkpoint written under
             another config or loss is refused.

@@ -114,7 +114,8 @@ class GaussianKL:
     name = "gaussian_kl"
 
     def __call__(self, student: Tensor, batch: dict[str, Any]) -> Tensor:
-        teacher = _teacher_outputs(batch, student)  # (B, M, 2)
+        student = student.to(torch.promote_types(student.dtype, torch.float32))  # half precision: in float32
+        teacher = _teacher_outputs(batch, student).to(student.dtype)  # (B, M, 2)
         if student.shape[1] not in (1, teacher.shape[1]):
             raise ValueError(
                 f"the student has {student.shape[1]} heads and the teacher {teacher.shape[1]} members: distil "

@@ -17,7 +17,6 @@ the same ranking.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from abc import ABC
@@ -33,7 +32,7 @@ from tqdm.auto import tqdm
 from ...adapters import get_adapter
 from ...data.loaders import Batch, materialize
 from ...distributed import barrier, gather_dict, is_main, shard, world_size
-from ...io import write_json_atomic
+from ...io import tensor_digest, write_json_atomic
 from ...pruning import HeadMap, kept_heads
 from .criteria import CRITERIA, CircuitCriterion
 from .scoring import CandidateScorer, FastScorer, Head, ReferenceScorer
@@ -333,19 +332,11 @@ def _identity(model: nn.Module, id_batches: list[Batch], ood_batches: list[Batch
     return {
         "version": STATE_VERSION,
         "criterion": criterion,
-        "model": _digest(t for _, t in sorted(model.state_dict().items())),
-        "data": _digest(
+        "model": tensor_digest(t for _, t in sorted(model.state_dict().items())),
+        "data": tensor_digest(
             v for batch in id_batches + ood_batches for _, v in sorted(batch.items()) if isinstance(v, Tensor)
         ),
     }
-
-
-def _digest(tensors: Iterable[Tensor]) -> str:
-    digest = hashlib.sha256()
-    for tensor in tensors:
-        digest.update(str(tuple(tensor.shape)).encode())
-        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()[:16]
 
 
 def _load_state(path: str | os.PathLike | None, identity: dict) -> dict:
