@@ -58,25 +58,38 @@ def distil_both(
     *,
     temperatures: Sequence[float] = TEMPERATURES,
     head_layers: int = 0,
+    cache: Path | None = None,
     progress: bool = False,
 ) -> dict[str, tuple[nn.Module, float]]:
     """{"KD": (student, T), "Hydra": (student, T)}: each kind at the temperature with its lowest validation NLL
-    (regression: one run, no temperature)."""
-    transfer = attach_teacher(train_batches, teacher)
+    (regression: one run, no temperature). With `cache`, each temperature's two students are saved under
+    `cache/T<t>/{KD,Hydra}` (checkpointed under `cache/T<t>/checkpoints` while they train) and reused."""
     regression = getattr(teacher, "regression", False)
     best: dict[str, tuple[float, nn.Module, float]] = {}
+    transfer = None  # the teacher's outputs, computed once, and only if a student is still to be trained
     for temperature in [1.0] if regression else temperatures:
-        result = distill(
-            new_student(),
-            transfer,
-            phase1=config,
-            phase2=config,
-            temperature=temperature,
-            head_layers=head_layers,
-            val_loader=val_batches,
-            progress=progress,
-        )
-        for kind, model in (("KD", result.kd), ("Hydra", result.hydra)):
+        where = cache / f"T{temperature:g}" if cache is not None else None
+        if where is not None and all((where / kind).exists() for kind in ("KD", "Hydra")):
+            students = {kind: load_predictor(where / kind) for kind in ("KD", "Hydra")}
+        else:
+            transfer = transfer or attach_teacher(train_batches, teacher, progress=progress)
+            result = distill(
+                new_student(),
+                transfer,
+                phase1=config,
+                phase2=config,
+                temperature=temperature,
+                head_layers=head_layers,
+                val_loader=val_batches,
+                checkpoint_dir=where / "checkpoints" if where is not None else None,
+                progress=progress,
+            )
+            students = {"KD": result.kd, "Hydra": result.hydra}
+            if where is not None:
+                for kind, model in students.items():
+                    save_predictor(model, where / kind)
+                shutil.rmtree(where / "checkpoints", ignore_errors=True)
+        for kind, model in students.items():
             score = validate(model, val_batches)["val_nll"]
             if kind not in best or score < best[kind][0]:
                 best[kind] = (score, model, temperature)
@@ -151,11 +164,11 @@ SPIRAL_COLUMNS = (
 def spiral_experiment(seeds: Sequence[int], out_dir: str | os.PathLike, command: str = "") -> dict:
     """Table (mean ± std over seeds) and the uncertainty maps of seed `seeds[0]`, written to `out_dir`."""
     started, out_dir = time.perf_counter(), Path(out_dir)
-    per_seed, maps = {}, None
+    per_seed = {}
     for seed in seeds:
         per_seed[seed], models = spiral_seed(seed)
-        if maps is None:
-            maps = spiral_maps(models, spiral_splits(seed).train, out_dir / "spiral_uncertainty.png")
+        if seed == seeds[0]:
+            spiral_maps(models, spiral_splits(seed).train, out_dir / "spiral_uncertainty.png")
     return _write(out_dir, "spiral", command, seeds, per_seed, SPIRAL_COLUMNS, started)
 
 
@@ -264,35 +277,18 @@ def benchmark_seed(
 def _students(task, seed, cache, teacher_row, teacher, head_layers, temperatures, progress):
     """The KD and Hydra students of one teacher, each at its best validation temperature (cached)."""
     slug = teacher_row.lower().replace(" ", "-").replace("(", "").replace(")", "")
-    where = cache / "distill" / f"{slug}-k{head_layers}"
-    config = task.recipe.with_(seed=seed, monitor="nll", freeze_embeddings=False)
-    best: dict[str, tuple[float, nn.Module, float]] = {}
-    transfer = None  # the teacher's outputs, computed once, and only if a student is still to be trained
-    for t in temperatures:
-        paths = {kind: where / f"T{t:g}" / kind for kind in ("KD", "Hydra")}
-        if not all(p.exists() for p in paths.values()):
-            transfer = transfer or attach_teacher(task.train, teacher, progress=progress)
-            student = HydraEnsemble.fuse([task.new_model(seed)])
-            result = distill(
-                student,
-                transfer,
-                phase1=config,
-                phase2=config,
-                temperature=t,
-                head_layers=head_layers,
-                val_loader=task.val,
-                checkpoint_dir=where / f"T{t:g}" / "checkpoints",
-                progress=progress,
-            )
-            save_predictor(result.kd, paths["KD"])
-            save_predictor(result.hydra, paths["Hydra"])
-            shutil.rmtree(where / f"T{t:g}" / "checkpoints", ignore_errors=True)
-        for kind, path in paths.items():
-            model = load_predictor(path)
-            score = validate(model, task.val)["val_nll"]
-            if kind not in best or score < best[kind][0]:
-                best[kind] = (score, model, t)
-    return {("KD" if kind == "KD" else "Hydra distil."): (m, t) for kind, (_, m, t) in best.items()}
+    students = distil_both(
+        teacher,
+        lambda: HydraEnsemble.fuse([task.new_model(seed)]),
+        task.train,
+        task.val,
+        task.recipe.with_(seed=seed, monitor="nll", freeze_embeddings=False),
+        temperatures=temperatures,
+        head_layers=head_layers,
+        cache=cache / "distill" / f"{slug}-k{head_layers}",
+        progress=progress,
+    )
+    return {"KD": students["KD"], "Hydra distil.": students["Hydra"]}
 
 
 def _task_logits(model: nn.Module, task: Task) -> dict[str, Tensor]:

@@ -18,7 +18,6 @@ import shutil
 from ..cost import count_parameters
 from ..distill import attach_teacher, distill
 from ..fusion import HydraEnsemble
-from ..outputs import collect_member_logits
 from ..pruning import load_model
 from ..training import IMAGE_RECIPE, TEXT_RECIPE
 from .common import (
@@ -91,10 +90,10 @@ def run(args: argparse.Namespace) -> int:
         if args.val
         else None
     )
-    members = collect_member_logits(teacher, transfer[:1]).shape[1]
-    examples = sum(len(next(iter(b.values()))) for b in transfer)
-    print(f"teacher: {members} members; computing its outputs on {examples} transfer inputs")
-    transfer = attach_teacher(transfer, teacher, progress=not args.quiet)
+    transfer = attach_teacher(transfer, teacher, progress=not args.quiet)  # the teacher runs once, here
+    members = transfer[0]["teacher_outputs"].shape[1]
+    examples = sum(len(batch["teacher_outputs"]) for batch in transfer)
+    print(f"teacher: {members} members; their outputs computed on {examples} transfer inputs")
     try:
         result = distill(
             HydraEnsemble.fuse([student_model]),

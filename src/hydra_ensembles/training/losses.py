@@ -74,20 +74,13 @@ class DistillKL:
         self.name = f"distill_kl(T={temperature:g})"  # a checkpoint resumes only at the same temperature
 
     def __call__(self, student: Tensor, batch: dict[str, Any]) -> Tensor:
-        student = student[:, None] if student.dim() == 2 else student  # (B, K, C)
-        student = student.to(torch.promote_types(student.dtype, torch.float32))  # half precision: in float32
-        teacher = _teacher_outputs(batch, student).to(student.dtype)  # (B, M, C)
+        student, teacher = _paired(student[:, None] if student.dim() == 2 else student, batch)  # (B, K|M, C)
         t = self.temperature
         if student.shape[1] == 1:  # against the mean of the members' (heated) probabilities
             target = F.softmax(teacher / t, dim=-1).mean(dim=1, keepdim=True)  # (B, 1, C)
             log_target = torch.log(target.clamp_min(torch.finfo(target.dtype).tiny))
-        elif student.shape[1] == teacher.shape[1]:
+        else:  # head m against member m
             log_target = F.log_softmax(teacher / t, dim=-1)  # (B, M, C)
-        else:
-            raise ValueError(
-                f"the student has {student.shape[1]} heads and the teacher {teacher.shape[1]} members: distil "
-                "into one head (knowledge distillation) or one head per member (Hydra)."
-            )
         log_student = F.log_softmax(student / t, dim=-1)
         kl = (log_target.exp() * (log_target - log_student)).sum(dim=-1)  # (B, K)
         return kl.mean() * t * t
@@ -114,24 +107,26 @@ class GaussianKL:
     name = "gaussian_kl"
 
     def __call__(self, student: Tensor, batch: dict[str, Any]) -> Tensor:
-        student = student.to(torch.promote_types(student.dtype, torch.float32))  # half precision: in float32
-        teacher = _teacher_outputs(batch, student).to(student.dtype)  # (B, M, 2)
-        if student.shape[1] not in (1, teacher.shape[1]):
-            raise ValueError(
-                f"the student has {student.shape[1]} heads and the teacher {teacher.shape[1]} members: distil "
-                "into one head or one head per member."
-            )
+        student, teacher = _paired(student, batch)  # (B, K, 2), (B, M, 2)
         return gaussian_kl(teacher[..., 0], teacher[..., 1], student[..., 0], student[..., 1]).mean()
 
 
-def _teacher_outputs(batch: dict[str, Any], student: Tensor) -> Tensor:
+def _paired(student: Tensor, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+    """The student's outputs (B, K, ...) and the batch's teacher outputs (B, M, ...), both at least float32 on
+    the student's device (half precision is computed in float32), with K = 1 or K = M checked."""
     teacher = batch.get("teacher_outputs")
     if teacher is None:
         raise ValueError(
             "distillation needs batches with 'teacher_outputs' (B, M, C): attach them with "
             "hydra_ensembles.distill.attach_teacher(batches, teacher)."
         )
-    return teacher.to(student.device)
+    student = student.to(torch.promote_types(student.dtype, torch.float32))
+    if student.shape[1] not in (1, teacher.shape[1]):
+        raise ValueError(
+            f"the student has {student.shape[1]} heads and the teacher {teacher.shape[1]} members: distil "
+            "into one head (knowledge distillation) or one head per member (Hydra)."
+        )
+    return student, teacher.to(student.device, student.dtype)
 
 
 class FeatureMSE:
