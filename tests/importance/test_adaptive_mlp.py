@@ -92,3 +92,56 @@ def test_recovery_distils_the_pruned_model_towards_the_unpruned_one_with_the_sha
     training.recover(student, teacher, data, training.AMP_RECOVERY.with_(epochs=15, lr=1e-3), progress=False)
     assert gap() < 0.5 * before
     assert student.training_history[-1]["loss"] < student.training_history[0]["loss"]
+
+
+def test_similarity_criterion_reads_the_cls_token_of_a_classifier():
+    """loss="similarity" (Eq. 5-7) is the similarity entropy of the last layer's [CLS] features, even for a
+    classifier: computed here by hand from the backbone's output, and its importance follows Eq. 4 as above."""
+    model, data = MODELS["bert"](), _data()
+    cls = torch.cat([model.bert(**{k: v for k, v in b.items() if k != "labels"}).last_hidden_state[:, 0] for b in data])
+    z = F.normalize(cls.double(), dim=-1)
+    expected = []
+    for part in z.split(4):  # batch by batch, as the criterion is a per-batch mean
+        p = (part @ part.T * 15).softmax(dim=-1)
+        expected.append(-(p * p.log()).sum(dim=-1).mean().item())
+    assert criterion_value(model.eval(), data, "similarity") == pytest.approx(sum(expected) / 2, abs=1e-5)
+    scores = he.neuron_scores(model, data, loss="similarity", progress=False)
+    labelled = he.neuron_scores(model, data, loss="cross_entropy", progress=False)
+    assert [s.shape for s in scores] == [s.shape for s in labelled] and all((s >= 0).all() for s in scores)
+    assert not all(torch.allclose(a, b) for a, b in zip(scores, labelled))  # another criterion, other scores
+    assert he.taylor_head_scores(model, data, loss="similarity", progress=False).isfinite().all()
+
+
+def test_uniform_width_baselines_keep_the_top_neurons_of_their_ranking():
+    from hydra_ensembles.importance import (
+        magnitude_neuron_scores,
+        prune_to_sizes,
+        random_neuron_scores,
+        uniform_sizes,
+    )
+
+    model, inputs = MODELS["bert"](), make_inputs("bert", seed=9)
+    magnitude = magnitude_neuron_scores(model)
+    block = model.bert.encoder.layer[1]
+    k = 5  # row k of W1, its bias, column k of W2
+    by_hand = torch.cat([block.intermediate.dense.weight[k], block.intermediate.dense.bias[k : k + 1]])
+    by_hand = torch.cat([by_hand, block.output.dense.weight[:, k]]).norm().item()
+    assert magnitude[1][k].item() == pytest.approx(by_hand, rel=1e-6)
+    assert uniform_sizes(model, 50) == [17, 17, 16] and sum(uniform_sizes(model, 111)) == 111
+    with pytest.raises(ValueError, match="between 3"):
+        uniform_sizes(model, 2)
+    for scores in (magnitude, random_neuron_scores(model, seed=1)):
+        pruned = prune_to_sizes(model, scores, [17, 17, 16])
+        kept = he.kept_neurons(pruned)
+        assert [len(kept[layer]) for layer in range(3)] == [17, 17, 16]
+        removed = {}
+        for layer in range(3):
+            order = torch.argsort(scores[layer], descending=True, stable=True).tolist()
+            assert kept[layer] == sorted(order[: len(kept[layer])])
+            removed[layer] = order[len(kept[layer]) :]
+        with he.ablate_neurons(model, removed):
+            zeroed = output(model, inputs)
+        assert (output(pruned, inputs) - zeroed).abs().max().item() <= CONTRACT
+    assert not torch.equal(random_neuron_scores(model, 1)[0], random_neuron_scores(model, 2)[0])
+    with pytest.raises(ValueError, match="between 1 and its width"):
+        prune_to_sizes(model, magnitude, [0, 17, 16])

@@ -117,13 +117,22 @@ def run(
     return summary
 
 
-def run_seed(task: Task, seed: int, cache: Path, progress: bool = True, rows: Sequence[str] = ROWS) -> dict[str, dict]:
-    """Train (or load) and evaluate `rows` for one seed; returns {row: results}."""
+def run_seed(
+    task: Task,
+    seed: int,
+    cache: Path,
+    progress: bool = True,
+    rows: Sequence[str] = ROWS,
+    base: Callable[[], nn.Module] | None = None,
+) -> dict[str, dict]:
+    """Train (or load) and evaluate `rows` for one seed; returns {row: results}. `base` gives the model that the
+    Single row stands for and every pruned row starts from (default: the task's model, fine-tuned here), e.g.
+    an MLP-pruned single model (`bench.amp`); `cache` must then be that base's own directory."""
     rows = _check_rows(rows)
     cache.mkdir(parents=True, exist_ok=True)
     record = cache / "results.json"
     results: dict[str, dict] = json.loads(record.read_text()) if record.exists() else {}
-    build = _Builder(task, seed, cache, progress)
+    build = _Builder(task, seed, cache, progress, base)
     for row in rows:
         if row in results:
             continue
@@ -148,12 +157,19 @@ def timed_rows(task: Task, seed: int, cache: Path, results: Mapping[str, dict], 
     return predictor_latency(predictors, {row: task.test[0] for row in predictors}, repeats)
 
 
-def suite_predictor(task: Task, seed: int, seed_cache: Path, row: str, progress: bool = True) -> nn.Module:
+def suite_predictor(
+    task: Task,
+    seed: int,
+    seed_cache: Path,
+    row: str,
+    progress: bool = True,
+    base: Callable[[], nn.Module] | None = None,
+) -> nn.Module:
     """The predictor of one row of the table for one seed, from (or into) the seed's cache directory: what other
-    experiments build on (e.g. the teachers that distillation compresses)."""
+    experiments build on (e.g. the teachers that distillation compresses). `base` as in `run_seed`."""
     _check_rows([row, "Single"])  # an unknown row is refused by name
     seed_cache.mkdir(parents=True, exist_ok=True)
-    return _Builder(task, seed, seed_cache, progress).row(row)[0]
+    return _Builder(task, seed, seed_cache, progress, base).row(row)[0]
 
 
 def _check_rows(rows: Sequence[str]) -> list[str]:
@@ -168,8 +184,8 @@ def _check_rows(rows: Sequence[str]) -> list[str]:
 class _Builder:
     """Builds each row's predictor for one seed, caching every trained model."""
 
-    def __init__(self, task: Task, seed: int, cache: Path, progress: bool):
-        self.task, self.seed, self.cache, self.progress = task, seed, cache, progress
+    def __init__(self, task: Task, seed: int, cache: Path, progress: bool, base: Callable[[], nn.Module] | None = None):
+        self.task, self.seed, self.cache, self.progress, self.base = task, seed, cache, progress, base
         self._single: nn.Module | None = None
 
     def row(self, name: str) -> tuple[nn.Module, str, dict]:
@@ -214,7 +230,9 @@ class _Builder:
 
     def single(self) -> nn.Module:
         if self._single is None:
-            self._single = self.trained("single", lambda: self.train_from_start(self.seed))
+            self._single = (
+                self.base() if self.base else self.trained("single", lambda: self.train_from_start(self.seed))
+            )
         return self._single
 
     def train_from_start(self, seed: int) -> nn.Module:

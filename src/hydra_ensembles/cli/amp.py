@@ -45,9 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--t-max", type=int, default=6, help="binary-search steps per block (default: 6, the paper's)")
     parser.add_argument(
         "--loss",
-        choices=("auto", "cross_entropy", "entropy"),
+        choices=("auto", "cross_entropy", "entropy", "similarity"),
         default="entropy",
-        help="criterion for importance and search (default: entropy, label-free; auto: cross-entropy with labels)",
+        help="criterion for importance and search (default: entropy of the predictions, label-free; similarity: "
+        "Eq. 5-7 on the [CLS] token, label-free; auto: cross-entropy with labels)",
     )
     parser.add_argument("--temperature", type=float, default=1 / 15, help="tau of the encoders' similarity entropy")
     parser.add_argument("--recover-data", help="data to distil the pruned model from the unpruned one on (Eq. 8)")
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if args.delta_e <= 0:
         raise CommandError(f"--delta-e must be > 0, got {args.delta_e}.")
     model = load_model(model_dir)
-    labelled = {"auto": None, "cross_entropy": True, "entropy": False}[args.loss]
+    labelled = {"auto": None, "cross_entropy": True}.get(args.loss, False)
     data = read_data(args, args.data, model_dir, model_config(model), labelled=labelled, flag="--data")
     pruned, record = adaptive_mlp_pruning(
         model,

@@ -7,6 +7,9 @@ image-dinov2: the pretrained DINOv2-S (12 x 6 heads) fine-tuned on the same Fash
 distill-spiral, distill-regression, distill-text, distill-image: Hydra distillation (paper 001) against
 knowledge distillation — a toy spiral (with its uncertainty maps), a tabular regression, and the text and image
 tasks' Deep Ensemble and Hydra Ensemble distilled into transformer students.
+amp-text, amp-image-dinov2: adaptive MLP pruning (paper 002) of the task's single model — a delta-E sweep, the
+criteria, uniform-width baselines, each before and after recovery — and Hydra Ensembles on the pruned base
+against the unpruned one (writes amp.md, amp.json).
 Writes table.md, table.json (every number of every seed, the command, the machine), reliability.png,
 ood_scores.png and head_importance.png. Everything trained is cached (--cache) and reused; an interrupted run
 resumes at the first missing row. A full text seed takes about 36 minutes on 2 CPU cores, an image seed 18.
@@ -19,7 +22,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..bench import distillation
+from ..bench import amp, distillation
 from ..bench.suite import ALL_ROWS, ROWS, head_sweep
 from ..bench.suite import run as run_suite
 from ..bench.tasks import TASKS
@@ -29,10 +32,11 @@ EXAMPLE = """hydra-ens bench text --quick                 # one seed, small spli
 hydra-ens bench image --seeds 0 1 2 --out benchmarks/results/image-fmnist
 hydra-ens bench distill-spiral                # Hydra distillation on the spiral toy set (about 3 minutes)"""
 DISTILL = {f"distill-{name}": name for name in (*distillation.EXPERIMENTS, "text", "image")}
+AMP = {"amp-text": "text", "amp-image-dinov2": "image-dinov2"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("task", choices=sorted(TASKS) + sorted(DISTILL))
+    parser.add_argument("task", choices=sorted(TASKS) + sorted(DISTILL) + sorted(AMP))
     parser.add_argument("--quick", action="store_true", help="one seed, small splits, short training")
     parser.add_argument("--seeds", type=int, nargs="+", help="default: 0 1 2 (quick: 0)")
     parser.add_argument(
@@ -50,6 +54,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="instead of the table: Taylor and CircAvg models pruning B heads per layer, zero-shot and fine-tuned "
         "(the paper's Figures 5-6); writes sweep.md, sweep.json, head_sweep.png",
     )
+    amp_options = parser.add_argument_group("amp-* experiments")
+    amp_options.add_argument("--deltas", type=float, nargs="+", default=list(amp.DELTAS), help="the delta-E sweep")
+    amp_options.add_argument(
+        "--flops-target",
+        type=float,
+        default=1.0,
+        help="the AMP base of the ensembles: the smallest delta-E whose 3-member Hydra costs <= this x Single's FLOPs",
+    )
+    amp_options.add_argument("--recovery-epochs", type=int, help="recovery epochs (default: the paper's recipe, 10)")
     parser.add_argument("--out", type=Path, help="default: benchmarks/results/<task>[-quick]")
     parser.add_argument("--cache", type=Path, help="default: $HYDRA_ENSEMBLES_CACHE/bench")
 
@@ -57,6 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.task in DISTILL:
         return _distill(args)
+    if args.task in AMP:
+        return _amp(args)
     task = TASKS[args.task]("quick" if args.quick else "full")
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     out = args.out or Path("benchmarks") / "results" / (task.name + ("-quick" if args.quick else ""))
@@ -85,5 +100,27 @@ def _distill(args: argparse.Namespace) -> int:
         cache = (args.cache or cache_dir() / "bench") / ("quick" if args.quick else "full")
         summary = distillation.benchmark_experiment(task, seeds, out, cache, command=command, progress=not args.quiet)
     print((out / f"{summary['experiment']}.md").read_text())
+    print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
+    return 0
+
+
+def _amp(args: argparse.Namespace) -> int:
+    task = TASKS[AMP[args.task]]("quick" if args.quick else "full")
+    seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    out = args.out or Path("benchmarks") / "results" / (args.task + ("-quick" if args.quick else ""))
+    cache = (args.cache or cache_dir() / "bench") / ("quick" if args.quick else "full")
+    recovery = amp.AMP_RECOVERY.with_(epochs=args.recovery_epochs or amp.AMP_RECOVERY.epochs)
+    summary = amp.experiment(
+        task,
+        seeds,
+        out,
+        cache,
+        command="hydra-ens " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        deltas=args.deltas,
+        flops_target=args.flops_target,
+        recovery=recovery,
+        progress=not args.quiet,
+    )
+    print((out / "amp.md").read_text())
     print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
     return 0

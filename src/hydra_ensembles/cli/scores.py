@@ -35,9 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="calibration data: CSV / JSONL / .txt, or an image folder")
     parser.add_argument(
         "--loss",
-        choices=("auto", "cross_entropy", "entropy"),
+        choices=("auto", "cross_entropy", "entropy", "similarity"),
         default="auto",
-        help="auto: cross-entropy when the data has labels, entropy otherwise",
+        help="auto: cross-entropy when the data has labels, entropy otherwise; similarity: Eq. 5-7 of paper 002 "
+        "on the [CLS] token (label-free)",
     )
     parser.add_argument(
         "--sequential",
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if out is None:
         return 0
     model = load_predictor(model_dir)
-    labelled = {"auto": None, "cross_entropy": True, "entropy": False}[args.loss]
+    labelled = {"auto": None, "cross_entropy": True}.get(args.loss, False)
     data = read_data(args, args.data, model_dir, model_config(model), labelled=labelled, flag="--data")
     scores = taylor_head_scores(
         model, data.batches, loss=args.loss, sequential_budget=args.sequential, progress=not args.quiet

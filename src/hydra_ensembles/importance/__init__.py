@@ -11,14 +11,27 @@ from .circuit import (
     extract_circuit,
     register_criterion,
 )
-from .neurons import AdaptivePruning, adaptive_mlp_pruning, binary_search_size, neuron_scores
+from .neurons import (
+    AdaptivePruning,
+    adaptive_mlp_pruning,
+    binary_search_size,
+    magnitude_neuron_scores,
+    neuron_scores,
+    prune_to_sizes,
+    random_neuron_scores,
+    uniform_sizes,
+)
 from .taylor import taylor_head_scores
 
 __all__ = [
     "AdaptivePruning",
     "adaptive_mlp_pruning",
     "binary_search_size",
+    "magnitude_neuron_scores",
     "neuron_scores",
+    "prune_to_sizes",
+    "random_neuron_scores",
+    "uniform_sizes",
     "CRITERIA",
     "AccuracyCriterion",
     "AverageCriterion",

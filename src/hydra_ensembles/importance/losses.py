@@ -3,24 +3,27 @@ from a registry (`register_taylor_loss` adds one), as the circuit criteria are.
 
 With labels: cross-entropy. Without labels: the information entropy of the model's predictions (paper 002,
 §3.3) — of the softmax over classes for a classifier, or, for an encoder without a classifier, of the softmax
-over in-batch cosine similarities of its pooled embeddings (Eq. 5-7).
+over in-batch cosine similarities of its pooled embeddings (Eq. 5-7). "similarity" applies Eq. 5-7 to the last
+layer's [CLS] token of any model, a classifier included (the criterion paper 002 uses for its encoders).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..uncertainty import entropy
 
 
 class TaylorLoss(ABC):
-    """A scalar loss of a batch's outputs (logits (B, C), or pooled embeddings (B, D) of an encoder)."""
+    """A scalar loss of a batch's outputs (logits (B, C), or pooled embeddings (B, D) of an encoder), or, when
+    `reads == "cls"`, of the last layer's [CLS] token features (B, d)."""
 
     needs_labels: ClassVar[bool]
+    reads: ClassVar[str] = "output"
 
     @abstractmethod
     def __call__(self, output: Tensor, labels: Tensor | None, *, classifier: bool, temperature: float) -> Tensor:
@@ -53,6 +56,16 @@ class PredictionEntropy(TaylorLoss):
         return similarity_entropy(output, temperature)
 
 
+class SimilarityEntropy(TaylorLoss):
+    """Label-free, for any model (paper 002, Eq. 5-7): `similarity_entropy` of the last layer's [CLS] tokens."""
+
+    needs_labels = False
+    reads = "cls"
+
+    def __call__(self, output: Tensor, labels: Tensor | None, *, classifier: bool, temperature: float) -> Tensor:
+        return similarity_entropy(output, temperature)
+
+
 def similarity_entropy(embeddings: Tensor, temperature: float = 1 / 15) -> Tensor:
     """Label-free entropy of an encoder (paper 002, Eq. 5-7).
 
@@ -66,7 +79,11 @@ def similarity_entropy(embeddings: Tensor, temperature: float = 1 / 15) -> Tenso
     return entropy(probs).mean()
 
 
-TAYLOR_LOSSES: dict[str, TaylorLoss] = {"cross_entropy": CrossEntropy(), "entropy": PredictionEntropy()}
+TAYLOR_LOSSES: dict[str, TaylorLoss] = {
+    "cross_entropy": CrossEntropy(),
+    "entropy": PredictionEntropy(),
+    "similarity": SimilarityEntropy(),
+}
 
 
 def register_taylor_loss(name: str, loss: TaylorLoss) -> None:
@@ -78,3 +95,11 @@ def taylor_loss(name: str) -> TaylorLoss:
     if name not in TAYLOR_LOSSES:
         raise ValueError(f"loss must be 'auto' or one of {sorted(TAYLOR_LOSSES)}, got {name!r}.")
     return TAYLOR_LOSSES[name]
+
+
+def loss_input(loss: TaylorLoss, adapter: Any, model: nn.Module, inputs: dict[str, Any]) -> Tensor:
+    """What `loss` reads from one forward pass of `model` (an HF model with its adapter): the model's output
+    (logits or pooled embedding), or the last layer's [CLS] token features (B, d)."""
+    if loss.reads == "cls":
+        return adapter.backbone(model)(**inputs).last_hidden_state[:, 0]
+    return adapter.output(model, inputs)

@@ -3,14 +3,18 @@ of each MLP's hidden size under an entropy threshold (Algorithm 1).
 
 Importance (Eq. 3-4): with h_k the input of an MLP's second linear layer (neuron k's activation) and C the
 criterion, I_k = |sum over tokens n of h_k^(n) dC/dh_k^(n)|, accumulated over the pruning set. C is one of the
-Taylor losses (`importance.losses`): cross-entropy with labels, the entropy of the model's predictions
-(label-free), or for an encoder the inter-instance similarity entropy of Eq. 5-7.
+Taylor losses (`importance.losses`): "cross_entropy" with labels, "entropy" of the model's predictions
+(label-free), or "similarity", the inter-instance similarity entropy of Eq. 5-7 on the [CLS] token.
 
 Search (Algorithm 1): blocks go from the last to the first; block l's hidden size M is searched in [0, M0] by
 halving the range t_max times: M_t = (M_min + M_max) // 2 keeps block l's M_t most important neurons; it is
 accepted (M_max = M_t, the next step tries fewer) when the criterion E rose by less than delta_e over E_0^(l),
 the entropy accepted at the previous block, else rejected (M_min = M_t). Sizes are tried by ablation (exact:
 `pruning.ablate_neurons`); the result is pruned structurally.
+
+Baselines at a given width (paper 002, Tables 3 and 6): `magnitude_neuron_scores` (L2 norm of a neuron's weights)
+and `random_neuron_scores` rank neurons as `neuron_scores` does, and `prune_to_sizes` keeps the top ones of any
+ranking at any per-block sizes (`uniform_sizes` spreads a neuron total evenly over the blocks).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from ..adapters import get_adapter
 from ..data.loaders import Batch, batch_size, materialize, split_batch, to_device
 from ..pruning import NeuronMap, ablate_neurons, kept_neurons, prune_neurons
 from .gradients import gradients_for
-from .losses import taylor_loss
+from .losses import loss_input, taylor_loss
 
 
 def neuron_scores(
@@ -43,6 +47,7 @@ def neuron_scores(
     total = sum(batch_size(split_batch(adapter, batch)[0]) for batch in batches)
     device = next(model.parameters()).device
     activations: list[Tensor] = []
+    criterion, classifier = taylor_loss(loss), adapter.is_classifier(model)
     hooks = [b.mlp_out.register_forward_pre_hook(lambda _, args: activations.append(args[0])) for b in blocks]
     try:
         # gradients through the first MLP linears make every activation h part of the graph
@@ -51,10 +56,8 @@ def neuron_scores(
                 inputs, labels = split_batch(adapter, batch)
                 activations.clear()
                 with torch.enable_grad():
-                    output = adapter.output(model, to_device(inputs, device))
-                    value = taylor_loss(loss)(
-                        output, labels, classifier=adapter.is_classifier(model), temperature=temperature
-                    )
+                    output = loss_input(criterion, adapter, model, to_device(inputs, device))
+                    value = criterion(output, labels, classifier=classifier, temperature=temperature)
                     grads = torch.autograd.grad(value * batch_size(inputs) / total, activations)
                 for acc, h, g in zip(sums, activations, grads):
                     acc += (h.detach() * g).double().reshape(-1, h.shape[-1]).sum(dim=0).cpu()  # sum over tokens
@@ -69,6 +72,7 @@ def criterion_value(model: nn.Module, batches: list[Batch], loss: str, temperatu
     adapter = get_adapter(model)
     device = next(model.parameters()).device
     total = sum(batch_size(split_batch(adapter, batch)[0]) for batch in batches)
+    criterion, classifier = taylor_loss(loss), adapter.is_classifier(model)
     was_training = model.training
     model.eval()
     value = 0.0
@@ -76,10 +80,8 @@ def criterion_value(model: nn.Module, batches: list[Batch], loss: str, temperatu
         with torch.no_grad():
             for batch in batches:
                 inputs, labels = split_batch(adapter, batch)
-                output = adapter.output(model, to_device(inputs, device))
-                part = taylor_loss(loss)(
-                    output, labels, classifier=adapter.is_classifier(model), temperature=temperature
-                )
+                output = loss_input(criterion, adapter, model, to_device(inputs, device))
+                part = criterion(output, labels, classifier=classifier, temperature=temperature)
                 value += part.item() * batch_size(inputs) / total
     finally:
         model.train(was_training)
@@ -151,17 +153,11 @@ def adaptive_mlp_pruning(
         else neuron_scores(model, batches, loss=loss, temperature=temperature, progress=progress)
     )
     work = copy.deepcopy(model)
-    kept = kept_neurons(work)
-    if [len(s) for s in scores] != [len(kept[layer]) for layer in sorted(kept)]:
-        raise ValueError("scores do not match the model's MLP widths: compute them with neuron_scores(model, ...).")
-    ranked = {
-        layer: [kept[layer][i] for i in torch.argsort(scores[layer], descending=True, stable=True).tolist()]
-        for layer in kept
-    }
+    ranked = _ranked(work, scores)
     baseline = reference = criterion_value(work, batches, loss, temperature)
     removed: dict[int, list[int]] = {}  # neurons dropped in the blocks already searched
-    sizes, entropies = {layer: len(kept[layer]) for layer in kept}, []
-    for layer in tqdm(sorted(kept, reverse=True), desc="adaptive MLP pruning", disable=not progress):
+    sizes, entropies = {layer: len(ranked[layer]) for layer in ranked}, []
+    for layer in tqdm(sorted(ranked, reverse=True), desc="adaptive MLP pruning", disable=not progress):
 
         def evaluate(size: int, layer: int = layer) -> float:
             with ablate_neurons(work, removed | {layer: ranked[layer][size:]}):
@@ -174,6 +170,62 @@ def adaptive_mlp_pruning(
     prune_neurons(work, {layer: ks for layer, ks in removed.items() if ks})
     record = AdaptivePruning([sizes[layer] for layer in sorted(sizes)], entropies, baseline, kept_neurons(work))
     return work.eval(), record
+
+
+def magnitude_neuron_scores(model: nn.Module) -> list[Tensor]:
+    """The L2 baseline: each MLP neuron's weight norm, ||[row k of the first linear, its bias, column k of the
+    second linear]||_2, one (F_l,) tensor per layer in the model's current neuron order."""
+    adapter = get_adapter(model)
+    scores = []
+    for layer in adapter.layers(model):
+        block = adapter.block(layer)
+        parts = [block.mlp_in.weight.detach(), block.mlp_out.weight.detach().T]  # (F, d) each
+        if block.mlp_in.bias is not None:
+            parts.append(block.mlp_in.bias.detach()[:, None])
+        scores.append(torch.cat(parts, dim=1).float().norm(dim=1).cpu())
+    return scores
+
+
+def random_neuron_scores(model: nn.Module, seed: int = 0) -> list[Tensor]:
+    """The random baseline: i.i.d. uniform scores (seeded), one (F_l,) tensor per layer."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.rand(len(kept), generator=generator) for kept in kept_neurons(model).values()]
+
+
+def uniform_sizes(model: nn.Module, total: int) -> list[int]:
+    """`total` MLP neurons spread as evenly as the blocks allow (the first blocks get the remainder), for a
+    uniform-width baseline with the parameters of an adaptive result (`sum(record.sizes)`)."""
+    widths = [len(kept) for kept in kept_neurons(model).values()]
+    if not len(widths) <= total <= sum(widths):
+        raise ValueError(f"total must be between {len(widths)} (one neuron per block) and {sum(widths)}, got {total}.")
+    base, extra = divmod(total, len(widths))
+    sizes = [base + (i < extra) for i in range(len(widths))]
+    if any(size > width for size, width in zip(sizes, widths)):
+        raise ValueError(f"{total} neurons cannot be spread evenly over blocks of widths {widths}.")
+    return sizes
+
+
+def prune_to_sizes(model: nn.Module, scores: list[Tensor], sizes: list[int]) -> nn.Module:
+    """A copy of `model` whose block l keeps its `sizes[l]` highest-scoring MLP neurons, pruned structurally."""
+    ranked = _ranked(model, scores)
+    if len(sizes) != len(ranked) or any(not 1 <= size <= len(ranked[layer]) for layer, size in enumerate(sizes)):
+        raise ValueError(
+            f"sizes must give every block between 1 and its width {[len(r) for r in ranked.values()]}, got {sizes}."
+        )
+    pruned = copy.deepcopy(model)
+    plan = {layer: ranked[layer][size:] for layer, size in enumerate(sizes) if size < len(ranked[layer])}
+    return prune_neurons(pruned, plan).eval()
+
+
+def _ranked(model: nn.Module, scores: list[Tensor]) -> dict[int, list[int]]:
+    """{layer: the kept neurons (original numbering), most important first}; ties keep the model's order."""
+    kept = kept_neurons(model)
+    if [len(s) for s in scores] != [len(kept[layer]) for layer in sorted(kept)]:
+        raise ValueError("scores do not match the model's MLP widths: compute them on this model.")
+    return {
+        layer: [kept[layer][i] for i in torch.argsort(scores[layer], descending=True, stable=True).tolist()]
+        for layer in kept
+    }
 
 
 def _resolve(loss: str, model: nn.Module, batches: list[Batch]) -> str:

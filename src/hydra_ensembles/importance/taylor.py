@@ -23,7 +23,7 @@ from ..adapters import get_adapter
 from ..data.loaders import Batch, batch_size, materialize, split_batch, to_device
 from ..pruning import kept_heads, per_layer, prune_heads
 from .gradients import gradients_for
-from .losses import taylor_loss
+from .losses import loss_input, taylor_loss
 
 
 def taylor_head_scores(
@@ -40,8 +40,9 @@ def taylor_head_scores(
     Args:
         model: a supported HF model (classifier or encoder), pruned or not. It is not modified.
         loader: calibration batches (dicts of model inputs, with `labels` for cross-entropy).
-        loss: "cross_entropy", "entropy" (label-free, paper 002 §3.3) or "auto" (cross-entropy when the model is
-            a classifier and every batch has labels, entropy otherwise).
+        loss: "cross_entropy", "entropy" (label-free, paper 002 §3.3), "similarity" (label-free, Eq. 5-7 on the
+            [CLS] token) or "auto" (cross-entropy when the model is a classifier and every batch has labels,
+            entropy otherwise).
         temperature: tau of the similarity entropy used for encoders without a classifier.
         sequential_budget: heads to prune per layer (one int, or one per layer) for the prune-and-recompute mode:
             layers are scored in order 0..L-1 and, on a copy of the model, layer l's lowest-scoring heads are
@@ -95,13 +96,13 @@ def _scores(
     grads = [torch.zeros_like(w, dtype=torch.float32) for w in weights]
     total = sum(batch_size(split_batch(adapter, batch)[0]) for batch in batches)
     device = next(model.parameters()).device
-    classifier = adapter.is_classifier(model)
+    classifier, criterion = adapter.is_classifier(model), taylor_loss(loss)
     with gradients_for(model, weights):
         for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
             inputs, labels = split_batch(adapter, batch)
-            output = adapter.output(model, to_device(inputs, device))
+            output = loss_input(criterion, adapter, model, to_device(inputs, device))
             weight = batch_size(inputs) / total
-            value = taylor_loss(loss)(output, labels, classifier=classifier, temperature=temperature)
+            value = criterion(output, labels, classifier=classifier, temperature=temperature)
             for acc, g in zip(grads, torch.autograd.grad(value * weight, weights)):
                 acc += g.float()
     return _per_head(model, layers, weights, grads)

@@ -1,0 +1,380 @@
+"""Paper 002's experiments on a benchmark task's fine-tuned single model, and the ensemble-for-free table
+(issue 13). One seed, from the suite's cached Single model of the task (`bench.suite`):
+
+sweep      Algorithm 1 at each delta-E with the label-free entropy criterion: kept MLP sizes, parameters, FLOPs
+           and the evaluation suite's metrics, before and after recovery (the shape of Table 7).
+free       the base of the ensemble: the sweep's smallest delta-E whose fused 3-member Hydra Ensemble costs at
+           most `flops_target` x Single's FLOPs (a cost rule: it needs no data). Then Single, AMP single (that base,
+           recovered), Hydra (Taylor) and Hydra (Circ) on the unpruned base (the suite's own rows) and on the AMP
+           base (the same recipe: sequential Taylor scores, exact circuits, fine-tuned members, merged MLP), with
+           latency timed interleaved in one run.
+criteria   Algorithm 1 with cross-entropy, the prediction entropy and the [CLS] similarity entropy, each at the
+           delta-E that keeps the free base's MLP neuron count (found by bisection; Table 5).
+baselines  at that count with a uniform width: random neurons, L2 magnitude, Taylor (the entropy criterion), next
+           to the adaptive result (Tables 3 and 6), before and after recovery.
+
+Recovery is Eq. 8 (MSE on the last layer's features against the unpruned model) on the training inputs, labels
+unused. The pruning set is the first `pruning_examples` training examples. Everything is cached under
+`<suite seed cache>/amp/`, so a run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import os
+import platform
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ..adapters import get_adapter
+from ..cost import count_flops, predictor_latency
+from ..evaluation.report import measure
+from ..evaluation.tables import CONVENTIONS, aggregate, render, table_lines
+from ..fusion import HydraEnsemble
+from ..importance import (
+    adaptive_mlp_pruning,
+    magnitude_neuron_scores,
+    neuron_scores,
+    prune_to_sizes,
+    random_neuron_scores,
+    uniform_sizes,
+)
+from ..io import write_json_atomic
+from ..members import build_members
+from ..predictors import load_predictor, save_predictor
+from ..pruning import kept_neurons
+from ..training import AMP_RECOVERY, TrainConfig, recover
+from ..version import __version__
+from .suite import _Builder, run_seed
+from .tasks import Task
+
+DELTAS = (0.01, 0.02, 0.05, 0.1, 0.2)
+CRITERIA = ("entropy", "cross_entropy", "similarity")
+BASELINES = ("random", "l2", "taylor")
+HYDRA_ROWS = ("Single", "Hydra (Taylor)", "Hydra (Circ)")
+FREE_NAMES = {  # the suite's rows on the AMP base, as the free table names them
+    "Single": "AMP single",
+    "Hydra (Taylor)": "Hydra (Taylor) on AMP",
+    "Hydra (Circ)": "Hydra (Circ) on AMP",
+}
+
+
+class AmpSeed:
+    """The pruned, recovered and ensembled models of one seed, each built once and cached."""
+
+    def __init__(
+        self,
+        task: Task,
+        seed: int,
+        seed_cache: Path,
+        recovery: TrainConfig = AMP_RECOVERY,
+        pruning_examples: int = 256,
+        progress: bool = True,
+    ):
+        self.task, self.seed, self.progress, self.recovery = task, seed, progress, recovery
+        self.seed_cache, self.cache = seed_cache, seed_cache / "amp"
+        self.single = _Builder(task, seed, seed_cache, progress).single()
+        self.pruning = _first_examples(task.train, pruning_examples)
+        self.probe = {k: v[:8] for k, v in task.test[0].items() if k != "labels"}
+        self.single_flops = count_flops(self.single, self.probe)
+
+    # ---- models ----
+
+    def scores(self, criterion: str) -> list[Tensor]:
+        """Neuron importance of the single model under `criterion` ("random", "l2" or a Taylor loss)."""
+        path = self.cache / f"neuron_scores_{criterion}.pt"
+        if not path.exists():
+            if criterion == "random":
+                scores = random_neuron_scores(self.single, seed=self.seed)
+            elif criterion == "l2":
+                scores = magnitude_neuron_scores(self.single)
+            else:
+                scores = neuron_scores(self.single, self.pruning, loss=criterion, progress=self.progress)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(scores, path)
+        return torch.load(path)
+
+    def adaptive(self, delta: float, criterion: str = "entropy") -> tuple[nn.Module, dict]:
+        """Algorithm 1 at `delta` (cached: the pruned model and its search record)."""
+        name = f"adaptive-{criterion}-dE{delta:.6g}"
+        path = self.cache / "models" / name
+        if not path.exists():
+            pruned, record = adaptive_mlp_pruning(
+                self.single,
+                self.pruning,
+                delta,
+                loss=criterion,
+                scores=self.scores(criterion),
+                progress=False,
+            )
+            save_predictor(pruned, path)
+            search = {"delta_e": delta, "sizes": record.sizes, "baseline": record.baseline}
+            write_json_atomic(path / "search.json", search | {"entropies": record.entropies})
+        return load_predictor(path), json.loads((path / "search.json").read_text())
+
+    def uniform(self, criterion: str, total: int) -> nn.Module:
+        """`total` MLP neurons spread evenly, the top ones by `criterion` ("taylor" = the entropy criterion)."""
+        path = self.cache / "models" / f"uniform-{criterion}-{total}"
+        if not path.exists():
+            scores = self.scores("entropy" if criterion == "taylor" else criterion)
+            save_predictor(prune_to_sizes(self.single, scores, uniform_sizes(self.single, total)), path)
+        return load_predictor(path)
+
+    def recovered(self, name: str, pruned: nn.Module) -> nn.Module:
+        """`pruned` after recovery by feature distillation from the single model (Eq. 8), cached by `name`."""
+        path = self.cache / "models" / f"{name}-recovered"
+        if not path.exists():
+            student = copy.deepcopy(pruned)
+            recover(
+                student,
+                self.single,
+                self.task.train,
+                self.recovery.with_(seed=self.seed),
+                checkpoint_dir=self.cache / "checkpoints" / name,
+                progress=self.progress,
+            )
+            save_predictor(student, path)
+        return load_predictor(path)
+
+    def matched_delta(self, criterion: str, total: int, start: float, tries: int = 8, tolerance: float = 0.03) -> float:
+        """The delta-E at which Algorithm 1 with `criterion` keeps about `total` MLP neurons (within
+        `tolerance`): from `start`, steps of x4 until the count is bracketed, then bisection in log(delta-E) (the
+        kept count falls as delta-E grows). Returns the closest delta-E tried."""
+        low, high, delta = None, None, start
+        best, best_gap = start, math.inf
+        for _ in range(tries):
+            kept = sum(self.adaptive(delta, criterion)[1]["sizes"])
+            gap = abs(kept - total) / total
+            if gap < best_gap:
+                best, best_gap = delta, gap
+            if gap <= tolerance:
+                break
+            if kept > total:
+                low = delta
+            else:
+                high = delta
+            delta = float(f"{math.sqrt(low * high) if low and high else (low * 4 if low else high / 4):.3g}")
+        return best
+
+    def hydra_flops(self, pruned: nn.Module) -> float:
+        """FLOPs of a fused Hydra Ensemble of the task's members on `pruned`, relative to Single: each member keeps
+        the task's heads per layer (which heads does not change the count), the merged MLP."""
+        adapter = get_adapter(pruned)
+        heads, drop = adapter.num_heads(pruned), self.task.prune_per_layer
+        head_maps = [
+            {
+                layer: [(m * drop + j) % heads for j in range(heads - drop)]
+                for layer in range(adapter.num_layers(pruned))
+            }
+            for m in range(self.task.members)
+        ]
+        ensemble = HydraEnsemble.fuse(build_members(pruned, head_maps), mlp="average")
+        return count_flops(ensemble, self.probe) / self.single_flops
+
+    def free_delta(self, deltas: Sequence[float], target: float) -> tuple[float, dict[float, float]]:
+        """The smallest delta-E in `deltas` whose Hydra Ensemble costs <= `target` x Single's FLOPs (else the
+        largest), and every delta-E's ratio."""
+        ratios = {delta: self.hydra_flops(self.adaptive(delta)[0]) for delta in sorted(deltas)}
+        within = [delta for delta, ratio in ratios.items() if ratio <= target]
+        return (within[0] if within else max(deltas)), ratios
+
+    # ---- measurement ----
+
+    def measured(self, name: str, model: nn.Module, heads: str) -> dict:
+        """The suite's metrics of `model` (cached in amp/results.json by `name`)."""
+        record = self.cache / "results.json"
+        results = json.loads(record.read_text()) if record.exists() else {}
+        if name not in results:
+            results[name] = measure(
+                model, self.task.test, self.task.near, self.task.far, self.cache / "logits" / f"{name}.pt"
+            )
+            results[name]["heads"] = heads
+            write_json_atomic(record, results)
+        return results[name]
+
+
+def amp_seed(
+    task: Task,
+    seed: int,
+    seed_cache: Path,
+    deltas: Sequence[float] = DELTAS,
+    flops_target: float = 1.0,
+    recovery: TrainConfig = AMP_RECOVERY,
+    pruning_examples: int = 256,
+    progress: bool = True,
+) -> dict:
+    """Every table of one seed: {"sweep", "criteria", "baselines", "free": {row: results}, "free_delta",
+    "hydra_flops", "sizes": {row: MLP sizes}}."""
+    amp = AmpSeed(task, seed, seed_cache, recovery, pruning_examples, progress)
+    widths = [len(k) for k in kept_neurons(amp.single).values()]
+    sizes: dict[str, list[int]] = {"unpruned": widths}
+    heads = get_adapter(amp.single).num_heads(amp.single)
+
+    def both(name: str, pruned: nn.Module) -> dict[str, dict]:
+        sizes[name] = [len(k) for k in kept_neurons(pruned).values()]
+        label = f"{heads}; MLP {sum(sizes[name])}/{sum(widths)}"
+        return {
+            name: amp.measured(name, pruned, label),
+            f"{name}, recovered": amp.measured(f"{name}, recovered", amp.recovered(_slug(name), pruned), label),
+        }
+
+    unpruned = amp.measured("Single", amp.single, f"{heads}; MLP {sum(widths)}/{sum(widths)}")
+    sweep = {"Single": unpruned}
+    for delta in deltas:
+        print(f"[seed {seed}] AMP delta-E {delta:g}", flush=True)
+        sweep |= both(f"AMP dE={delta:g}", amp.adaptive(delta)[0])
+    delta, ratios = amp.free_delta(deltas, flops_target)
+    base_name = f"AMP dE={delta:g}"
+    total = sum(sizes[base_name])
+
+    criteria = {"Single": unpruned}
+    for criterion in CRITERIA:
+        matched = delta if criterion == "entropy" else amp.matched_delta(criterion, total, start=delta)
+        print(f"[seed {seed}] criterion {criterion}: delta-E {matched:g}", flush=True)
+        criteria |= both(f"AMP ({criterion}, dE={matched:g})", amp.adaptive(matched, criterion)[0])
+
+    baselines = {"Single": unpruned}
+    for criterion in BASELINES:
+        print(f"[seed {seed}] uniform width, {criterion}", flush=True)
+        baselines |= both(f"Uniform ({criterion})", amp.uniform(criterion, total))
+    baselines |= {k: v for k, v in sweep.items() if k.startswith(base_name)}
+
+    print(f"[seed {seed}] ensembles on the AMP base (delta-E {delta:g})", flush=True)
+    base = amp.recovered(_slug(base_name), amp.adaptive(delta)[0])
+    free = run_seed(task, seed, seed_cache, progress, rows=HYDRA_ROWS)
+    on_amp = run_seed(task, seed, amp.cache / _slug(base_name), progress, rows=HYDRA_ROWS, base=lambda: base)
+    free |= {FREE_NAMES[row]: results for row, results in on_amp.items()}
+    return {
+        "sweep": sweep,
+        "criteria": criteria,
+        "baselines": baselines,
+        "free": free,
+        "free_delta": delta,
+        "hydra_flops": {f"{d:g}": r for d, r in ratios.items()},
+        "sizes": sizes,
+    }
+
+
+def free_latency(task: Task, seed: int, seed_cache: Path, delta: float, repeats: int = 7) -> dict[str, dict]:
+    """Latency of the free table's rows relative to Single, timed interleaved on the first test batch."""
+    base_name = _slug(f"AMP dE={delta:g}")
+    unpruned = _Builder(task, seed, seed_cache, progress=False)
+    base = load_predictor(seed_cache / "amp" / "models" / f"{base_name}-recovered")
+    on_amp = _Builder(task, seed, seed_cache / "amp" / base_name, progress=False, base=lambda: base)
+    predictors = {row: unpruned.row(row)[0] for row in HYDRA_ROWS}
+    predictors |= {FREE_NAMES[row]: on_amp.row(row)[0] for row in HYDRA_ROWS}
+    print(f"timing {len(predictors)} rows, interleaved, {repeats} rounds", flush=True)
+    return predictor_latency(predictors, {row: task.test[0] for row in predictors}, repeats)
+
+
+TABLES = (
+    ("free", "Ensemble for free: Hydra Ensembles on an AMP base"),
+    ("sweep", "delta-E sweep, entropy criterion (Table 7's shape)"),
+    ("criteria", "Criteria at the free base's MLP neuron count (Table 5)"),
+    ("baselines", "Uniform width at the same count vs adaptive (Tables 3 and 6)"),
+)
+
+
+def experiment(
+    task: Task,
+    seeds: Sequence[int],
+    out_dir: str | os.PathLike,
+    cache_dir: str | os.PathLike,
+    command: str = "",
+    deltas: Sequence[float] = DELTAS,
+    flops_target: float = 1.0,
+    recovery: TrainConfig = AMP_RECOVERY,
+    pruning_examples: int = 256,
+    latency_repeats: int = 7,
+    progress: bool = True,
+) -> dict:
+    """`amp_seed` for every seed, aggregated; writes amp.md and amp.json to `out_dir`."""
+    started = time.perf_counter()
+    out_dir, cache = Path(out_dir), Path(cache_dir) / f"{task.name}-{task.fingerprint()}"
+    per_seed = {
+        seed: amp_seed(task, seed, cache / f"seed{seed}", deltas, flops_target, recovery, pruning_examples, progress)
+        for seed in seeds
+    }
+    summary = {
+        "task": task.name,
+        "command": command,
+        "seeds": list(seeds),
+        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads",
+        "library_version": __version__,
+        "settings": {
+            "deltas": list(deltas),
+            "flops_target": flops_target,
+            "recovery": dataclasses.asdict(recovery),
+            "pruning_examples": pruning_examples,
+        },
+        "tables": {name: aggregate({s: r[name] for s, r in per_seed.items()}) for name, _ in TABLES},
+        "per_seed": per_seed,
+    }
+    if latency_repeats:
+        first = seeds[0]
+        summary["latency"] = free_latency(
+            task, first, cache / f"seed{first}", per_seed[first]["free_delta"], latency_repeats
+        )
+        summary["latency_batch"] = len(task.test[0]["labels"])
+    summary["wall_time_s"] = round(time.perf_counter() - started, 1)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out_dir / "amp.json", summary)
+    (out_dir / "amp.md").write_text(markdown(summary))
+    return summary
+
+
+def markdown(summary: dict) -> str:
+    seeds = summary["seeds"]
+    lines = [
+        f"# {summary['task']}: adaptive MLP pruning (paper 002) and Hydra Ensembles on it",
+        "",
+        f"Command: `{summary['command']}`  ",
+        f"Machine: {summary['machine']}  ",
+        f"Seeds: {seeds} "
+        + ("(mean ± std over seeds)  " if len(seeds) > 1 else "(one run: values without a spread)  "),
+        f"Wall time: {summary['wall_time_s'] / 60:.1f} min for this run",
+        "",
+    ]
+    for name, title in TABLES:
+        latency = summary.get("latency") if name == "free" else None
+        lines += [f"## {title}", "", *table_lines(summary["tables"][name], latency), ""]
+        if name == "free":
+            chosen = {s: r["free_delta"] for s, r in summary["per_seed"].items()}
+            ratios = {
+                s: ", ".join(f"{d}: {x:.2f}" for d, x in r["hydra_flops"].items())
+                for s, r in summary["per_seed"].items()
+            }
+            lines += [
+                f"AMP base: delta-E {chosen} per seed, the smallest of {summary['settings']['deltas']} whose fused "
+                f"{len(HYDRA_ROWS)}-member Hydra costs <= {summary['settings']['flops_target']}x Single's FLOPs "
+                f"(Hydra FLOPs x per delta-E, per seed: {ratios}). Heads: per layer; MLP: hidden neurons kept of all.",
+                "",
+            ]
+    lines += ["## Kept MLP sizes per block (first seed)", ""]
+    first = summary["per_seed"][seeds[0]]["sizes"]
+    lines += render(["Model", "MLP hidden size per block"], [[k, str(v)] for k, v in first.items()], "markdown")
+    lines += ["", CONVENTIONS, ""]
+    return "\n".join(lines) + "\n"
+
+
+def _first_examples(batches: list, count: int) -> list:
+    """The first batches holding `count` examples (whole batches; at least one)."""
+    taken, seen = [], 0
+    for batch in batches:
+        if seen >= count:
+            break
+        taken.append(batch)
+        seen += len(next(iter(batch.values())))
+    return taken
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in ".-" else "-" for c in name).strip("-").replace("--", "-")

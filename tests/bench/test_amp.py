@@ -1,0 +1,75 @@
+"""Paper 002's experiments and the ensemble-for-free table end to end on a tiny BERT: every table, the cost rule
+that picks the AMP base, equal-count baselines, Hydra rows on the pruned base, and resuming from the cache."""
+
+import json
+
+import pytest
+from test_suite import tiny_task  # noqa: F401 (a fixture)
+
+import hydra_ensembles as he
+from hydra_ensembles.bench import amp
+from hydra_ensembles.training import AMP_RECOVERY
+
+DELTAS = (0.002, 0.02, 1.0)
+
+
+def _run(task, tmp_path, **kwargs):
+    return amp.experiment(
+        task,
+        [0],
+        tmp_path / "out",
+        tmp_path / "cache",
+        command="pytest",
+        deltas=DELTAS,
+        recovery=AMP_RECOVERY.with_(epochs=1, lr=1e-3),
+        pruning_examples=8,
+        latency_repeats=2,
+        progress=False,
+        **kwargs,
+    )
+
+
+def test_amp_tables_pick_the_base_by_cost_and_compare_at_equal_size(tiny_task, tmp_path, monkeypatch):  # noqa: F811
+    summary = _run(tiny_task, tmp_path, flops_target=1.5)
+    seed = summary["per_seed"][0]
+    ratios = {float(d): r for d, r in seed["hydra_flops"].items()}
+    within = sorted(d for d, r in ratios.items() if r <= 1.5)
+    assert seed["free_delta"] == (within[0] if within else max(DELTAS))  # the cost rule, from FLOPs alone
+    assert ratios[max(DELTAS)] <= ratios[min(DELTAS)]  # a smaller MLP, a cheaper ensemble
+    sizes = seed["sizes"]
+    base = f"AMP dE={seed['free_delta']:g}"
+    total = sum(sizes[base])
+    for name in ("Uniform (random)", "Uniform (l2)", "Uniform (taylor)"):
+        assert sum(sizes[name]) == total and max(sizes[name]) - min(sizes[name]) <= 1  # equal count, uniform
+    free = seed["free"]
+    assert list(free) == ["Single", "Hydra (Taylor)", "Hydra (Circ)", *amp.FREE_NAMES.values()]
+    assert free["AMP single"]["params"] < free["Single"]["params"]
+    assert free["Hydra (Taylor) on AMP"]["flops_per_example"] / free["Single"]["flops_per_example"] == pytest.approx(
+        ratios[seed["free_delta"]], rel=0.02
+    )  # the measured ensemble costs what the rule predicted from untrained members
+    for table in ("sweep", "criteria", "baselines"):
+        rows = seed[table]
+        assert all(f"{name}, recovered" in rows for name in rows if name != "Single" and "recovered" not in name)
+    criteria = [name for name in seed["criteria"] if name != "Single" and "recovered" not in name]
+    assert [name.split(" (")[1].split(",")[0] for name in criteria] == list(amp.CRITERIA)
+    text = (tmp_path / "out" / "amp.md").read_text()
+    assert all(f"## {title}" in text for _, title in amp.TABLES) and "| AMP single |" in text
+    assert set(summary["latency"]) == set(free) and json.loads((tmp_path / "out" / "amp.json").read_text())["seeds"]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a cached model was retrained")
+
+    monkeypatch.setattr(amp, "recover", refuse)
+    monkeypatch.setattr(amp, "adaptive_mlp_pruning", refuse)
+    again = _run(tiny_task, tmp_path, flops_target=1.5)
+    assert again["per_seed"][0]["free"] == json.loads(json.dumps(free))  # everything from the cache
+
+
+def test_recovered_models_reload_as_pruned_hf_models(tiny_task, tmp_path):  # noqa: F811
+    cache = tmp_path / "seed0"
+    seed = amp.AmpSeed(tiny_task, 0, cache, AMP_RECOVERY.with_(epochs=1), pruning_examples=8, progress=False)
+    pruned, search = seed.adaptive(1.0)
+    assert search["sizes"] == [len(k) for k in he.kept_neurons(pruned).values()]
+    recovered = seed.recovered("x", pruned)
+    assert he.kept_neurons(recovered) == he.kept_neurons(pruned)
+    assert he.kept_neurons(he.load_model(cache / "amp" / "models" / "x-recovered")) == he.kept_neurons(pruned)
