@@ -1,6 +1,9 @@
-"""Contracts 2 and 3 on the real packaged all-MiniLM-L6-v2 (6 layers x 12 heads) with real sentences."""
+"""Contracts 2 and 3 on the real packaged all-MiniLM-L6-v2 (6 layers x 12 heads) with real sentences, and the
+documented AMP -> Hydra path."""
 
 import copy
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,6 +11,8 @@ from conftest import SENTENCES, output, perturb
 from tolerances import CONTRACT
 
 import hydra_ensembles as he
+import hydra_ensembles.training as training
+from hydra_ensembles.training import TEXT_RECIPE
 
 pytestmark = pytest.mark.real_model
 
@@ -63,3 +68,34 @@ def test_fast_circuit_equals_reference_on_minilm(minilm_classifier, batch):
     assert fast.removed == reference.removed
     # S is made of counts (accuracy, ranked ID/OOD pairs): the same counts give the same S up to float64 division
     assert fast.scores == pytest.approx(reference.scores, abs=1e-12)
+
+
+def test_docs_amp_python_path_runs_on_minilm(minilm_classifier, minilm_tokenizer):
+    """docs/amp.md's Python path (AMP -> recovery -> sequential Taylor -> members -> fine-tune -> merged fusion)
+    runs as written on the real MiniLM, and its ensemble is cheaper than three of the unpruned members."""
+    text = (Path(__file__).parents[1] / "docs" / "amp.md").read_text()
+    code = re.search(r"## An ensemble on a pruned base: the Python path\s+```python\n(.*?)```", text, re.S).group(1)
+    labels = torch.tensor([0, 1, 2, 0, 0, 2, 2, 1])
+    batches = [
+        dict(minilm_tokenizer(SENTENCES[i : i + 4], padding=True, return_tensors="pt"), labels=labels[i : i + 4])
+        for i in (0, 4)
+    ]
+    namespace = {
+        "model": copy.deepcopy(minilm_classifier),
+        "pruning_batches": batches,
+        "train_batches": batches,
+        "calibration_batches": batches,
+        "member_recipe": TEXT_RECIPE.with_(epochs=1, lr=1e-4, freeze_embeddings=True, patience=None),
+        "probe": {k: v for k, v in batches[0].items() if k != "labels"},
+    }
+    recovery = training.AMP_RECOVERY
+    training.AMP_RECOVERY = recovery.with_(epochs=1)  # the snippet's recipe, one epoch here
+    try:
+        exec(compile(code, "docs/amp.md", "exec"), namespace)
+    finally:
+        training.AMP_RECOVERY = recovery
+    ensemble, record = namespace["ensemble"], namespace["record"]
+    assert record.sizes == [len(k) for k in he.kept_neurons(namespace["pruned"]).values()]
+    assert ensemble(**namespace["probe"]).member_logits.shape == (4, 3, 3)
+    probe = namespace["probe"]
+    assert he.count_flops(ensemble, probe) < 3 * 0.75 * he.count_flops(minilm_classifier, probe)
