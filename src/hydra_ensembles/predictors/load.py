@@ -3,8 +3,9 @@
 What a directory holds tells its kind:
     hydra_config.json          a Hydra Ensemble (`HydraEnsemble.save_pretrained`)
     predictor.json             a wrapper: {"kind": "deep_ensemble" | "mc_dropout" | "temperature", ...} with its
-                               models in sub-directories (`member0/`, ... or `model/`); or a distillation
-                               student for tabular data, {"kind": "multi_head_mlp"} with model.safetensors
+                               models in sub-directories (`member0/`, ... or `model/`); a distillation student
+                               for tabular data, {"kind": "multi_head_mlp"} with model.safetensors; or a
+                               zero-shot two-tower ensemble, {"kind": "zero_shot"} with `image/` and `text/`
     config.json                a Hugging Face model, pruned or not (`save_model`; its structure is replayed)
 """
 
@@ -24,12 +25,14 @@ from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ..pruning import load_model, save_model
 from .baselines.deep_ensemble import DeepEnsemble
 from .baselines.mc_dropout import MCDropout
+from .clip_zero_shot import KIND as ZERO_SHOT_KIND
+from .clip_zero_shot import ZeroShotEnsemble
 from .temperature import TemperatureScaled
 
 
 def save_predictor(model: nn.Module, path: str | os.PathLike) -> Path:
     """Save any predictor atomically so that `load_predictor(path)` returns an equal one."""
-    if isinstance(model, HydraEnsemble | DeepEnsemble | MultiHeadMLP):
+    if isinstance(model, HydraEnsemble | DeepEnsemble | MultiHeadMLP | ZeroShotEnsemble):
         return model.save_pretrained(path)
     if isinstance(model, TemperatureScaled | MCDropout):
         record = (
@@ -59,6 +62,8 @@ def load_predictor(path: str | os.PathLike) -> nn.Module:
             return DeepEnsemble(models, record.get("stored_parameters")).eval()
         if kind == MLP_KIND:
             return MultiHeadMLP.from_pretrained(path)
+        if kind == ZERO_SHOT_KIND:
+            return ZeroShotEnsemble.from_pretrained(path)
         if kind == "temperature":
             return TemperatureScaled(load_predictor(path / "model"), record["temperature"]).eval()
         if kind == "mc_dropout":

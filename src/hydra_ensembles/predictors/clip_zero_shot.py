@@ -1,0 +1,289 @@
+"""Zero-shot classification with two-tower (CLIP-style) models, and Hydra Ensembles of them without training
+(paper 000 §5.3, §C.3, §D.3).
+
+A two-tower model embeds images and texts in one space: each tower is a supported HF encoder (its pooled output,
+(B, d)) followed by a linear projection (d -> P). Zero-shot, a class is described by prompts: its embedding is
+the normalised mean over templates of the normalised text embeddings of "a photo of a {class}", ... and an
+image's logits are logit_scale x the cosine similarities with every class.
+
+A zero-shot Hydra Ensemble has M members, member m = (image tower with head map m, text tower with head map m):
+
+    class_embeddings[m] = normalise(mean_t normalise(text_m(prompt(c, t))))        (M, C, P), computed once
+    member_logits[b, m] = logit_scale * normalise(image_m(x_b)) @ class_embeddings[m].T   (B, M, C)
+
+The image members run fused (`HydraEnsemble`, one pass; members pruned from one model share every MLP weight,
+so the merged MLP is exact), and so do the text members when the class embeddings are computed. Members share
+the projections (only attention heads are pruned). The output is the usual `(B, M, C)`, so evaluation,
+temperature scaling, `predict` and `evaluate` work unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import safetensors.torch
+import torch
+import torch.nn.functional as F
+import transformers
+from torch import Tensor, nn
+
+from ..adapters import get_adapter
+from ..fusion import HydraEnsemble
+from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
+from ..members import build_members
+from ..outputs import PredictorOutput
+from ..pruning import HeadMap, load_model, save_model
+
+KIND = "zero_shot"
+TWO_TOWER_FILE = "two_tower.json"
+DEFAULT_TEMPLATES = ("a photo of a {}.",)
+
+
+class Tower(nn.Module):
+    """One encoder of a two-tower model: a supported HF encoder without a classifier (or a `HydraEnsemble` of its
+    members) and the linear projection into the shared space, shared by all members."""
+
+    def __init__(self, encoder: nn.Module, projection: nn.Linear):
+        super().__init__()
+        self.encoder, self.projection = encoder, projection
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return _adapter(self.encoder).input_names
+
+    def forward(self, **inputs) -> Tensor:
+        """Normalised embeddings (B, M, P): M members (1 for a plain encoder)."""
+        inputs = {k: v for k, v in inputs.items() if k in self.input_names}
+        if isinstance(self.encoder, HydraEnsemble):
+            pooled = self.encoder(**inputs).member_pooled  # (B, M, d)
+        else:
+            pooled = get_adapter(self.encoder).output(self.encoder, inputs)[:, None]  # (B, 1, d)
+        return F.normalize(self.projection(pooled), dim=-1)
+
+
+class TwoTowerModel(nn.Module):
+    """An image tower, a text tower and the logit scale (CLIP's exp(logit_scale), e.g. 100)."""
+
+    def __init__(self, image: Tower, text: Tower, logit_scale: float):
+        super().__init__()
+        self.image, self.text, self.logit_scale = image, text, float(logit_scale)
+
+    @classmethod
+    def from_clip(cls, model: nn.Module) -> TwoTowerModel:
+        """The towers of an HF `CLIPModel` (its modules, not copies)."""
+        if not hasattr(model, "vision_model") or not hasattr(model, "visual_projection"):
+            raise TypeError(f"from_clip needs an HF CLIPModel, got {type(model).__name__}.")
+        return cls(
+            Tower(model.vision_model, model.visual_projection),
+            Tower(model.text_model, model.text_projection),
+            model.logit_scale.exp().item(),
+        )
+
+    def save_pretrained(self, path: str | os.PathLike) -> Path:
+        """image/ and text/ (HF checkpoints), projections.safetensors, two_tower.json; atomically."""
+
+        def write(tmp: Path) -> None:
+            save_model(self.image.encoder, tmp / "image")
+            save_model(self.text.encoder, tmp / "text")
+            _save_projections(tmp, self.image.projection, self.text.projection)
+            write_json_atomic(tmp / TWO_TOWER_FILE, {"logit_scale": self.logit_scale})
+
+        return save_dir_atomic(path, write)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> TwoTowerModel:
+        """A saved `TwoTowerModel`, or an HF `CLIPModel` checkpoint directory."""
+        path = Path(path)
+        if (path / TWO_TOWER_FILE).is_file():
+            record = json.loads((path / TWO_TOWER_FILE).read_text())
+            image, text = _load_projections(path)
+            towers = Tower(load_model(path / "image"), image), Tower(load_model(path / "text"), text)
+            return cls(*towers, record["logit_scale"]).eval()
+        config = transformers.AutoConfig.from_pretrained(path)
+        if config.model_type != "clip":
+            raise ValueError(
+                f"{str(path)!r} is a {config.model_type!r} checkpoint; a two-tower model is a saved TwoTowerModel "
+                f"({TWO_TOWER_FILE}) or an HF CLIPModel directory."
+            )
+        return cls.from_clip(transformers.CLIPModel.from_pretrained(path).eval()).eval()
+
+
+def class_prompts(classes: Sequence[str], templates: Sequence[str] = DEFAULT_TEMPLATES) -> list[str]:
+    """Every template filled with every class, class-major: [t0(c0), t1(c0), ..., t0(c1), ...]."""
+    if not classes or not templates:
+        raise ValueError("zero-shot classification needs at least one class name and one template.")
+    if any("{}" not in t for t in templates):
+        raise ValueError(f"every template must contain '{{}}' where the class name goes, got {list(templates)}.")
+    return [template.format(name) for name in classes for template in templates]
+
+
+@torch.no_grad()
+def class_embeddings(text: Tower, prompt_batches: Sequence[dict], num_classes: int) -> Tensor:
+    """(M, C, P): per member, the normalised mean over templates of the normalised prompt embeddings.
+    `prompt_batches`: the tokenised `class_prompts`, in order."""
+    embedded = torch.cat([text(**batch) for batch in prompt_batches])  # (C*T, M, P), normalised
+    if embedded.shape[0] % num_classes:
+        raise ValueError(f"{embedded.shape[0]} prompts do not split evenly into {num_classes} classes.")
+    per_class = embedded.view(num_classes, -1, *embedded.shape[1:]).mean(dim=1)  # (C, M, P)
+    return F.normalize(per_class, dim=-1).transpose(0, 1).contiguous()
+
+
+class ZeroShotEnsemble(nn.Module):
+    """M two-tower members classifying zero-shot: `forward(pixel_values=...)` returns member logits (B, M, C).
+
+    image: the image tower (a plain encoder, or its members fused); text: the text tower likewise, kept to
+    recompute the class embeddings for other classes (`set_classes`). M = 1 for the unpruned model.
+    """
+
+    def __init__(
+        self,
+        image: Tower,
+        text: Tower,
+        logit_scale: float,
+        classes: Sequence[str],
+        templates: Sequence[str],
+        embeddings: Tensor,
+    ):
+        super().__init__()
+        self.image, self.text, self.logit_scale = image, text, float(logit_scale)
+        self.classes, self.templates = list(classes), list(templates)
+        self.register_buffer("embeddings", embeddings)  # (M or 1, C, P)
+        self.is_classifier = True
+
+    @property
+    def num_members(self) -> int:
+        return max(_members(self.image.encoder), _members(self.text.encoder))
+
+    @torch.no_grad()
+    def set_classes(self, classes: Sequence[str], templates: Sequence[str], tokenizer, batch_size: int = 64) -> None:
+        """Recompute the class embeddings (once per member) for `classes` x `templates`."""
+        prompts = class_prompts(classes, templates)
+        batches = _tokenised(tokenizer, prompts, batch_size)
+        self.embeddings = class_embeddings(self.text, batches, len(classes))
+        self.classes, self.templates = list(classes), list(templates)
+
+    def forward(self, **inputs) -> PredictorOutput:
+        images, classes = self.image(**inputs), self.embeddings  # (B, M or 1, P), (M or 1, C, P)
+        members = max(images.shape[1], classes.shape[0])  # a tower left unpruned serves every member
+        images, classes = images.expand(-1, members, -1), classes.expand(members, -1, -1).to(images.dtype)
+        return PredictorOutput(member_logits=self.logit_scale * torch.einsum("bmp,mcp->bmc", images, classes))
+
+    def save_pretrained(self, path: str | os.PathLike) -> Path:
+        """image/ and text/ (HF checkpoints or Hydra Ensembles), projections, class embeddings and
+        predictor.json, atomically; `hydra_ensembles.predictors.load_predictor` reads it back."""
+
+        def write(tmp: Path) -> None:
+            for name, tower in (("image", self.image), ("text", self.text)):
+                if isinstance(tower.encoder, HydraEnsemble):
+                    tower.encoder.save_pretrained(tmp / name)
+                else:
+                    save_model(tower.encoder, tmp / name)
+            _save_projections(tmp, self.image.projection, self.text.projection)
+            safetensors.torch.save_file({"embeddings": self.embeddings.contiguous()}, str(tmp / "classes.safetensors"))
+            record = {"kind": KIND, "logit_scale": self.logit_scale, "classes": self.classes}
+            write_json_atomic(tmp / PREDICTOR_FILE, record | {"templates": self.templates})
+
+        return save_dir_atomic(path, write)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> ZeroShotEnsemble:
+        path = Path(path)
+        record = json.loads((path / PREDICTOR_FILE).read_text())
+        image, text = _load_projections(path)
+        embeddings = safetensors.torch.load_file(str(path / "classes.safetensors"))["embeddings"]
+        towers = [
+            Tower(_load_encoder(path / name), projection) for name, projection in (("image", image), ("text", text))
+        ]
+        model = cls(*towers, record["logit_scale"], record["classes"], record["templates"], embeddings)
+        return model.eval()
+
+
+def zero_shot_ensemble(
+    two_tower: TwoTowerModel,
+    classes: Sequence[str],
+    tokenizer,
+    templates: Sequence[str] = DEFAULT_TEMPLATES,
+    image_head_maps: Sequence[HeadMap] | None = None,
+    text_head_maps: Sequence[HeadMap] | None = None,
+) -> ZeroShotEnsemble:
+    """A zero-shot classifier of `classes`: the unpruned model (no head maps), or M members pruned from
+    `two_tower` — both towers (both lists, one map per member each) or one tower (the other list None: that
+    tower unpruned, shared by all members). Each pruned tower's members are fused."""
+    counts = {len(maps) for maps in (image_head_maps, text_head_maps) if maps is not None}
+    if len(counts) > 1:
+        raise ValueError(f"image and text head maps must give the same number of members, got {sorted(counts)}.")
+    image = _tower(two_tower.image, image_head_maps)
+    text = _tower(two_tower.text, text_head_maps)
+    model = ZeroShotEnsemble(image, text, two_tower.logit_scale, classes, templates, torch.zeros(1, 1, 1))
+    model.set_classes(classes, templates, tokenizer)
+    return model.eval()
+
+
+def member_logits_one_by_one(
+    two_tower: TwoTowerModel,
+    inputs: dict,
+    prompt_batches: Sequence[dict],
+    num_classes: int,
+    image_head_maps: Sequence[HeadMap] | None,
+    text_head_maps: Sequence[HeadMap] | None,
+) -> Tensor:
+    """The definition, for tests and checks: each member built as its own pruned towers and run alone, its
+    logits stacked (B, M, C)."""
+    count = len(image_head_maps or text_head_maps or [None])
+    logits = []
+    for m in range(count):
+        towers = [
+            Tower(build_members(tower.encoder, [maps[m]])[0] if maps else tower.encoder, tower.projection)
+            for tower, maps in ((two_tower.image, image_head_maps), (two_tower.text, text_head_maps))
+        ]
+        embeddings = class_embeddings(towers[1], prompt_batches, num_classes)[0]  # (C, P)
+        logits.append(two_tower.logit_scale * towers[0](**inputs)[:, 0] @ embeddings.T)
+    return torch.stack(logits, dim=1)
+
+
+def _tower(tower: Tower, head_maps: Sequence[HeadMap] | None) -> Tower:
+    if not head_maps:
+        return tower
+    members = build_members(tower.encoder, head_maps)
+    return Tower(HydraEnsemble.fuse(members, mlp="average").eval(), tower.projection)
+
+
+def _tokenised(tokenizer, texts: list[str], batch_size: int) -> list[dict]:
+    return [
+        dict(tokenizer(texts[i : i + batch_size], padding=True, truncation=True, return_tensors="pt"))
+        for i in range(0, len(texts), batch_size)
+    ]
+
+
+def _adapter(encoder: nn.Module):
+    return encoder.adapter if isinstance(encoder, HydraEnsemble) else get_adapter(encoder)
+
+
+def _members(encoder: nn.Module) -> int:
+    return encoder.num_members if isinstance(encoder, HydraEnsemble) else 1
+
+
+def _save_projections(path: Path, image: nn.Linear, text: nn.Linear) -> None:
+    tensors = {f"image.{k}": v for k, v in image.state_dict().items()}
+    tensors |= {f"text.{k}": v for k, v in text.state_dict().items()}
+    safetensors.torch.save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "projections.safetensors"))
+
+
+def _load_projections(path: Path) -> tuple[nn.Linear, nn.Linear]:
+    tensors = safetensors.torch.load_file(str(path / "projections.safetensors"))
+    projections = []
+    for name in ("image", "text"):
+        weight, bias = tensors[f"{name}.weight"], tensors.get(f"{name}.bias")
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+        linear.load_state_dict({"weight": weight} | ({"bias": bias} if bias is not None else {}))
+        projections.append(linear)
+    return projections[0], projections[1]
+
+
+def _load_encoder(path: Path) -> nn.Module:
+    from ..fusion.ensemble import CONFIG_NAME
+
+    return HydraEnsemble.from_pretrained(path) if (path / CONFIG_NAME).is_file() else load_model(path)

@@ -1,0 +1,115 @@
+"""Zero-shot two-tower ensembles on tiny random `CLIPModel` configs: the fused ensemble equals its members run one
+by one (both towers pruned, unequal heads per member, or one tower only), class embeddings follow their
+definition, and the predictor saves, reloads and plugs into temperature scaling and evaluation."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers as T
+from conftest import BOS, EOS, IMAGE, SIZES, VOCAB, random_head_maps
+from tolerances import CONTRACT
+
+from hydra_ensembles.evaluation.report import classification_metrics
+from hydra_ensembles.outputs import collect_member_logits
+from hydra_ensembles.predictors import (
+    TemperatureScaled,
+    TwoTowerModel,
+    ZeroShotEnsemble,
+    class_prompts,
+    load_predictor,
+    save_predictor,
+    zero_shot_ensemble,
+)
+from hydra_ensembles.predictors.clip_zero_shot import class_embeddings, member_logits_one_by_one
+
+CLASSES = ["cat", "dog", "small red car", "tree"]
+TEMPLATES = ["a photo of a {}.", "a drawing of the {}"]
+
+
+def tiny_clip(seed: int = 0) -> T.CLIPModel:
+    torch.manual_seed(seed)
+    text = dict(vocab_size=VOCAB, max_position_embeddings=24, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=0)
+    config = T.CLIPConfig(text_config=text | SIZES, vision_config=IMAGE | SIZES, projection_dim=16)
+    return T.CLIPModel(config).eval()
+
+
+class WordTokenizer:
+    """A stand-in for CLIP's tokenizer (no vocabulary files offline): BOS, one id per word, EOS, zero padding."""
+
+    def __call__(self, texts, padding=True, truncation=True, return_tensors="pt"):
+        rows = [[BOS, *(3 + sum(map(ord, w)) % 85 for w in t.split()), EOS] for t in texts]
+        width = max(map(len, rows))
+        ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+        return {"input_ids": ids, "attention_mask": (ids != 0).long() | (ids == BOS).long()}
+
+
+def _images(seed=1, batch=5):
+    return {"pixel_values": torch.randn(batch, 3, 16, 16, generator=torch.Generator().manual_seed(seed))}
+
+
+@pytest.mark.parametrize("towers", ["both", "image", "text"])
+def test_fused_zero_shot_ensemble_equals_its_members_one_by_one(towers):
+    two_tower = TwoTowerModel.from_clip(tiny_clip())
+    image_maps = random_head_maps(3, seed=4, min_heads=1) if towers in ("both", "image") else None
+    text_maps = random_head_maps(3, seed=5, min_heads=1) if towers in ("both", "text") else None
+    tokenizer = WordTokenizer()
+    ensemble = zero_shot_ensemble(two_tower, CLASSES, tokenizer, TEMPLATES, image_maps, text_maps)
+    inputs = _images()
+    with torch.no_grad():
+        fused = ensemble(**inputs).member_logits
+        prompts = [tokenizer(class_prompts(CLASSES, TEMPLATES))]
+        expected = member_logits_one_by_one(two_tower, inputs, prompts, len(CLASSES), image_maps, text_maps)
+    assert fused.shape == (5, 3, 4) and ensemble.num_members == 3
+    assert (fused - expected).abs().max().item() <= CONTRACT * two_tower.logit_scale
+    assert (expected[:, 0] - expected[:, 1]).abs().max().item() > 100 * CONTRACT  # members differ
+
+
+def test_class_embeddings_and_logits_follow_the_definition():
+    """Single model, by hand: CLIPModel's own image and text features, normalised, averaged over templates."""
+    clip = tiny_clip()
+    two_tower, tokenizer = TwoTowerModel.from_clip(clip), WordTokenizer()
+    single = zero_shot_ensemble(two_tower, CLASSES, tokenizer, TEMPLATES)
+    inputs = _images()
+    with torch.no_grad():
+        text = clip.get_text_features(**tokenizer(class_prompts(CLASSES, TEMPLATES))).pooler_output  # (C*T, P)
+        per_class = F.normalize(F.normalize(text, dim=-1).view(4, 2, -1).mean(dim=1), dim=-1)
+        image = F.normalize(clip.get_image_features(**inputs).pooler_output, dim=-1)
+        expected = clip.logit_scale.exp() * image @ per_class.T
+        got = single(**inputs).member_logits
+    assert got.shape == (5, 1, 4)
+    assert (got[:, 0] - expected).abs().max().item() <= CONTRACT * 100
+    assert class_prompts(["a", "b"], ["x {}", "y {}"]) == ["x a", "y a", "x b", "y b"]
+    with pytest.raises(ValueError, match="'\\{\\}'"):
+        class_prompts(["a"], ["no slot"])
+    with pytest.raises(ValueError, match="same number of members"):
+        zero_shot_ensemble(two_tower, CLASSES, tokenizer, TEMPLATES, random_head_maps(3), random_head_maps(2))
+    with pytest.raises(ValueError, match="do not split evenly"):
+        class_embeddings(two_tower.text, [tokenizer(["a", "b", "c"])], 2)
+
+
+def test_zero_shot_ensemble_saves_reloads_and_works_with_the_evaluation_stack(tmp_path):
+    two_tower, tokenizer = TwoTowerModel.from_clip(tiny_clip()), WordTokenizer()
+    ensemble = zero_shot_ensemble(
+        two_tower, CLASSES, tokenizer, TEMPLATES, random_head_maps(3, seed=2, min_heads=1), random_head_maps(3, seed=3)
+    )
+    save_predictor(ensemble, tmp_path / "zs")
+    loaded = load_predictor(tmp_path / "zs")
+    assert isinstance(loaded, ZeroShotEnsemble) and loaded.classes == CLASSES and loaded.templates == TEMPLATES
+    inputs = _images()
+    with torch.no_grad():
+        assert torch.equal(loaded(**inputs).member_logits, ensemble(**inputs).member_logits)
+    batches = [_images(seed=s) | {"labels": torch.tensor([0, 1, 2, 3, 0])} for s in (1, 2)]
+    logits = collect_member_logits(TemperatureScaled(loaded, 2.0), batches)
+    assert logits.shape == (10, 3, 4)
+    metrics = classification_metrics(logits, torch.cat([b["labels"] for b in batches]))
+    assert 0 <= metrics["acc"] <= 1 and metrics["nll"] > 0
+    loaded.set_classes(["cat", "tree"], ["{}"], tokenizer)  # other classes: recomputed once per member
+    with torch.no_grad():
+        assert loaded(**inputs).member_logits.shape == (5, 3, 2)
+    two_tower.save_pretrained(tmp_path / "tt")
+    again = TwoTowerModel.from_pretrained(tmp_path / "tt")
+    assert again.logit_scale == pytest.approx(two_tower.logit_scale)
+    with torch.no_grad():
+        assert torch.equal(again.image(**inputs), two_tower.image(**inputs))
+    tiny_clip().save_pretrained(tmp_path / "clip")
+    assert TwoTowerModel.from_pretrained(tmp_path / "clip").logit_scale == pytest.approx(two_tower.logit_scale)
