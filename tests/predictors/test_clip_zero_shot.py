@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers as T
-from conftest import BOS, EOS, IMAGE, SIZES, VOCAB, random_head_maps
+from conftest import BOS, EOS, HEADS, IMAGE, LAYERS, SIZES, VOCAB, random_head_maps
 from tolerances import CONTRACT
 
 from hydra_ensembles.evaluation.report import classification_metrics
@@ -113,3 +113,77 @@ def test_zero_shot_ensemble_saves_reloads_and_works_with_the_evaluation_stack(tm
         assert torch.equal(again.image(**inputs), two_tower.image(**inputs))
     tiny_clip().save_pretrained(tmp_path / "clip")
     assert TwoTowerModel.from_pretrained(tmp_path / "clip").logit_scale == pytest.approx(two_tower.logit_scale)
+
+
+# ---- joint circuits over both towers (§D.3) ----
+
+
+def _circuit_data(tokenizer):
+    labelled = [_images(seed=s, batch=6) | {"labels": torch.tensor([0, 1, 2, 3, 1, 2])} for s in (11, 12)]
+    ood = [{"pixel_values": 3 * torch.rand(6, 3, 16, 16, generator=torch.Generator().manual_seed(13))}]
+    return labelled, ood, [tokenizer(class_prompts(CLASSES, TEMPLATES))]
+
+
+def _literal_score(clip, tower, layer, head, removed, labelled, ood, prompts, criterion):
+    """S with `removed` + one head off, from CLIPModel itself: ablate in the tower, recompute everything."""
+    from hydra_ensembles import ablate_heads
+
+    heads = {"image": {}, "text": {}}
+    for t, lay, h in [*removed, (tower, layer, head)]:
+        heads[t].setdefault(lay, []).append(h)
+    with torch.no_grad(), ablate_heads(clip.vision_model, heads["image"]), ablate_heads(clip.text_model, heads["text"]):
+        text = F.normalize(clip.get_text_features(**prompts[0]).pooler_output, dim=-1)
+        classes = F.normalize(text.view(len(CLASSES), len(TEMPLATES), -1).mean(dim=1), dim=-1)
+        images = [F.normalize(clip.get_image_features(**b).pooler_output, dim=-1) for b in labelled + ood]
+        logits = clip.logit_scale.exp() * torch.cat(images) @ classes.T
+    labels = torch.cat([b["labels"] for b in labelled])
+    return criterion(logits[: len(labels)], labels, logits[len(labels) :])
+
+
+def test_joint_fast_circuit_equals_the_reference_and_the_literal_definition(tmp_path):
+    from hydra_ensembles.importance import JointCircuit, extract_joint_circuit
+    from hydra_ensembles.importance.circuit import CRITERIA
+
+    clip, tokenizer = tiny_clip(seed=3), WordTokenizer()
+    two_tower = TwoTowerModel.from_clip(clip)
+    labelled, ood, prompts = _circuit_data(tokenizer)
+    args = (two_tower, labelled, ood, prompts, len(CLASSES), "avg", 6)
+    fast = extract_joint_circuit(*args, batch_size=4, progress=False, state_path=tmp_path / "state.json")
+    reference = extract_joint_circuit(*args, method="reference", progress=False)
+    assert fast.removed == reference.removed and fast.search == "exact"
+    assert fast.scores == pytest.approx(reference.scores, abs=1e-6)
+    assert {t for t, _, _ in fast.removed} <= {"image", "text"} and len(set(fast.removed)) == 6
+    # every step's winner scores what the literal definition gives (CLIPModel, ablated, end to end)
+    for step, (tower, layer, head) in enumerate(fast.removed):
+        literal = _literal_score(clip, tower, layer, head, fast.removed[:step], labelled, ood, prompts, CRITERIA["avg"])
+        assert fast.scores[step] == pytest.approx(literal, abs=1e-6)
+    fast.save(tmp_path / "joint.json")
+    assert JointCircuit.load(tmp_path / "joint.json") == fast
+    resumed = extract_joint_circuit(*args, batch_size=4, progress=False, state_path=tmp_path / "state.json")
+    assert resumed.removed == fast.removed
+    maps = fast.head_maps(2)
+    assert sum(len(h) for t in maps.values() for h in t.values()) == 2 * LAYERS * HEADS - 2
+    image_only = extract_joint_circuit(*args[:-1], 3, towers=("image",), progress=False)
+    assert {t for t, _, _ in image_only.removed} == {"image"}
+    with pytest.raises(ValueError, match="budget must be between 1 and 11"):
+        extract_joint_circuit(*args[:-1], 12, towers=("image",), progress=False)
+    with pytest.raises(ValueError, match="method must be one of"):
+        extract_joint_circuit(*args, method="screen", progress=False)
+
+
+def test_members_sampled_from_a_joint_circuit_fuse_per_tower_and_equal_the_members_one_by_one():
+    from hydra_ensembles import sample_members
+    from hydra_ensembles.importance import extract_joint_circuit
+
+    two_tower, tokenizer = TwoTowerModel.from_clip(tiny_clip(seed=3)), WordTokenizer()
+    labelled, ood, prompts = _circuit_data(tokenizer)
+    circuit = extract_joint_circuit(two_tower, labelled, ood, prompts, len(CLASSES), "avg", 8, progress=False)
+    members = sample_members(circuit, num_members=3, budget=4, pool=8, seed=0)
+    assert all(set(m) == {"image", "text"} for m in members) and len({str(m) for m in members}) == 3
+    image_maps, text_maps = [m["image"] for m in members], [m["text"] for m in members]
+    ensemble = zero_shot_ensemble(two_tower, CLASSES, tokenizer, TEMPLATES, image_maps, text_maps)
+    inputs = _images(seed=7)
+    with torch.no_grad():
+        fused = ensemble(**inputs).member_logits
+        expected = member_logits_one_by_one(two_tower, inputs, prompts, len(CLASSES), image_maps, text_maps)
+    assert (fused - expected).abs().max().item() <= CONTRACT * two_tower.logit_scale

@@ -7,8 +7,10 @@ from .circuit import (
     AverageCriterion,
     Circuit,
     CircuitCriterion,
+    JointCircuit,
     MSPAurocCriterion,
     extract_circuit,
+    extract_joint_circuit,
     register_criterion,
 )
 from .neurons import (
@@ -37,8 +39,10 @@ __all__ = [
     "AverageCriterion",
     "Circuit",
     "CircuitCriterion",
+    "JointCircuit",
     "MSPAurocCriterion",
     "extract_circuit",
+    "extract_joint_circuit",
     "register_criterion",
     "taylor_head_scores",
 ]

@@ -17,12 +17,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..importance.circuit import Circuit
+from ..importance.circuit import Circuit, JointCircuit
+from ..importance.circuit.joint import split_heads
 from ..pruning import HeadMap, per_layer
 
 
 def sample_members(
-    source: Tensor | Circuit | Sequence[Circuit],
+    source: Tensor | Circuit | JointCircuit | Sequence[Circuit],
     *,
     num_members: int = 3,
     budget: int | Sequence[int] | None = None,
@@ -37,7 +38,8 @@ def sample_members(
             per-layer budgets. `budget` heads to prune in each layer (an int, or one per layer), drawn from the
             layer's `pool` least useful heads.
         a `Circuit`: a global budget. `budget` heads to prune in the whole model, drawn from the first `pool`
-            heads of the circuit's removal order.
+            heads of the circuit's removal order. A `JointCircuit` (two towers) likewise, over both towers'
+            heads: each member is then {"image": HeadMap, "text": HeadMap}.
         a list of circuits: one member per circuit, each pruning its circuit's first `budget` heads
             (`num_members` and `pool` do not apply).
 
@@ -49,7 +51,7 @@ def sample_members(
     """
     if isinstance(source, Tensor):
         return _from_scores(source, num_members, budget, pool, seed, allow_identical)
-    if isinstance(source, Circuit):
+    if isinstance(source, Circuit | JointCircuit):
         return _from_circuit(source, num_members, budget, pool, seed, allow_identical)
     circuits = list(source)
     if not circuits or not all(isinstance(c, Circuit) for c in circuits):
@@ -127,7 +129,12 @@ def _from_scores(
 
 
 def _from_circuit(
-    circuit: Circuit, num_members: int, budget: int | None, pool: int | None, seed: int, allow_identical: bool
+    circuit: Circuit | JointCircuit,
+    num_members: int,
+    budget: int | None,
+    pool: int | None,
+    seed: int,
+    allow_identical: bool,
 ) -> list[HeadMap]:
     _check_members(num_members)
     ranked = len(circuit.removed)
@@ -149,6 +156,8 @@ def _from_circuit(
 
     def draw(generator: torch.Generator) -> HeadMap:
         pruned = {circuit.removed[i] for i in _draw(pool, budget, generator)}
+        if isinstance(circuit, JointCircuit):
+            return split_heads(circuit.kept, pruned)
         return {layer: [h for h in heads if (layer, h) not in pruned] for layer, heads in circuit.kept.items()}
 
     return _draw_members(draw, num_members, seed, allow_identical)
@@ -179,12 +188,13 @@ def _draw(pool: int, budget: int, generator: torch.Generator) -> list[int]:
     return torch.randperm(pool, generator=generator)[:budget].tolist()
 
 
-def _heads(circuit: Circuit) -> int:
-    """Heads the model had when the circuit was extracted."""
-    return sum(len(heads) for heads in circuit.kept.values())
+def _heads(circuit: Circuit | JointCircuit) -> int:
+    """Heads the model (both towers of a joint circuit) had when the circuit was extracted."""
+    kept = circuit.kept.values() if isinstance(circuit, JointCircuit) else [circuit.kept]
+    return sum(len(heads) for tower in kept for heads in tower.values())
 
 
-def _third(circuit: Circuit) -> int:
+def _third(circuit: Circuit | JointCircuit) -> int:
     """The default global budget: a third of the model's heads (the paper prunes 48 of a ViT-B/16's 144)."""
     return _heads(circuit) // 3
 

@@ -245,10 +245,15 @@ def member_logits_one_by_one(
 
 
 def _tower(tower: Tower, head_maps: Sequence[HeadMap] | None) -> Tower:
+    """The tower for members with these head maps: fused; one pruned model if the members agree on it (it then
+    serves all of them); the tower itself for None. Members are distinct as (image, text) pairs, so one tower
+    may repeat a map (two members pruning the same text heads): allowed here."""
     if not head_maps:
         return tower
-    members = build_members(tower.encoder, head_maps)
-    return Tower(HydraEnsemble.fuse(members, mlp="average").eval(), tower.projection)
+    if all(head_map == head_maps[0] for head_map in head_maps):
+        return Tower(build_members(tower.encoder, head_maps[:1])[0], tower.projection)
+    members = build_members(tower.encoder, head_maps, allow_identical=True)
+    return Tower(HydraEnsemble.fuse(members, mlp="average", allow_identical=True).eval(), tower.projection)
 
 
 def _tokenised(tokenizer, texts: list[str], batch_size: int) -> list[dict]:

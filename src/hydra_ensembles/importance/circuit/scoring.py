@@ -29,7 +29,8 @@ from torch import Tensor, nn
 
 from ...adapters import get_adapter
 from ...data.loaders import Batch, rebatch, split_batch, to_device
-from ...outputs import collect_member_logits, labels_of
+from ...data.loaders import batch_size as examples_in
+from ...outputs import labels_of
 from ...pruning import ablate_heads, kept_heads, prune_heads
 from ..gradients import gradients_for
 
@@ -40,14 +41,18 @@ PRECISIONS = ("fp32", "bf16")
 
 
 class CandidateScorer(ABC):
-    """Scores of candidate heads given the heads already removed."""
+    """Scores of candidate heads given the heads already removed.
+
+    A scorer computes each candidate's model outputs over the ID then the OOD examples (`outputs`: logits, or
+    an encoder's pooled embeddings) and the criterion scores the logits. `criterion=None` gives a scorer of
+    outputs only (one tower of a joint circuit, `importance.circuit.joint`)."""
 
     def __init__(
         self,
         model: nn.Module,
         id_batches: list[Batch],
         ood_batches: list[Batch],
-        criterion: Criterion,
+        criterion: Criterion | None,
         batch_size: int = 64,
         precision: str = "fp32",
     ):
@@ -59,6 +64,8 @@ class CandidateScorer(ABC):
         self.criterion = criterion
         self.batch_size = batch_size
         self.precision = precision
+        self.labels = labels_of(id_batches) if criterion is not None else None
+        self.num_id = sum(examples_in(split_batch(self.adapter, b)[0]) for b in id_batches)
 
     def numerics(self) -> contextlib.AbstractContextManager:
         """The forward passes' arithmetic: fp32 as the model is, or bf16 autocast (matrix products in bfloat16,
@@ -69,33 +76,47 @@ class CandidateScorer(ABC):
         return torch.autocast(device_type=device, dtype=torch.bfloat16)
 
     @abstractmethod
-    def score(self, removed: Sequence[Head], candidates: Sequence[Head], progress: Progress) -> dict[Head, float]:
-        """S with `removed` and each candidate turned off, for every candidate."""
+    def outputs(self, removed: Sequence[Head], candidates: Sequence[Head], progress: Progress) -> dict[Head, Tensor]:
+        """Model outputs (N_id + N_ood, K), float32 on the CPU, with `removed` and each candidate turned off."""
 
     @abstractmethod
+    def baseline_outputs(self, removed: Sequence[Head]) -> Tensor:
+        """Model outputs (N_id + N_ood, K) with only `removed` turned off."""
+
+    def score(self, removed: Sequence[Head], candidates: Sequence[Head], progress: Progress) -> dict[Head, float]:
+        """S with `removed` and each candidate turned off, for every candidate."""
+        return {head: self._criterion(out) for head, out in self.outputs(removed, candidates, progress).items()}
+
     def baseline(self, removed: Sequence[Head]) -> float:
         """S with only `removed` turned off."""
+        return self._criterion(self.baseline_outputs(removed))
+
+    def _criterion(self, logits: Tensor) -> float:
+        ood = logits[self.num_id :] if len(logits) > self.num_id else None
+        return self.criterion(logits[: self.num_id], self.labels, ood)
 
 
 class ReferenceScorer(CandidateScorer):
     """Literal: ablate, run the whole HF model over the data as given, restore — once per candidate."""
 
-    def score(self, removed: Sequence[Head], candidates: Sequence[Head], progress: Progress) -> dict[Head, float]:
-        scores = {}
+    def outputs(self, removed: Sequence[Head], candidates: Sequence[Head], progress: Progress) -> dict[Head, Tensor]:
+        outputs = {}
         for head in candidates:
-            scores[head] = self.baseline([*removed, head])
+            outputs[head] = self.baseline_outputs([*removed, head])
             progress(1)
-        return scores
+        return outputs
 
-    def baseline(self, removed: Sequence[Head]) -> float:
+    def baseline_outputs(self, removed: Sequence[Head]) -> Tensor:
         heads: dict[int, list[int]] = {}
         for layer, h in removed:
             heads.setdefault(layer, []).append(h)
-        with ablate_heads(self.model, heads), self.numerics():
-            id_logits = collect_member_logits(self.model, self.id_batches)[:, 0]  # (N, C)
-            ood_logits = collect_member_logits(self.model, self.ood_batches)[:, 0] if self.ood_batches else None
-        id_labels = labels_of(self.id_batches)
-        return self.criterion(id_logits, id_labels, ood_logits)
+        device = next(self.model.parameters()).device
+        parts = []
+        with ablate_heads(self.model, heads), self.numerics(), torch.no_grad():
+            for batch in self.id_batches + self.ood_batches:
+                inputs = to_device(split_batch(self.adapter, batch)[0], device)
+                parts.append(self.adapter.output(self.model, inputs).float().cpu())
+        return torch.cat(parts)
 
 
 class FastScorer(CandidateScorer):
@@ -106,29 +127,27 @@ class FastScorer(CandidateScorer):
         self.pruned = copy.deepcopy(self.model)  # the model with the removed heads pruned away
         self.removed: list[Head] = []
         self._build()
-        self.labels = torch.cat([torch.as_tensor(split_batch(self.adapter, b)[1]) for b in self.id_batches])
-        self.num_id = len(self.labels)
         device = next(self.model.parameters()).device
         self.chunks = [to_device(c, device) for c in rebatch(self.id_batches + self.ood_batches, self.batch_size)]
 
-    def score(self, removed: Sequence[Head], candidates: Sequence[Head], progress: Progress) -> dict[Head, float]:
+    def outputs(self, removed: Sequence[Head], candidates: Sequence[Head], progress: Progress) -> dict[Head, Tensor]:
         self._ablate(removed)
         by_layer: dict[int, list[Head]] = {}
         for head in candidates:
             by_layer.setdefault(head[0], []).append(head)
-        logits: dict[Head, list[Tensor]] = {head: [] for head in candidates}
+        outputs: dict[Head, list[Tensor]] = {head: [] for head in candidates}
         with torch.no_grad(), self.numerics():
             for chunk in self.chunks:
                 states, mask = self.engine.prefix(chunk, max(by_layer, default=-1))
                 for layer, heads in by_layer.items():
                     slots = [self.kept[layer].index(h) for _, h in heads]
-                    out = self._candidates(chunk, states[layer], mask, layer, slots)  # (C, B, classes)
-                    for head, head_logits in zip(heads, out):
-                        logits[head].append(head_logits.float().cpu())
+                    out = self._candidates(chunk, states[layer], mask, layer, slots)  # (C, B, K)
+                    for head, head_out in zip(heads, out):
+                        outputs[head].append(head_out.float().cpu())
         progress(len(candidates))
-        return {head: self._criterion(torch.cat(parts)) for head, parts in logits.items()}
+        return {head: torch.cat(parts) for head, parts in outputs.items()}
 
-    def baseline(self, removed: Sequence[Head]) -> float:
+    def baseline_outputs(self, removed: Sequence[Head]) -> Tensor:
         self._ablate(removed)
         parts = []
         with torch.no_grad(), self.numerics():
@@ -137,7 +156,7 @@ class FastScorer(CandidateScorer):
                 states, mask = self.engine.prefix(chunk, last)
                 x = self.engine.run_layers(states[-1], mask, start=last, queries=self.engine.head_tokens)
                 parts.append(self.engine.classify(x, chunk)[0].float().cpu())
-        return self._criterion(torch.cat(parts))
+        return torch.cat(parts)
 
     def first_order(self, removed: Sequence[Head]) -> dict[Head, float]:
         """First-order estimate of the criterion's smooth surrogate after turning each remaining head off.
@@ -172,12 +191,8 @@ class FastScorer(CandidateScorer):
                 estimates[(layer, head)] = base - (weight[:, cols] * grad[:, cols]).sum().item()
         return estimates
 
-    def _criterion(self, logits: Tensor) -> float:
-        ood = logits[self.num_id :] if len(logits) > self.num_id else None
-        return self.criterion(logits[: self.num_id], self.labels, ood)
-
     def _candidates(self, chunk: dict, x: Tensor, mask: Tensor | None, layer: int, slots: list[int]) -> Tensor:
-        """Logits (C, B, classes) of the candidates of one layer, as one batch of C x B streams."""
+        """Outputs (C, B, K) of the candidates of one layer, as one batch of C x B streams."""
         count, batch, queries = len(slots), x.shape[1], self.engine.head_tokens
         last = layer == self.engine.num_layers - 1
         y = self.engine.ablation_candidates(layer, x, mask, slots, queries if last else None)  # (C, B, T, d)

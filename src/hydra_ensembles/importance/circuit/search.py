@@ -265,15 +265,56 @@ def extract_circuit(
             f"budget must be between 1 and {len(candidates) - 1} (the model has {len(candidates)} heads and a "
             f"circuit keeps at least one), got {budget}."
         )
-    exact = search_method.exact and precision == "fp32"
-    search = "exact" if exact else f"{method}-{top}" + ("" if precision == "fp32" else f"-{precision}")
+    search = search_name(method, top, precision)
     identity = _identity(model, id_batches, ood_batches, criterion) | {"search": search}
-    state = _load_state(state_path, identity)
-    removed: list[Head] = [tuple(x) for x in state.get("removed", [])][:budget]
-    scores: list[float] = state.get("scores", [])[: len(removed)]
-    known = {(int(layer), int(h)): s for layer, h, s in state.get("known", [])}  # latest score of each head
-
     scorer = search_method.scorer(model, id_batches, ood_batches, score_fn, batch_size=batch_size, precision=precision)
+    removed, scores, baseline = greedy_removal(
+        candidates,
+        scorer,
+        budget,
+        search_method,
+        top,
+        identity,
+        state_path,
+        progress,
+        f"circuit ({criterion}, {method}",
+    )
+    return Circuit(
+        criterion=criterion,
+        removed=list(removed),
+        scores=scores,
+        baseline=baseline,
+        kept=kept,
+        num_heads=adapter.num_heads(model),
+        search=search,
+    )
+
+
+def search_name(method: str, top: int, precision: str) -> str:
+    """ "exact" for Algorithm 1's own ranking, else the approximation: method, `top`, precision."""
+    if METHODS[method].exact and precision == "fp32":
+        return "exact"
+    return f"{method}-{top}" + ("" if precision == "fp32" else f"-{precision}")
+
+
+def greedy_removal(
+    candidates: list[tuple],
+    scorer: CandidateScorer,
+    budget: int,
+    search_method: SearchMethod,
+    top: int,
+    identity: dict,
+    state_path: str | os.PathLike | None,
+    progress: bool,
+    desc: str,
+) -> tuple[list[tuple], list[float], float]:
+    """Algorithm 1's loop over any candidates (tuples of ints, or e.g. (tower, layer, head)), with any scorer
+    that has `score(removed, candidates, progress)` and `baseline(removed)`: (removal order, S after each
+    removal, S before any). Resumes from and saves to `state_path` (checked against `identity`)."""
+    state = _load_state(state_path, identity)
+    removed: list[tuple] = [tuple(x) for x in state.get("removed", [])][:budget]
+    scores: list[float] = state.get("scores", [])[: len(removed)]
+    known = {tuple(entry[:-1]): entry[-1] for entry in state.get("known", [])}  # latest score of each head
     baseline = state["baseline"] if "baseline" in state else scorer.baseline([])
     order = {head: i for i, head in enumerate(candidates)}
 
@@ -282,22 +323,22 @@ def extract_circuit(
 
     per_step = search_method.removals(top)
     if per_step < 1:
-        raise ValueError(f"method {method!r} removes `top` heads per step: top must be >= 1, got {top}.")
+        raise ValueError(f"this method removes `top` heads per step: top must be >= 1, got {top}.")
     steps = list(range(0, budget, per_step))  # heads removed before each step
     with tqdm(
         total=sum(evaluations(step) for step in steps),  # the whole extraction, known in advance
         initial=sum(evaluations(step) for step in steps if step < len(removed)),  # steps done before a resume
-        desc=f"circuit ({criterion}, {method}, {budget} steps)",
+        desc=f"{desc}, {budget} steps)",
         unit="cand",
         disable=not progress or not is_main(),
     ) as bar:
         while len(removed) < budget:
             step = len(removed)
-            remaining = [head for head in candidates if head not in removed]  # in (layer, head) order
+            remaining = [head for head in candidates if head not in removed]  # in candidate order
             remaining = search_method.shortlist(remaining, step, known, scorer, removed, top)  # sorts are stable
             remaining.sort(key=order.__getitem__)
             step_scores = gather_dict(scorer.score(removed, shard(remaining), lambda n: bar.update(n * world_size())))
-            # best first; ties: the earlier (layer, head)
+            # best first; ties: the earlier candidate
             ranked = sorted(remaining, key=lambda head: (-step_scores[head], order[head]))
             known.update(step_scores)
             for best in ranked[: min(per_step, budget - step)]:
@@ -312,19 +353,11 @@ def extract_circuit(
                         "removed": [list(x) for x in removed],
                         "scores": scores,
                         "baseline": baseline,
-                        "known": [[layer, h, s] for (layer, h), s in sorted(known.items())],
+                        "known": [[*head, s] for head, s in sorted(known.items())],
                     },
                 )
             barrier()
-    return Circuit(
-        criterion=criterion,
-        removed=list(removed),
-        scores=scores,
-        baseline=baseline,
-        kept=kept,
-        num_heads=adapter.num_heads(model),
-        search=search,
-    )
+    return removed, scores, baseline
 
 
 def _identity(model: nn.Module, id_batches: list[Batch], ood_batches: list[Batch], criterion: str) -> dict:

@@ -1,0 +1,227 @@
+"""Joint circuits over both towers of a two-tower (CLIP-style) model, scored zero-shot (paper 000, §D.3).
+
+The candidates are (tower, layer, head) for tower in ("image", "text"). Logits are zero-shot:
+
+    image embeddings  z_i = normalise(P_img pooled_img(x_i))                      (N, P)
+    class embeddings  w_c = normalise(mean_t normalise(P_txt pooled_txt(prompt(c, t))))   (C, P)
+    logits            logit_scale * z_i . w_c                                     (N, C)
+
+so ablating an image head changes the image embeddings and ablating a text head changes every class
+embedding. S_acc, S_ood and S_avg are Algorithm 1's criteria on those logits, and the greedy loop is the one of
+`extract_circuit`. Each tower is scored by its own candidate scorer — the fast one (prefix cache and batched
+candidates, per tower) or the literal reference — and `towers=("image",)` ranks the image tower alone (the
+text tower unpruned, §E.3.2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ...data.loaders import Batch, materialize
+from ...io import tensor_digest, write_json_atomic
+from ...outputs import labels_of
+from ...pruning import HeadMap, kept_heads
+from .criteria import CRITERIA
+from .search import METHODS, greedy_removal, search_name
+
+TOWERS = ("image", "text")
+JointHead = tuple[str, int, int]
+
+
+@dataclass
+class JointCircuit:
+    """The outcome of a joint circuit extraction: heads (tower, layer, head) in removal order, least useful
+    first; S after each removal and before any; each tower's head map when extraction started."""
+
+    criterion: str
+    removed: list[JointHead]
+    scores: list[float]
+    baseline: float
+    kept: dict[str, HeadMap]
+    search: str = "exact"
+
+    def head_maps(self, budget: int | None = None) -> dict[str, HeadMap]:
+        """Each tower's kept heads after removing the first `budget` heads of the ranking (all by default)."""
+        budget = len(self.removed) if budget is None else budget
+        if not 0 <= budget <= len(self.removed):
+            raise ValueError(f"budget must be in 0..{len(self.removed)} (the heads this circuit ranked), got {budget}.")
+        return split_heads(self.kept, self.removed[:budget])
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["removed"] = [list(x) for x in self.removed]
+        data["kept"] = {tower: {str(k): v for k, v in kept.items()} for tower, kept in self.kept.items()}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> JointCircuit:
+        return cls(
+            criterion=data["criterion"],
+            removed=[(str(tower), int(layer), int(head)) for tower, layer, head in data["removed"]],
+            scores=[float(s) for s in data["scores"]],
+            baseline=float(data["baseline"]),
+            kept={t: {int(k): [int(h) for h in v] for k, v in kept.items()} for t, kept in data["kept"].items()},
+            search=data.get("search", "exact"),
+        )
+
+    def save(self, path: str | os.PathLike) -> None:
+        write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> JointCircuit:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def split_heads(kept: dict[str, HeadMap], removed: Iterable[JointHead]) -> dict[str, HeadMap]:
+    """Each tower's head map once `removed` (tower, layer, head) are gone."""
+    gone = set(removed)
+    return {
+        tower: {layer: [h for h in heads if (tower, layer, h) not in gone] for layer, heads in tower_kept.items()}
+        for tower, tower_kept in kept.items()
+    }
+
+
+class JointScorer:
+    """Scores (tower, layer, head) candidates: each tower's scorer gives its outputs with the candidate off, the
+    other tower's embeddings are those of the current step (computed once per step)."""
+
+    def __init__(
+        self,
+        two_tower: Any,
+        id_batches: list[Batch],
+        ood_batches: list[Batch],
+        prompt_batches: list[Batch],
+        num_classes: int,
+        criterion,
+        scorer_class,
+        batch_size: int = 64,
+        precision: str = "fp32",
+    ):
+        options = {"batch_size": batch_size, "precision": precision}
+        self.scorers = {
+            "image": scorer_class(two_tower.image.encoder, id_batches, ood_batches, None, **options),
+            "text": scorer_class(two_tower.text.encoder, prompt_batches, [], None, **options),
+        }
+        self.projections = {"image": two_tower.image.projection, "text": two_tower.text.projection}
+        self.logit_scale, self.num_classes, self.criterion = two_tower.logit_scale, num_classes, criterion
+        self.labels, self.num_id = labels_of(id_batches), self.scorers["image"].num_id
+        self._current: dict[str, tuple[tuple, Tensor]] = {}  # tower -> (its removed heads, embeddings)
+
+    def score(self, removed: Sequence[JointHead], candidates: Sequence[JointHead], progress) -> dict[JointHead, float]:
+        scores = {}
+        for tower in TOWERS:
+            heads = [(layer, h) for t, layer, h in candidates if t == tower]
+            if not heads:
+                continue
+            current = {t: self._embeddings_now(t, removed) for t in TOWERS}
+            for (layer, h), out in self.scorers[tower].outputs(_of(tower, removed), heads, progress).items():
+                scores[(tower, layer, h)] = self._criterion(current | {tower: self._embeddings(tower, out)})
+        return scores
+
+    def baseline(self, removed: Sequence[JointHead]) -> float:
+        return self._criterion({t: self._embeddings_now(t, removed) for t in TOWERS})
+
+    def _embeddings_now(self, tower: str, removed: Sequence[JointHead]) -> Tensor:
+        key = tuple(_of(tower, removed))
+        if tower not in self._current or self._current[tower][0] != key:
+            outputs = self.scorers[tower].baseline_outputs(list(key))
+            self._current[tower] = (key, self._embeddings(tower, outputs))
+        return self._current[tower][1]
+
+    @torch.no_grad()
+    def _embeddings(self, tower: str, pooled: Tensor) -> Tensor:
+        """Image embeddings (N, P), or class embeddings (C, P) from the prompts' pooled outputs (C*T, d)."""
+        projection = self.projections[tower]
+        z = F.normalize(projection(pooled.to(projection.weight.dtype)).float(), dim=-1)
+        if tower == "text":
+            z = F.normalize(z.view(self.num_classes, -1, z.shape[-1]).mean(dim=1), dim=-1)
+        return z
+
+    def _criterion(self, embeddings: dict[str, Tensor]) -> float:
+        logits = self.logit_scale * embeddings["image"] @ embeddings["text"].T  # (N, C)
+        ood = logits[self.num_id :] if len(logits) > self.num_id else None
+        return self.criterion(logits[: self.num_id], self.labels, ood)
+
+
+def extract_joint_circuit(
+    two_tower: Any,
+    id_loader: Iterable[Batch],
+    ood_loader: Iterable[Batch] | None,
+    prompt_batches: Iterable[Batch],
+    num_classes: int,
+    criterion: str = "avg",
+    budget: int = 1,
+    *,
+    towers: Sequence[str] = TOWERS,
+    method: str = "fast",
+    batch_size: int = 64,
+    top: int = 8,
+    precision: str = "fp32",
+    state_path: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> JointCircuit:
+    """Rank the heads of a two-tower model's `towers` by greedy removal (Algorithm 1) under zero-shot logits.
+
+    Args:
+        two_tower: a `predictors.TwoTowerModel` (anything with `.image` / `.text` towers, each `.encoder` and
+            `.projection`, and `.logit_scale`); it is left unchanged.
+        id_loader: labelled ID images; ood_loader: OOD images (for "ood" and "avg").
+        prompt_batches: the tokenised `class_prompts(classes, templates)`, class-major, in order.
+        num_classes: C; the prompts are C x templates.
+        towers: whose heads are candidates: both (§D.3) or ("image",) (§E.3.2).
+        method, batch_size, top, precision, state_path, progress: as in `extract_circuit` ("fast" and
+            "reference" are exact; "lazy" and "multi" approximate; "screen" is not available here).
+    """
+    if criterion not in CRITERIA:
+        raise ValueError(f"unknown criterion {criterion!r}; choose from {sorted(CRITERIA)}.")
+    if method not in METHODS or method == "screen":
+        raise ValueError(
+            f"method must be one of {sorted(set(METHODS) - {'screen'})} for joint circuits, got {method!r}."
+        )
+    if not towers or any(t not in TOWERS for t in towers):
+        raise ValueError(f"towers must be a non-empty subset of {TOWERS}, got {list(towers)}.")
+    score_fn, search_method = CRITERIA[criterion], METHODS[method]
+    id_batches = materialize(id_loader, "id_loader")
+    if any(batch.get("labels") is None for batch in id_batches):
+        raise ValueError("id_loader batches need 'labels' (circuit scores use ID accuracy / MSP on labelled data).")
+    ood_batches = materialize(ood_loader, "ood_loader") if score_fn.needs_ood else []
+    prompts = materialize(prompt_batches, "prompt_batches")
+    kept = {tower: kept_heads(getattr(two_tower, tower).encoder) for tower in TOWERS}
+    candidates = [(t, layer, h) for t in TOWERS if t in towers for layer, heads in kept[t].items() for h in heads]
+    if not 1 <= budget < len(candidates):
+        raise ValueError(
+            f"budget must be between 1 and {len(candidates) - 1} ({len(candidates)} candidate heads in "
+            f"{list(towers)}), got {budget}."
+        )
+    scorer = JointScorer(
+        two_tower, id_batches, ood_batches, prompts, num_classes, score_fn, search_method.scorer, batch_size, precision
+    )
+    search = search_name(method, top, precision)
+    identity = {
+        "version": 1,
+        "criterion": criterion,
+        "towers": list(towers),
+        "search": search,
+        "logit_scale": two_tower.logit_scale,
+        "model": tensor_digest(t for _, t in sorted(two_tower.state_dict().items()) if isinstance(t, Tensor)),
+        "data": tensor_digest(
+            v for batch in id_batches + ood_batches + prompts for _, v in sorted(batch.items()) if isinstance(v, Tensor)
+        ),
+    }
+    removed, scores, baseline = greedy_removal(
+        candidates, scorer, budget, search_method, top, identity, state_path, progress, f"joint circuit ({criterion}"
+    )
+    return JointCircuit(criterion, list(removed), scores, baseline, kept, search)
+
+
+def _of(tower: str, removed: Iterable[JointHead]) -> list[tuple[int, int]]:
+    return [(layer, h) for t, layer, h in removed if t == tower]
