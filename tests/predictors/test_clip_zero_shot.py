@@ -187,3 +187,31 @@ def test_members_sampled_from_a_joint_circuit_fuse_per_tower_and_equal_the_membe
         fused = ensemble(**inputs).member_logits
         expected = member_logits_one_by_one(two_tower, inputs, prompts, len(CLASSES), image_maps, text_maps)
     assert (fused - expected).abs().max().item() <= CONTRACT * two_tower.logit_scale
+
+
+def test_taylor_scores_of_the_image_tower_read_the_zero_shot_logits():
+    """Taylor on the vision tower only (§C.3): the loss is the zero-shot cross-entropy; checked against the
+    saliency |w dL/dw| of CLIPModel's own vision q/k/v weights, head by head."""
+    from hydra_ensembles import taylor_head_scores
+
+    clip, tokenizer = tiny_clip(seed=5), WordTokenizer()
+    single = zero_shot_ensemble(TwoTowerModel.from_clip(clip), CLASSES, tokenizer, TEMPLATES)
+    data = [_images(seed=s, batch=6) | {"labels": torch.tensor([0, 1, 2, 3, 1, 2])} for s in (21, 22)]
+    got = taylor_head_scores(clip.vision_model, data, loss="cross_entropy", readout=single.readout(), progress=False)
+    classes = single.embeddings[0].detach()
+    layers = clip.vision_model.encoder.layers
+    weights = [
+        p
+        for layer in layers
+        for p in (layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight)
+    ]
+    total = 0
+    for batch in data:
+        image = F.normalize(clip.get_image_features(pixel_values=batch["pixel_values"]).pooler_output, dim=-1)
+        loss = F.cross_entropy(clip.logit_scale.exp().detach() * image @ classes.T, batch["labels"]) * 6 / 12
+        grads = torch.autograd.grad(loss, weights)
+        total = grads if total == 0 else [a + b for a, b in zip(total, grads)]
+    for layer in range(LAYERS):
+        per_proj = [(weights[3 * layer + i] * total[3 * layer + i]).abs().view(HEADS, -1).mean(dim=1) for i in range(3)]
+        expected = torch.stack(per_proj).mean(dim=0)
+        assert torch.allclose(got[layer], expected, rtol=1e-4, atol=1e-9)

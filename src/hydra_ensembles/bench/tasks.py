@@ -462,6 +462,14 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 DINOV2_PIXELS = 56  # 4 x 4 patches of 14: Fashion-MNIST's 28 px upsampled 2x
 
 
+def dinov2_pixels(images: Tensor) -> Tensor:
+    """DINOv2's input from grey (N, 28, 28) images in [0, 1]: 56 px bicubic, 3 channels, ImageNet mean/std."""
+    mean = torch.tensor(IMAGENET_MEAN)[None, :, None, None]
+    std = torch.tensor(IMAGENET_STD)[None, :, None, None]
+    big = torch.nn.functional.interpolate(images[:, None], size=DINOV2_PIXELS, mode="bicubic", align_corners=False)
+    return (big.clamp(0, 1).expand(-1, 3, -1, -1) - mean) / std  # (N, 3, 56, 56)
+
+
 def dinov2_task(size: str = "full") -> Task:
     """DINOv2-S (pretrained, 12 layers x 6 heads) fine-tuned on the image task's splits (paper §C.1, §D.2).
 
@@ -477,14 +485,7 @@ def dinov2_task(size: str = "full") -> Task:
     circuit_count = 96 if quick else 160  # exact search: ~25 min per circuit at 160 + 80 images on 2 cores
     data = image_splits(quick, circuit_count)
     path = dinov2_small()
-    mean = torch.tensor(IMAGENET_MEAN)[None, :, None, None]
-    std = torch.tensor(IMAGENET_STD)[None, :, None, None]
-
-    def pixels(images: Tensor) -> Tensor:
-        big = torch.nn.functional.interpolate(images[:, None], size=DINOV2_PIXELS, mode="bicubic", align_corners=False)
-        return (big.clamp(0, 1).expand(-1, 3, -1, -1) - mean) / std  # (N, 3, 56, 56)
-
-    batches = _image_batches(pixels)
+    batches = _image_batches(dinov2_pixels)
 
     def new_model(seed: int) -> nn.Module:
         torch.manual_seed(seed)  # the new classifier

@@ -21,8 +21,9 @@ Batch = Mapping[str, Any]
 
 _TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 # What a batch may carry besides the model's inputs: what training losses read, never fed to the model.
-# labels (B,): classes; teacher_outputs (B, M, C): a teacher's member logits (or (B, M, 2) Gaussians) on this batch.
-TARGETS = ("labels", "teacher_outputs")
+# labels (B,): classes; teacher_outputs (B, M, C): a teacher's member logits (or (B, M, 2) Gaussians) on this batch;
+# image_embeds (B, P): the paired images' embeddings, for training a text tower contrastively.
+TARGETS = ("labels", "teacher_outputs", "image_embeds")
 
 
 def materialize(loader: Iterable[Batch], name: str) -> list[Batch]:

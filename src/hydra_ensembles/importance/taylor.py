@@ -13,7 +13,7 @@ the model runs in eval mode (no dropout), so the scores do not depend on how the
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -33,6 +33,7 @@ def taylor_head_scores(
     loss: str = "auto",
     temperature: float = 1 / 15,
     sequential_budget: int | Sequence[int] | None = None,
+    readout: Callable[[Tensor], Tensor] | None = None,
     progress: bool = True,
 ) -> Tensor:
     """Score every attention head; higher = more important.
@@ -43,6 +44,9 @@ def taylor_head_scores(
         loss: "cross_entropy", "entropy" (label-free, paper 002 §3.3), "similarity" (label-free, Eq. 5-7 on the
             [CLS] token) or "auto" (cross-entropy when the model is a classifier and every batch has labels,
             entropy otherwise).
+        readout: maps the model's output (an encoder's pooled embedding (B, d)) to logits (B, C), e.g. the
+            zero-shot head of a two-tower model (`ZeroShotEnsemble.readout()`): the loss then reads those logits
+            and the model counts as a classifier.
         temperature: tau of the similarity entropy used for encoders without a classifier.
         sequential_budget: heads to prune per layer (one int, or one per layer) for the prune-and-recompute mode:
             layers are scored in order 0..L-1 and, on a copy of the model, layer l's lowest-scoring heads are
@@ -57,17 +61,18 @@ def taylor_head_scores(
     batches = materialize(loader, "calibration loader")
     if loss == "auto":
         labelled = all(batch.get("labels") is not None for batch in batches)
-        loss = "cross_entropy" if adapter.is_classifier(model) and labelled else "entropy"
+        loss = "cross_entropy" if (adapter.is_classifier(model) or readout) and labelled else "entropy"
     taylor_loss(loss)  # an unknown name fails here, before any work
     num_layers = adapter.num_layers(model)
+    settings = (loss, temperature, readout, progress)
     if sequential_budget is None:
-        return _scores(model, batches, range(num_layers), loss, temperature, progress, "Taylor scores")
+        return _scores(model, batches, range(num_layers), *settings, "Taylor scores")
     budgets = per_layer(sequential_budget, num_layers, "sequential_budget")
     work = copy.deepcopy(model)
     scores = torch.full((num_layers, adapter.num_heads(model)), float("nan"))
     for layer in range(num_layers):
         desc = f"Taylor scores, layer {layer + 1}/{num_layers}"
-        scores[layer] = _scores(work, batches, [layer], loss, temperature, progress, desc)[layer]
+        scores[layer] = _scores(work, batches, [layer], *settings, desc)[layer]
         kept = kept_heads(work)[layer]
         if budgets[layer] >= len(kept):
             raise ValueError(
@@ -85,6 +90,7 @@ def _scores(
     layers: Iterable[int],
     loss: str,
     temperature: float,
+    readout: Callable[[Tensor], Tensor] | None,
     progress: bool,
     desc: str,
 ) -> Tensor:
@@ -96,11 +102,12 @@ def _scores(
     grads = [torch.zeros_like(w, dtype=torch.float32) for w in weights]
     total = sum(batch_size(split_batch(adapter, batch)[0]) for batch in batches)
     device = next(model.parameters()).device
-    classifier, criterion = adapter.is_classifier(model), taylor_loss(loss)
+    classifier, criterion = adapter.is_classifier(model) or readout is not None, taylor_loss(loss)
     with gradients_for(model, weights):
         for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
             inputs, labels = split_batch(adapter, batch)
             output = loss_input(criterion, adapter, model, to_device(inputs, device))
+            output = readout(output) if readout is not None else output
             weight = batch_size(inputs) / total
             value = criterion(output, labels, classifier=classifier, temperature=temperature)
             for acc, g in zip(grads, torch.autograd.grad(value * weight, weights)):

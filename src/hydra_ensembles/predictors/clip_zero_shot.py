@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import safetensors.torch
@@ -164,6 +164,16 @@ class ZeroShotEnsemble(nn.Module):
         batches = _tokenised(tokenizer, prompts, batch_size)
         self.embeddings = class_embeddings(self.text, batches, len(classes))
         self.classes, self.templates = list(classes), list(templates)
+
+    def readout(self, member: int = 0) -> Callable[[Tensor], Tensor]:
+        """Member `member`'s zero-shot head as a function of its image encoder's pooled output: (B, d) -> logits
+        (B, C), differentiable (e.g. `taylor_head_scores(image_encoder, ..., readout=...)`)."""
+        classes = self.embeddings[min(member, len(self.embeddings) - 1)]  # (C, P)
+
+        def logits(pooled: Tensor) -> Tensor:
+            return self.logit_scale * F.normalize(self.image.projection(pooled), dim=-1) @ classes.T.to(pooled.dtype)
+
+        return logits
 
     def forward(self, **inputs) -> PredictorOutput:
         images, classes = self.image(**inputs), self.embeddings  # (B, M or 1, P), (M or 1, C, P)

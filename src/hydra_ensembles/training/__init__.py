@@ -2,7 +2,7 @@
 recipes, optimisers and schedules (recipes.py). Fine-tuning is the loop with cross-entropy."""
 
 from .loop import CHECKPOINT, finetune, last_hidden_states, recover, train, validate
-from .losses import CrossEntropy, DistillKL, FeatureMSE, GaussianKL, GaussianNLL, gaussian_kl
+from .losses import Contrastive, CrossEntropy, DistillKL, FeatureMSE, GaussianKL, GaussianNLL, gaussian_kl
 from .recipes import AMP_RECOVERY, IMAGE_RECIPE, OPTIMIZERS, SCHEDULES, TEXT_RECIPE, TrainConfig
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "OPTIMIZERS",
     "SCHEDULES",
     "TEXT_RECIPE",
+    "Contrastive",
     "CrossEntropy",
     "DistillKL",
     "GaussianKL",

@@ -149,3 +149,30 @@ class FeatureMSE:
         mask = batch.get("attention_mask")
         valid = torch.ones_like(rest) if mask is None else mask[:, 1:].to(rest.dtype)
         return (first + (rest * valid).sum(dim=1) / valid.sum(dim=1).clamp_min(1)).mean()
+
+
+class Contrastive:
+    """The CLIP / LiT loss for training a text tower against fixed image embeddings (paper 000 §D.3 trains
+    CLIP's text tower with the image tower locked, after LiT): the symmetric InfoNCE of the logits
+    s * v_i . t_j between the batch's image embeddings v (`image_embeds`, normalised) and text embeddings t,
+
+        L = (CE(s V T^T, Y) + CE(s T V^T, Y)) / 2,   Y_ij = [labels_i == labels_j] / #{k: labels_k == labels_i},
+
+    where captions of one class are all positives of each other (class captions repeat in a batch; CLIP's
+    one-positive targets would push a caption away from its own class). `output` = (t (B, P), s) from the
+    forward: the embeddings and the learnt logit scale."""
+
+    name = "contrastive"
+
+    def __call__(self, output: tuple[Tensor, Tensor], batch: dict[str, Any]) -> Tensor:
+        texts, scale = output
+        images = batch.get("image_embeds")
+        if images is None or batch.get("labels") is None:
+            raise ValueError("the contrastive loss needs batches with 'image_embeds' and 'labels'.")
+        texts = F.normalize(texts.float(), dim=-1)
+        images = F.normalize(images.to(texts.device).float(), dim=-1)
+        labels = batch["labels"].to(texts.device)
+        same = (labels[:, None] == labels[None, :]).float()
+        targets = same / same.sum(dim=1, keepdim=True)  # symmetric: rows and columns of `same` alike
+        logits = scale * images @ texts.T  # (B images, B texts)
+        return (F.cross_entropy(logits, targets) + F.cross_entropy(logits.T, targets)) / 2

