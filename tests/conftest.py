@@ -136,6 +136,24 @@ def make_inputs(kind: str, batch: int = 4, seed: int = 1) -> dict[str, torch.Ten
     return {"input_ids": ids, "attention_mask": mask}
 
 
+def tiny_clip(seed: int = 0) -> T.CLIPModel:
+    """A two-tower CLIPModel of the tiny sizes (projection 16), text rows ending with EOS."""
+    torch.manual_seed(seed)
+    text = dict(vocab_size=VOCAB, max_position_embeddings=24, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=0)
+    config = T.CLIPConfig(text_config=text | SIZES, vision_config=IMAGE | SIZES, projection_dim=16)
+    return T.CLIPModel(config).eval()
+
+
+class WordTokenizer:
+    """A stand-in for CLIP's tokenizer (no vocabulary files offline): BOS, one id per word, EOS, zero padding."""
+
+    def __call__(self, texts, padding=True, truncation=True, return_tensors="pt"):
+        rows = [[BOS, *(3 + sum(map(ord, w)) % 85 for w in t.split()), EOS] for t in texts]
+        width = max(map(len, rows))
+        ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+        return {"input_ids": ids, "attention_mask": (ids != 0).long() | (ids == BOS).long()}
+
+
 def random_head_maps(num_members: int, seed: int = 0, min_heads: int = 0) -> list[dict[int, list[int]]]:
     """Members with different head counts per layer and per member, including a layer left with one head and
     (when min_heads = 0) a layer with no head at all; member 0 keeps one head in layer 0."""

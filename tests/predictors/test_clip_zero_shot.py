@@ -5,8 +5,7 @@ definition, and the predictor saves, reloads and plugs into temperature scaling 
 import pytest
 import torch
 import torch.nn.functional as F
-import transformers as T
-from conftest import BOS, EOS, HEADS, IMAGE, LAYERS, SIZES, VOCAB, random_head_maps
+from conftest import HEADS, LAYERS, WordTokenizer, random_head_maps, tiny_clip
 from tolerances import CONTRACT
 
 from hydra_ensembles.evaluation.report import classification_metrics
@@ -24,23 +23,6 @@ from hydra_ensembles.predictors.clip_zero_shot import class_embeddings, member_l
 
 CLASSES = ["cat", "dog", "small red car", "tree"]
 TEMPLATES = ["a photo of a {}.", "a drawing of the {}"]
-
-
-def tiny_clip(seed: int = 0) -> T.CLIPModel:
-    torch.manual_seed(seed)
-    text = dict(vocab_size=VOCAB, max_position_embeddings=24, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=0)
-    config = T.CLIPConfig(text_config=text | SIZES, vision_config=IMAGE | SIZES, projection_dim=16)
-    return T.CLIPModel(config).eval()
-
-
-class WordTokenizer:
-    """A stand-in for CLIP's tokenizer (no vocabulary files offline): BOS, one id per word, EOS, zero padding."""
-
-    def __call__(self, texts, padding=True, truncation=True, return_tensors="pt"):
-        rows = [[BOS, *(3 + sum(map(ord, w)) % 85 for w in t.split()), EOS] for t in texts]
-        width = max(map(len, rows))
-        ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
-        return {"input_ids": ids, "attention_mask": (ids != 0).long() | (ids == BOS).long()}
 
 
 def _images(seed=1, batch=5):

@@ -10,6 +10,8 @@ tasks' Deep Ensemble and Hydra Ensemble distilled into transformer students.
 amp-text, amp-image-dinov2: adaptive MLP pruning (paper 002) of the task's single model — a delta-E sweep, the
 criteria, uniform-width baselines, each before and after recovery — and Hydra Ensembles on the pruned base
 against the unpruned one (writes amp.md, amp.json).
+zero-shot: a LiT-style two-tower model (DINOv2-S locked + MiniLM, trained here once) classifying Fashion-MNIST
+zero-shot, and its training-free Hydra Ensembles (both towers or the image tower pruned; Table 3's shape).
 Writes table.md, table.json (every number of every seed, the command, the machine), reliability.png,
 ood_scores.png and head_importance.png. Everything trained is cached (--cache) and reused; an interrupted run
 resumes at the first missing row. A full text seed takes about 36 minutes on 2 CPU cores, an image seed 18.
@@ -22,7 +24,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..bench import amp, distillation
+from ..bench import amp, distillation, zero_shot
 from ..bench.suite import ALL_ROWS, ROWS, head_sweep
 from ..bench.suite import run as run_suite
 from ..bench.tasks import TASKS
@@ -36,7 +38,7 @@ AMP = {"amp-text": "text", "amp-image-dinov2": "image-dinov2"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("task", choices=sorted(TASKS) + sorted(DISTILL) + sorted(AMP))
+    parser.add_argument("task", choices=sorted(TASKS) + sorted(DISTILL) + sorted(AMP) + sorted(zero_shot.TASKS))
     parser.add_argument("--quick", action="store_true", help="one seed, small splits, short training")
     parser.add_argument("--seeds", type=int, nargs="+", help="default: 0 1 2 (quick: 0)")
     parser.add_argument(
@@ -72,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         return _distill(args)
     if args.task in AMP:
         return _amp(args)
+    if args.task in zero_shot.TASKS:
+        return _zero_shot(args)
     task = TASKS[args.task]("quick" if args.quick else "full")
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     out = args.out or Path("benchmarks") / "results" / (task.name + ("-quick" if args.quick else ""))
@@ -122,5 +126,17 @@ def _amp(args: argparse.Namespace) -> int:
         progress=not args.quiet,
     )
     print((out / "amp.md").read_text())
+    print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
+    return 0
+
+
+def _zero_shot(args: argparse.Namespace) -> int:
+    task = zero_shot.TASKS[args.task]("quick" if args.quick else "full")
+    seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    out = args.out or Path("benchmarks") / "results" / (args.task + ("-quick" if args.quick else ""))
+    cache = (args.cache or cache_dir() / "bench") / ("quick" if args.quick else "full")
+    command = "hydra-ens " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    summary = zero_shot.run(task, seeds, out, cache, command=command, progress=not args.quiet)
+    print((out / "table.md").read_text())
     print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
     return 0
