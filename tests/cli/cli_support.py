@@ -135,3 +135,22 @@ def image_classifier(tmp_path_factory) -> Path:
     T.ViTForImageClassification(config).save_pretrained(root)
     T.ViTImageProcessor(size={"height": 16, "width": 16}).save_pretrained(root)
     return root
+
+
+@pytest.fixture(scope="session")
+def clip_model(tmp_path_factory) -> Path:
+    """A tiny two-tower CLIPModel as a user would have it: config, weights, tokenizer, image processor. The
+    tokenizer is WordPiece over a small vocabulary ([CLS] ... [SEP]); the text tower pools at [SEP]."""
+    root = tmp_path_factory.mktemp("tiny-clip")
+    words = ["a", "an", "photo", "picture", "of", "the", "bright", "dark", "image", "grey"]
+    vocab = {token: i for i, token in enumerate(SPECIAL + words)}
+    T.BertTokenizer(vocab=vocab).save_pretrained(root)
+    sizes = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+    text = dict(vocab_size=len(vocab), max_position_embeddings=32, pad_token_id=0, bos_token_id=2, eos_token_id=3)
+    torch.manual_seed(0)
+    config = T.CLIPConfig(
+        text_config=text | sizes, vision_config=dict(image_size=16, patch_size=4) | sizes, projection_dim=16
+    )
+    T.CLIPModel(config).save_pretrained(root)
+    T.CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16}).save_pretrained(root)
+    return root

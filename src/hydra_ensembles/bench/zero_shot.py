@@ -39,7 +39,8 @@ from ..importance import JointCircuit, extract_joint_circuit, taylor_head_scores
 from ..io import write_json_atomic
 from ..members import sample_members
 from ..outputs import collect_member_logits, labels_of
-from ..predictors import TemperatureScaled, TwoTowerModel, class_prompts, fit_temperature, zero_shot_ensemble
+from ..predictors import TemperatureScaled, TwoTowerModel, fit_temperature, zero_shot_ensemble
+from ..predictors.clip_zero_shot import prompt_batches
 from ..version import __version__
 
 ROWS = (
@@ -152,9 +153,7 @@ class _Builder:
         path = self.cache / f"{name}.json"
         if not path.exists():
             task = self.task
-            prompts = [
-                dict(self.tokenizer(class_prompts(task.classes, task.templates), padding=True, return_tensors="pt"))
-            ]
+            prompts = prompt_batches(self.tokenizer, task.classes, task.templates, self.model.text)
             circuit = extract_joint_circuit(
                 self.model,
                 task.circuit_id,
@@ -245,15 +244,10 @@ def _run_seed(task: ZeroShotTask, seed: int, cache: Path, rows: Sequence[str], p
 
 
 def _heads(predictor: nn.Module) -> str:
-    """Heads kept (image + text), per member: e.g. "60+72 x3"."""
-    from ..pruning import kept_heads
-
+    """Heads kept (image + text) by the first member, x members: e.g. "60+72 x3"."""
     model = getattr(predictor, "model", predictor)  # a temperature-scaled wrapper
-    counts = []
-    for tower in (model.image.encoder, model.text.encoder):
-        maps = tower.head_maps if hasattr(tower, "head_maps") else [kept_heads(tower)]
-        counts.append(sum(len(h) for h in maps[0].values()))
-    return f"{counts[0]}+{counts[1]}" + (f" x{model.num_members}" if model.num_members > 1 else "")
+    image, text = model.head_counts()[0]
+    return f"{image}+{text}" + (f" x{model.num_members}" if model.num_members > 1 else "")
 
 
 def markdown(summary: dict) -> str:

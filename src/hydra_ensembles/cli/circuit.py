@@ -3,6 +3,9 @@
 At each step the head whose removal keeps the criterion S highest is removed ("avg": the mean of ID accuracy and
 the AUROC of MSP separating ID from OOD). Writes circuit.json (the removal order and S after each step). The
 search state is saved after every step in circuit_state.json: an interrupted run resumes where it stopped.
+
+A two-tower (CLIP-style) model with --classes: a joint circuit over both towers' heads (§D.3; --towers image
+for the image tower alone), scored on zero-shot logits; `members --circuit` then samples zero-shot members.
 """
 
 from __future__ import annotations
@@ -10,21 +13,30 @@ from __future__ import annotations
 import argparse
 
 from ..adapters import get_adapter
-from ..importance import extract_circuit
+from ..importance import extract_circuit, extract_joint_circuit
 from ..importance.circuit import CRITERIA, METHODS
+from ..predictors import TwoTowerModel, ZeroShotEnsemble
+from ..predictors.clip_zero_shot import prompt_batches
+from ..pruning import kept_heads
 from .common import (
+    CommandError,
     add_data_options,
     add_output_options,
+    add_zero_shot_options,
     check_model_dir,
     data_settings,
     fingerprint_path,
+    is_two_tower,
     load_predictor,
     model_config,
+    prompt_tokenizer,
     read_data,
     start_step,
+    zero_shot_options,
 )
 
-EXAMPLE = "hydra-ens circuit --model my-classifier --data val.csv --ood ood-val.txt --budget 48 --out circuit"
+EXAMPLE = """hydra-ens circuit --model my-classifier --data val.csv --ood ood-val.txt --budget 48 --out circuit
+hydra-ens circuit --model clip-dir --classes "cat,dog,car" --data val-photos/ --ood ood-photos/ --out circuit"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,8 +67,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="fp32",
         help="bf16: score candidates under bfloat16 autocast (faster on CPUs with AMX; approximate)",
     )
+    parser.add_argument(
+        "--towers",
+        choices=("image,text", "image"),
+        default="image,text",
+        help="two-tower models: whose heads the circuit ranks (default: both)",
+    )
     add_output_options(parser)
     add_data_options(parser)
+    add_zero_shot_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,23 +84,26 @@ def run(args: argparse.Namespace) -> int:
         "model": fingerprint_path(model_dir, "--model"),
         "data": fingerprint_path(args.data, "--data"),
         "ood": fingerprint_path(args.ood, "--ood") if args.ood else None,
-        **{k: getattr(args, k) for k in ("criterion", "budget", "method", "top", "precision")},
+        **{k: getattr(args, k) for k in ("criterion", "budget", "method", "top", "precision", "towers")},
+        "zero_shot": vars(zero_shot_options(args)),
         **data_settings(args),
     }
     out = start_step(args, "circuit", settings, "circuit.json")
     if out is None:
         return 0
-    model = load_predictor(model_dir)
+    model = load_predictor(model_dir, zero_shot=zero_shot_options(args))
     config = model_config(model)
     id_data = read_data(args, args.data, model_dir, config, labelled=True, flag="--data")
     if CRITERIA[args.criterion].needs_ood and not args.ood:
         raise ValueError(f"criterion {args.criterion!r} needs OOD validation data: pass --ood PATH.")
     ood_data = read_data(args, args.ood, model_dir, config, labelled=False, flag="--ood") if args.ood else None
-    heads = get_adapter(model).num_layers(model) * get_adapter(model).num_heads(model)
-    budget = args.budget if args.budget is not None else 2 * (heads // 3)  # members' default pool (paper: 100 of 144)
     state = out.path / "circuit_state.json"
     if state.exists():
         print(f"resuming from {state}")
+    if isinstance(model, ZeroShotEnsemble):
+        return _joint(args, out, model_dir, model, id_data, ood_data, state)
+    heads = get_adapter(model).num_layers(model) * get_adapter(model).num_heads(model)
+    budget = args.budget if args.budget is not None else 2 * (heads // 3)  # members' default pool (paper: 100 of 144)
     circuit = extract_circuit(
         model,
         id_data.batches,
@@ -109,4 +131,52 @@ def run(args: argparse.Namespace) -> int:
         f"{circuit.scores[-1]:.4f} -> {out.path}/circuit.json"
     )
     print(f"  removal order (layer, head): {circuit.removed[:12]}{' ...' if len(circuit.removed) > 12 else ''}")
+    return 0
+
+
+def _joint(args, out, model_dir, model, id_data, ood_data, state) -> int:
+    """A joint circuit of a two-tower model (its checkpoint, not a saved ensemble of pruned members)."""
+    if not is_two_tower(model_dir):
+        raise CommandError(
+            f"--model {str(model_dir)!r} is a zero-shot ensemble of pruned members; extract circuits from the "
+            "two-tower checkpoint it was made from."
+        )
+    towers = tuple(args.towers.split(","))
+    two_tower = TwoTowerModel.from_pretrained(model_dir)
+    prompts = prompt_batches(prompt_tokenizer(model_dir), model.classes, model.templates, two_tower.text)
+    heads = sum(sum(len(h) for h in kept_heads(getattr(two_tower, tower).encoder).values()) for tower in towers)
+    budget = args.budget if args.budget is not None else max(2, heads // 5)  # the paper's pool: 2 x 10 % of the heads
+    circuit = extract_joint_circuit(
+        two_tower,
+        id_data.batches,
+        ood_data.batches if ood_data else None,
+        prompts,
+        len(model.classes),
+        args.criterion,
+        budget,
+        towers=towers,
+        method=args.method,
+        top=args.top,
+        precision=args.precision,
+        state_path=state,
+        progress=not args.quiet,
+    )
+    circuit.save(out.path / "circuit.json")
+    out.finish(
+        {
+            "removed": [list(h) for h in circuit.removed],
+            "baseline": circuit.baseline,
+            "final": circuit.scores[-1],
+            "search": circuit.search,
+            "joint": True,
+            "classes": model.classes,
+            "templates": model.templates,
+        }
+    )
+    search = "exact search" if circuit.search == "exact" else f"approximate search {circuit.search}"
+    print(
+        f"removed {len(circuit.removed)} heads of {'+'.join(towers)} ({search}); S ({args.criterion}) "
+        f"{circuit.baseline:.4f} -> {circuit.scores[-1]:.4f} -> {out.path}/circuit.json"
+    )
+    print(f"  removal order (tower, layer, head): {circuit.removed[:8]}{' ...' if len(circuit.removed) > 8 else ''}")
     return 0

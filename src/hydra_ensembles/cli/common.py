@@ -24,6 +24,7 @@ from ..data.files import Examples, image_batches, label_ids, read_examples, text
 from ..fusion import HydraEnsemble
 from ..fusion.ensemble import CONFIG_NAME as HYDRA_CONFIG
 from ..io import PREDICTOR_FILE, write_json_atomic
+from ..predictors.clip_zero_shot import DEFAULT_TEMPLATES, TWO_TOWER_FILE, TwoTowerModel, ZeroShotEnsemble
 from ..version import __version__
 
 RECORD = "hydra-ens.json"  # in every output directory: the command, its settings, and what it produced
@@ -60,10 +61,11 @@ def check_model_dir(path: str | os.PathLike, what: str = "--model") -> Path:
     )
     if inner:
         path = path / inner
-    if not any((path / name).is_file() for name in ("config.json", HYDRA_CONFIG, PREDICTOR_FILE)):
+    if not any((path / name).is_file() for name in ("config.json", HYDRA_CONFIG, PREDICTOR_FILE, TWO_TOWER_FILE)):
         raise CommandError(
             f"{what} {str(path)!r} is not a model directory: it has neither config.json (a Hugging Face "
-            f"checkpoint), {HYDRA_CONFIG} (a saved Hydra Ensemble) nor {PREDICTOR_FILE} (a saved baseline)."
+            f"checkpoint), {HYDRA_CONFIG} (a saved Hydra Ensemble), {PREDICTOR_FILE} (a saved baseline) nor "
+            f"{TWO_TOWER_FILE} (a two-tower model)."
         )
     return path
 
@@ -88,12 +90,26 @@ def is_ensemble(path: Path) -> bool:
     return (path / HYDRA_CONFIG).is_file()
 
 
-def load_predictor(path: str | os.PathLike, what: str = "--model") -> nn.Module:
-    """Any saved predictor (`hydra_ensembles.predictors.load_predictor`) that classifies, in eval mode."""
+def load_predictor(path: str | os.PathLike, what: str = "--model", zero_shot: ZeroShot | None = None) -> nn.Module:
+    """Any saved predictor (`hydra_ensembles.predictors.load_predictor`) that classifies, in eval mode. A
+    two-tower model (an HF CLIPModel or a saved `TwoTowerModel`) classifies zero-shot the `zero_shot` classes;
+    a saved zero-shot ensemble its own classes, or those."""
     path = check_model_dir(path, what)
+    if is_two_tower(path):
+        if zero_shot is None or not zero_shot.classes:
+            raise CommandError(
+                f"{what} {str(path)!r} is a two-tower model: it classifies zero-shot, so name the classes with "
+                "--classes 'cat,dog,car' (and optionally --templates 'a photo of a {}.|a drawing of a {}.')."
+            )
+        templates = zero_shot.templates or list(DEFAULT_TEMPLATES)
+        two_tower = TwoTowerModel.from_pretrained(path)
+        return predictors.zero_shot_ensemble(two_tower, zero_shot.classes, prompt_tokenizer(path), templates)
     model = predictors.load_predictor(path)
     inner = base_model(model)
-    if isinstance(inner, HydraEnsemble):
+    if isinstance(inner, ZeroShotEnsemble):
+        if zero_shot is not None and zero_shot.classes:
+            inner.set_classes(zero_shot.classes, zero_shot.templates or inner.templates, prompt_tokenizer(path))
+    elif isinstance(inner, HydraEnsemble):
         if not inner.is_classifier:
             raise CommandError(f"{what} {str(path)!r} is an ensemble of encoders without a classifier.")
     elif not get_adapter(inner).is_classifier(inner):
@@ -101,7 +117,70 @@ def load_predictor(path: str | os.PathLike, what: str = "--model") -> nn.Module:
             f"{what} {str(path)!r} is a {type(inner).__name__}, which has no classifier; fine-tune it first "
             "(hydra-ens finetune gives it a classification head from your labelled data)."
         )
+    elif zero_shot is not None and zero_shot.classes:
+        raise CommandError(f"--classes applies to two-tower models; {what} {str(path)!r} is a classifier.")
     return model
+
+
+@dataclass
+class ZeroShot:
+    """The --classes and --templates of a zero-shot command (None: not given)."""
+
+    classes: list[str] | None
+    templates: list[str] | None
+
+
+def add_zero_shot_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("zero-shot (two-tower / CLIP-style models)")
+    group.add_argument(
+        "--classes",
+        help="classify zero-shot with these class names: comma-separated, or a .txt file with one per line",
+    )
+    group.add_argument(
+        "--templates",
+        help="prompt templates with {} for the class name: '|'-separated, or a .txt file with one per line "
+        f"(default: {DEFAULT_TEMPLATES[0]!r})",
+    )
+
+
+def zero_shot_options(args: argparse.Namespace) -> ZeroShot:
+    """The parsed --classes / --templates."""
+
+    def parse(value: str | None, separator: str) -> list[str] | None:
+        if value is None:
+            return None
+        items = Path(value).read_text().splitlines() if value.endswith(".txt") else value.split(separator)
+        items = [item.strip() for item in items if item.strip()]
+        if not items:
+            raise CommandError(f"{value!r} names nothing: give at least one entry.")
+        return items
+
+    zero_shot = ZeroShot(parse(getattr(args, "classes", None), ","), parse(getattr(args, "templates", None), "|"))
+    if zero_shot.templates and any("{}" not in t for t in zero_shot.templates):
+        raise CommandError(f"every --templates entry needs '{{}}' where the class name goes: {zero_shot.templates}.")
+    if zero_shot.templates and not zero_shot.classes:
+        raise CommandError("--templates needs --classes (the class names to put in them).")
+    return zero_shot
+
+
+def is_two_tower(path: Path) -> bool:
+    """A saved `TwoTowerModel`, or an HF CLIPModel checkpoint."""
+    if (path / TWO_TOWER_FILE).is_file():
+        return True
+    config = path / "config.json"
+    return (
+        config.is_file()
+        and json.loads(config.read_text()).get("model_type") == "clip"
+        and ("CLIPModel" in json.loads(config.read_text()).get("architectures", ["CLIPModel"]))
+    )
+
+
+def prompt_tokenizer(path: Path):
+    """The text tower's tokenizer: in the model directory, or in its text/ sub-directory."""
+    for where in (path, path / "text"):
+        if any((where / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
+            return transformers.AutoTokenizer.from_pretrained(where)
+    raise CommandError(f"{str(path)!r} has no tokenizer files (for the class prompts); save the tokenizer there.")
 
 
 def base_model(model: nn.Module) -> nn.Module:
@@ -113,7 +192,7 @@ def base_model(model: nn.Module) -> nn.Module:
 
 def model_config(model: nn.Module) -> transformers.PretrainedConfig:
     inner = base_model(model)
-    return inner.model_config if isinstance(inner, HydraEnsemble) else inner.config
+    return inner.model_config if isinstance(inner, HydraEnsemble) else inner.config  # zero-shot: its classes
 
 
 def class_names(model: nn.Module) -> list[str]:

@@ -23,11 +23,13 @@ from ..evaluation.tables import CONVENTIONS, aggregate, per_set_lines, table_lin
 from ..fusion import HydraEnsemble
 from ..io import write_json_atomic
 from ..outputs import labels_of
+from ..predictors import ZeroShotEnsemble
 from ..pruning import kept_heads
 from .common import (
     CommandError,
     add_data_options,
     add_output_options,
+    add_zero_shot_options,
     base_model,
     check_model_dir,
     class_names,
@@ -39,6 +41,7 @@ from .common import (
     named_sources,
     read_data,
     start_step,
+    zero_shot_options,
 )
 
 EXAMPLE = """hydra-ens evaluate --model single=my-classifier --model hydra=hydra --data test.csv \\
@@ -64,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_output_options(parser)
     add_data_options(parser)
+    add_zero_shot_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     settings = {
         "models": {name: fingerprint_path(path, f"--model {name}") for name, path in models.items()},
         "data": fingerprint_path(args.data, "--data"),
+        "zero_shot": vars(zero_shot_options(args)),
         "sets": {group: {n: fingerprint_path(p, f"--{group}") for n, p in s.items()} for group, s in sets.items()},
         **data_settings(args),
     }
@@ -86,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     results, logits, labels, classes, predictors, first_batches = {}, {}, None, None, {}, {}
     for name, path in models.items():
         model_dir = check_model_dir(path, f"--model {name}")
-        model = load_predictor(model_dir, f"--model {name}")
+        model = load_predictor(model_dir, f"--model {name}", zero_shot=zero_shot_options(args))
         config = model_config(model)
         if classes is not None and class_names(model) != classes:
             raise CommandError(
@@ -150,8 +155,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _heads(model) -> str:
-    """Kept heads per member, e.g. "36 + 36 + 36"."""
+    """Kept heads per member, e.g. "36 + 36 + 36" (zero-shot: image+text, "60+72 + 62+70")."""
     inner = base_model(model)
+    if isinstance(inner, ZeroShotEnsemble):
+        return " + ".join(f"{image}+{text}" for image, text in inner.head_counts())
     maps = inner.head_maps if isinstance(inner, HydraEnsemble) else [kept_heads(inner)]
     counts = [sum(len(h) for h in head_map.values()) for head_map in maps]
     return " + ".join(str(c) for c in counts)

@@ -7,6 +7,10 @@ a third of the heads, from a pool of twice as many. Members are always distinct;
 identical members are refused (--allow-identical makes them anyway). Writes members.json (every member's kept
 heads) and member0/, member1/, ... (HF checkpoints that `load_model` restores). Fine-tune them with
 `hydra-ens finetune --model <this dir>`.
+
+A joint circuit of a two-tower model (`circuit --classes ...`): the members are zero-shot — no fine-tuning —
+so this writes model/, the zero-shot Hydra Ensemble itself (each tower's members fused), for `evaluate` and
+`predict`; the classes and templates are the circuit's unless --classes / --templates are given.
 """
 
 from __future__ import annotations
@@ -17,17 +21,23 @@ from pathlib import Path
 
 import safetensors.torch
 
-from ..importance import Circuit
+from ..importance import Circuit, JointCircuit
 from ..members import build_members, sample_members
+from ..predictors import TwoTowerModel, zero_shot_ensemble
 from ..pruning import save_model
 from .common import (
+    RECORD,
     CommandError,
     add_output_options,
+    add_zero_shot_options,
     check_model_dir,
     copy_preprocessor,
     fingerprint_path,
+    is_two_tower,
     load_predictor,
+    prompt_tokenizer,
     start_step,
+    zero_shot_options,
 )
 
 EXAMPLE = """hydra-ens members --model my-classifier --scores scores --num-members 3 --budget 6 --pool 8 --out members
@@ -56,6 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--allow-identical", action="store_true", help="accept identical members (refused by default: no diversity)"
     )
     add_output_options(parser)
+    add_zero_shot_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,10 +76,13 @@ def run(args: argparse.Namespace) -> int:
         "model": fingerprint_path(model_dir, "--model"),
         "source": fingerprint_path(source_path, "--scores" if args.scores else "--circuit"),
         **{k: getattr(args, k) for k in ("num_members", "budget", "pool", "seed", "allow_identical")},
+        "zero_shot": vars(zero_shot_options(args)),
     }
     out = start_step(args, "members", settings)
     if out is None:
         return 0
+    if args.circuit and "image" in json.loads(source_path.read_text())["kept"]:
+        return _zero_shot_members(args, out, model_dir, source_path)
     model = load_predictor(model_dir)
     source = safetensors.torch.load_file(source_path)["scores"] if args.scores else Circuit.load(source_path)
     try:
@@ -92,6 +106,45 @@ def run(args: argparse.Namespace) -> int:
         print(f"member{index}: keeps {kept} heads, per layer {[len(h) for h in head_map.values()]}")
     out.finish({"members": len(head_maps)})
     print(f"wrote {len(head_maps)} members -> {out.path}")
+    return 0
+
+
+def _zero_shot_members(args: argparse.Namespace, out, model_dir: Path, source_path: Path) -> int:
+    """Members from a joint circuit of a two-tower model: the zero-shot ensemble, written to out/model."""
+    if not is_two_tower(model_dir):
+        raise CommandError(
+            f"--circuit {str(source_path)!r} is a joint (two-tower) circuit; --model must be the "
+            "two-tower checkpoint it was extracted from."
+        )
+    record = source_path.parent / RECORD
+    made = json.loads(record.read_text()).get("results", {}) if record.is_file() else {}
+    zero_shot = zero_shot_options(args)
+    classes, templates = zero_shot.classes or made.get("classes"), zero_shot.templates or made.get("templates")
+    if not classes:
+        raise CommandError("name the classes with --classes (the circuit's record does not say them).")
+    try:
+        members = sample_members(
+            JointCircuit.load(source_path),
+            num_members=args.num_members,
+            budget=args.budget,
+            pool=args.pool,
+            seed=args.seed,
+            allow_identical=args.allow_identical,
+        )
+    except ValueError as error:
+        raise CommandError(str(error).replace("allow_identical=True", "--allow-identical")) from None
+    image, text = [m["image"] for m in members], [m["text"] for m in members]
+    two_tower = TwoTowerModel.from_pretrained(model_dir)
+    ensemble = zero_shot_ensemble(
+        two_tower, classes, prompt_tokenizer(model_dir), templates or ["a photo of a {}."], image, text
+    )
+    ensemble.save_pretrained(out.path / "model")
+    for where in (model_dir, model_dir / "text"):
+        copy_preprocessor(where, out.path / "model")
+    for index, (image_counts, text_counts) in enumerate(ensemble.head_counts()):
+        print(f"member{index}: keeps {image_counts} image and {text_counts} text heads")
+    out.finish({"model_dir": "model", "members": len(members), "classes": classes})
+    print(f"wrote a zero-shot Hydra Ensemble of {len(members)} members -> {out.path}/model")
     return 0
 
 

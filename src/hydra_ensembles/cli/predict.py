@@ -21,15 +21,18 @@ from ..uncertainty import ensemble_probs, mutual_information
 from .common import (
     CommandError,
     add_data_options,
+    add_zero_shot_options,
     check_model_dir,
     class_names,
     load_predictor,
     model_config,
     read_data,
+    zero_shot_options,
 )
 
 EXAMPLE = """hydra-ens predict --model hydra --inputs new-articles.txt --calibration val.csv
-hydra-ens predict --model hydra --inputs photos/ --calibration val-photos/ --format jsonl --output p.jsonl"""
+hydra-ens predict --model hydra --inputs photos/ --calibration val-photos/ --format jsonl --output p.jsonl
+hydra-ens predict --model clip-dir --classes "cat,dog,car" --inputs photos/ --calibration val-photos/  # zero-shot"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("table", "jsonl"), default="table")
     parser.add_argument("--output", help="write here instead of stdout")
     add_data_options(parser)
+    add_zero_shot_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.tpr <= 1:
         raise CommandError(f"--tpr must be in (0, 1], got {args.tpr}.")
     model_dir = check_model_dir(args.model)
-    model = load_predictor(model_dir)
+    model = load_predictor(model_dir, zero_shot=zero_shot_options(args))
     config = model_config(model)
     score_fn = OOD_SCORES[args.score]
     progress = not args.quiet

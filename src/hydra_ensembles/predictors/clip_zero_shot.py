@@ -35,7 +35,7 @@ from ..fusion import HydraEnsemble
 from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ..members import build_members
 from ..outputs import PredictorOutput
-from ..pruning import HeadMap, load_model, save_model
+from ..pruning import HeadMap, kept_heads, load_model, save_model
 
 KIND = "zero_shot"
 TWO_TOWER_FILE = "two_tower.json"
@@ -157,11 +157,25 @@ class ZeroShotEnsemble(nn.Module):
     def num_members(self) -> int:
         return max(_members(self.image.encoder), _members(self.text.encoder))
 
+    def head_counts(self) -> list[tuple[int, int]]:
+        """(image heads, text heads) kept by each member."""
+        counts = []
+        for tower in (self.image.encoder, self.text.encoder):
+            maps = tower.head_maps if isinstance(tower, HydraEnsemble) else [kept_heads(tower)]
+            counts.append([sum(len(heads) for heads in head_map.values()) for head_map in maps])
+        members = self.num_members
+        return [(counts[0][m % len(counts[0])], counts[1][m % len(counts[1])]) for m in range(members)]
+
+    @property
+    def config(self) -> transformers.PretrainedConfig:
+        """A config that names the classes (`id2label`, `label2id`), as a classifier's does."""
+        labels = dict(enumerate(self.classes))
+        return transformers.PretrainedConfig(id2label=labels, label2id={v: k for k, v in labels.items()})
+
     @torch.no_grad()
     def set_classes(self, classes: Sequence[str], templates: Sequence[str], tokenizer, batch_size: int = 64) -> None:
         """Recompute the class embeddings (once per member) for `classes` x `templates`."""
-        prompts = class_prompts(classes, templates)
-        batches = _tokenised(tokenizer, prompts, batch_size)
+        batches = prompt_batches(tokenizer, classes, templates, self.text, batch_size)
         self.embeddings = class_embeddings(self.text, batches, len(classes))
         self.classes, self.templates = list(classes), list(templates)
 
@@ -266,11 +280,16 @@ def _tower(tower: Tower, head_maps: Sequence[HeadMap] | None) -> Tower:
     return Tower(HydraEnsemble.fuse(members, mlp="average", allow_identical=True).eval(), tower.projection)
 
 
-def _tokenised(tokenizer, texts: list[str], batch_size: int) -> list[dict]:
-    return [
-        dict(tokenizer(texts[i : i + batch_size], padding=True, truncation=True, return_tensors="pt"))
-        for i in range(0, len(texts), batch_size)
-    ]
+def prompt_batches(
+    tokenizer, classes: Sequence[str], templates: Sequence[str], text: Tower, batch_size: int = 64
+) -> list[dict]:
+    """The tokenised `class_prompts`, in order, with only the inputs the text tower reads."""
+    prompts = class_prompts(classes, templates)
+    batches = []
+    for start in range(0, len(prompts), batch_size):
+        tokens = tokenizer(prompts[start : start + batch_size], padding=True, truncation=True, return_tensors="pt")
+        batches.append({k: v for k, v in tokens.items() if k in text.input_names})
+    return batches
 
 
 def _adapter(encoder: nn.Module):
