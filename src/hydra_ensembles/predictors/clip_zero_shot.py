@@ -121,10 +121,10 @@ def class_prompts(classes: Sequence[str], templates: Sequence[str] = DEFAULT_TEM
 
 
 @torch.no_grad()
-def class_embeddings(text: Tower, prompt_batches: Sequence[dict], num_classes: int) -> Tensor:
+def class_embeddings(text: Tower, prompts: Sequence[dict], num_classes: int) -> Tensor:
     """(M, C, P): per member, the normalised mean over templates of the normalised prompt embeddings.
-    `prompt_batches`: the tokenised `class_prompts`, in order."""
-    embedded = torch.cat([text(**batch) for batch in prompt_batches])  # (C*T, M, P), normalised
+    `prompts`: the tokenised `class_prompts`, in order (`prompt_batches`)."""
+    embedded = torch.cat([text(**batch) for batch in prompts])  # (C*T, M, P), normalised
     if embedded.shape[0] % num_classes:
         raise ValueError(f"{embedded.shape[0]} prompts do not split evenly into {num_classes} classes.")
     per_class = embedded.view(num_classes, -1, *embedded.shape[1:]).mean(dim=1)  # (C, M, P)
@@ -249,7 +249,7 @@ def zero_shot_ensemble(
 def member_logits_one_by_one(
     two_tower: TwoTowerModel,
     inputs: dict,
-    prompt_batches: Sequence[dict],
+    prompts: Sequence[dict],
     num_classes: int,
     image_head_maps: Sequence[HeadMap] | None,
     text_head_maps: Sequence[HeadMap] | None,
@@ -263,7 +263,7 @@ def member_logits_one_by_one(
             Tower(build_members(tower.encoder, [maps[m]])[0] if maps else tower.encoder, tower.projection)
             for tower, maps in ((two_tower.image, image_head_maps), (two_tower.text, text_head_maps))
         ]
-        embeddings = class_embeddings(towers[1], prompt_batches, num_classes)[0]  # (C, P)
+        embeddings = class_embeddings(towers[1], prompts, num_classes)[0]  # (C, P)
         logits.append(two_tower.logit_scale * towers[0](**inputs)[:, 0] @ embeddings.T)
     return torch.stack(logits, dim=1)
 
