@@ -75,6 +75,7 @@ class ZeroShotTask:
     taylor_per_layer: int
     taylor_pool: int
     members: int = 3
+    model_version: int = 1  # bump when the model the task builds changes (the cache key)
     notes: list[str] = field(default_factory=list)
 
     def fingerprint(self) -> str:
@@ -279,7 +280,7 @@ def fmnist_task(size: str = "full") -> ZeroShotTask:
     import transformers
 
     from .tasks import HELD_OUT, _image_batches, dinov2_pixels, image_splits
-    from .two_tower import EVAL_TEMPLATES, FASHION_NAMES, LIT_LABEL, lit_model
+    from .two_tower import EVAL_TEMPLATES, FASHION_NAMES, LIT_LABEL, LIT_VERSION, lit_model
 
     if size not in ("full", "quick"):
         raise ValueError(f"unknown zero-shot task size {size!r}; choose 'full' or 'quick'.")
@@ -306,6 +307,7 @@ def fmnist_task(size: str = "full") -> ZeroShotTask:
         pool=24,
         taylor_per_layer=1,
         taylor_pool=2,
+        model_version=LIT_VERSION,
         notes=[
             f"{LIT_LABEL}: trained contrastively (3 epochs) on captions of the image task's Fashion-MNIST training "
             f"images of 7 of its 8 ID classes ({', '.join(held_out)} held out) and of 5,000 MNIST digits; never "
