@@ -136,11 +136,13 @@ def make_inputs(kind: str, batch: int = 4, seed: int = 1) -> dict[str, torch.Ten
     return {"input_ids": ids, "attention_mask": mask}
 
 
-def tiny_clip(seed: int = 0) -> T.CLIPModel:
-    """A two-tower CLIPModel of the tiny sizes (projection 16), text rows ending with EOS."""
+def tiny_clip(seed: int = 0, dropout: float = 0.0) -> T.CLIPModel:
+    """A two-tower CLIPModel of the tiny sizes (projection 16), text rows ending with EOS; `dropout` in both
+    towers (so that anything run in training mode by mistake shows)."""
     torch.manual_seed(seed)
     text = dict(vocab_size=VOCAB, max_position_embeddings=24, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=0)
-    config = T.CLIPConfig(text_config=text | SIZES, vision_config=IMAGE | SIZES, projection_dim=16)
+    drop = dict(dropout=dropout, attention_dropout=dropout)
+    config = T.CLIPConfig(text_config=text | SIZES | drop, vision_config=IMAGE | SIZES | drop, projection_dim=16)
     return T.CLIPModel(config).eval()
 
 

@@ -22,7 +22,7 @@ def _images(seed, count=8, labelled=True):
 def tiny_task() -> zero_shot.ZeroShotTask:
     return zero_shot.ZeroShotTask(
         name="tiny-zero-shot",
-        two_tower=lambda path: TwoTowerModel.from_clip(tiny_clip(seed=3)),
+        two_tower=lambda path, progress: TwoTowerModel.from_clip(tiny_clip(seed=3, dropout=0.3)),
         tokenizer=lambda path: WordTokenizer(),
         classes=CLASSES,
         templates=TEMPLATES,

@@ -294,3 +294,14 @@ def test_bf16_search_is_labelled_approximate_and_ranks_distinct_heads(tmp_path):
     assert he.Circuit.load(tmp_path / "c.json").search == "fast-8-bf16"
     with pytest.raises(ValueError, match="precision must be one of"):
         he.extract_circuit(model, id_batches, ood_batches, "avg", 2, precision="fp16", progress=False)
+
+
+def test_reference_scores_a_model_left_in_training_mode_without_dropout():
+    """The literal scorer evaluates in eval mode (as the fast one does) and gives the model its mode back."""
+    model = MODELS["bert"]()
+    data = [make_inputs("bert", seed=s) | {"labels": torch.tensor([0, 1, 2, 1])} for s in (1, 2)]
+    ood = [make_inputs("bert", seed=5)]
+    fast = he.extract_circuit(model, data, ood, "avg", 3, progress=False)
+    model.train()
+    reference = he.extract_circuit(model, data, ood, "avg", 3, method="reference", progress=False)
+    assert reference.removed == fast.removed and model.training

@@ -197,3 +197,17 @@ def test_taylor_scores_of_the_image_tower_read_the_zero_shot_logits():
         per_proj = [(weights[3 * layer + i] * total[3 * layer + i]).abs().view(HEADS, -1).mean(dim=1) for i in range(3)]
         expected = torch.stack(per_proj).mean(dim=0)
         assert torch.allclose(got[layer], expected, rtol=1e-4, atol=1e-9)
+
+
+def test_class_embeddings_are_computed_without_dropout_whatever_the_mode():
+    """A tower left in training mode (a wrapper's evaluation restores the mode it found) must not put dropout
+    noise into the class embeddings: they are computed in eval mode and the mode is given back."""
+    two_tower, tokenizer = TwoTowerModel.from_clip(tiny_clip(seed=2, dropout=0.5)), WordTokenizer()
+    reference = zero_shot_ensemble(two_tower.eval(), CLASSES, tokenizer, TEMPLATES).embeddings
+    for _ in range(2):
+        two_tower.train()
+        assert torch.equal(zero_shot_ensemble(two_tower, CLASSES, tokenizer, TEMPLATES).embeddings, reference)
+    two_tower.train()
+    prompts = [tokenizer(class_prompts(CLASSES, TEMPLATES))]
+    assert torch.equal(class_embeddings(two_tower.text, prompts, len(CLASSES)), reference)
+    assert two_tower.text.training  # given back in the mode it came in

@@ -60,7 +60,7 @@ class ZeroShotTask:
     """A zero-shot benchmark: the model, the classes and prompts, the data, the pruning settings."""
 
     name: str
-    two_tower: Callable[[Path], TwoTowerModel]  # a directory -> the model (built there once)
+    two_tower: Callable[[Path, bool], TwoTowerModel]  # (a directory, progress) -> the model (built there once)
     tokenizer: Callable[[Path], object]  # the same directory -> its text tokenizer
     classes: list[str]
     templates: list[str]
@@ -101,7 +101,7 @@ class _Builder:
 
     def __init__(self, task: ZeroShotTask, seed: int, cache: Path, progress: bool):
         self.task, self.seed, self.cache, self.progress = task, seed, cache, progress
-        self.model = task.two_tower(cache / "two_tower")
+        self.model = task.two_tower(cache / "two_tower", progress)
         self.tokenizer = task.tokenizer(cache / "two_tower")
 
     def row(self, name: str) -> nn.Module:
@@ -293,7 +293,7 @@ def fmnist_task(size: str = "full") -> ZeroShotTask:
     held_out = ("bag",)
     return ZeroShotTask(
         name="zero-shot-fmnist",
-        two_tower=lambda path: lit_model(path, held_out=held_out),
+        two_tower=lambda path, progress: lit_model(path, held_out=held_out, progress=progress),
         tokenizer=lambda path: transformers.AutoTokenizer.from_pretrained(path / "model" / "text"),
         classes=[FASHION_NAMES[c] for c in ids],
         templates=list(EVAL_TEMPLATES),

@@ -123,8 +123,13 @@ def class_prompts(classes: Sequence[str], templates: Sequence[str] = DEFAULT_TEM
 @torch.no_grad()
 def class_embeddings(text: Tower, prompts: Sequence[dict], num_classes: int) -> Tensor:
     """(M, C, P): per member, the normalised mean over templates of the normalised prompt embeddings.
-    `prompts`: the tokenised `class_prompts`, in order (`prompt_batches`)."""
-    embedded = torch.cat([text(**batch) for batch in prompts])  # (C*T, M, P), normalised
+    `prompts`: the tokenised `class_prompts`, in order (`prompt_batches`). The tower runs in eval mode (no
+    dropout), whatever mode it is in, and is put back in it."""
+    was_training = text.training
+    try:
+        embedded = torch.cat([text.eval()(**batch) for batch in prompts])  # (C*T, M, P), normalised
+    finally:
+        text.train(was_training)
     if embedded.shape[0] % num_classes:
         raise ValueError(f"{embedded.shape[0]} prompts do not split evenly into {num_classes} classes.")
     per_class = embedded.view(num_classes, -1, *embedded.shape[1:]).mean(dim=1)  # (C, M, P)

@@ -111,11 +111,14 @@ class ReferenceScorer(CandidateScorer):
         for layer, h in removed:
             heads.setdefault(layer, []).append(h)
         device = next(self.model.parameters()).device
-        parts = []
-        with ablate_heads(self.model, heads), self.numerics(), torch.no_grad():
-            for batch in self.id_batches + self.ood_batches:
-                inputs = to_device(split_batch(self.adapter, batch)[0], device)
-                parts.append(self.adapter.output(self.model, inputs).float().cpu())
+        parts, was_training = [], self.model.training
+        try:
+            with ablate_heads(self.model.eval(), heads), self.numerics(), torch.no_grad():
+                for batch in self.id_batches + self.ood_batches:
+                    inputs = to_device(split_batch(self.adapter, batch)[0], device)
+                    parts.append(self.adapter.output(self.model, inputs).float().cpu())
+        finally:
+            self.model.train(was_training)  # evaluated without dropout, whatever mode it came in
         return torch.cat(parts)
 
 
