@@ -305,3 +305,13 @@ def test_reference_scores_a_model_left_in_training_mode_without_dropout():
     model.train()
     reference = he.extract_circuit(model, data, ood, "avg", 3, method="reference", progress=False)
     assert reference.removed == fast.removed and model.training
+
+
+def test_auto_runs_the_exact_search_when_affordable_and_says_which_it_used():
+    model, (id_batches, ood_batches) = MODELS["bert"](), _data()
+    exact = he.extract_circuit(model, id_batches, ood_batches, "avg", 4, method="fast", progress=False)
+    auto = he.extract_circuit(model, id_batches, ood_batches, "avg", 4, progress=False)  # the default
+    assert auto.removed == exact.removed and auto.search == "exact" and "exact search estimated" in auto.note
+    hurried = he.extract_circuit(model, id_batches, ood_batches, "avg", 4, time_budget=1e-9, progress=False)
+    assert hurried.search == "multi-8-bf16" and "> budget" in hurried.note  # nothing fits: the cheapest
+    assert len(hurried.removed) == 4 and len(set(hurried.removed)) == 4

@@ -51,9 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--method",
-        choices=sorted(METHODS),
-        default="fast",
-        help="fast (exact, default), reference (exact, slow), screen / lazy / multi (approximate)",
+        choices=["auto", *sorted(METHODS)],
+        default="auto",
+        help="auto (default): fast (exact) if its estimated time fits --time-budget, else the approximate multi "
+        "that does; fast, reference (exact); screen / lazy / multi (approximate)",
+    )
+    parser.add_argument(
+        "--time-budget", type=float, default=30.0, help="minutes the exact search may take under --method auto"
     )
     parser.add_argument(
         "--top",
@@ -84,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         "model": fingerprint_path(model_dir, "--model"),
         "data": fingerprint_path(args.data, "--data"),
         "ood": fingerprint_path(args.ood, "--ood") if args.ood else None,
-        **{k: getattr(args, k) for k in ("criterion", "budget", "method", "top", "precision", "towers")},
+        **{k: getattr(args, k) for k in ("criterion", "budget", "method", "time_budget", "top", "precision", "towers")},
         "zero_shot": vars(zero_shot_options(args)),
         **data_settings(args),
     }
@@ -111,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         args.criterion,
         budget,
         method=args.method,
+        time_budget=60 * args.time_budget,
         top=args.top,
         precision=args.precision,
         state_path=state,
@@ -123,9 +128,12 @@ def run(args: argparse.Namespace) -> int:
             "baseline": circuit.baseline,
             "final": circuit.scores[-1],
             "search": circuit.search,
+            "note": circuit.note,
         }
     )
     search = "exact search" if circuit.search == "exact" else f"approximate search {circuit.search}"
+    if circuit.note:
+        print(f"search: {circuit.note}")
     print(
         f"removed {len(circuit.removed)} heads ({search}); S ({args.criterion}) {circuit.baseline:.4f} -> "
         f"{circuit.scores[-1]:.4f} -> {out.path}/circuit.json"
@@ -155,7 +163,7 @@ def _joint(args, out, model_dir, model, id_data, ood_data, state) -> int:
         args.criterion,
         budget,
         towers=towers,
-        method=args.method,
+        method="fast" if args.method == "auto" else args.method,  # joint circuits: exact unless told otherwise
         top=args.top,
         precision=args.precision,
         state_path=state,

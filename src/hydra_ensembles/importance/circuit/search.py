@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from abc import ABC
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -38,6 +39,7 @@ from .criteria import CRITERIA, CircuitCriterion
 from .scoring import CandidateScorer, FastScorer, Head, ReferenceScorer
 
 STATE_VERSION = 1
+BF16_SPEEDUP = 2.7  # measured on this project's 2-core AMX CPU for a BERT-base model (docs/circuits.md)
 
 
 # ---- the result ----
@@ -53,6 +55,7 @@ class Circuit:
     kept: the model's head map when extraction started (all heads for an unpruned model).
     search: "exact" (Algorithm 1's own ranking: method "fast" or "reference" in fp32), else the approximation
         used, e.g. "multi-4-bf16" (method, `top`, precision).
+    note: why that search (method "auto": the exact search's estimated time against the time budget).
     """
 
     criterion: str
@@ -62,6 +65,7 @@ class Circuit:
     kept: HeadMap
     num_heads: int
     search: str = "exact"
+    note: str = ""
 
     def head_map(self, budget: int | None = None) -> HeadMap:
         """Kept heads after removing the first `budget` heads of the ranking (all of it by default)."""
@@ -95,6 +99,7 @@ class Circuit:
             kept={int(k): [int(h) for h in v] for k, v in data["kept"].items()},
             num_heads=int(data["num_heads"]),
             search=data.get("search", "exact"),
+            note=data.get("note", ""),
         )
 
     def save(self, path: str | os.PathLike) -> None:
@@ -210,7 +215,8 @@ def extract_circuit(
     criterion: str = "avg",
     budget: int = 1,
     *,
-    method: str = "fast",
+    method: str = "auto",
+    time_budget: float = 1800.0,
     batch_size: int = 16,
     top: int = 8,
     precision: str = "fp32",
@@ -225,7 +231,10 @@ def extract_circuit(
         ood_loader: OOD validation batches (labels unused); required for "ood" and "avg".
         criterion: "acc", "ood", "avg", or a name added with `register_criterion`.
         budget: number of heads to remove, 1 <= budget < number of heads.
-        method: "fast" (default, exact: prefix caching and batched candidates, see `importance.circuit.scoring`),
+        method: "auto" (default): "fast" if its estimated time (a sample of the first step's candidates, timed)
+            is within `time_budget` seconds, else the approximate "multi" with the fewest heads removed per step
+            (2, 4 or 8; then also bf16) that fits; `Circuit.search` and `Circuit.note` say which ran and why.
+            "fast" (exact: prefix caching and batched candidates, see `importance.circuit.scoring`),
             "reference" (the literal loop, one full evaluation per candidate), or one of two approximate modes
             that score exactly only `top` candidates per step: "lazy" (the best-scoring so far; every head is
             scored at the first step) or "screen" (the best by a first-order estimate of the change in a smooth
@@ -246,10 +255,9 @@ def extract_circuit(
     adapter = get_adapter(model)
     if criterion not in CRITERIA:
         raise ValueError(f"unknown criterion {criterion!r}; choose from {sorted(CRITERIA)}.")
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose from {sorted(METHODS)}.")
-    score_fn, search_method = CRITERIA[criterion], METHODS[method]
-    search_method.check(score_fn, criterion)
+    if method not in METHODS and method != "auto":
+        raise ValueError(f"unknown method {method!r}; choose from {sorted(METHODS) + ['auto']}.")
+    score_fn = CRITERIA[criterion]
     if not adapter.is_classifier(model):
         raise ValueError(
             f"circuit extraction scores accuracy and MSP, which needs a classifier; {type(model).__name__} has none."
@@ -265,6 +273,15 @@ def extract_circuit(
             f"budget must be between 1 and {len(candidates) - 1} (the model has {len(candidates)} heads and a "
             f"circuit keeps at least one), got {budget}."
         )
+    note = ""
+    if method == "auto":
+        method, top, precision, note = _auto(
+            model, id_batches, ood_batches, candidates, budget, batch_size, time_budget, top, precision
+        )
+        if progress and is_main():
+            tqdm.write(f"circuit search: {note}")
+    search_method = METHODS[method]
+    search_method.check(score_fn, criterion)
     search = search_name(method, top, precision)
     identity = _identity(model, id_batches, ood_batches, criterion) | {"search": search}
     scorer = search_method.scorer(model, id_batches, ood_batches, score_fn, batch_size=batch_size, precision=precision)
@@ -287,6 +304,36 @@ def extract_circuit(
         kept=kept,
         num_heads=adapter.num_heads(model),
         search=search,
+        note=note,
+    )
+
+
+def _auto(
+    model, id_batches, ood_batches, candidates, budget, batch_size, time_budget, top, precision
+) -> tuple[str, int, str, str]:
+    """(method, top, precision, note): the fast search (at the `precision` asked for) if its estimated time fits
+    `time_budget`, else the least approximate "multi" that does. The estimate times the fast scorer on an evenly
+    spread sample of the first step's candidates; a step costs in proportion to the candidates left."""
+    scorer = FastScorer(model, id_batches, ood_batches, None, batch_size=batch_size)  # outputs only
+    sample = candidates[:: max(1, len(candidates) // 12)]
+    started = time.perf_counter()
+    scorer.outputs([], sample, lambda n: None)
+    per_candidate = (time.perf_counter() - started) / len(sample)
+    exact = per_candidate * sum(len(candidates) - step for step in range(budget))
+    minutes = f"exact search estimated at {exact / 60:.1f} min"
+    if exact <= time_budget:  # the fast search, at the precision asked for
+        return "fast", top, precision, f"{minutes} (budget {time_budget / 60:.0f} min): fast, {precision}"
+    options = ((2, "fp32", 2), (4, "fp32", 4), (8, "fp32", 8), (8, "bf16", 8 * BF16_SPEEDUP))
+    top, precision, speedup = next((o for o in options if exact / o[2] <= time_budget), options[-1])
+    return (
+        "multi",
+        top,
+        precision,
+        (
+            f"{minutes} > budget {time_budget / 60:.0f} min: approximate multi-{top}"
+            + ("" if precision == "fp32" else f"-{precision}")
+            + f" (~{exact / speedup / 60:.0f} min; its agreement with the exact ranking: docs/circuits.md)"
+        ),
     )
 
 
