@@ -25,7 +25,6 @@ import dataclasses
 import json
 import math
 import os
-import platform
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from ..adapters import get_adapter
-from ..cost import count_flops, predictor_latency
+from ..cost import count_flops
 from ..evaluation.report import measure
 from ..evaluation.tables import CONVENTIONS, aggregate, render, table_lines
 from ..fusion import HydraEnsemble
@@ -51,8 +50,7 @@ from ..members import build_members
 from ..predictors import load_predictor, save_predictor
 from ..pruning import kept_neurons
 from ..training import AMP_RECOVERY, TrainConfig, recover
-from ..version import __version__
-from .suite import _Builder, run_seed
+from .suite import _Builder, run_record, run_seed, time_predictors
 from .tasks import Task
 
 DELTAS = (0.01, 0.02, 0.05, 0.1, 0.2)
@@ -270,8 +268,7 @@ def free_latency(task: Task, seed: int, seed_cache: Path, delta: float, repeats:
     on_amp = _Builder(task, seed, seed_cache / "amp" / base_name, progress=False, base=lambda: base)
     predictors = {row: unpruned.row(row)[0] for row in HYDRA_ROWS}
     predictors |= {FREE_NAMES[row]: on_amp.row(row)[0] for row in HYDRA_ROWS}
-    print(f"timing {len(predictors)} rows, interleaved, {repeats} rounds", flush=True)
-    return predictor_latency(predictors, {row: task.test[0] for row in predictors}, repeats)
+    return time_predictors(predictors, task.test[0], repeats)
 
 
 TABLES = (
@@ -302,13 +299,7 @@ def experiment(
         seed: amp_seed(task, seed, cache / f"seed{seed}", deltas, flops_target, recovery, pruning_examples, progress)
         for seed in seeds
     }
-    summary = {
-        "task": task.name,
-        "command": command,
-        "seeds": list(seeds),
-        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads",
-        "library_version": __version__,
+    summary = run_record(task.name, command, seeds) | {
         "settings": {
             "deltas": list(deltas),
             "flops_target": flops_target,

@@ -94,13 +94,7 @@ def run(
     rows = _check_rows(rows)
     out_dir, cache = Path(out_dir), Path(cache_dir) / f"{task.name}-{task.fingerprint()}"
     per_seed = {seed: run_seed(task, seed, cache / f"seed{seed}", progress, rows) for seed in seeds}
-    summary = {
-        "task": task.name,
-        "command": command,
-        "seeds": list(seeds),
-        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads",
-        "library_version": __version__,
+    summary = run_record(task.name, command, seeds) | {
         "task_fingerprint": task.fingerprint(),
         "notes": task.notes,
         "rows": aggregate(per_seed),
@@ -152,9 +146,26 @@ def timed_rows(task: Task, seed: int, cache: Path, results: Mapping[str, dict], 
     """Latency of every row relative to Single on the first test batch: the rows' predictors (from the cache)
     timed interleaved, `repeats` rounds (`cost.predictor_latency`)."""
     build = _Builder(task, seed, cache, progress=False)
-    predictors = {row: build.row(row)[0] for row in results}
+    return time_predictors({row: build.row(row)[0] for row in results}, task.test[0], repeats)
+
+
+def time_predictors(predictors: Mapping[str, nn.Module], batch: Mapping, repeats: int) -> dict[str, dict]:
+    """`cost.predictor_latency` of every predictor on the same batch, relative to the first, saying so."""
     print(f"timing {len(predictors)} rows, interleaved, {repeats} rounds", flush=True)
-    return predictor_latency(predictors, {row: task.test[0] for row in predictors}, repeats)
+    return predictor_latency(predictors, {row: batch for row in predictors}, repeats)
+
+
+def run_record(task: str, command: str, seeds: Sequence[int]) -> dict:
+    """What every benchmark table records about its run: the task, the command, the seeds, the machine and the
+    library version."""
+    return {
+        "task": task,
+        "command": command,
+        "seeds": list(seeds),
+        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads",
+        "library_version": __version__,
+    }
 
 
 def suite_predictor(

@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
@@ -32,7 +31,6 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..cost import predictor_latency
 from ..evaluation.report import measure
 from ..evaluation.tables import CONVENTIONS, aggregate, per_set_lines, table_lines
 from ..importance import JointCircuit, extract_joint_circuit, taylor_head_scores
@@ -41,7 +39,7 @@ from ..members import sample_members
 from ..outputs import collect_member_logits, labels_of
 from ..predictors import TemperatureScaled, TwoTowerModel, fit_temperature, zero_shot_ensemble
 from ..predictors.clip_zero_shot import prompt_batches
-from ..version import __version__
+from .suite import run_record, time_predictors
 
 ROWS = (
     "Single",
@@ -201,13 +199,7 @@ def run(
     out_dir, cache = Path(out_dir), Path(cache_dir) / f"{task.name}-{task.fingerprint()}"
     cache.mkdir(parents=True, exist_ok=True)
     per_seed = {seed: _run_seed(task, seed, cache, rows, progress) for seed in seeds}
-    summary = {
-        "task": task.name,
-        "command": command,
-        "seeds": list(seeds),
-        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads",
-        "library_version": __version__,
+    summary = run_record(task.name, command, seeds) | {
         "task_fingerprint": task.fingerprint(),
         "notes": task.notes,
         "rows": aggregate(per_seed),
@@ -215,9 +207,7 @@ def run(
     }
     if latency_repeats:
         build = _Builder(task, seeds[0], cache, progress=False)
-        predictors = {row: build.row(row) for row in rows}
-        print(f"timing {len(predictors)} rows, interleaved, {latency_repeats} rounds", flush=True)
-        summary["latency"] = predictor_latency(predictors, {r: task.test[0] for r in predictors}, latency_repeats)
+        summary["latency"] = time_predictors({row: build.row(row) for row in rows}, task.test[0], latency_repeats)
     summary["wall_time_s"] = round(time.perf_counter() - started, 1)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out_dir / "table.json", summary)
