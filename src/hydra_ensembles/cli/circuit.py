@@ -121,25 +121,9 @@ def run(args: argparse.Namespace) -> int:
         state_path=state,
         progress=not args.quiet,
     )
-    circuit.save(out.path / "circuit.json")
-    out.finish(
-        {
-            "removed": [list(h) for h in circuit.removed],
-            "baseline": circuit.baseline,
-            "final": circuit.scores[-1],
-            "search": circuit.search,
-            "note": circuit.note,
-        }
-    )
-    search = "exact search" if circuit.search == "exact" else f"approximate search {circuit.search}"
     if circuit.note:
         print(f"search: {circuit.note}")
-    print(
-        f"removed {len(circuit.removed)} heads ({search}); S ({args.criterion}) {circuit.baseline:.4f} -> "
-        f"{circuit.scores[-1]:.4f} -> {out.path}/circuit.json"
-    )
-    print(f"  removal order (layer, head): {circuit.removed[:12]}{' ...' if len(circuit.removed) > 12 else ''}")
-    return 0
+    return _finish(out, circuit, args.criterion, {"note": circuit.note}, "heads", "(layer, head)", 12)
 
 
 def _joint(args, out, model_dir, model, id_data, ood_data, state) -> int:
@@ -150,7 +134,7 @@ def _joint(args, out, model_dir, model, id_data, ood_data, state) -> int:
             "two-tower checkpoint it was made from."
         )
     towers = tuple(args.towers.split(","))
-    two_tower = TwoTowerModel.from_pretrained(model_dir)
+    two_tower = TwoTowerModel(model.image, model.text, model.logit_scale)  # the checkpoint's own, unpruned towers
     prompts = prompt_batches(prompt_tokenizer(model_dir), model.classes, model.templates, two_tower.text)
     heads = sum(sum(len(h) for h in kept_heads(getattr(two_tower, tower).encoder).values()) for tower in towers)
     budget = args.budget if args.budget is not None else max(2, heads // 5)  # the paper's pool: 2 x 10 % of the heads
@@ -169,6 +153,12 @@ def _joint(args, out, model_dir, model, id_data, ood_data, state) -> int:
         state_path=state,
         progress=not args.quiet,
     )
+    extra = {"joint": True, "classes": model.classes, "templates": model.templates}
+    return _finish(out, circuit, args.criterion, extra, f"heads of {'+'.join(towers)}", "(tower, layer, head)", 8)
+
+
+def _finish(out, circuit, criterion: str, extra: dict, what: str, order: str, shown: int) -> int:
+    """Save circuit.json, record the step's results, and say what was removed, by which search."""
     circuit.save(out.path / "circuit.json")
     out.finish(
         {
@@ -176,15 +166,14 @@ def _joint(args, out, model_dir, model, id_data, ood_data, state) -> int:
             "baseline": circuit.baseline,
             "final": circuit.scores[-1],
             "search": circuit.search,
-            "joint": True,
-            "classes": model.classes,
-            "templates": model.templates,
+            **extra,
         }
     )
     search = "exact search" if circuit.search == "exact" else f"approximate search {circuit.search}"
     print(
-        f"removed {len(circuit.removed)} heads of {'+'.join(towers)} ({search}); S ({args.criterion}) "
-        f"{circuit.baseline:.4f} -> {circuit.scores[-1]:.4f} -> {out.path}/circuit.json"
+        f"removed {len(circuit.removed)} {what} ({search}); S ({criterion}) {circuit.baseline:.4f} -> "
+        f"{circuit.scores[-1]:.4f} -> {out.path}/circuit.json"
     )
-    print(f"  removal order (tower, layer, head): {circuit.removed[:8]}{' ...' if len(circuit.removed) > 8 else ''}")
+    more = " ..." if len(circuit.removed) > shown else ""
+    print(f"  removal order {order}: {circuit.removed[:shown]}{more}")
     return 0

@@ -167,12 +167,10 @@ def is_two_tower(path: Path) -> bool:
     """A saved `TwoTowerModel`, or an HF CLIPModel checkpoint."""
     if (path / TWO_TOWER_FILE).is_file():
         return True
-    config = path / "config.json"
-    return (
-        config.is_file()
-        and json.loads(config.read_text()).get("model_type") == "clip"
-        and ("CLIPModel" in json.loads(config.read_text()).get("architectures", ["CLIPModel"]))
-    )
+    if not (path / "config.json").is_file():
+        return False
+    config = json.loads((path / "config.json").read_text())
+    return config.get("model_type") == "clip" and "CLIPModel" in config.get("architectures", ["CLIPModel"])
 
 
 def prompt_tokenizer(path: Path):

@@ -24,6 +24,7 @@ import safetensors.torch
 from ..importance import Circuit, JointCircuit
 from ..members import build_members, sample_members
 from ..predictors import TwoTowerModel, zero_shot_ensemble
+from ..predictors.clip_zero_shot import DEFAULT_TEMPLATES
 from ..pruning import save_model
 from .common import (
     RECORD,
@@ -85,17 +86,7 @@ def run(args: argparse.Namespace) -> int:
         return _zero_shot_members(args, out, model_dir, source_path)
     model = load_predictor(model_dir)
     source = safetensors.torch.load_file(source_path)["scores"] if args.scores else Circuit.load(source_path)
-    try:
-        head_maps = sample_members(
-            source,
-            num_members=args.num_members,
-            budget=args.budget,
-            pool=args.pool,
-            seed=args.seed,
-            allow_identical=args.allow_identical,
-        )
-    except ValueError as error:
-        raise CommandError(str(error).replace("allow_identical=True", "--allow-identical")) from None
+    head_maps = _sample(args, source)
     write_members(out.path, model_dir, head_maps, {"source": "scores" if args.scores else "circuit"})
     for index, head_map in enumerate(head_maps):
         target = out.path / f"member{index}"
@@ -122,21 +113,11 @@ def _zero_shot_members(args: argparse.Namespace, out, model_dir: Path, source_pa
     classes, templates = zero_shot.classes or made.get("classes"), zero_shot.templates or made.get("templates")
     if not classes:
         raise CommandError("name the classes with --classes (the circuit's record does not say them).")
-    try:
-        members = sample_members(
-            JointCircuit.load(source_path),
-            num_members=args.num_members,
-            budget=args.budget,
-            pool=args.pool,
-            seed=args.seed,
-            allow_identical=args.allow_identical,
-        )
-    except ValueError as error:
-        raise CommandError(str(error).replace("allow_identical=True", "--allow-identical")) from None
+    members = _sample(args, JointCircuit.load(source_path))
     image, text = [m["image"] for m in members], [m["text"] for m in members]
     two_tower = TwoTowerModel.from_pretrained(model_dir)
     ensemble = zero_shot_ensemble(
-        two_tower, classes, prompt_tokenizer(model_dir), templates or ["a photo of a {}."], image, text
+        two_tower, classes, prompt_tokenizer(model_dir), templates or list(DEFAULT_TEMPLATES), image, text
     )
     ensemble.save_pretrained(out.path / "model")
     for where in (model_dir, model_dir / "text"):
@@ -146,6 +127,21 @@ def _zero_shot_members(args: argparse.Namespace, out, model_dir: Path, source_pa
     out.finish({"model_dir": "model", "members": len(members), "classes": classes})
     print(f"wrote a zero-shot Hydra Ensemble of {len(members)} members -> {out.path}/model")
     return 0
+
+
+def _sample(args: argparse.Namespace, source) -> list:
+    """`sample_members` with the command's flags; its refusals as command errors that name the flag."""
+    try:
+        return sample_members(
+            source,
+            num_members=args.num_members,
+            budget=args.budget,
+            pool=args.pool,
+            seed=args.seed,
+            allow_identical=args.allow_identical,
+        )
+    except ValueError as error:
+        raise CommandError(str(error).replace("allow_identical=True", "--allow-identical")) from None
 
 
 def write_members(path: Path, base: Path, head_maps: list[dict], extra: dict) -> None:
