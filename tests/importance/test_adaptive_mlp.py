@@ -10,7 +10,8 @@ from tolerances import CONTRACT, U32, reordered_sum
 
 import hydra_ensembles as he
 from hydra_ensembles import training
-from hydra_ensembles.importance.neurons import binary_search_size, criterion_value
+from hydra_ensembles.adapters import get_adapter
+from hydra_ensembles.importance.neurons import binary_search_size, criterion_value, from_layer, layer_inputs
 
 
 def _data(seeds=(1, 2)):
@@ -145,3 +146,41 @@ def test_uniform_width_baselines_keep_the_top_neurons_of_their_ranking():
     assert not torch.equal(random_neuron_scores(model, 1)[0], random_neuron_scores(model, 2)[0])
     with pytest.raises(ValueError, match="between 1 and its width"):
         prune_to_sizes(model, magnitude, [0, 17, 16])
+
+
+def test_searching_from_the_cached_states_entering_a_block_equals_the_full_forward_pass(family):
+    """Contract: the search's shortcut (blocks 0..l-1 skipped, their output computed once) gives the criterion
+    of the full model, for every family and block, with neurons of blocks >= l turned off."""
+    model = MODELS[family]().eval()
+    data = [make_inputs(family, seed=s) for s in (1, 2)]
+    loss = "entropy" if get_adapter(model).is_classifier(model) else "similarity"
+    widths = [len(k) for k in he.kept_neurons(model).values()]
+    g = torch.Generator().manual_seed(0)
+    for layer in range(1, len(widths)):
+        off = {b: torch.randperm(widths[b], generator=g)[: widths[b] // 2].tolist() for b in range(layer, len(widths))}
+        with he.ablate_neurons(model, off):
+            full = criterion_value(model, data, loss)
+            entering = layer_inputs(model, data, layer)
+            below = [get_adapter(model).layers(model)[i] for i in range(layer)]
+            calls: list[int] = []
+            hooks = [block.register_forward_hook(lambda *_, calls=calls: calls.append(1)) for block in below]
+            with from_layer(model, entering):
+                shortcut = criterion_value(model, data, loss)
+            for hook in hooks:
+                hook.remove()
+        assert shortcut == pytest.approx(full, abs=1e-6), (family, layer)
+        assert not calls  # the blocks below were skipped
+    assert [len(k) for k in he.kept_neurons(model).values()] == widths  # blocks restored, nothing pruned
+
+
+def test_adaptive_pruning_with_and_without_the_shortcut_agree():
+    model, data = MODELS["bert"](), _data()
+    with torch.no_grad():
+        model.classifier.weight.mul_(50.0)
+    scores = he.neuron_scores(model, data, loss="entropy", progress=False)
+    runs = [
+        he.adaptive_mlp_pruning(model, data, 0.05, loss="entropy", scores=scores, reuse_prefix=r, progress=False)[1]
+        for r in (True, False)
+    ]
+    assert runs[0].sizes == runs[1].sizes and runs[0].kept == runs[1].kept
+    assert runs[0].entropies == pytest.approx(runs[1].entropies, abs=1e-6)

@@ -10,7 +10,9 @@ Search (Algorithm 1): blocks go from the last to the first; block l's hidden siz
 halving the range t_max times: M_t = (M_min + M_max) // 2 keeps block l's M_t most important neurons; it is
 accepted (M_max = M_t, the next step tries fewer) when the criterion E rose by less than delta_e over E_0^(l),
 the entropy accepted at the previous block, else rejected (M_min = M_t). Sizes are tried by ablation (exact:
-`pruning.ablate_neurons`); the result is pruned structurally.
+`pruning.ablate_neurons`); the result is pruned structurally. Searching block l changes nothing below it and the
+blocks below are still unpruned, so the hidden states entering block l are computed once per block and each
+size runs blocks l.. only (`reuse_prefix`; the same values as the full forward pass, about half the work).
 
 Baselines at a given width (paper 002, Tables 3 and 6): `magnitude_neuron_scores` (L2 norm of a neuron's weights)
 and `random_neuron_scores` rank neurons as `neuron_scores` does, and `prune_to_sizes` keeps the top ones of any
@@ -19,8 +21,9 @@ ranking at any per-block sizes (`uniform_sizes` spreads a neuron total evenly ov
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -136,12 +139,16 @@ def adaptive_mlp_pruning(
     loss: str = "entropy",
     temperature: float = 1 / 15,
     scores: list[Tensor] | None = None,
+    reuse_prefix: bool = True,
     progress: bool = True,
 ) -> tuple[nn.Module, AdaptivePruning]:
     """Algorithm 1 of paper 002 on a copy of `model`: per block, from the last to the first, the smallest MLP
     hidden size (by binary search, `t_max` steps) whose criterion stays within `delta_e` of the entropy
     accepted at the previous block, keeping the most important neurons (`neuron_scores`, computed with the same
     criterion unless given). Returns the structurally pruned copy and the search record.
+
+    reuse_prefix: run only blocks l.. for each size tried in block l, from the hidden states entering block l
+    computed once (the same values; False runs the whole model for every size, as Algorithm 1 is written).
     """
     batches = materialize(loader, "pruning loader")
     loss = _resolve(loss, model, batches)
@@ -158,9 +165,10 @@ def adaptive_mlp_pruning(
     removed: dict[int, list[int]] = {}  # neurons dropped in the blocks already searched
     sizes, entropies = {layer: len(ranked[layer]) for layer in ranked}, []
     for layer in tqdm(sorted(ranked, reverse=True), desc="adaptive MLP pruning", disable=not progress):
+        entering = layer_inputs(work, batches, layer) if reuse_prefix and layer > 0 else None
 
-        def evaluate(size: int, layer: int = layer) -> float:
-            with ablate_neurons(work, removed | {layer: ranked[layer][size:]}):
+        def evaluate(size: int, layer: int = layer, entering: Entering | None = entering) -> float:
+            with ablate_neurons(work, removed | {layer: ranked[layer][size:]}), from_layer(work, entering):
                 return criterion_value(work, batches, loss, temperature)
 
         size, reference = binary_search_size(evaluate, len(ranked[layer]), reference, delta_e, t_max)
@@ -170,6 +178,85 @@ def adaptive_mlp_pruning(
     prune_neurons(work, {layer: ks for layer, ks in removed.items() if ks})
     record = AdaptivePruning([sizes[layer] for layer in sorted(sizes)], entropies, baseline, kept_neurons(work))
     return work.eval(), record
+
+
+class _Entered(Exception):
+    """Raised by `layer_inputs`' hook to stop a forward pass once the states it wants are in hand."""
+
+
+@dataclass
+class Entering:
+    """The hidden states entering block `layer`, one (B, T, d) tensor per batch, and the form of a block's
+    output (some HF families return a tuple whose first item is the hidden states)."""
+
+    layer: int
+    states: list[Tensor]
+    tuples: bool
+
+
+def layer_inputs(model: nn.Module, batches: list[Batch], layer: int) -> Entering:
+    """The hidden states entering block `layer` (>= 1) for each batch, in eval mode: each forward pass stops
+    there."""
+    if layer < 1:
+        raise ValueError(f"layer must be >= 1 (block 0's input is the embedding output), got {layer}.")
+    adapter = get_adapter(model)
+    device = next(model.parameters()).device
+    entering, tuples = [], []
+
+    def keep(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        entering.append(args[0] if args else kwargs["hidden_states"])
+        raise _Entered
+
+    layers = adapter.layers(model)
+    hooks = [
+        layers[layer].register_forward_pre_hook(keep, with_kwargs=True),
+        layers[0].register_forward_hook(lambda module, args, out: tuples.append(isinstance(out, tuple))),
+    ]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                with contextlib.suppress(_Entered):
+                    adapter.output(model, to_device(split_batch(adapter, batch)[0], device))
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.train(was_training)
+    return Entering(layer, entering, all(tuples))
+
+
+class _Replay(nn.Module):
+    """Stands in for blocks 0..l-1: the first hands over the next batch's saved states, the rest pass them on,
+    each in the form the block it replaces returns."""
+
+    def __init__(self, states: Iterator[Tensor] | None, tuples: bool):
+        super().__init__()
+        self.states, self.tuples = states, tuples
+
+    def forward(self, *args, **kwargs) -> Tensor | tuple[Tensor]:
+        x = next(self.states) if self.states is not None else (args[0] if args else kwargs["hidden_states"])
+        return (x,) if self.tuples else x
+
+
+@contextlib.contextmanager
+def from_layer(model: nn.Module, entering: Entering | None) -> Iterator[nn.Module]:
+    """Within the block, forward passes over the batches `entering` was computed from (`layer_inputs`, in the
+    same order) start at block `entering.layer` from the saved states: the blocks below it are skipped. None:
+    nothing changes."""
+    if entering is None:
+        yield model
+        return
+    layers = get_adapter(model).layers(model)
+    originals = [layers[i] for i in range(entering.layer)]
+    states = iter(entering.states)
+    try:
+        for i in range(entering.layer):
+            layers[i] = _Replay(states if i == 0 else None, entering.tuples)
+        yield model
+    finally:
+        for i, original in enumerate(originals):
+            layers[i] = original
 
 
 def magnitude_neuron_scores(model: nn.Module) -> list[Tensor]:
