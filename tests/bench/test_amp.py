@@ -30,8 +30,15 @@ def _run(task, tmp_path, **kwargs):
 
 
 def test_amp_tables_pick_the_base_by_cost_and_compare_at_equal_size(tiny_task, tmp_path, monkeypatch):  # noqa: F811
-    summary = _run(tiny_task, tmp_path, flops_target=1.5)
+    first = _run(tiny_task, tmp_path, flops_target=1.5, tables=["free"])  # the ensemble-for-free table alone
+    assert set(first["tables"]) == {"free"} and set(first["per_seed"][0]) >= {"free", "free_delta", "sizes"}
+    assert (
+        "sweep" not in first["per_seed"][0]
+        and "Not built in this run: sweep, criteria, baselines" in (tmp_path / "out" / "amp.md").read_text()
+    )
+    summary = _run(tiny_task, tmp_path, flops_target=1.5)  # the other tables, on the cached free table
     seed = summary["per_seed"][0]
+    assert seed["free"] == json.loads(json.dumps(first["per_seed"][0]["free"]))
     ratios = {float(d): r for d, r in seed["hydra_flops"].items()}
     within = sorted(d for d, r in ratios.items() if r <= 1.5)
     assert seed["free_delta"] == (within[0] if within else max(DELTAS))  # the cost rule, from FLOPs alone
@@ -54,6 +61,7 @@ def test_amp_tables_pick_the_base_by_cost_and_compare_at_equal_size(tiny_task, t
     assert [name.split(" (")[1].split(",")[0] for name in criteria] == list(amp.CRITERIA)
     text = (tmp_path / "out" / "amp.md").read_text()
     assert all(f"## {title}" in text for _, title in amp.TABLES) and "| AMP single |" in text
+    assert "Not built" not in text
     assert set(summary["latency"]) == set(free) and json.loads((tmp_path / "out" / "amp.json").read_text())["seeds"]
 
     def refuse(*args, **kwargs):
@@ -63,6 +71,8 @@ def test_amp_tables_pick_the_base_by_cost_and_compare_at_equal_size(tiny_task, t
     monkeypatch.setattr(amp, "adaptive_mlp_pruning", refuse)
     again = _run(tiny_task, tmp_path, flops_target=1.5)
     assert again["per_seed"][0]["free"] == json.loads(json.dumps(free))  # everything from the cache
+    with pytest.raises(ValueError, match="tables must be some of"):
+        _run(tiny_task, tmp_path, tables=["table7"])
 
 
 def test_recovered_models_reload_as_pruned_hf_models(tiny_task, tmp_path):  # noqa: F811

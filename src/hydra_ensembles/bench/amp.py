@@ -57,6 +57,13 @@ DELTAS = (0.01, 0.02, 0.05, 0.1, 0.2)
 CRITERIA = ("entropy", "cross_entropy", "similarity")
 BASELINES = ("random", "l2", "taylor")
 HYDRA_ROWS = ("Single", "Hydra (Taylor)", "Hydra (Circ)")
+TABLES = (
+    ("free", "Ensemble for free: Hydra Ensembles on an AMP base"),
+    ("sweep", "delta-E sweep, entropy criterion (Table 7's shape)"),
+    ("criteria", "Criteria at the free base's MLP neuron count (Table 5)"),
+    ("baselines", "Uniform width at the same count vs adaptive (Tables 3 and 6)"),
+)
+TABLE_NAMES = tuple(name for name, _ in TABLES)
 FREE_NAMES = {  # the suite's rows on the AMP base, as the free table names them
     "Single": "AMP single",
     "Hydra (Taylor)": "Hydra (Taylor) on AMP",
@@ -207,13 +214,19 @@ def amp_seed(
     recovery: TrainConfig = AMP_RECOVERY,
     pruning_examples: int = 256,
     progress: bool = True,
+    tables: Sequence[str] = TABLE_NAMES,
 ) -> dict:
-    """Every table of one seed: {"sweep", "criteria", "baselines", "free": {row: results}, "free_delta",
-    "hydra_flops", "sizes": {row: MLP sizes}}."""
+    """The `tables` of one seed ({"free", "sweep", "criteria", "baselines"}: {row: results}, built in that order,
+    the ensemble-for-free table first) and {"free_delta", "hydra_flops", "sizes": {row: MLP sizes}}. Every
+    delta-E of the sweep is pruned (not recovered) whatever the tables: the free base's cost rule needs them."""
     amp = AmpSeed(task, seed, seed_cache, recovery, pruning_examples, progress)
     widths = [len(k) for k in kept_neurons(amp.single).values()]
-    sizes: dict[str, list[int]] = {"unpruned": widths}
     heads = get_adapter(amp.single).num_heads(amp.single)
+    delta, ratios = amp.free_delta(deltas, flops_target)
+    base_name = f"AMP dE={delta:g}"
+    sizes = {"unpruned": widths} | {f"AMP dE={d:g}": amp.adaptive(d)[1]["sizes"] for d in deltas}
+    total = sum(sizes[base_name])
+    result: dict = {"free_delta": delta, "hydra_flops": {f"{d:g}": r for d, r in ratios.items()}, "sizes": sizes}
 
     def both(name: str, pruned: nn.Module) -> dict[str, dict]:
         sizes[name] = [len(k) for k in kept_neurons(pruned).values()]
@@ -224,40 +237,29 @@ def amp_seed(
         }
 
     unpruned = amp.measured("Single", amp.single, f"{heads}; MLP {sum(widths)}/{sum(widths)}")
-    sweep = {"Single": unpruned}
-    for delta in deltas:
-        print(f"[seed {seed}] AMP delta-E {delta:g}", flush=True)
-        sweep |= both(f"AMP dE={delta:g}", amp.adaptive(delta)[0])
-    delta, ratios = amp.free_delta(deltas, flops_target)
-    base_name = f"AMP dE={delta:g}"
-    total = sum(sizes[base_name])
-
-    criteria = {"Single": unpruned}
-    for criterion in CRITERIA:
-        matched = delta if criterion == "entropy" else amp.matched_delta(criterion, total, start=delta)
-        print(f"[seed {seed}] criterion {criterion}: delta-E {matched:g}", flush=True)
-        criteria |= both(f"AMP ({criterion}, dE={matched:g})", amp.adaptive(matched, criterion)[0])
-
-    baselines = {"Single": unpruned}
-    for criterion in BASELINES:
-        print(f"[seed {seed}] uniform width, {criterion}", flush=True)
-        baselines |= both(f"Uniform ({criterion})", amp.uniform(criterion, total))
-    baselines |= {k: v for k, v in sweep.items() if k.startswith(base_name)}
-
-    print(f"[seed {seed}] ensembles on the AMP base (delta-E {delta:g})", flush=True)
-    base = amp.recovered(_slug(base_name), amp.adaptive(delta)[0])
-    free = run_seed(task, seed, seed_cache, progress, rows=HYDRA_ROWS)
-    on_amp = run_seed(task, seed, amp.cache / _slug(base_name), progress, rows=HYDRA_ROWS, base=lambda: base)
-    free |= {FREE_NAMES[row]: results for row, results in on_amp.items()}
-    return {
-        "sweep": sweep,
-        "criteria": criteria,
-        "baselines": baselines,
-        "free": free,
-        "free_delta": delta,
-        "hydra_flops": {f"{d:g}": r for d, r in ratios.items()},
-        "sizes": sizes,
-    }
+    if "free" in tables:
+        print(f"[seed {seed}] ensembles on the AMP base (delta-E {delta:g})", flush=True)
+        base = amp.recovered(_slug(base_name), amp.adaptive(delta)[0])
+        free = run_seed(task, seed, seed_cache, progress, rows=HYDRA_ROWS)
+        on_amp = run_seed(task, seed, amp.cache / _slug(base_name), progress, rows=HYDRA_ROWS, base=lambda: base)
+        result["free"] = free | {FREE_NAMES[row]: results for row, results in on_amp.items()}
+    if "sweep" in tables:
+        result["sweep"] = {"Single": unpruned}
+        for d in deltas:
+            print(f"[seed {seed}] AMP delta-E {d:g}", flush=True)
+            result["sweep"] |= both(f"AMP dE={d:g}", amp.adaptive(d)[0])
+    if "criteria" in tables:
+        result["criteria"] = {"Single": unpruned}
+        for criterion in CRITERIA:
+            matched = delta if criterion == "entropy" else amp.matched_delta(criterion, total, start=delta)
+            print(f"[seed {seed}] criterion {criterion}: delta-E {matched:g}", flush=True)
+            result["criteria"] |= both(f"AMP ({criterion}, dE={matched:g})", amp.adaptive(matched, criterion)[0])
+    if "baselines" in tables:
+        result["baselines"] = {"Single": unpruned} | both(base_name, amp.adaptive(delta)[0])
+        for criterion in BASELINES:
+            print(f"[seed {seed}] uniform width, {criterion}", flush=True)
+            result["baselines"] |= both(f"Uniform ({criterion})", amp.uniform(criterion, total))
+    return result
 
 
 def free_latency(task: Task, seed: int, seed_cache: Path, delta: float, repeats: int = 7) -> dict[str, dict]:
@@ -269,14 +271,6 @@ def free_latency(task: Task, seed: int, seed_cache: Path, delta: float, repeats:
     predictors = {row: unpruned.row(row)[0] for row in HYDRA_ROWS}
     predictors |= {FREE_NAMES[row]: on_amp.row(row)[0] for row in HYDRA_ROWS}
     return time_predictors(predictors, task.test[0], repeats)
-
-
-TABLES = (
-    ("free", "Ensemble for free: Hydra Ensembles on an AMP base"),
-    ("sweep", "delta-E sweep, entropy criterion (Table 7's shape)"),
-    ("criteria", "Criteria at the free base's MLP neuron count (Table 5)"),
-    ("baselines", "Uniform width at the same count vs adaptive (Tables 3 and 6)"),
-)
 
 
 def experiment(
@@ -291,12 +285,20 @@ def experiment(
     pruning_examples: int = 256,
     latency_repeats: int = 7,
     progress: bool = True,
+    tables: Sequence[str] = TABLE_NAMES,
 ) -> dict:
-    """`amp_seed` for every seed, aggregated; writes amp.md and amp.json to `out_dir`."""
+    """`amp_seed` for every seed, aggregated; writes amp.md and amp.json to `out_dir`. `tables`: which of
+    TABLE_NAMES to build (the latency of the free table's rows is timed when it is one of them)."""
+    unknown = sorted(set(tables) - set(TABLE_NAMES))
+    if unknown or not tables:
+        raise ValueError(f"tables must be some of {list(TABLE_NAMES)}, got {list(tables)}.")
+    tables = [name for name in TABLE_NAMES if name in tables]
     started = time.perf_counter()
     out_dir, cache = Path(out_dir), Path(cache_dir) / f"{task.name}-{task.fingerprint()}"
     per_seed = {
-        seed: amp_seed(task, seed, cache / f"seed{seed}", deltas, flops_target, recovery, pruning_examples, progress)
+        seed: amp_seed(
+            task, seed, cache / f"seed{seed}", deltas, flops_target, recovery, pruning_examples, progress, tables
+        )
         for seed in seeds
     }
     summary = run_record(task.name, command, seeds) | {
@@ -306,10 +308,10 @@ def experiment(
             "recovery": dataclasses.asdict(recovery),
             "pruning_examples": pruning_examples,
         },
-        "tables": {name: aggregate({s: r[name] for s, r in per_seed.items()}) for name, _ in TABLES},
+        "tables": {name: aggregate({s: r[name] for s, r in per_seed.items()}) for name in tables},
         "per_seed": per_seed,
     }
-    if latency_repeats:
+    if latency_repeats and "free" in tables:
         first = seeds[0]
         summary["latency"] = free_latency(
             task, first, cache / f"seed{first}", per_seed[first]["free_delta"], latency_repeats
@@ -335,6 +337,8 @@ def markdown(summary: dict) -> str:
         "",
     ]
     for name, title in TABLES:
+        if name not in summary["tables"]:
+            continue
         latency = summary.get("latency") if name == "free" else None
         lines += [f"## {title}", "", *table_lines(summary["tables"][name], latency), ""]
         if name == "free":
@@ -349,6 +353,9 @@ def markdown(summary: dict) -> str:
                 f"(Hydra FLOPs x per delta-E, per seed: {ratios}). Heads: per layer; MLP: hidden neurons kept of all.",
                 "",
             ]
+    missing = [name for name in TABLE_NAMES if name not in summary["tables"]]
+    if missing:
+        lines += [f"Not built in this run: {', '.join(missing)} (`--tables`).", ""]
     lines += ["## Kept MLP sizes per block (first seed)", ""]
     first = summary["per_seed"][seeds[0]]["sizes"]
     lines += render(["Model", "MLP hidden size per block"], [[k, str(v)] for k, v in first.items()], "markdown")

@@ -65,6 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the AMP base of the ensembles: the smallest delta-E whose 3-member Hydra costs <= this x Single's FLOPs",
     )
     amp_options.add_argument("--recovery-epochs", type=int, help="recovery epochs (default: the paper's recipe, 10)")
+    amp_options.add_argument(
+        "--tables",
+        nargs="+",
+        choices=amp.TABLE_NAMES,
+        default=list(amp.TABLE_NAMES),
+        help="which tables to build (default: all); e.g. `--tables free` for the ensemble-for-free table alone",
+    )
     parser.add_argument("--out", type=Path, help="default: benchmarks/results/<task>[-quick]")
     parser.add_argument("--cache", type=Path, help="default: $HYDRA_ENSEMBLES_CACHE/bench")
 
@@ -124,6 +131,7 @@ def _amp(args: argparse.Namespace) -> int:
         flops_target=args.flops_target,
         recovery=recovery,
         progress=not args.quiet,
+        tables=args.tables,
     )
     print((out / "amp.md").read_text())
     print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
