@@ -1,6 +1,7 @@
 """Paper 002's experiments and the ensemble-for-free table end to end on a tiny BERT: every table, the cost rule
 that picks the AMP base, equal-count baselines, Hydra rows on the pruned base, and resuming from the cache."""
 
+import dataclasses
 import json
 
 import pytest
@@ -83,3 +84,12 @@ def test_recovered_models_reload_as_pruned_hf_models(tiny_task, tmp_path):  # no
     recovered = seed.recovered("x", pruned)
     assert he.kept_neurons(recovered) == he.kept_neurons(pruned)
     assert he.kept_neurons(he.load_model(cache / "amp" / "models" / "x-recovered")) == he.kept_neurons(pruned)
+
+
+def test_the_cost_rule_counts_distinct_members_when_half_the_heads_go(tiny_task, tmp_path):  # noqa: F811
+    """The paper's budget (half the heads of every layer): the rule's stand-in members must still differ."""
+    heads = he.get_adapter(tiny_task.new_model(0)).num_heads(tiny_task.new_model(0))
+    task = dataclasses.replace(tiny_task, prune_per_layer=heads // 2)
+    seed = amp.AmpSeed(task, 0, tmp_path / "seed0", AMP_RECOVERY.with_(epochs=1), pruning_examples=8, progress=False)
+    full, pruned = seed.hydra_flops(seed.single), seed.hydra_flops(seed.adaptive(1.0)[0])
+    assert 1.0 < full <= task.members and pruned < full

@@ -172,14 +172,12 @@ class AmpSeed:
 
     def hydra_flops(self, pruned: nn.Module) -> float:
         """FLOPs of a fused Hydra Ensemble of the task's members on `pruned`, relative to Single: each member keeps
-        the task's heads per layer (which heads does not change the count), the merged MLP."""
+        the task's heads per layer (which heads does not change the count; member m keeps heads m, m+1, ..., so
+        that no two are the same), the merged MLP."""
         adapter = get_adapter(pruned)
         heads, drop = adapter.num_heads(pruned), self.task.prune_per_layer
         head_maps = [
-            {
-                layer: [(m * drop + j) % heads for j in range(heads - drop)]
-                for layer in range(adapter.num_layers(pruned))
-            }
+            {layer: [(m + j) % heads for j in range(heads - drop)] for layer in range(adapter.num_layers(pruned))}
             for m in range(self.task.members)
         ]
         ensemble = HydraEnsemble.fuse(build_members(pruned, head_maps), mlp="average")
