@@ -54,7 +54,7 @@ from ..training import AMP_RECOVERY, TrainConfig, recover
 from .suite import _Builder, run_record, run_seed, time_predictors
 from .tasks import Task
 
-DELTAS = (0.01, 0.02, 0.05, 0.1, 0.2)
+DELTAS = (0.01, 0.02, 0.03, 0.05, 0.1, 0.2)
 CRITERIA = ("entropy", "cross_entropy", "similarity")
 BASELINES = ("random", "l2", "taylor")
 HYDRA_ROWS = ("Single", "Hydra (Taylor)", "Hydra (Circ)")
