@@ -6,6 +6,7 @@ from conftest import MODELS, make_inputs
 
 from hydra_ensembles import training as ft
 from hydra_ensembles.distill import attach_teacher
+from hydra_ensembles.training.loop import _improves, _score
 from hydra_ensembles.training.recipes import lr_factor
 
 
@@ -62,7 +63,28 @@ def test_validation_keeps_the_best_epoch_and_stops_early():
     ft.finetune(by_accuracy, _data(), config, val_loader=_data(seed=20), progress=False)
     best = max(h["val_acc"] for h in by_accuracy.training_history)
     assert ft.validate(by_accuracy, _data(seed=20))["val_acc"] == best
-    assert ft.TEXT_RECIPE.monitor == "acc"  # the paper's (§C.2)
+    assert ft.TEXT_RECIPE.monitor == "acc_nll"  # the paper's accuracy (§C.2), ties to the lower NLL
+
+
+def _kept(history, monitor):
+    """Replays the loop's choice of the kept epoch over a validation history [(acc, nll), ...]."""
+    config, state = ft.TEXT_RECIPE.with_(monitor=monitor), {"best_score": -float("inf"), "best_epoch": None}
+    for epoch, (acc, nll) in enumerate(history, 1):
+        record = {"val_acc": acc, "val_nll": nll}
+        if _improves(record, state, config):
+            state |= {"best_score": _score(record, config), "best_nll": nll, "best_epoch": epoch}
+    return state["best_epoch"]
+
+
+def test_accuracy_ties_go_to_the_lower_nll_under_acc_nll():
+    bbc_seed0 = [(0.9917, 0.318), (0.9917, 0.061), (0.9833, 0.069)]  # what MiniLM on BBC did (recipes.py)
+    assert _kept(bbc_seed0, "acc") == 1  # the paper's rule alone: the first, least-trained epoch
+    assert _kept(bbc_seed0, "acc_nll") == 2
+    assert _kept(bbc_seed0, "nll") == 2
+    rising = [(0.90, 0.20), (0.95, 0.30), (0.95, 0.3003), (0.94, 0.10)]
+    assert _kept(rising, "acc_nll") == 2  # accuracy first; an NLL gain under min_delta is no gain; lower acc loses
+    with pytest.raises(ValueError, match="monitor must be one of"):
+        ft.TEXT_RECIPE.with_(monitor="loss")
 
 
 def test_schedules():

@@ -22,6 +22,7 @@ import transformers
 from ..data.files import label_ids
 from ..pruning import load_model, save_model
 from ..training import IMAGE_RECIPE, TEXT_RECIPE, finetune
+from ..training.recipes import MONITORS
 from .common import (
     CommandError,
     add_data_options,
@@ -51,9 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", choices=sorted(RECIPES), help="default: by what the model reads")
     parser.add_argument(
         "--monitor",
-        choices=("acc", "nll"),
-        help="with --val, what picks the kept epoch: acc = highest accuracy (text default, the paper's §C.2), "
-        "nll = lowest NLL (image default)",
+        choices=MONITORS,
+        help="with --val, what picks the kept epoch: acc = highest accuracy (the paper's §C.2), acc_nll = highest "
+        "accuracy, ties to the lower NLL (text default), nll = lowest NLL (image default)",
     )
     parser.add_argument("--patience", type=int, help="with --val, stop after this many epochs without improvement")
     parser.add_argument("--epochs", type=int)
@@ -145,8 +146,9 @@ def kept_epoch_line(history: list[dict], kept: int, recipe, validated: bool) -> 
     ran = len(history)
     if not validated:
         return f"kept epoch {kept} of {ran}: the last (no --val to choose on)"
-    key, best = ("val_acc", "highest") if recipe.monitor == "acc" else ("val_nll", "lowest")
+    key, best = ("val_nll", "lowest") if recipe.monitor == "nll" else ("val_acc", "highest")
     value = history[kept - 1][key]
+    ties = "ties go to the lower NLL" if recipe.monitor == "acc_nll" else "ties keep the earlier epoch"
     stopped = (
         f"; stopped early after {recipe.patience} epochs without an improvement over {recipe.min_delta:g}"
         if ran < recipe.epochs
@@ -154,7 +156,7 @@ def kept_epoch_line(history: list[dict], kept: int, recipe, validated: bool) -> 
     )
     return (
         f"kept epoch {kept} of {ran}: {best} validation {'accuracy' if key == 'val_acc' else 'NLL'} "
-        f"({value:.4f}; --monitor {recipe.monitor}, ties keep the earlier epoch){stopped}"
+        f"({value:.4f}; --monitor {recipe.monitor}, {ties}){stopped}"
     )
 
 

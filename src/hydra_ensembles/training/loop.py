@@ -114,9 +114,9 @@ def train(
             record = {"epoch": epoch + 1, "loss": sum(losses) / len(losses)}
             if val_batches is not None:
                 record.update(validate(model, val_batches))
-                score = -record["val_nll"] if config.monitor == "nll" else record["val_acc"]  # higher = better
-                if score > state["best_score"] + config.min_delta:
-                    state["best_score"], state["stale"], state["best_epoch"] = score, 0, epoch + 1
+                if _improves(record, state, config):
+                    state["best_score"], state["stale"], state["best_epoch"] = _score(record, config), 0, epoch + 1
+                    state["best_nll"] = record["val_nll"]
                     state["best"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
                 else:
                     state["stale"] += 1
@@ -130,6 +130,21 @@ def train(
     model.training_history = state["history"]
     model.kept_epoch = state.get("best_epoch") or state["epoch"]
     return model.eval()
+
+
+def _score(record: dict, config: TrainConfig) -> float:
+    """The monitored validation score, higher = better."""
+    return -record["val_nll"] if config.monitor == "nll" else record["val_acc"]
+
+
+def _improves(record: dict, state: dict, config: TrainConfig) -> bool:
+    """Whether this epoch beats the best so far by more than `min_delta` on `config.monitor`; under "acc_nll" an
+    epoch as accurate as the best (within min_delta) with an NLL lower by more than min_delta also does."""
+    score, best = _score(record, config), state["best_score"]
+    if score > best + config.min_delta:
+        return True
+    tied = config.monitor == "acc_nll" and score >= best - config.min_delta
+    return tied and record["val_nll"] < state.get("best_nll", math.inf) - config.min_delta
 
 
 def finetune(

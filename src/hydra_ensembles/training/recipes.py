@@ -3,7 +3,10 @@ schedules a config names (registries, like the circuit criteria).
 
 - `TEXT_RECIPE` (paper 000 §C.2, §D.2 BERT/SST-2): AdamW with decoupled weight decay 0.01 (not on biases and
   norms), linear warm-up over 10% of the steps then linear decay to zero, gradient clipping at 1.0, early
-  stopping on validation accuracy (patience 2, delta 5e-4), the epoch with the best validation accuracy kept.
+  stopping on validation accuracy (patience 2, delta 5e-4), the epoch with the best validation accuracy kept;
+  here ties in accuracy go to the lower validation NLL (`monitor="acc_nll"`): on a small, easy validation set
+  accuracy saturates at the first epoch, and the paper's rule alone kept that least-trained epoch (MiniLM on
+  BBC, seed 0: val accuracy 0.992 at epochs 1 and 2, NLL 0.318 vs 0.061; test ECE 23.5%).
 - `IMAGE_RECIPE` (§C.1, §D.2 ViT): SGD with momentum 0.9, no weight decay, linear warm-up then cosine decay to
   a floor of 1e-5 x lr, label smoothing 0.1; "stop at validation convergence": the best validation NLL.
 Both take `train_last=k` to update only the last k blocks (plus the final norm and the head) — the paper's
@@ -19,6 +22,10 @@ from typing import Literal
 
 import torch
 from torch import nn
+
+# what picks the kept epoch on validation data: "nll" the lowest NLL, "acc" the highest accuracy (a tie keeps the
+# earlier epoch), "acc_nll" the highest accuracy with ties (within min_delta) going to the lower NLL
+MONITORS = ("nll", "acc", "acc_nll")
 
 
 @dataclass(frozen=True)
@@ -39,7 +46,7 @@ class TrainConfig:
     train_last: int | None = None
     freeze_embeddings: bool = False
     patience: int | None = None
-    monitor: Literal["nll", "acc"] = "nll"  # what picks the best epoch when a validation loader is given
+    monitor: Literal["nll", "acc", "acc_nll"] = "nll"  # what picks the best epoch given a validation loader
     min_delta: float = 5e-4
     seed: int = 0
 
@@ -47,8 +54,8 @@ class TrainConfig:
         for name, registry in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES)):
             if getattr(self, name) not in registry:
                 raise ValueError(f"{name} must be one of {sorted(registry)}, got {getattr(self, name)!r}.")
-        if self.monitor not in ("nll", "acc"):
-            raise ValueError(f"monitor must be 'nll' or 'acc', got {self.monitor!r}.")
+        if self.monitor not in MONITORS:
+            raise ValueError(f"monitor must be one of {MONITORS}, got {self.monitor!r}.")
 
     def with_(self, **changes) -> TrainConfig:
         return replace(self, **changes)
@@ -114,7 +121,7 @@ TEXT_RECIPE = TrainConfig(
     schedule="linear",
     clip=1.0,
     patience=2,
-    monitor="acc",
+    monitor="acc_nll",
 )
 IMAGE_RECIPE = TrainConfig(
     epochs=10,
