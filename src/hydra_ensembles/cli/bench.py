@@ -20,14 +20,16 @@ resumes at the first missing row. A full text seed takes about 36 minutes on 2 C
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 from pathlib import Path
 
+from ..adapters import get_adapter
 from ..bench import amp, distillation, zero_shot
 from ..bench.suite import ALL_ROWS, ROWS, head_sweep
 from ..bench.suite import run as run_suite
-from ..bench.tasks import TASKS
+from ..bench.tasks import TASKS, Task
 from ..io import cache_dir
 
 EXAMPLE = """hydra-ens bench text --quick                 # one seed, small splits (about 10 minutes)
@@ -56,6 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="instead of the table: Taylor and CircAvg models pruning B heads per layer, zero-shot and fine-tuned "
         "(the paper's Figures 5-6); writes sweep.md, sweep.json, head_sweep.png",
     )
+    parser.add_argument(
+        "--prune-per-layer",
+        type=int,
+        metavar="K",
+        help="a labelled variant: every pruned model drops K heads per layer (default: the task's, half); the "
+        "suite and amp-* tables, cached and written apart (<out>-pruneK)",
+    )
     amp_options = parser.add_argument_group("amp-* experiments")
     amp_options.add_argument("--deltas", type=float, nargs="+", default=list(amp.DELTAS), help="the delta-E sweep")
     amp_options.add_argument(
@@ -83,9 +92,9 @@ def run(args: argparse.Namespace) -> int:
         return _amp(args)
     if args.task in zero_shot.TASKS:
         return _zero_shot(args)
-    task = TASKS[args.task]("quick" if args.quick else "full")
+    task = _task(args, args.task)
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
-    out = args.out or Path("benchmarks") / "results" / (task.name + ("-quick" if args.quick else ""))
+    out = args.out or Path("benchmarks") / "results" / (task.name + _suffix(args))
     cache = (args.cache or cache_dir() / "bench") / ("quick" if args.quick else "full")
     command = "hydra-ens " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     if args.head_sweep:
@@ -97,6 +106,23 @@ def run(args: argparse.Namespace) -> int:
     print((out / "table.md").read_text())
     print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
     return 0
+
+
+def _task(args: argparse.Namespace, name: str) -> Task:
+    """The benchmark task `name` at the size asked for, with `--prune-per-layer` applied (its own cache key)."""
+    task = TASKS[name]("quick" if args.quick else "full")
+    if args.prune_per_layer is None:
+        return task
+    model = task.new_model(0)
+    heads = get_adapter(model).num_heads(model)
+    if not 1 <= args.prune_per_layer < heads:
+        raise SystemExit(f"--prune-per-layer must be between 1 and {heads - 1} ({task.name}: {heads} heads per layer).")
+    return dataclasses.replace(task, prune_per_layer=args.prune_per_layer)
+
+
+def _suffix(args: argparse.Namespace) -> str:
+    """The default output folder's suffix: what differs from the standard table."""
+    return ("-quick" if args.quick else "") + (f"-prune{args.prune_per_layer}" if args.prune_per_layer else "")
 
 
 def _distill(args: argparse.Namespace) -> int:
@@ -116,9 +142,9 @@ def _distill(args: argparse.Namespace) -> int:
 
 
 def _amp(args: argparse.Namespace) -> int:
-    task = TASKS[AMP[args.task]]("quick" if args.quick else "full")
+    task = _task(args, AMP[args.task])
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
-    out = args.out or Path("benchmarks") / "results" / (args.task + ("-quick" if args.quick else ""))
+    out = args.out or Path("benchmarks") / "results" / (args.task + _suffix(args))
     cache = (args.cache or cache_dir() / "bench") / ("quick" if args.quick else "full")
     recovery = amp.AMP_RECOVERY.with_(epochs=args.recovery_epochs or amp.AMP_RECOVERY.epochs)
     summary = amp.experiment(
