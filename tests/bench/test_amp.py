@@ -42,7 +42,13 @@ def test_amp_tables_pick_the_base_by_cost_and_compare_at_equal_size(tiny_task, t
     assert seed["free"] == json.loads(json.dumps(first["per_seed"][0]["free"]))
     ratios = {float(d): r for d, r in seed["hydra_flops"].items()}
     within = sorted(d for d, r in ratios.items() if r <= 1.5)
-    assert seed["free_delta"] == (within[0] if within else max(DELTAS))  # the cost rule, from FLOPs alone
+    assert seed["free_delta"] == within[0]  # the cost rule, from FLOPs alone: the smallest delta-E tried within
+    below = [d for d in ratios if d < within[0]]
+    assert all(ratios[d] > 1.5 for d in below)
+    refined = sorted(set(ratios) - set(DELTAS))  # bisection points, between the grid's last over and first within
+    grid_over = max([d for d in DELTAS if ratios[d] > 1.5], default=None)
+    grid_within = min(d for d in DELTAS if ratios[d] <= 1.5)
+    assert all(grid_over < d < grid_within for d in refined) and (refined or grid_over is None)
     assert ratios[max(DELTAS)] <= ratios[min(DELTAS)]  # a smaller MLP, a cheaper ensemble
     sizes = seed["sizes"]
     base = f"AMP dE={seed['free_delta']:g}"
@@ -93,3 +99,16 @@ def test_the_cost_rule_counts_distinct_members_when_half_the_heads_go(tiny_task,
     seed = amp.AmpSeed(task, 0, tmp_path / "seed0", AMP_RECOVERY.with_(epochs=1), pruning_examples=8, progress=False)
     full, pruned = seed.hydra_flops(seed.single), seed.hydra_flops(seed.adaptive(1.0)[0])
     assert 1.0 < full <= task.members and pruned < full
+
+
+def test_the_cost_rule_refines_the_grid_by_bisection(tiny_task, tmp_path, monkeypatch):  # noqa: F811
+    """On a cost that falls as delta-E grows (here 0.05 / delta-E), the rule's answer is within the target, below
+    the grid's first delta-E within it, and closer to the true boundary (0.05) than the grid was."""
+    seed = amp.AmpSeed(tiny_task, 0, tmp_path / "s0", AMP_RECOVERY.with_(epochs=1), pruning_examples=8, progress=False)
+    monkeypatch.setattr(seed, "adaptive", lambda delta, criterion="entropy": (delta, {}))
+    monkeypatch.setattr(seed, "hydra_flops", lambda delta: 0.05 / delta)
+    delta, ratios = seed.free_delta((0.01, 0.1, 1.0), target=1.0)
+    assert ratios[delta] <= 1.0 and 0.05 <= delta < 0.1 and len(ratios) == 3 + amp.REFINE_STEPS
+    assert delta == min(d for d, r in ratios.items() if r <= 1.0)
+    assert seed.free_delta((0.1, 1.0), target=1.0)[0] == 0.1  # the grid's first point within: nothing below to refine
+    assert seed.free_delta((0.01, 0.02), target=1.0)[0] == 0.02  # none within: the largest

@@ -3,11 +3,12 @@
 
 sweep      Algorithm 1 at each delta-E with the label-free entropy criterion: kept MLP sizes, parameters, FLOPs
            and the evaluation suite's metrics, before and after recovery (the shape of Table 7).
-free       the base of the ensemble: the sweep's smallest delta-E whose fused 3-member Hydra Ensemble costs at
-           most `flops_target` x Single's FLOPs (a cost rule: it needs no data). Then Single, AMP single (that base,
-           recovered), Hydra (Taylor) and Hydra (Circ) on the unpruned base (the suite's own rows) and on the AMP
-           base (the same recipe: sequential Taylor scores, exact circuits, fine-tuned members, merged MLP), with
-           latency timed interleaved in one run.
+free       the base of the ensemble: the smallest delta-E whose fused 3-member Hydra Ensemble costs at most
+           `flops_target` x Single's FLOPs (a cost rule: it needs no data), on the sweep's grid refined by
+           bisection between the grid's last delta-E over the target and its first within. Then Single, AMP
+           single (that base, recovered), Hydra (Taylor) and Hydra (Circ) on the unpruned base (the suite's own
+           rows) and on the AMP base (the same recipe: sequential Taylor scores, exact circuits, fine-tuned
+           members, merged MLP), with latency timed interleaved in one run.
 criteria   Algorithm 1 with cross-entropy, the prediction entropy and the [CLS] similarity entropy, each at the
            delta-E that keeps the free base's MLP neuron count (found by bisection; Table 5).
 baselines  at that count with a uniform width: random neurons, L2 magnitude, Taylor (the entropy criterion), next
@@ -66,6 +67,7 @@ TABLES = (
 )
 TABLE_NAMES = tuple(name for name, _ in TABLES)
 LATENCY_BATCH = 32  # the bar of issue 13: latency on the CPU at batch 32
+REFINE_STEPS = 3  # bisection steps of the cost rule between two grid delta-Es
 FREE_NAMES = {  # the suite's rows on the AMP base, as the free table names them
     "Single": "AMP single",
     "Hydra (Taylor)": "Hydra (Taylor) on AMP",
@@ -183,12 +185,27 @@ class AmpSeed:
         ensemble = HydraEnsemble.fuse(build_members(pruned, head_maps), mlp="average")
         return count_flops(ensemble, self.probe) / self.single_flops
 
-    def free_delta(self, deltas: Sequence[float], target: float) -> tuple[float, dict[float, float]]:
-        """The smallest delta-E in `deltas` whose Hydra Ensemble costs <= `target` x Single's FLOPs (else the
-        largest), and every delta-E's ratio."""
+    def free_delta(
+        self, deltas: Sequence[float], target: float, refine: int = REFINE_STEPS
+    ) -> tuple[float, dict[float, float]]:
+        """The smallest delta-E whose Hydra Ensemble costs <= `target` x Single's FLOPs, and every ratio computed.
+
+        First the sweep's grid; when the first delta-E within the target has a grid neighbour below it that is
+        over, `refine` bisection steps (in log delta-E, 3 significant digits) narrow the gap, so the base uses
+        the budget instead of landing far under it. None within: the largest delta-E."""
         ratios = {delta: self.hydra_flops(self.adaptive(delta)[0]) for delta in sorted(deltas)}
         within = [delta for delta, ratio in ratios.items() if ratio <= target]
-        return (within[0] if within else max(deltas)), ratios
+        if not within:
+            return max(deltas), ratios
+        over = [delta for delta in ratios if delta < within[0]]
+        low, high = (over[-1], within[0]) if over else (None, within[0])
+        for _ in range(refine if low is not None else 0):
+            middle = float(f"{math.sqrt(low * high):.3g}")
+            if middle in (low, high):
+                break
+            ratios[middle] = self.hydra_flops(self.adaptive(middle)[0])
+            low, high = (low, middle) if ratios[middle] <= target else (middle, high)
+        return high, dict(sorted(ratios.items()))
 
     # ---- measurement ----
 
@@ -224,7 +241,7 @@ def amp_seed(
     heads = get_adapter(amp.single).num_heads(amp.single)
     delta, ratios = amp.free_delta(deltas, flops_target)
     base_name = f"AMP dE={delta:g}"
-    sizes = {"unpruned": widths} | {f"AMP dE={d:g}": amp.adaptive(d)[1]["sizes"] for d in deltas}
+    sizes = {"unpruned": widths} | {f"AMP dE={d:g}": amp.adaptive(d)[1]["sizes"] for d in sorted({*deltas, delta})}
     total = sum(sizes[base_name])
     result: dict = {"free_delta": delta, "hydra_flops": {f"{d:g}": r for d, r in ratios.items()}, "sizes": sizes}
 
@@ -351,8 +368,10 @@ def markdown(summary: dict) -> str:
                 for s, r in summary["per_seed"].items()
             }
             lines += [
-                f"AMP base: delta-E {chosen} per seed, the smallest of {summary['settings']['deltas']} whose fused "
-                f"{len(HYDRA_ROWS)}-member Hydra costs <= {summary['settings']['flops_target']}x Single's FLOPs "
+                f"AMP base: delta-E {chosen} per seed, the smallest whose fused {len(HYDRA_ROWS)}-member Hydra "
+                f"costs <= {summary['settings']['flops_target']}x Single's FLOPs on the grid "
+                f"{summary['settings']['deltas']}, refined by up to {REFINE_STEPS} bisection steps between the grid's "
+                "last delta-E over the target and first within it "
                 f"(Hydra FLOPs x per delta-E, per seed: {ratios}). Heads: per layer; MLP: hidden neurons kept of all."
                 + (
                     f" Latency: seed {seeds[0]}'s models on one batch of {summary['latency_batch']} test examples, "

@@ -71,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--flops-target",
         type=float,
         default=1.0,
-        help="the AMP base of the ensembles: the smallest delta-E whose 3-member Hydra costs <= this x Single's FLOPs",
+        help="the AMP base of the ensembles: the smallest delta-E (the grid, refined by bisection) whose 3-member "
+        "Hydra costs <= this x Single's FLOPs",
     )
     amp_options.add_argument("--recovery-epochs", type=int, help="recovery epochs (default: the paper's recipe, 10)")
     amp_options.add_argument(
