@@ -85,7 +85,7 @@ def test_amp_tables_pick_the_base_by_cost_and_compare_at_equal_size(tiny_task, t
 def test_recovered_models_reload_as_pruned_hf_models(tiny_task, tmp_path):  # noqa: F811
     cache = tmp_path / "seed0"
     seed = amp.AmpSeed(tiny_task, 0, cache, AMP_RECOVERY.with_(epochs=1), pruning_examples=8, progress=False)
-    pruned, search = seed.adaptive(1.0)
+    pruned, search = seed.adaptive(1.0), seed.search(1.0)
     assert search["sizes"] == [len(k) for k in he.kept_neurons(pruned).values()]
     recovered = seed.recovered("x", pruned)
     assert he.kept_neurons(recovered) == he.kept_neurons(pruned)
@@ -97,7 +97,7 @@ def test_the_cost_rule_counts_distinct_members_when_half_the_heads_go(tiny_task,
     heads = he.get_adapter(tiny_task.new_model(0)).num_heads(tiny_task.new_model(0))
     task = dataclasses.replace(tiny_task, prune_per_layer=heads // 2)
     seed = amp.AmpSeed(task, 0, tmp_path / "seed0", AMP_RECOVERY.with_(epochs=1), pruning_examples=8, progress=False)
-    full, pruned = seed.hydra_flops(seed.single), seed.hydra_flops(seed.adaptive(1.0)[0])
+    full, pruned = seed.hydra_flops(seed.single), seed.hydra_flops(seed.adaptive(1.0))
     assert 1.0 < full <= task.members and pruned < full
 
 
@@ -105,7 +105,7 @@ def test_the_cost_rule_refines_the_grid_by_bisection(tiny_task, tmp_path, monkey
     """On a cost that falls as delta-E grows (here 0.05 / delta-E), the rule's answer is within the target, below
     the grid's first delta-E within it, and closer to the true boundary (0.05) than the grid was."""
     seed = amp.AmpSeed(tiny_task, 0, tmp_path / "s0", AMP_RECOVERY.with_(epochs=1), pruning_examples=8, progress=False)
-    monkeypatch.setattr(seed, "adaptive", lambda delta, criterion="entropy": (delta, {}))
+    monkeypatch.setattr(seed, "adaptive", lambda delta, criterion="entropy": delta)
     monkeypatch.setattr(seed, "hydra_flops", lambda delta: 0.05 / delta)
     delta, ratios = seed.free_delta((0.01, 0.1, 1.0), target=1.0)
     assert ratios[delta] <= 1.0 and 0.05 <= delta < 0.1 and len(ratios) == 3 + amp.REFINE_STEPS

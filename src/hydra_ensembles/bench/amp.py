@@ -110,11 +110,18 @@ class AmpSeed:
             torch.save(scores, path)
         return torch.load(path)
 
-    def adaptive(self, delta: float, criterion: str = "entropy") -> tuple[nn.Module, dict]:
-        """Algorithm 1 at `delta` (cached: the pruned model and its search record)."""
-        name = f"adaptive-{criterion}-dE{delta:.6g}"
-        path = self.cache / "models" / name
-        if not path.exists():
+    def adaptive(self, delta: float, criterion: str = "entropy") -> nn.Module:
+        """The model Algorithm 1 prunes at `delta` (built once, cached)."""
+        return load_predictor(self._adaptive_dir(delta, criterion))
+
+    def search(self, delta: float, criterion: str = "entropy") -> dict:
+        """Algorithm 1's record at `delta` (sizes, baseline, entropies), without loading the model."""
+        return json.loads((self._adaptive_dir(delta, criterion) / "search.json").read_text())
+
+    def _adaptive_dir(self, delta: float, criterion: str) -> Path:
+        """Where the model pruned at `delta` and its search record are cached; built on first use."""
+        path = self.cache / "models" / f"adaptive-{criterion}-dE{delta:.6g}"
+        if not (path / "search.json").exists():  # written last: a run stopped in between builds it again
             pruned, record = adaptive_mlp_pruning(
                 self.single,
                 self.pruning,
@@ -126,7 +133,7 @@ class AmpSeed:
             save_predictor(pruned, path)
             search = {"delta_e": delta, "sizes": record.sizes, "baseline": record.baseline}
             write_json_atomic(path / "search.json", search | {"entropies": record.entropies})
-        return load_predictor(path), json.loads((path / "search.json").read_text())
+        return path
 
     def uniform(self, criterion: str, total: int) -> nn.Module:
         """`total` MLP neurons spread evenly, the top ones by `criterion` ("taylor" = the entropy criterion)."""
@@ -159,7 +166,7 @@ class AmpSeed:
         low, high, delta = None, None, start
         best, best_gap = start, math.inf
         for _ in range(tries):
-            kept = sum(self.adaptive(delta, criterion)[1]["sizes"])
+            kept = sum(self.search(delta, criterion)["sizes"])
             gap = abs(kept - total) / total
             if gap < best_gap:
                 best, best_gap = delta, gap
@@ -193,7 +200,7 @@ class AmpSeed:
         First the sweep's grid; when the first delta-E within the target has a grid neighbour below it that is
         over, `refine` bisection steps (in log delta-E, 3 significant digits) narrow the gap, so the base uses
         the budget instead of landing far under it. None within: the largest delta-E."""
-        ratios = {delta: self.hydra_flops(self.adaptive(delta)[0]) for delta in sorted(deltas)}
+        ratios = {delta: self.hydra_flops(self.adaptive(delta)) for delta in sorted(deltas)}
         within = [delta for delta, ratio in ratios.items() if ratio <= target]
         if not within:
             return max(deltas), ratios
@@ -203,7 +210,7 @@ class AmpSeed:
             middle = float(f"{math.sqrt(low * high):.3g}")
             if middle in (low, high):
                 break
-            ratios[middle] = self.hydra_flops(self.adaptive(middle)[0])
+            ratios[middle] = self.hydra_flops(self.adaptive(middle))
             low, high = (low, middle) if ratios[middle] <= target else (middle, high)
         return high, dict(sorted(ratios.items()))
 
@@ -241,7 +248,7 @@ def amp_seed(
     heads = get_adapter(amp.single).num_heads(amp.single)
     delta, ratios = amp.free_delta(deltas, flops_target)
     base_name = f"AMP dE={delta:g}"
-    sizes = {"unpruned": widths} | {f"AMP dE={d:g}": amp.adaptive(d)[1]["sizes"] for d in sorted({*deltas, delta})}
+    sizes = {"unpruned": widths} | {f"AMP dE={d:g}": amp.search(d)["sizes"] for d in sorted({*deltas, delta})}
     total = sum(sizes[base_name])
     result: dict = {"free_delta": delta, "hydra_flops": {f"{d:g}": r for d, r in ratios.items()}, "sizes": sizes}
 
@@ -256,7 +263,7 @@ def amp_seed(
     unpruned = amp.measured("Single", amp.single, f"{heads}; MLP {sum(widths)}/{sum(widths)}")
     if "free" in tables:
         print(f"[seed {seed}] ensembles on the AMP base (delta-E {delta:g})", flush=True)
-        base = amp.recovered(_slug(base_name), amp.adaptive(delta)[0])
+        base = amp.recovered(_slug(base_name), amp.adaptive(delta))
         free = run_seed(task, seed, seed_cache, progress, rows=HYDRA_ROWS)
         on_amp = run_seed(task, seed, amp.cache / _slug(base_name), progress, rows=HYDRA_ROWS, base=lambda: base)
         result["free"] = free | {FREE_NAMES[row]: results for row, results in on_amp.items()}
@@ -264,15 +271,15 @@ def amp_seed(
         result["sweep"] = {"Single": unpruned}
         for d in deltas:
             print(f"[seed {seed}] AMP delta-E {d:g}", flush=True)
-            result["sweep"] |= both(f"AMP dE={d:g}", amp.adaptive(d)[0])
+            result["sweep"] |= both(f"AMP dE={d:g}", amp.adaptive(d))
     if "criteria" in tables:
         result["criteria"] = {"Single": unpruned}
         for criterion in CRITERIA:
             matched = delta if criterion == "entropy" else amp.matched_delta(criterion, total, start=delta)
             print(f"[seed {seed}] criterion {criterion}: delta-E {matched:g}", flush=True)
-            result["criteria"] |= both(f"AMP ({criterion}, dE={matched:g})", amp.adaptive(matched, criterion)[0])
+            result["criteria"] |= both(f"AMP ({criterion}, dE={matched:g})", amp.adaptive(matched, criterion))
     if "baselines" in tables:
-        result["baselines"] = {"Single": unpruned} | both(base_name, amp.adaptive(delta)[0])
+        result["baselines"] = {"Single": unpruned} | both(base_name, amp.adaptive(delta))
         for criterion in BASELINES:
             print(f"[seed {seed}] uniform width, {criterion}", flush=True)
             result["baselines"] |= both(f"Uniform ({criterion})", amp.uniform(criterion, total))
