@@ -123,6 +123,8 @@ def flow(tmp_path_factory, text_files, text_encoder):
             "--lr",
             "1e-3",
             "--freeze-embeddings",
+            "--precision",
+            "bf16",
             "--out",
             d["tuned"],
         ),
@@ -276,6 +278,9 @@ def test_finetune_says_which_epoch_it_kept_and_why(flow):
     assert kept == state["best_epoch"]
     assert f"kept epoch {kept} of {len(history['epochs'])}: highest validation accuracy" in runs["finetune"].stdout
     assert "ties go to the lower NLL" in runs["finetune"].stdout
+    tuned = json.loads((root / "tuned" / "hydra-ens.json").read_text())["settings"]["recipe"]
+    single = json.loads((root / "single" / "hydra-ens.json").read_text())["settings"]["recipe"]
+    assert tuned["precision"] == "bf16" and "precision" not in single  # members tuned with --precision bf16
 
 
 def test_scores_writes_the_scores_json_the_docs_promise(flow):

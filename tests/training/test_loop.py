@@ -40,6 +40,25 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
         ft.finetune(MODELS["bert"](), _data(), CONFIG.with_(lr=2e-3), checkpoint_dir=tmp_path, progress=False)
 
 
+def test_bf16_mixed_precision_runs_the_forward_in_bf16_and_keeps_float32_weights():
+    model, seen = MODELS["bert"](), []
+    model.bert.encoder.layer[0].attention.self.query.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+    config = CONFIG.with_(precision="bf16", lr=1e-2)
+    ft.finetune(model, _data(), config, progress=False)
+    assert seen and all(dtype == torch.bfloat16 for dtype in seen)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    losses = [h["loss"] for h in model.training_history]
+    assert losses[-1] < losses[0]
+    seen.clear()
+    ft.validate(model, _data(seed=20))  # validation stays float32
+    assert seen and all(dtype == torch.float32 for dtype in seen)
+    # a model trained before the field existed (fp32) keeps its key; bf16 gets another
+    assert "precision" not in CONFIG.key() and config.key()["precision"] == "bf16"
+    assert "precision" not in repr(CONFIG) and "precision='bf16'" in repr(config)
+    with pytest.raises(ValueError, match="precision must be"):
+        CONFIG.with_(precision="fp16")
+
+
 def test_train_last_updates_only_the_last_blocks_and_the_head():
     model = MODELS["vit"]()
     before = {k: v.clone() for k, v in model.state_dict().items()}

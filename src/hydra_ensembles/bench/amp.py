@@ -22,7 +22,6 @@ unused. The pruning set is the first `pruning_examples` training examples. Every
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import math
 import os
@@ -332,7 +331,7 @@ def experiment(
         "settings": {
             "deltas": list(deltas),
             "flops_target": flops_target,
-            "recovery": dataclasses.asdict(recovery),
+            "recovery": recovery.key(),
             "pruning_examples": pruning_examples,
         },
         "tables": {name: aggregate({s: r[name] for s, r in per_seed.items()}) for name in tables},

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         "val": fingerprint_path(args.val, "--val") if args.val else None,
         "head_layers": args.head_layers,
         "temperature": args.temperature,
-        "recipe": recipe.__dict__,
+        "recipe": recipe.key(),
         **data_settings(args),
     }
     out = start_step(args, "distill", settings)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +80,7 @@ def train(
     optimizer = OPTIMIZERS[config.optimizer](trainable, config)
     total = config.epochs * len(batches)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(config, total))
-    identity = {"config": asdict(config), "loss": getattr(loss, "name", type(loss).__name__)}
+    identity = {"config": config.key(), "loss": getattr(loss, "name", type(loss).__name__)}
     state = {"epoch": 0, "history": [], "best": None, "best_epoch": None, "best_score": -math.inf, "stale": 0}
     path = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None
     if path is not None and path.exists():
@@ -101,7 +100,8 @@ def train(
             for index in order.tolist():
                 batch = to_device(_my_rows(batches[index]), device)
                 inputs, _ = split_batch(adapter, batch)
-                value = loss(forward(runner, inputs), batch)
+                with torch.autocast(device.type, torch.bfloat16, enabled=config.precision == "bf16"):
+                    value = loss(forward(runner, inputs), batch)
                 optimizer.zero_grad(set_to_none=True)
                 value.backward()
                 if config.clip is not None:
