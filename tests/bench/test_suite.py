@@ -96,6 +96,10 @@ def test_the_cache_key_changes_with_any_setting_or_split(tiny_task):
     assert key != replace(tiny_task, recipe=tiny_task.recipe.with_(lr=2e-3)).fingerprint()
     assert key != replace(tiny_task, prune_per_layer=2).fingerprint()
     assert key != replace(tiny_task, test=tiny_task.test[:1]).fingerprint()
+    assert key != replace(tiny_task, recipe=tiny_task.recipe.with_(precision="bf16")).fingerprint()
+    assert key != replace(tiny_task, circuit_precision="bf16").fingerprint()
+    # settings added later key only when set: a model cached before they existed keeps its key
+    assert "precision" not in repr(tiny_task.recipe) and "circuit_precision" not in tiny_task.settings()
 
 
 def test_head_sweep_measures_each_budget_zero_shot_and_fine_tuned(tiny_task, tmp_path):

@@ -282,6 +282,7 @@ class _Builder:
                 budget,
                 method=task.circuit_method,
                 top=task.circuit_top,
+                precision=task.circuit_precision,
                 state_path=self.cache / f"circuit_{criterion}_state.json",
                 progress=self.progress,
             )
