@@ -7,6 +7,10 @@ the sets of the first n heads removed (n = half the budget, and the whole budget
 that a pruned member would lose are the same.
 
     python benchmarks/circuit_approx.py image-dinov2 --seed 0 --methods fast:bf16 multi-2 multi-4 multi-4:bf16 multi-8
+    python benchmarks/circuit_approx.py text-mpnet --seed 0 --batches 1 --budget 72 --methods multi-8:bf16
+
+With --batches K, only the first K batches of each circuit set are used, exact ranking included (computed once,
+resumable, saved under the seed's cache): a cheaper comparison when the exact search on the full data is too slow.
 """
 
 import argparse
@@ -31,22 +35,35 @@ def main() -> None:
     parser.add_argument(
         "--exact-steps", type=int, default=2, help="exact steps timed to estimate the exact search's total time"
     )
+    parser.add_argument(
+        "--batches",
+        type=int,
+        help="use only the first K batches (16 examples) of the ID and of the OOD circuit data: a cheaper exact "
+        "ranking to compare against (a proxy of the full data's agreement; saved and resumable)",
+    )
     args = parser.parse_args()
     task = TASKS[args.task]("full")
     seed_cache = cache_dir() / "bench" / "full" / f"{task.name}-{task.fingerprint()}" / f"seed{args.seed}"
     model = suite_predictor(task, args.seed, seed_cache, "Single", progress=False)
     layers = he.get_adapter(model).num_layers(model)
     budget = args.budget or max(task.circuit_pool, task.prune_per_layer * layers)
-    exact_path = seed_cache / "circuit_avg.json"
+    id_data, ood_data = task.circuit_id, task.circuit_ood
+    exact_path, state_path = seed_cache / "circuit_avg.json", None
+    if args.batches:
+        id_data, ood_data = id_data[: args.batches], ood_data[: args.batches]
+        exact_path = seed_cache / "circuit_approx" / f"exact-{args.batches}-batches-{budget}.json"
+        state_path = exact_path.with_suffix(".state.json")
     if exact_path.exists() and len(he.Circuit.load(exact_path).removed) >= budget:
         exact, exact_seconds = he.Circuit.load(exact_path), None
     else:
-        started = time.perf_counter()
-        exact = he.extract_circuit(model, task.circuit_id, task.circuit_ood, "avg", budget, method="fast")
-        exact_seconds = time.perf_counter() - started
+        resumed, started = state_path is not None and state_path.exists(), time.perf_counter()
+        exact = he.extract_circuit(model, id_data, ood_data, "avg", budget, method="fast", state_path=state_path)
+        exact_seconds = None if resumed else time.perf_counter() - started  # resumed: timed below instead
+        if args.batches:
+            exact.save(exact_path)
     if exact_seconds is None:  # time the first steps; a step costs in proportion to the candidates left
         started = time.perf_counter()
-        he.extract_circuit(model, task.circuit_id, task.circuit_ood, "avg", args.exact_steps, progress=False)
+        he.extract_circuit(model, id_data, ood_data, "avg", args.exact_steps, progress=False)
         candidates = sum(len(h) for h in he.kept_heads(model).values())
         per_candidate = (time.perf_counter() - started) / sum(candidates - s for s in range(args.exact_steps))
         exact_seconds = per_candidate * sum(candidates - s for s in range(budget))
@@ -60,8 +77,8 @@ def main() -> None:
         started = time.perf_counter()
         circuit = he.extract_circuit(
             model,
-            task.circuit_id,
-            task.circuit_ood,
+            id_data,
+            ood_data,
             "avg",
             budget,
             method=method,
