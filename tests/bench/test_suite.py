@@ -60,6 +60,7 @@ def test_every_row_is_built_evaluated_tabled_and_cached(tiny_task, tmp_path, mon
     assert stacked["mlp"] == "stack" and stacked["head_maps"] == hydra["head_maps"]  # the same members
     assert hydra["averaged"] > 0 and stacked["averaged"] == 0  # fine-tuned apart: the merged MLP is averaged
     assert "| Hydra (Circ) | " in table.split("Members' disagreement")[1]  # one by one vs after fusion
+    assert saved["circuit_search"] == {"0": "exact"} and "- Circuit search (CircAvg ranking): seed 0: exact." in table
     for name in ("reliability.png", "ood_scores.png", "head_importance.png"):
         assert (tmp_path / "out" / name).stat().st_size > 5000
     # a second run trains nothing: every model and result comes from the cache

@@ -2,9 +2,10 @@
 then mean +- std over seeds as markdown and JSON tables, plus figures.
 
 Rows (`ROWS`): Single, Deep Ensembles, Deep Ensembles (D), MC Dropout, Temp. scaling, LoRA Ens., Taylor,
-CircAvg, Hydra (Taylor), Hydra (Circ) — the paper's method: sequential Taylor scores (§D.1.1), exact circuits
-(§D.1.2), fine-tuned members fused with the merged (averaged) MLP (§4.2) — and the variant that keeps each
-member's own MLP, as its own labelled rows (same members, exact fusion, more parameters).
+CircAvg, Hydra (Taylor), Hydra (Circ) — the paper's method: sequential Taylor scores (§D.1.1), circuits by
+greedy removal (§D.1.2; exact, or the approximation a task names where exact is out of reach), fine-tuned
+members fused with the merged (averaged) MLP (§4.2) — and the variant that keeps each member's own MLP, as its
+own labelled rows (same members, exact fusion, more parameters).
 `REVIEW_ROWS` answer reviewers' questions (paper §B.1-B.3): Taylor / CircAvg / Hydra (Circ) without
 fine-tuning (Table 4), CircAcc and CircOOD next to CircAvg (Table 6); `head_sweep` gives Figures 5-6.
 
@@ -99,6 +100,7 @@ def run(
         "notes": task.notes,
         "rows": aggregate(per_seed),
         "per_seed": per_seed,
+        "circuit_search": circuit_searches(cache, seeds),
     }
     if latency_repeats:
         summary["latency"] = timed_rows(task, seeds[0], cache / f"seed{seeds[0]}", per_seed[seeds[0]], latency_repeats)
@@ -140,6 +142,17 @@ def run_seed(
         results[row]["_seconds"] = round(time.perf_counter() - started, 1)
         write_json_atomic(record, results)
     return {row: results[row] for row in rows}
+
+
+def circuit_searches(cache: Path, seeds: Sequence[int]) -> dict[str, str]:
+    """{seed: the search that ranked its CircAvg circuit ("exact", or the approximation and why)}."""
+    searches = {}
+    for seed in seeds:
+        path = cache / f"seed{seed}" / "circuit_avg.json"
+        if path.exists():
+            circuit = Circuit.load(path)
+            searches[str(seed)] = circuit.search + (f" ({circuit.note})" if circuit.note else "")
+    return searches
 
 
 def timed_rows(task: Task, seed: int, cache: Path, results: Mapping[str, dict], repeats: int) -> dict[str, dict]:
@@ -559,10 +572,13 @@ def markdown(summary: dict) -> str:
     ]
     lines += [f"- {note}" for note in summary["notes"]]
     lines.append(
-        "- Hydra (Taylor) and Hydra (Circ) are the paper's method: sequential Taylor scores, exact circuits (method "
-        "in the notes above), members fine-tuned and fused with the merged (averaged) MLP. The rows '…, stacked "
-        "MLP' fuse the same members keeping each one's own MLP (exact, more parameters)."
+        "- Hydra (Taylor) and Hydra (Circ) are the paper's method: sequential Taylor scores, circuits by greedy "
+        "removal (the search below), members fine-tuned and fused with the merged (averaged) MLP. The rows '…, "
+        "stacked MLP' fuse the same members keeping each one's own MLP (exact, more parameters)."
     )
+    if summary.get("circuit_search"):
+        searches = "; ".join(f"seed {seed}: {search}" for seed, search in summary["circuit_search"].items())
+        lines.append(f"- Circuit search (CircAvg ranking): {searches}.")
     lines += ["", "Per OOD set (AUROC %, mean over seeds):", "", *per_set_lines(summary["per_seed"])]
     lines += disagreement_lines(summary["rows"])
     return "\n".join(lines) + "\n"

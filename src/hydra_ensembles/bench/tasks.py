@@ -226,6 +226,7 @@ class TextRecipe:
     lora_lr: float
     precision: str
     why: str
+    circuit_method: str = "fast"  # "auto": exact if its estimated time fits 30 min, else an approximation
 
 
 MINILM_RECIPE = TextRecipe(
@@ -252,7 +253,7 @@ def text_task(
     data: "bbc" (three BBC News topics) or "sentiment" (movie sentences; `sentiment_data`). Pruning scales with
     the model: every pruned model drops half the heads of each layer (MiniLM: 6 of 12), Hydra (Taylor) samples
     them from the 2/3 least useful per layer (8 of 12), Hydra (Circ) from the first 2/3 of the circuit's removal
-    order (48 of 72). Circuits use the exact fast search.
+    order (48 of 72). Circuits use the recipe's search (MiniLM: the exact fast search).
     """
     if data not in TEXT_DATA:
         raise ValueError(f"unknown text data {data!r}; choose one of {sorted(TEXT_DATA)}.")
@@ -293,8 +294,13 @@ def text_task(
     circuit_tokens = min(64, sizes.tokens)
     # the demo must stay a few minutes: its circuits use the approximate screen (top 4), which agrees with the
     # exact search on ~83 % of MiniLM's removal order (docs/circuits.md); every benchmark size is exact
-    circuit_method = "screen" if size == "demo" else "fast"
-    search = "the approximate 'screen' search (top 4)" if circuit_method == "screen" else "the exact fast search"
+    circuit_method = "screen" if size == "demo" else recipe.circuit_method
+    search = {
+        "screen": "the approximate 'screen' search (top 4)",
+        "fast": "the exact fast search",
+        "auto": "method 'auto' (the exact fast search if its estimated time fits 30 minutes, else the least "
+        "approximate multi-k search that does; the search each seed used is given below)",
+    }[circuit_method]
 
     train = TEXT_RECIPE.with_(epochs=sizes.epochs, lr=recipe.lr, precision=recipe.precision)
 
