@@ -85,6 +85,12 @@ def reading_dir(path: str | os.PathLike, what: str) -> Iterator[Path]:
     yield path
 
 
+def without_late_defaults(settings: dict[str, Any], late_defaults: dict[str, Any]) -> dict[str, Any]:
+    """`settings` less the fields added after caches were keyed by them (`late_defaults`: name -> default) that
+    are at their default: a key computed before such a field existed stays the same."""
+    return {k: v for k, v in settings.items() if k not in late_defaults or late_defaults[k] != v}
+
+
 def tensor_digest(tensors: Iterable[torch.Tensor]) -> str:
     """A short hash of tensors' shapes and bytes: what a saved state must match to be resumed."""
     digest = hashlib.sha256()

@@ -23,6 +23,7 @@ import transformers
 from torch import Tensor, nn
 
 from ..data.loaders import Batch
+from ..io import without_late_defaults
 from ..training import IMAGE_RECIPE, TEXT_RECIPE, TrainConfig
 
 # fields added after caches were keyed by the fingerprint: left out of it while at their default, so the models
@@ -61,13 +62,14 @@ class Task:
     def settings(self) -> dict:
         """Every setting and the data sizes (notes describe, they change nothing; fields added later only when
         set)."""
-        settings = {
-            f.name: getattr(self, f.name)
-            for f in fields(self)
-            if f.name != "notes"
-            and not callable(getattr(self, f.name))
-            and _LATE_FIELDS.get(f.name, object()) != getattr(self, f.name)
-        }
+        settings = without_late_defaults(
+            {
+                f.name: getattr(self, f.name)
+                for f in fields(self)
+                if f.name != "notes" and not callable(getattr(self, f.name))
+            },
+            _LATE_FIELDS,
+        )
         for name in ("train", "val", "test", "circuit_id", "circuit_ood"):
             settings[name] = _size(settings[name])
         for name in ("near", "far"):

@@ -23,6 +23,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from ..io import without_late_defaults
+
 # what picks the kept epoch on validation data: "nll" the lowest NLL, "acc" the highest accuracy (a tie keeps the
 # earlier epoch), "acc_nll" the highest accuracy with ties (within min_delta) going to the lower NLL
 MONITORS = ("nll", "acc", "acc_nll")
@@ -71,7 +73,7 @@ class TrainConfig:
 
     def key(self) -> dict:
         """The settings that key a checkpoint or a cached model: every field, less late fields at their default."""
-        return {k: v for k, v in asdict(self).items() if _LATE_FIELDS.get(k, object()) != v}
+        return without_late_defaults(asdict(self), _LATE_FIELDS)
 
     def __repr__(self) -> str:  # what task fingerprints hash: the dataclass repr of `key()`
         return f"TrainConfig({', '.join(f'{k}={v!r}' for k, v in self.key().items())})"
