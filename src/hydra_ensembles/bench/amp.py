@@ -285,18 +285,23 @@ def amp_seed(
     return result
 
 
-def free_latency(
-    task: Task, seed: int, seed_cache: Path, delta: float, repeats: int = 7, batch: int = LATENCY_BATCH
-) -> dict[str, dict]:
-    """Latency of the free table's rows relative to Single, timed interleaved on the first `batch` test examples
-    (one batch)."""
+def free_predictors(task: Task, seed: int, seed_cache: Path, delta: float) -> dict[str, nn.Module]:
+    """The free table's predictors of one seed, from its cache (built there by `amp_seed`): Single first, then
+    the Hydra rows on the unpruned base, AMP single and the Hydra rows on the AMP base of `delta`."""
     base_name = _slug(f"AMP dE={delta:g}")
     unpruned = _Builder(task, seed, seed_cache, progress=False)
     base = load_predictor(seed_cache / "amp" / "models" / f"{base_name}-recovered")
     on_amp = _Builder(task, seed, seed_cache / "amp" / base_name, progress=False, base=lambda: base)
     predictors = {row: unpruned.row(row)[0] for row in HYDRA_ROWS}
-    predictors |= {FREE_NAMES[row]: on_amp.row(row)[0] for row in HYDRA_ROWS}
-    return time_predictors(predictors, rebatch(task.test, batch)[0], repeats)
+    return predictors | {FREE_NAMES[row]: on_amp.row(row)[0] for row in HYDRA_ROWS}
+
+
+def free_latency(
+    task: Task, seed: int, seed_cache: Path, delta: float, repeats: int = 7, batch: int = LATENCY_BATCH
+) -> dict[str, dict]:
+    """Latency of the free table's rows relative to Single, timed interleaved on the first `batch` test examples
+    (one batch)."""
+    return time_predictors(free_predictors(task, seed, seed_cache, delta), rebatch(task.test, batch)[0], repeats)
 
 
 def experiment(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -165,6 +166,8 @@ class HydraEnsemble(nn.Module):
         x, mask = self.embed(inputs)  # x: (1, B, T, d) when shared, else (M, B, T, d)
         batch, tokens = x.shape[1], x.shape[2]
         step = batch if self.max_rows is None else max(1, self.max_rows // (self.num_members * tokens))
+        chunks = max(1, math.ceil(batch / step))
+        step = max(1, math.ceil(batch / chunks))  # chunks of even size: 32 at <= 10 a chunk is 4 x 8, not 10+10+10+2
         outs, hiddens = [], []
         for start in range(0, batch, step):  # rows are independent: chunks only bound the working set
             rows = slice(start, start + step)
