@@ -11,15 +11,26 @@ that a pruned member would lose are the same.
 
 With --batches K, only the first K batches of each circuit set are used, exact ranking included (computed once,
 resumable, saved under the seed's cache): a cheaper comparison when the exact search on the full data is too slow.
+
+Overlap alone can mislead where S is flat: when many candidates leave exactly the same S, Algorithm 1 removes the
+first in (layer, head) order, and a search that reached a slightly different state breaks those ties elsewhere.
+So each search also gets the quality of what it removed: S of the model with its first n heads removed, scored
+exactly (columns S@n), next to the exact search's own; and how many of the exact ranking's steps left S exactly
+unchanged (plateaus, where ties decide). Every circuit is saved under the seed's cache (`circuit_approx/`), so a
+rerun only prints.
 """
 
 import argparse
+import json
 import time
 
 import hydra_ensembles as he
 from hydra_ensembles.bench.suite import suite_predictor
 from hydra_ensembles.bench.tasks import TASKS
-from hydra_ensembles.io import cache_dir
+from hydra_ensembles.importance import CRITERIA
+from hydra_ensembles.importance.circuit.scoring import ReferenceScorer
+from hydra_ensembles.importance.circuit.search import search_name
+from hydra_ensembles.io import cache_dir, write_json_atomic
 
 
 def overlap(a, b, n):
@@ -61,35 +72,67 @@ def main() -> None:
         exact_seconds = None if resumed else time.perf_counter() - started  # resumed: timed below instead
         if args.batches:
             exact.save(exact_path)
+    suffix = f"-{args.batches}-batches" if args.batches else ""
+    seconds_path = seed_cache / "circuit_approx" / f"exact-{budget}{suffix}.seconds.json"
+    if exact_seconds is None and seconds_path.exists():
+        exact_seconds = json.loads(seconds_path.read_text())
     if exact_seconds is None:  # time the first steps; a step costs in proportion to the candidates left
         started = time.perf_counter()
         he.extract_circuit(model, id_data, ood_data, "avg", args.exact_steps, progress=False)
         candidates = sum(len(h) for h in he.kept_heads(model).values())
         per_candidate = (time.perf_counter() - started) / sum(candidates - s for s in range(args.exact_steps))
         exact_seconds = per_candidate * sum(candidates - s for s in range(budget))
+    write_json_atomic(seconds_path, exact_seconds)
     half, pruned = task.prune_per_layer * layers // 2, task.prune_per_layer * layers
-    print(f"{task.name} seed {args.seed}: budget {budget}; members prune {pruned}; exact search ~{exact_seconds:.0f} s")
-    columns = ("search", "seconds", "x faster", f"overlap@{half}", f"overlap@{pruned}", f"overlap@{budget}")
+    scorer = ReferenceScorer(model, id_data, ood_data, CRITERIA["avg"])  # any set of removed heads, in any order
+
+    points = [n for n in (half, pruned) if n < budget] + [budget]  # prefixes compared (a smaller --budget: fewer)
+
+    def quality(circuit: he.Circuit) -> list[float]:  # S with the first n heads removed, scored exactly
+        return [scorer.baseline(circuit.removed[:n]) for n in points]
+
+    print(
+        f"{task.name} seed {args.seed}: budget {budget}; members prune {pruned}; exact search ~{exact_seconds:.0f} s; "
+        f"{flat_steps(exact)} of its {budget} steps left S exactly unchanged (plateaus: ties go to (layer, head) order)"
+    )
+    columns = ("search", "seconds", "x faster", *(f"overlap@{n}" for n in points), *(f"S@{n}" for n in points))
     print(f"{columns[0]:<16}" + "".join(f"{c:>13}" for c in columns[1:]))
+    exact_cells = [f"{exact_seconds:.0f}", "1.0", *["1.000"] * len(points), *(f"{q:.4f}" for q in quality(exact))]
+    print(f"{'exact':<16}" + "".join(f"{c:>13}" for c in exact_cells), flush=True)
     for spec in args.methods:
         name, _, precision = spec.partition(":")
         method, _, top = name.partition("-")
-        started = time.perf_counter()
-        circuit = he.extract_circuit(
-            model,
-            id_data,
-            ood_data,
-            "avg",
-            budget,
-            method=method,
-            top=int(top or 8),
-            precision=precision or "fp32",
-            progress=False,
-        )
-        seconds = time.perf_counter() - started
-        agreement = [overlap(circuit.removed, exact.removed, n) for n in (half, pruned, budget)]
+        search = search_name(method, int(top or 8), precision or "fp32")
+        path = seed_cache / "circuit_approx" / f"{search}-{budget}{suffix}.json"
+        if path.exists():
+            circuit = he.Circuit.load(path)
+            seconds = json.loads(path.with_suffix(".seconds.json").read_text())
+        else:
+            started = time.perf_counter()
+            circuit = he.extract_circuit(
+                model,
+                id_data,
+                ood_data,
+                "avg",
+                budget,
+                method=method,
+                top=int(top or 8),
+                precision=precision or "fp32",
+                progress=False,
+            )
+            seconds = time.perf_counter() - started
+            circuit.save(path)
+            write_json_atomic(path.with_suffix(".seconds.json"), seconds)
+        agreement = [overlap(circuit.removed, exact.removed, n) for n in points]
         cells = [f"{seconds:.0f}", f"{exact_seconds / seconds:.1f}", *(f"{a:.3f}" for a in agreement)]
+        cells += [f"{q:.4f}" for q in quality(circuit)]
         print(f"{circuit.search:<16}" + "".join(f"{c:>13}" for c in cells), flush=True)
+
+
+def flat_steps(exact: he.Circuit) -> int:
+    """Steps of the exact ranking after which S was exactly what it was before: plateaus, where candidates that
+    leave S unchanged tie and Algorithm 1 removes the first of them in (layer, head) order."""
+    return sum(1 for before, after in zip([exact.baseline, *exact.scores], exact.scores) if before == after)
 
 
 if __name__ == "__main__":
