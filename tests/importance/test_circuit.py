@@ -289,9 +289,9 @@ def test_multi_removes_the_best_scoring_heads_of_each_step_at_once():
 def test_bf16_search_is_labelled_approximate_and_ranks_distinct_heads(tmp_path):
     model, (id_batches, ood_batches) = MODELS["bert"](), _data()
     circuit = he.extract_circuit(model, id_batches, ood_batches, "avg", 5, precision="bf16", progress=False)
-    assert circuit.search == "fast-8-bf16" and len(set(circuit.removed)) == 5
+    assert circuit.search == "fast-bf16" and len(set(circuit.removed)) == 5
     circuit.save(tmp_path / "c.json")
-    assert he.Circuit.load(tmp_path / "c.json").search == "fast-8-bf16"
+    assert he.Circuit.load(tmp_path / "c.json").search == "fast-bf16"
     with pytest.raises(ValueError, match="precision must be one of"):
         he.extract_circuit(model, id_batches, ood_batches, "avg", 2, precision="fp16", progress=False)
 

@@ -338,10 +338,12 @@ def _auto(
 
 
 def search_name(method: str, top: int, precision: str) -> str:
-    """ "exact" for Algorithm 1's own ranking, else the approximation: method, `top`, precision."""
+    """ "exact" for Algorithm 1's own ranking, else the approximation: method, `top` (for the methods that use
+    it), precision — e.g. "multi-4-bf16", or "fast-bf16" (every candidate scored, in bfloat16)."""
     if METHODS[method].exact and precision == "fp32":
         return "exact"
-    return f"{method}-{top}" + ("" if precision == "fp32" else f"-{precision}")
+    name = method if METHODS[method].exact else f"{method}-{top}"
+    return name + ("" if precision == "fp32" else f"-{precision}")
 
 
 def greedy_removal(
