@@ -47,6 +47,11 @@ def main() -> None:
         "--exact-steps", type=int, default=2, help="exact steps timed to estimate the exact search's total time"
     )
     parser.add_argument(
+        "--exact-seconds",
+        type=float,
+        help="the exact search's time when already measured or estimated (skips the timed steps; saved like one)",
+    )
+    parser.add_argument(
         "--batches",
         type=int,
         help="use only the first K batches (16 examples) of the ID and of the OOD circuit data: a cheaper exact "
@@ -74,6 +79,8 @@ def main() -> None:
             exact.save(exact_path)
     suffix = f"-{args.batches}-batches" if args.batches else ""
     seconds_path = seed_cache / "circuit_approx" / f"exact-{budget}{suffix}.seconds.json"
+    if exact_seconds is None and args.exact_seconds:
+        exact_seconds = args.exact_seconds
     if exact_seconds is None and seconds_path.exists():
         exact_seconds = json.loads(seconds_path.read_text())
     if exact_seconds is None:  # time the first steps; a step costs in proportion to the candidates left
