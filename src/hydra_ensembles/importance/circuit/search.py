@@ -40,6 +40,15 @@ from .scoring import CandidateScorer, FastScorer, Head, ReferenceScorer
 
 STATE_VERSION = 1
 BF16_SPEEDUP = 2.7  # measured on this project's 2-core AMX CPU for a BERT-base model (docs/circuits.md)
+# method "auto"'s approximations when the exact search does not fit, least approximate first: (method, top,
+# precision, speed-up over the exact search). bf16 first: measured (docs/circuits.md), rounding moves the ranking
+# far less than removing several heads per step does, and removing 8 per step costs more quality than 4.
+AUTO_FALLBACKS = (
+    ("fast", 8, "bf16", BF16_SPEEDUP),
+    ("multi", 2, "bf16", 2 * BF16_SPEEDUP),
+    ("multi", 4, "bf16", 4 * BF16_SPEEDUP),
+    ("multi", 8, "bf16", 8 * BF16_SPEEDUP),
+)
 
 
 # ---- the result ----
@@ -232,8 +241,9 @@ def extract_circuit(
         criterion: "acc", "ood", "avg", or a name added with `register_criterion`.
         budget: number of heads to remove, 1 <= budget < number of heads.
         method: "auto" (default): "fast" if its estimated time (a sample of the first step's candidates, timed)
-            is within `time_budget` seconds, else the approximate "multi" with the fewest heads removed per step
-            (2, 4 or 8; then also bf16) that fits; `Circuit.search` and `Circuit.note` say which ran and why.
+            is within `time_budget` seconds, else the least approximate of `AUTO_FALLBACKS` that fits: the fast
+            search in bf16, then "multi" (bf16) removing 2, 4 or 8 heads per step; `Circuit.search` and
+            `Circuit.note` say which ran and why.
             "fast" (exact: prefix caching and batched candidates, see `importance.circuit.scoring`),
             "reference" (the literal loop, one full evaluation per candidate), or one of two approximate modes
             that score exactly only `top` candidates per step: "lazy" (the best-scoring so far; every head is
@@ -311,30 +321,29 @@ def extract_circuit(
 def _auto(
     model, id_batches, ood_batches, candidates, budget, batch_size, time_budget, top, precision
 ) -> tuple[str, int, str, str]:
-    """(method, top, precision, note): the fast search (at the `precision` asked for) if its estimated time fits
-    `time_budget`, else the least approximate "multi" that does. The estimate times the fast scorer on an evenly
-    spread sample of the first step's candidates; a step costs in proportion to the candidates left."""
+    """(method, top, precision, note) by `auto_choice`. The exact search's time is estimated by timing the fast
+    scorer on an evenly spread sample of the first step's candidates; a step costs in proportion to the
+    candidates left."""
     scorer = FastScorer(model, id_batches, ood_batches, None, batch_size=batch_size)  # outputs only
     sample = candidates[:: max(1, len(candidates) // 12)]
     started = time.perf_counter()
     scorer.outputs([], sample, lambda n: None)
     per_candidate = (time.perf_counter() - started) / len(sample)
     exact = per_candidate * sum(len(candidates) - step for step in range(budget))
+    return auto_choice(exact, time_budget, top, precision)
+
+
+def auto_choice(exact: float, time_budget: float, top: int = 8, precision: str = "fp32") -> tuple[str, int, str, str]:
+    """(method, top, precision, note) for method "auto", given the exact search's estimated seconds: the fast
+    search (at the `precision` asked for) if it fits `time_budget`, else the least approximate of
+    `AUTO_FALLBACKS` that fits (the last one if none does)."""
     minutes = f"exact search estimated at {exact / 60:.1f} min"
-    if exact <= time_budget:  # the fast search, at the precision asked for
+    if exact <= time_budget:
         return "fast", top, precision, f"{minutes} (budget {time_budget / 60:.0f} min): fast, {precision}"
-    options = ((2, "fp32", 2), (4, "fp32", 4), (8, "fp32", 8), (8, "bf16", 8 * BF16_SPEEDUP))
-    top, precision, speedup = next((o for o in options if exact / o[2] <= time_budget), options[-1])
-    return (
-        "multi",
-        top,
-        precision,
-        (
-            f"{minutes} > budget {time_budget / 60:.0f} min: approximate multi-{top}"
-            + ("" if precision == "fp32" else f"-{precision}")
-            + f" (~{exact / speedup / 60:.0f} min; its agreement with the exact ranking: docs/circuits.md)"
-        ),
-    )
+    fits = (o for o in AUTO_FALLBACKS if exact / o[3] <= time_budget)
+    method, top, precision, speedup = next(fits, AUTO_FALLBACKS[-1])
+    note = f"{minutes} > budget {time_budget / 60:.0f} min: approximate {search_name(method, top, precision)}"
+    return method, top, precision, note + f" (~{exact / speedup / 60:.0f} min; how far it agrees: docs/circuits.md)"
 
 
 def search_name(method: str, top: int, precision: str) -> str:
