@@ -298,8 +298,8 @@ def text_task(
 
     circuit_texts, circuit_labels = texts.val[0][: sizes.circuit], texts.val[1][: sizes.circuit]
     circuit_tokens = min(64, sizes.tokens)
-    # the demo must stay a few minutes: its circuits use the approximate screen (top 4), which agrees with the
-    # exact search on ~83 % of MiniLM's removal order (docs/circuits.md); every benchmark size is exact
+    # the demo must stay a few minutes: its circuits use the approximate screen (top 4); on the demo's data it shares
+    # 83 % of the exact circuit's heads (docs/circuits.md); the benchmark sizes of MiniLM are exact
     circuit_method = "screen" if size == "demo" else recipe.circuit_method
     circuit_precision = "fp32" if size == "demo" else recipe.circuit_precision
     if circuit_method == "auto":
