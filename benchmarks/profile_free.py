@@ -33,7 +33,7 @@ from hydra_ensembles.io import cache_dir
 KINDS = {  # aten op name -> kind; anything else is "other ops"
     "matmul": ("addmm", "mm", "bmm", "baddbmm", "matmul", "linear", "einsum"),
     "attention (SDPA)": ("scaled_dot_product", "_softmax", "softmax"),
-    "norms": ("layer_norm", "addcmul"),
+    "norms": ("layer_norm", "native_layer_norm", "addcmul"),
     "activation": ("gelu", "silu", "relu", "tanh"),
     "elementwise": ("add", "add_", "mul", "mul_", "div", "sub", "rsub", "where", "masked_fill"),
     "copies and indexing": (
