@@ -596,14 +596,14 @@ def dinov2_task(size: str = "full") -> Task:
 
 # all-mpnet-base-v2: lr chosen on validation by `python benchmarks/recipe_grid.py <task> --lrs ... --precision bf16`
 # (seed 0); pruned members and LoRA keep MiniLM's ratios to the single lr (1/3 and 10x), not tuned again; training
-# in mixed precision (2.2x faster steps here); circuits by method 'auto' (exact is ~10 min a step on 2 cores)
-# the exact search would take ~10 h a seed here (docs/circuits.md): the benchmark's approximation, measured against
-# the exact search on DINOv2-S and MiniLM (benchmarks/circuit_approx.py)
+# in mixed precision (2.2x faster steps here). Circuits: the exact search would take ~11 h a seed here (96 steps of
+# ~10 min at first); the approximation below was chosen by how close its circuits come to the exact ones on DINOv2-S
+# and MiniLM (benchmarks/circuit_approx.py, docs/circuits.md)
 MPNET_CIRCUITS = dict(
     circuit_method="multi",
     circuit_top=4,
     circuit_precision="bf16",
-    circuit_why="4 heads removed per step, candidates scored in bfloat16: the exact search would take ~10 h a "
+    circuit_why="4 heads removed per step, candidates scored in bfloat16: the exact search would take ~11 h a "
     "seed on this CPU; on DINOv2-S this search's first 36 heads leave S at 0.952 against the exact search's "
     "0.954, though only 44 % of its first 18 heads are the exact search's (docs/circuits.md)",
 )
