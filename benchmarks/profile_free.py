@@ -7,8 +7,9 @@ activations, residual adds and layout copies, and Python dispatches its ops. Thi
     python benchmarks/profile_free.py amp-text --seed 0
 
 The models come from the cache that `hydra-ens bench amp-text --tables free` filled (nothing is trained here).
-Each model runs `--warmup` passes, then `--rounds` profiled passes (interleaved across models); a kind's time is
-the median over rounds of the summed self CPU time of its ops; "dispatch and Python" is wall time minus all ops.
+Each model runs `--warmup` passes, then `--rounds` profiled passes, interleaved as `cost.interleaved_latency` does;
+a kind's time is the median over rounds of the summed self CPU time of its ops; "dispatch and Python" is wall time
+minus all ops.
 """
 
 import argparse
@@ -17,6 +18,7 @@ import os
 import statistics
 import time
 from collections import defaultdict
+from pathlib import Path
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the profiler's start/stop lines, before torch loads
 
@@ -26,7 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 from hydra_ensembles.bench.amp import LATENCY_BATCH, free_predictors
 from hydra_ensembles.bench.tasks import TASKS
 from hydra_ensembles.cli.bench import AMP
-from hydra_ensembles.cost import count_flops
+from hydra_ensembles.cost import count_flops, interleaved_latency
 from hydra_ensembles.data.loaders import rebatch
 from hydra_ensembles.io import cache_dir
 
@@ -95,7 +97,7 @@ def main() -> None:
     task = TASKS[AMP[args.experiment]]("full")
     delta = args.delta
     if delta is None:
-        summary = json.loads(open(f"benchmarks/results/{args.experiment}/amp.json").read())
+        summary = json.loads(Path(f"benchmarks/results/{args.experiment}/amp.json").read_text())
         delta = summary["per_seed"][str(args.seed)]["free_delta"]
     seed_cache = cache_dir() / "bench" / "full" / f"{task.name}-{task.fingerprint()}" / f"seed{args.seed}"
     predictors = free_predictors(task, args.seed, seed_cache, delta)
@@ -104,15 +106,12 @@ def main() -> None:
     flops = {name: count_flops(model, inputs) for name, model in predictors.items()}
     for model in predictors.values():
         model.eval()
-    with torch.inference_mode():
-        for _ in range(args.warmup):
-            for model in predictors.values():
-                model(**inputs)
-    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in predictors}
+    # cost.interleaved_latency's rounds (rotated order, warm-up first), each pass profiled; warm-up passes dropped
+    passes: dict[str, list[dict[str, float]]] = {name: [] for name in predictors}
+    runs = {name: lambda n=name: passes[n].append(profiled_pass(predictors[n], inputs)) for name in predictors}
+    interleaved_latency(runs, repeats=args.rounds, warmup=args.warmup)
+    rounds = {name: done[args.warmup :] for name, done in passes.items()}
     names = list(predictors)
-    for round_ in range(args.rounds):  # rotated order, as in cost.interleaved_latency
-        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
-            rounds[name].append(profiled_pass(predictors[name], inputs))
     kinds = [*KINDS, "other ops", "dispatch and Python", "wall"]
     median = {name: {k: statistics.median(r.get(k, 0.0) for r in rs) for k in kinds} for name, rs in rounds.items()}
     single = median["Single"]

@@ -318,10 +318,10 @@ def test_auto_runs_the_exact_search_when_affordable_and_says_which_it_used():
 
 
 def test_auto_falls_back_to_the_least_approximate_search_that_fits():
-    from hydra_ensembles.importance.circuit.search import auto_choice, search_name
+    search = circuit_module.search
 
     def chosen(exact_hours: float) -> str:
-        return search_name(*auto_choice(exact_hours * 3600, time_budget=1800)[:3])
+        return search.search_name(*search.auto_choice(exact_hours * 3600, time_budget=1800)[:3])
 
     assert chosen(0.45) == "exact"
     assert [chosen(h) for h in (1, 2, 4, 8, 100)] == [  # bf16 (2.7x) first, then 2, 4, 8 heads per step
@@ -331,4 +331,4 @@ def test_auto_falls_back_to_the_least_approximate_search_that_fits():
         "multi-8-bf16",
         "multi-8-bf16",  # nothing fits: the cheapest
     ]
-    assert "> budget 30 min" in auto_choice(100 * 3600, 1800)[3]
+    assert "> budget 30 min" in search.auto_choice(100 * 3600, 1800)[3]

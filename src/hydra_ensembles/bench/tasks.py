@@ -307,10 +307,10 @@ def text_task(
             "method 'auto' (the exact fast search if its estimated time fits 30 minutes, else an approximation; "
             "the search each seed used is given below)"
         )
-    elif search_name(circuit_method, recipe.circuit_top, circuit_precision) == "exact":
+    elif (name_of_search := search_name(circuit_method, recipe.circuit_top, circuit_precision)) == "exact":
         search = "the exact fast search"
     else:
-        search = f"the approximate {search_name(circuit_method, recipe.circuit_top, circuit_precision)} search"
+        search = f"the approximate {name_of_search} search"
         search += f" ({recipe.circuit_why})" if recipe.circuit_why and size != "demo" else ""
 
     train = TEXT_RECIPE.with_(epochs=sizes.epochs, lr=recipe.lr, precision=recipe.precision)
