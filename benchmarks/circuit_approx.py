@@ -2,9 +2,11 @@
 own fine-tuned model and circuit data (issue 12, deliverable 5) — measured in one run.
 
 The exact ranking is the suite's cached `circuit_avg.json` for that seed when it exists (else it is computed
-here, the slow part). Each approximation runs the same data, criterion and budget; agreement is the overlap of
-the sets of the first n heads removed (n = half the budget, and the whole budget), i.e. how many of the heads
-that a pruned member would lose are the same.
+here, timed). Its time: measured where this script ran it (or with --time-exact, which reruns it and checks the
+ranking against the cached one), else estimated by `estimate_exact_seconds` and printed with '~'. Each
+approximation runs the same data, criterion and budget; agreement is the overlap of the sets of the first n heads
+removed (n = half the budget, and the whole budget), i.e. how many of the heads that a pruned member would lose are
+the same.
 
     python benchmarks/circuit_approx.py image-dinov2 --seed 0 --methods fast:bf16 multi-2 multi-4 multi-4:bf16 multi-8
     python benchmarks/circuit_approx.py text-mpnet --seed 0 --batches 1 --budget 72 --methods multi-8:bf16
@@ -29,7 +31,7 @@ from hydra_ensembles.bench.suite import suite_predictor
 from hydra_ensembles.bench.tasks import TASKS
 from hydra_ensembles.importance import CRITERIA
 from hydra_ensembles.importance.circuit.scoring import ReferenceScorer
-from hydra_ensembles.importance.circuit.search import search_name
+from hydra_ensembles.importance.circuit.search import estimate_exact_seconds, search_name
 from hydra_ensembles.io import cache_dir, write_json_atomic
 
 
@@ -44,12 +46,15 @@ def main() -> None:
     parser.add_argument("--budget", type=int, help="default: the task's circuit budget (what the suite extracts)")
     parser.add_argument("--methods", nargs="+", default=["fast:bf16", "multi-2", "multi-4", "multi-4:bf16", "multi-8"])
     parser.add_argument(
-        "--exact-steps", type=int, default=2, help="exact steps timed to estimate the exact search's total time"
+        "--time-exact",
+        action="store_true",
+        help="run the exact search in full, timed, even when its circuit is cached (checked against it); without "
+        "this, an exact time not measured before is estimated (estimate_exact_seconds) and marked '~'",
     )
     parser.add_argument(
         "--exact-seconds",
         type=float,
-        help="the exact search's time when already measured or estimated (skips the timed steps; saved like one)",
+        help="the exact search's measured time, in seconds, when it is known from elsewhere (saved for later runs)",
     )
     parser.add_argument(
         "--batches",
@@ -69,8 +74,16 @@ def main() -> None:
         id_data, ood_data = id_data[: args.batches], ood_data[: args.batches]
         exact_path = seed_cache / "circuit_approx" / f"exact-{args.batches}-batches-{budget}.json"
         state_path = exact_path.with_suffix(".state.json")
-    if exact_path.exists() and len(he.Circuit.load(exact_path).removed) >= budget:
+    if exact_path.exists() and len(he.Circuit.load(exact_path).removed) >= budget and not args.time_exact:
         exact, exact_seconds = he.Circuit.load(exact_path), None
+    elif exact_path.exists() and args.time_exact:
+        started = time.perf_counter()
+        exact = he.extract_circuit(model, id_data, ood_data, "avg", budget, method="fast", progress=False)
+        exact_seconds = time.perf_counter() - started
+        cached = he.Circuit.load(exact_path)
+        same = exact.removed == cached.removed[:budget] and exact.scores == cached.scores[:budget]
+        verdict = "the same" if same else "NOT the same"
+        print(f"exact search rerun in {exact_seconds:.0f} s: {verdict} ranking and scores as the cached one")
     else:
         resumed, started = state_path is not None and state_path.exists(), time.perf_counter()
         exact = he.extract_circuit(model, id_data, ood_data, "avg", budget, method="fast", state_path=state_path)
@@ -79,17 +92,17 @@ def main() -> None:
             exact.save(exact_path)
     suffix = f"-{args.batches}-batches" if args.batches else ""
     seconds_path = seed_cache / "circuit_approx" / f"exact-{budget}{suffix}.seconds.json"
-    if exact_seconds is None and args.exact_seconds:
-        exact_seconds = args.exact_seconds
-    if exact_seconds is None and seconds_path.exists():
-        exact_seconds = json.loads(seconds_path.read_text())
-    if exact_seconds is None:  # time the first steps; a step costs in proportion to the candidates left
-        started = time.perf_counter()
-        he.extract_circuit(model, id_data, ood_data, "avg", args.exact_steps, progress=False)
-        candidates = sum(len(h) for h in he.kept_heads(model).values())
-        per_candidate = (time.perf_counter() - started) / sum(candidates - s for s in range(args.exact_steps))
-        exact_seconds = per_candidate * sum(candidates - s for s in range(budget))
-    write_json_atomic(seconds_path, exact_seconds)
+    timing = json.loads(seconds_path.read_text()) if seconds_path.exists() else None
+    timing = {"seconds": timing, "estimated": False} if isinstance(timing, float) else timing  # older files: measured
+    if exact_seconds is not None:
+        timing = {"seconds": exact_seconds, "estimated": False}
+    elif args.exact_seconds:
+        timing = {"seconds": args.exact_seconds, "estimated": False}
+    elif timing is None:
+        seconds = estimate_exact_seconds(model, list(id_data), list(ood_data), budget)
+        timing = {"seconds": seconds, "estimated": True}
+    write_json_atomic(seconds_path, timing)
+    exact_seconds, approx = timing["seconds"], "~" if timing["estimated"] else ""
     half, pruned = task.prune_per_layer * layers // 2, task.prune_per_layer * layers
     scorer = ReferenceScorer(model, id_data, ood_data, CRITERIA["avg"])  # any set of removed heads, in any order
 
@@ -99,12 +112,14 @@ def main() -> None:
         return [scorer.baseline(circuit.removed[:n]) for n in points]
 
     print(
-        f"{task.name} seed {args.seed}: budget {budget}; members prune {pruned}; exact search ~{exact_seconds:.0f} s; "
+        f"{task.name} seed {args.seed}: budget {budget}; members prune {pruned}; "
+        f"exact search {approx}{exact_seconds:.0f} s; "
         f"{flat_steps(exact)} of its {budget} steps left S exactly unchanged (plateaus: ties go to (layer, head) order)"
     )
     columns = ("search", "seconds", "x faster", *(f"overlap@{n}" for n in points), *(f"S@{n}" for n in points))
     print(f"{columns[0]:<16}" + "".join(f"{c:>13}" for c in columns[1:]))
-    exact_cells = [f"{exact_seconds:.0f}", "1.0", *["1.000"] * len(points), *(f"{q:.4f}" for q in quality(exact))]
+    exact_cells = [f"{approx}{exact_seconds:.0f}", "1.0", *["1.000"] * len(points)]
+    exact_cells += [f"{q:.4f}" for q in quality(exact)]
     print(f"{'exact':<16}" + "".join(f"{c:>13}" for c in exact_cells), flush=True)
     for spec in args.methods:
         name, _, precision = spec.partition(":")
