@@ -25,7 +25,7 @@ def torchrun(*args: str) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
-@pytest.mark.parametrize("method", ["fast", "reference"])
+@pytest.mark.parametrize("method", ["fast", "reference", "auto"])  # auto: every rank must choose the same
 def test_two_process_circuit_extraction_equals_one_process(method, tmp_path):
     torchrun("circuit", str(tmp_path / "circuit.json"), method)
     two = he.Circuit.load(tmp_path / "circuit.json")

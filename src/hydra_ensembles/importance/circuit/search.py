@@ -261,7 +261,8 @@ def extract_circuit(
             from the start, so the time estimate covers the whole run).
 
     Under `torchrun --nproc-per-node N` (a torch.distributed group), each rank scores a round-robin share of
-    the candidates and the scores are gathered, so every rank removes the same head.
+    the candidates and the scores are gathered, so every rank removes the same head; "auto" divides rank 0's estimate
+    by N, and every rank makes the same choice.
     """
     adapter = get_adapter(model)
     if criterion not in CRITERIA:
@@ -286,7 +287,9 @@ def extract_circuit(
         )
     note = ""
     if method == "auto":
-        exact_seconds = estimate_exact_seconds(model, id_batches, ood_batches, budget, batch_size)
+        estimate = estimate_exact_seconds(model, id_batches, ood_batches, budget, batch_size)
+        # every rank must choose the same search: rank 0's estimate, shared by the ranks' shards of each step
+        exact_seconds = gather_dict({"seconds": estimate} if is_main() else {})["seconds"] / world_size()
         method, top, precision, note = auto_choice(exact_seconds, time_budget, top, precision)
         if progress and is_main():
             tqdm.write(f"circuit search: {note}")
