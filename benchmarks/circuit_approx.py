@@ -74,21 +74,19 @@ def main() -> None:
         id_data, ood_data = id_data[: args.batches], ood_data[: args.batches]
         exact_path = seed_cache / "circuit_approx" / f"exact-{args.batches}-batches-{budget}.json"
         state_path = exact_path.with_suffix(".state.json")
-    if exact_path.exists() and len(he.Circuit.load(exact_path).removed) >= budget and not args.time_exact:
-        exact, exact_seconds = he.Circuit.load(exact_path), None
-    elif exact_path.exists() and args.time_exact:
-        started = time.perf_counter()
-        exact = he.extract_circuit(model, id_data, ood_data, "avg", budget, method="fast", progress=False)
-        exact_seconds = time.perf_counter() - started
-        cached = he.Circuit.load(exact_path)
-        same = exact.removed == cached.removed[:budget] and exact.scores == cached.scores[:budget]
-        verdict = "the same" if same else "NOT the same"
-        print(f"exact search rerun in {exact_seconds:.0f} s: {verdict} ranking and scores as the cached one")
-    else:
+    cached = he.Circuit.load(exact_path) if exact_path.exists() else None
+    if cached is not None and len(cached.removed) >= budget and not args.time_exact:
+        exact, exact_seconds = cached, None
+    else:  # computed here, timed; --time-exact reruns it from scratch and checks it against the cached one
+        state_path = None if args.time_exact else state_path
         resumed, started = state_path is not None and state_path.exists(), time.perf_counter()
         exact = he.extract_circuit(model, id_data, ood_data, "avg", budget, method="fast", state_path=state_path)
-        exact_seconds = None if resumed else time.perf_counter() - started  # resumed: timed below instead
-        if args.batches:
+        exact_seconds = None if resumed else time.perf_counter() - started  # resumed: a time saved or estimated below
+        if cached is not None and args.time_exact:
+            same = exact.removed == cached.removed[:budget] and exact.scores == cached.scores[:budget]
+            verdict = "the same" if same else "NOT the same"
+            print(f"exact search rerun in {exact_seconds:.0f} s: {verdict} ranking and scores as the cached one")
+        elif args.batches:
             exact.save(exact_path)
     suffix = f"-{args.batches}-batches" if args.batches else ""
     seconds_path = seed_cache / "circuit_approx" / f"exact-{budget}{suffix}.seconds.json"
