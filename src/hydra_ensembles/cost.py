@@ -9,6 +9,8 @@ counted, because they are computed.
 
 from __future__ import annotations
 
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +27,11 @@ def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kw
 
 
 _SDPA_ON_CPU = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_flops}
+
+
+def machine() -> str:
+    """What a measurement ran on, for the tables that report one: platform, CPUs, torch version, threads."""
+    return f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
 def count_parameters(module: nn.Module) -> int:

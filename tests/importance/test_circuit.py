@@ -324,7 +324,8 @@ def test_auto_falls_back_to_the_least_approximate_search_that_fits():
         return search.search_name(*search.auto_choice(exact_hours * 3600, time_budget=1800)[:3])
 
     assert chosen(0.45) == "exact"
-    assert [chosen(h) for h in (1, 2, 4, 8, 100)] == [  # bf16 (2.7x) first, then 2, 4, 8 heads per step
+    assert search.BF16_SPEEDUP == 1.6  # so the fallbacks fit 0.8, 1.6, 3.2 and 6.4 h of exact search in 30 min
+    assert [chosen(h) for h in (0.7, 1.5, 3, 6, 100)] == [  # bf16 first, then 2, 4, 8 heads per step
         "fast-bf16",
         "multi-2-bf16",
         "multi-4-bf16",

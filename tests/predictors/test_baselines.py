@@ -40,14 +40,20 @@ def test_mc_dropout_samples_differ_are_reproducible_and_leave_eval_mode():
 
 def test_shared_backbone_ensemble_runs_the_backbone_once():
     model, inputs = MODELS["bert"](), make_inputs("bert")
+    before = copy.deepcopy(model)
     ensemble = B.shared_backbone_ensemble(model, _train(), seeds=(0, 1, 2), epochs=3, progress=False)
     assert ensemble.num_members == 3 and ensemble.trunk == LAYERS  # every layer shared: one backbone pass
     logits = fused_output(ensemble, inputs)
     assert not torch.allclose(logits[:, 0], logits[:, 1])  # the heads differ
-    backbone = [n for n, _ in model.named_parameters() if not n.startswith(("bert.pooler", "classifier"))]
     assert he.count_parameters(ensemble) < 1.2 * he.count_parameters(model)
-    assert backbone  # only the heads were trained: the fused layers hold the single model's weights
-    assert torch.equal(ensemble.layers[0].mlp_in_weight[0], model.bert.encoder.layer[0].intermediate.dense.weight.T)
+    for fused, block in zip(ensemble.layers, before.bert.encoder.layer, strict=True):  # only the heads were trained
+        attention = block.attention.self
+        qkv = torch.cat([attention.query.weight, attention.key.weight, attention.value.weight]).T
+        assert torch.equal(fused.qkv_weight[0], qkv) and torch.equal(
+            fused.o_weight[0], block.attention.output.dense.weight.T
+        )
+        assert torch.equal(fused.mlp_in_weight[0], block.intermediate.dense.weight.T)
+        assert torch.equal(fused.mlp_out_weight[0], block.output.dense.weight.T)
 
 
 def test_lora_ensemble_trains_adapters_and_leaves_the_model():

@@ -81,6 +81,7 @@ def adapter_for_class(model_class: type, model_type: str = "unknown") -> Adapter
 
 
 def adapter_by_name(name: str) -> Adapter:
+    """The registered adapter called `name` (as saved in a fused ensemble's config, e.g. "bert")."""
     if name not in _BY_NAME:
         raise UnsupportedModelError(f"no adapter named {name!r}; known: {', '.join(sorted(_BY_NAME))}")
     return _BY_NAME[name]

@@ -15,6 +15,7 @@ from typing import ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
+from transformers import PretrainedConfig
 
 Inputs = Mapping[str, Tensor]
 HeadFn = Callable[[nn.Module, Tensor, Inputs], Tensor]
@@ -187,7 +188,7 @@ class Adapter(ABC):
     def num_layers(self, model: nn.Module) -> int:
         return len(self.layers(model))
 
-    def config(self, model: nn.Module):
+    def config(self, model: nn.Module) -> PretrainedConfig:
         """The encoder's own config (for CLIPForImageClassification, the vision tower's)."""
         return self.backbone(model).config
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import shutil
-import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -24,11 +22,11 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..cost import count_flops, count_parameters, predictor_latency
+from ..cost import count_flops, count_parameters, machine, predictor_latency
 from ..distill import MultiHeadMLP, attach_teacher, distill
 from ..evaluation.plots import uncertainty_maps
 from ..evaluation.report import classification_metrics, ood_metrics
-from ..evaluation.tables import mean_std, render
+from ..evaluation.tables import mean_std, over_seeds, render
 from ..fusion import HydraEnsemble
 from ..io import write_json_atomic
 from ..metrics import gaussian_mixture_nll
@@ -336,13 +334,13 @@ def _write(out_dir: Path, name: str, command: str, seeds, per_seed: dict, column
     for row in dict.fromkeys(r for results in per_seed.values() for r in results):
         values = [results[row] for results in per_seed.values()]
         rows[row] = {
-            key: _stat([v[key] for v in values]) for key in values[0] if all(v[key] is not None for v in values)
+            key: over_seeds([v[key] for v in values]) for key in values[0] if all(v[key] is not None for v in values)
         }
     summary = {
         "experiment": name,
         "command": command,
         "seeds": list(seeds),
-        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
+        "machine": machine(),
         "library_version": __version__,
         "rows": rows,
         "per_seed": per_seed,
@@ -368,14 +366,6 @@ def _write(out_dir: Path, name: str, command: str, seeds, per_seed: dict, column
     ]
     (out_dir / f"{name}.md").write_text("\n".join(lines))
     return summary
-
-
-def _stat(values: Sequence[float]) -> dict[str, float]:
-    return {
-        "mean": statistics.fmean(values),
-        "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
-        "runs": len(values),
-    }
 
 
 EXPERIMENTS: Mapping[str, Callable[..., dict]] = {"spiral": spiral_experiment, "regression": regression_experiment}

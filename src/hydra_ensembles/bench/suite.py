@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -30,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from ..adapters import get_adapter
-from ..cost import predictor_latency
+from ..cost import machine, predictor_latency
 from ..evaluation import plots
 from ..evaluation.report import measure
 from ..evaluation.tables import CONVENTIONS, aggregate, mean_std, per_set_lines, render, table_lines
@@ -175,8 +174,7 @@ def run_record(task: str, command: str, seeds: Sequence[int]) -> dict:
         "task": task,
         "command": command,
         "seeds": list(seeds),
-        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads",
+        "machine": machine(),
         "library_version": __version__,
     }
 
@@ -435,7 +433,7 @@ def head_sweep(
         "command": command,
         "seeds": list(seeds),
         "budgets": list(budgets),
-        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
+        "machine": machine(),
         "rows": aggregate(per_seed),
         "per_seed": per_seed,
         "wall_time_s": round(time.perf_counter() - started, 1),
@@ -544,14 +542,15 @@ def disagreement_lines(rows: Mapping[str, dict]) -> list[str]:
         "differ, and the mean mutual information (nats), for the members run one by one (= stacked MLP, exact) and "
         "after fusion with the merged MLP:",
         "",
-        "| Members | disagreement one by one | after fusion | MI one by one | after fusion |",
-        "|---|---|---|---|---|",
     ]
-    for fused, separate in pairs:
-        cell = [f"{100 * rows[r]['id.disagreement']['mean']:.1f} %" for r in (separate, fused)]
-        cell += [f"{rows[r]['id.mi']['mean']:.4f}" for r in (separate, fused)]
-        lines.append(f"| {fused} | {' | '.join(cell)} |")
-    return lines
+    header = ["Members", "disagreement one by one", "after fusion", "MI one by one", "after fusion"]
+    body = [
+        [fused]
+        + [f"{100 * rows[r]['id.disagreement']['mean']:.1f} %" for r in (separate, fused)]
+        + [f"{rows[r]['id.mi']['mean']:.4f}" for r in (separate, fused)]
+        for fused, separate in pairs
+    ]
+    return lines + render(header, body, "markdown")
 
 
 def markdown(summary: dict) -> str:

@@ -6,7 +6,7 @@ hydra-ens scores    --model single --data val.csv --out scores            # Tayl
 hydra-ens circuit   --model single --data val.csv --ood ood-val.txt --out circuit
 hydra-ens members   --model single --scores scores --out members          # or --circuit circuit
 hydra-ens finetune  --model members --data train.csv --out members-tuned
-hydra-ens fuse      --members members-tuned --out hydra
+hydra-ens fuse      --members members-tuned --data val.csv --out hydra   # prints how far from its members
 hydra-ens evaluate  --model single --model hydra --data test.csv --ood ood.txt --out report
 hydra-ens distill   --teacher hydra --model single --data train.csv --val val.csv --out student   # optional
 hydra-ens predict   --model hydra --inputs new.txt --calibration val.csv

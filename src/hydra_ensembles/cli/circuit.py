@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import argparse
 
-from ..adapters import get_adapter
 from ..importance import extract_circuit, extract_joint_circuit
 from ..importance.circuit import CRITERIA, METHODS
 from ..predictors import TwoTowerModel, ZeroShotEnsemble
 from ..predictors.clip_zero_shot import prompt_batches
-from ..pruning import kept_heads
 from .common import (
     CommandError,
     add_data_options,
@@ -47,14 +45,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--budget",
         type=int,
-        help="heads to rank by removal (default: two thirds of all heads, the pool `members` draws a third from)",
+        help="heads to rank by removal (default: two thirds of the heads, the pool `members` draws a third from; "
+        "two-tower models: a fifth of the candidate heads)",
     )
     parser.add_argument(
         "--method",
         choices=["auto", *sorted(METHODS)],
         default="auto",
-        help="auto (default): fast (exact) if its estimated time fits --time-budget, else the approximate multi "
-        "that does; fast, reference (exact); screen / lazy / multi (approximate)",
+        help="auto (default): fast (exact) if its estimated time fits --time-budget, else the least approximate "
+        "search that fits (fast in bf16, then multi in bf16 removing 2, 4 or 8 heads per step); fast, reference "
+        "(exact); screen / lazy / multi (approximate). Two-tower models: auto means fast",
     )
     parser.add_argument(
         "--time-budget", type=float, default=30.0, help="minutes the exact search may take under --method auto"
@@ -75,7 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--towers",
         choices=("image,text", "image"),
         default="image,text",
-        help="two-tower models: whose heads the circuit ranks (default: both)",
+        metavar="TOWERS",
+        help="two-tower models: whose heads the circuit ranks, 'image,text' (default: both) or 'image'",
     )
     add_output_options(parser)
     add_data_options(parser)
@@ -106,14 +107,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"resuming from {state}")
     if isinstance(model, ZeroShotEnsemble):
         return _joint(args, out, model_dir, model, id_data, ood_data, state)
-    heads = get_adapter(model).num_layers(model) * get_adapter(model).num_heads(model)
-    budget = args.budget if args.budget is not None else 2 * (heads // 3)  # members' default pool (paper: 100 of 144)
     circuit = extract_circuit(
         model,
         id_data.batches,
         ood_data.batches if ood_data else None,
         args.criterion,
-        budget,
+        args.budget,
         method=args.method,
         time_budget=60 * args.time_budget,
         top=args.top,
@@ -136,8 +135,6 @@ def _joint(args, out, model_dir, model, id_data, ood_data, state) -> int:
     towers = tuple(args.towers.split(","))
     two_tower = TwoTowerModel(model.image, model.text, model.logit_scale)  # the checkpoint's own, unpruned towers
     prompts = prompt_batches(prompt_tokenizer(model_dir), model.classes, model.templates, two_tower.text)
-    heads = sum(sum(len(h) for h in kept_heads(getattr(two_tower, tower).encoder).values()) for tower in towers)
-    budget = args.budget if args.budget is not None else max(2, heads // 5)  # the paper's pool: 2 x 10 % of the heads
     circuit = extract_joint_circuit(
         two_tower,
         id_data.batches,
@@ -145,7 +142,7 @@ def _joint(args, out, model_dir, model, id_data, ood_data, state) -> int:
         prompts,
         len(model.classes),
         args.criterion,
-        budget,
+        args.budget,
         towers=towers,
         method="fast" if args.method == "auto" else args.method,  # joint circuits: exact unless told otherwise
         top=args.top,

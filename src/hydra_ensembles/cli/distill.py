@@ -45,7 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="the student's starting classifier (an HF checkpoint)")
     parser.add_argument("--data", required=True, help="transfer data (labels not needed)")
     parser.add_argument("--val", help="labelled validation data: each phase keeps its best-NLL epoch")
-    parser.add_argument("--head-layers", type=int, default=1, help="layers each head owns (0: the classifier alone)")
+    parser.add_argument(
+        "--head-layers",
+        type=int,
+        default=1,
+        help="layers each head owns (default: 1; 0: the classifier alone, the library default)",
+    )
     parser.add_argument("--temperature", type=float, default=2.0, help="T of the KL losses (default: 2)")
     parser.add_argument("--epochs", type=int, help="epochs of each phase (default: the recipe's)")
     parser.add_argument("--lr", type=float)

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 
 import torch
 
-from ..cost import predictor_latency
+from ..cost import machine, predictor_latency
 from ..evaluation import plots
 from ..evaluation.report import measure
 from ..evaluation.tables import CONVENTIONS, aggregate, per_set_lines, table_lines
@@ -133,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         f"Test data: `{args.data}` ({len(labels)} examples); OOD sets: "
         + (", ".join(f"{n} (`{p}`, {g})" for g, s in sets.items() for n, p in s.items()) or "none"),
         "",
-        f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
+        f"Machine: {machine()}",
         "",
         *table_lines(rows, latency),
         "",

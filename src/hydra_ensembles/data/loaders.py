@@ -78,6 +78,7 @@ def check_shapes(inputs: Mapping[str, Any]) -> None:
 
 
 def to_device(inputs: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
+    """A batch with its tensors moved to `device` (other entries as they are)."""
     return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in inputs.items()}
 
 

@@ -40,6 +40,12 @@ COLUMNS = [  # the paper's Tables 1-2
 ]
 
 
+def over_seeds(values: Sequence[float]) -> dict[str, float]:
+    """{"mean", "std" (population; 0 for one run), "runs"} of one number's values over seeds."""
+    std = statistics.pstdev(values) if len(values) > 1 else 0.0
+    return {"mean": statistics.fmean(values), "std": std, "runs": len(values)}
+
+
 def aggregate(per_seed: dict[int, dict[str, dict]]) -> dict[str, dict]:
     """Mean and standard deviation over seeds of every number of every row."""
     rows = {}
@@ -49,13 +55,7 @@ def aggregate(per_seed: dict[int, dict[str, dict]]) -> dict[str, dict]:
         for run in runs:
             for (where, key), value in _flatten(run).items():
                 values.setdefault(f"{where}.{key}" if where else key, []).append(value)
-        rows[row] = {
-            "heads": runs[0]["heads"],
-            **{
-                k: {"mean": statistics.fmean(v), "std": statistics.pstdev(v) if len(v) > 1 else 0.0, "runs": len(v)}
-                for k, v in values.items()
-            },
-        }
+        rows[row] = {"heads": runs[0]["heads"], **{k: over_seeds(v) for k, v in values.items()}}
     return rows
 
 

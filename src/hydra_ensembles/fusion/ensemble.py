@@ -323,10 +323,15 @@ def _check_members(members: Sequence[nn.Module], mlp: str) -> None:
     for field in ("hidden_size", "num_hidden_layers", "num_attention_heads"):
         values = [getattr(adapter.config(m), field, None) for m in members]
         if len(set(values)) > 1:
-            raise ValueError(f"members have different architectures: {field} = {values}.")
+            raise ValueError(
+                f"members have different architectures: {field} = {values}; prune every member from one "
+                "checkpoint (he.build_members)."
+            )
     labels = [getattr(m.config, "num_labels", None) for m in members]
     if adapter.is_classifier(members[0]) and len(set(labels)) > 1:
-        raise ValueError(f"members have different classifiers: num_labels = {labels}.")
+        raise ValueError(
+            f"members have different classifiers: num_labels = {labels}; fine-tune every member on the same classes."
+        )
     placements = {(p.device, p.dtype) for m in members for p in m.parameters()}
     if len(placements) > 1:
         raise ValueError(f"members sit on different devices/dtypes {sorted(map(str, placements))}; move them to one.")

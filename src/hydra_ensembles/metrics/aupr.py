@@ -18,18 +18,27 @@ def average_precision(scores: Tensor, is_positive: Tensor) -> float:
 
 
 def aupr_out(ood_scores: Tensor, is_ood: Tensor) -> float:
-    """AUPR-Out: OOD is the positive class and `ood_scores` ("higher = more OOD") rank it (OpenOOD default)."""
+    """AUPR-Out: OOD is the positive class and `ood_scores` ("higher = more OOD") rank it (OpenOOD default).
+
+    Shape: ood_scores (N,), is_ood (N,) bool.
+    """
     return average_precision(ood_scores, is_ood)
 
 
 def aupr_in(ood_scores: Tensor, is_ood: Tensor) -> float:
-    """AUPR-In: ID is the positive class, ranked by the negated OOD score."""
+    """AUPR-In: ID is the positive class, ranked by the negated OOD score.
+
+    Shape: ood_scores (N,), is_ood (N,) bool.
+    """
     return average_precision(-ood_scores, ~_as_bool(is_ood))
 
 
 def _compute(scores: np.ndarray, positive: np.ndarray) -> float:
     if not positive.any():
-        raise ValueError("average precision needs at least one positive sample.")
+        raise ValueError(
+            "average precision needs at least one positive sample: pass both ID and OOD samples (is_ood with "
+            "True and False entries)."
+        )
     order = np.argsort(-scores, kind="mergesort")
     sorted_scores, hits = scores[order], positive[order]
     last_of_run = np.r_[sorted_scores[1:] != sorted_scores[:-1], True]  # thresholds: ends of tied runs

@@ -178,7 +178,13 @@ class ZeroShotEnsemble(nn.Module):
         return transformers.PretrainedConfig(id2label=labels, label2id={v: k for k, v in labels.items()})
 
     @torch.no_grad()
-    def set_classes(self, classes: Sequence[str], templates: Sequence[str], tokenizer, batch_size: int = 64) -> None:
+    def set_classes(
+        self,
+        classes: Sequence[str],
+        templates: Sequence[str],
+        tokenizer: transformers.PreTrainedTokenizerBase,
+        batch_size: int = 64,
+    ) -> None:
         """Recompute the class embeddings (once per member) for `classes` x `templates`."""
         batches = prompt_batches(tokenizer, classes, templates, self.text, batch_size)
         self.embeddings = class_embeddings(self.text, batches, len(classes))
@@ -233,7 +239,7 @@ class ZeroShotEnsemble(nn.Module):
 def zero_shot_ensemble(
     two_tower: TwoTowerModel,
     classes: Sequence[str],
-    tokenizer,
+    tokenizer: transformers.PreTrainedTokenizerBase,
     templates: Sequence[str] = DEFAULT_TEMPLATES,
     image_head_maps: Sequence[HeadMap] | None = None,
     text_head_maps: Sequence[HeadMap] | None = None,
@@ -286,7 +292,11 @@ def _tower(tower: Tower, head_maps: Sequence[HeadMap] | None) -> Tower:
 
 
 def prompt_batches(
-    tokenizer, classes: Sequence[str], templates: Sequence[str], text: Tower, batch_size: int = 64
+    tokenizer: transformers.PreTrainedTokenizerBase,
+    classes: Sequence[str],
+    templates: Sequence[str],
+    text: Tower,
+    batch_size: int = 64,
 ) -> list[dict]:
     """The tokenised `class_prompts`, in order, with only the inputs the text tower reads."""
     prompts = class_prompts(classes, templates)

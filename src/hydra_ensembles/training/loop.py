@@ -159,10 +159,14 @@ def finetune(
     """Fine-tune a classifier in place with cross-entropy on its logits (`train` with the recipe's label
     smoothing); returns it in eval mode, with its best-validation weights if `val_loader` is given."""
     if not get_adapter(_unwrapped(model)).is_classifier(_unwrapped(model)):
-        raise ValueError(f"{type(_unwrapped(model)).__name__} has no classifier to fine-tune.")
+        raise ValueError(
+            f"{type(_unwrapped(model)).__name__} has no classifier to fine-tune: load it with "
+            "AutoModelForSequenceClassification / AutoModelForImageClassification (num_labels=...), or run "
+            "`hydra-ens finetune`, which adds one."
+        )
     batches = materialize(train_loader, "training loader")
     if any(batch.get("labels") is None for batch in batches):
-        raise ValueError("training batches need 'labels'.")
+        raise ValueError("training batches need 'labels': give the loader a label column (the CLI's --label-column).")
     return train(
         model,
         batches,
@@ -232,20 +236,17 @@ def _select_trainable(model: nn.Module, adapter: Adapter | None, config: TrainCo
                 f"freeze_embeddings and train_last name parts of an HF model; a {type(model).__name__} has none: "
                 "set requires_grad on its parameters instead."
             )
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        if not trainable:
-            raise ValueError("nothing to train: every parameter is frozen.")
-        return trainable
-    base = _unwrapped(model)
-    num_layers = adapter.num_layers(base)
-    for name, param in base.named_parameters():
-        where = adapter.locate(base, name)  # ("embeddings", None), ("layer", index) or ("head", None)
-        if config.freeze_embeddings and where[0] == "embeddings":
-            param.requires_grad_(False)
-        if config.train_last is not None and (
-            where[0] == "embeddings" or (where[0] == "layer" and where[1] < num_layers - config.train_last)
-        ):
-            param.requires_grad_(False)
+    else:
+        base = _unwrapped(model)
+        num_layers = adapter.num_layers(base)
+        for name, param in base.named_parameters():
+            where = adapter.locate(base, name)  # ("embeddings", None), ("layer", index) or ("head", None)
+            if config.freeze_embeddings and where[0] == "embeddings":
+                param.requires_grad_(False)
+            if config.train_last is not None and (
+                where[0] == "embeddings" or (where[0] == "layer" and where[1] < num_layers - config.train_last)
+            ):
+                param.requires_grad_(False)
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
         raise ValueError("nothing to train: every parameter is frozen.")

@@ -159,7 +159,7 @@ def extract_joint_circuit(
     prompt_batches: Iterable[Batch],
     num_classes: int,
     criterion: str = "avg",
-    budget: int = 1,
+    budget: int | None = None,
     *,
     towers: Sequence[str] = TOWERS,
     method: str = "fast",
@@ -177,6 +177,7 @@ def extract_joint_circuit(
         id_loader: labelled ID images; ood_loader: OOD images (for "ood" and "avg").
         prompt_batches: the tokenised `class_prompts(classes, templates)`, class-major, in order.
         num_classes: C; the prompts are C x templates.
+        budget: heads to remove (default: a fifth of the candidates, a pool of twice 10 % of the heads).
         towers: whose heads are candidates: both (§D.3) or ("image",) (§E.3.2).
         method, batch_size, top, precision, state_path, progress: as in `extract_circuit` ("fast" and
             "reference" are exact; "lazy" and "multi" approximate; "screen" is not available here).
@@ -197,6 +198,7 @@ def extract_joint_circuit(
     prompts = materialize(prompt_batches, "prompt_batches")
     kept = {tower: kept_heads(getattr(two_tower, tower).encoder) for tower in TOWERS}
     candidates = [(t, layer, h) for t in TOWERS if t in towers for layer, heads in kept[t].items() for h in heads]
+    budget = max(2, len(candidates) // 5) if budget is None else budget  # the paper's pool: 2 x 10 % of the heads
     if not 1 <= budget < len(candidates):
         raise ValueError(
             f"budget must be between 1 and {len(candidates) - 1} ({len(candidates)} candidate heads in "

@@ -40,7 +40,9 @@ from .criteria import CRITERIA, CircuitCriterion
 from .scoring import CandidateScorer, FastScorer, Head, ReferenceScorer
 
 STATE_VERSION = 1
-BF16_SPEEDUP = 2.7  # measured on this project's 2-core AMX CPU for a BERT-base model (docs/circuits.md)
+# the whole search in bf16 against fp32, measured on this project's 2-core AMX CPU: 1.6x on MiniLM, 2.0x on
+# DINOv2-S (docs/circuits.md); the smaller, so that `auto`'s choice errs towards finishing within its budget
+BF16_SPEEDUP = 1.6
 # method "auto"'s approximations when the exact search does not fit, least approximate first: (method, top,
 # precision, speed-up over the exact search). bf16 first: measured (docs/circuits.md), rounding moves the ranking
 # far less than removing several heads per step does, and removing 8 per step costs more quality than 4.
@@ -223,7 +225,7 @@ def extract_circuit(
     id_loader: Iterable[Batch],
     ood_loader: Iterable[Batch] | None = None,
     criterion: str = "avg",
-    budget: int = 1,
+    budget: int | None = None,
     *,
     method: str = "auto",
     time_budget: float = 1800.0,
@@ -240,7 +242,8 @@ def extract_circuit(
         id_loader: labelled ID validation batches.
         ood_loader: OOD validation batches (labels unused); required for "ood" and "avg".
         criterion: "acc", "ood", "avg", or a name added with `register_criterion`.
-        budget: number of heads to remove, 1 <= budget < number of heads.
+        budget: number of heads to remove, 1 <= budget < number of heads (default: two thirds of the model's heads,
+            the pool `sample_members` draws members from; the paper ranks 100 of BERT's 144).
         method: "auto" (default): "fast" if its estimated time (its first step on the first batch of examples, timed)
             is within `time_budget` seconds, else the least approximate of `AUTO_FALLBACKS` that fits: the fast
             search in bf16, then "multi" (bf16) removing 2, 4 or 8 heads per step; `Circuit.search` and
@@ -253,8 +256,8 @@ def extract_circuit(
         batch_size: examples per batch for the fast scorer (the candidates of a layer multiply it).
         top: candidates scored exactly per step by "lazy" and "screen"; heads removed per step by "multi" (every
             candidate scored exactly, then the `top` best removed at once: `top` times fewer steps).
-        precision: "fp32" (exact) or "bf16" (candidates scored under bfloat16 autocast: ~2.7x faster on CPUs with
-            AMX, an approximation: near-ties between candidates can resolve differently).
+        precision: "fp32" (exact) or "bf16" (candidates scored under bfloat16 autocast: 1.6-2.0x faster end to end on
+            CPUs with AMX, an approximation: near-ties between candidates can resolve differently).
         state_path: a JSON file updated after every step; if it exists and was written for this model, data,
             criterion and search, extraction resumes from it ("fast" and "reference" states are interchangeable).
         progress: show a progress bar over all the candidate evaluations of the extraction (its total is known
@@ -280,6 +283,7 @@ def extract_circuit(
     ood_batches = materialize(ood_loader, "ood_loader") if score_fn.needs_ood else []
     kept = kept_heads(model)
     candidates = [(layer, h) for layer, heads in kept.items() for h in heads]
+    budget = 2 * (len(candidates) // 3) if budget is None else budget
     if not 1 <= budget < len(candidates):
         raise ValueError(
             f"budget must be between 1 and {len(candidates) - 1} (the model has {len(candidates)} heads and a "
