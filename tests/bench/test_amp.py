@@ -89,7 +89,7 @@ def test_recovered_models_reload_as_pruned_hf_models(tiny_task, tmp_path):  # no
     assert search["sizes"] == [len(k) for k in he.kept_neurons(pruned).values()]
     recovered = seed.recovered("x", pruned)
     assert he.kept_neurons(recovered) == he.kept_neurons(pruned)
-    assert he.kept_neurons(he.load_model(cache / "amp" / "models" / "x-recovered")) == he.kept_neurons(pruned)
+    assert he.kept_neurons(he.load_model(cache / amp.AMP_CACHE / "models" / "x-recovered")) == he.kept_neurons(pruned)
 
 
 def test_the_cost_rule_counts_distinct_members_when_half_the_heads_go(tiny_task, tmp_path):  # noqa: F811

@@ -19,20 +19,38 @@ def _data(seeds=(1, 2)):
 
 
 def test_neuron_scores_follow_eq_4():
-    """I_k = |sum_n h_k dC/dh_k| = |sum_j W2[j, k] dC/dW2[j, k]| (h_k feeds W2's column k): computed here from
-    the weight gradient of the mean loss, an independent path."""
+    """I_k = |sum_n h_k dC/dh_k| per sequence = |sum_j W2[j, k] dC/dW2[j, k]| with C that sequence's loss (h_k
+    feeds W2's column k), averaged over the sequences: computed here one example at a time from weight gradients,
+    an independent path."""
     model, data = MODELS["bert"](), _data()
     got = he.neuron_scores(model, data, loss="cross_entropy", progress=False)
     work = copy.deepcopy(model).eval()
     batch = {k: torch.cat([b[k] for b in data]) for k in data[0]}
-    loss = F.cross_entropy(work(**{k: v for k, v in batch.items() if k != "labels"}).logits, batch["labels"])
     weights = [layer.output.dense.weight for layer in work.bert.encoder.layer]  # W2, (d, F)
-    grads = torch.autograd.grad(loss, weights)
-    for layer, (w, g) in enumerate(zip(weights, grads)):
-        expected = (w * g).sum(dim=0).abs()
-        # two orders of summing 8 examples x 10 tokens x 32 outputs of float32 products
-        tol = reordered_sum(8 * 10 * 32, (w * g).abs().sum(dim=0).max().item(), U32)
-        assert (got[layer] - expected).abs().max().item() <= tol + 1e-12
+    examples = len(batch["labels"])
+    expected = [torch.zeros(w.shape[1], dtype=torch.float64) for w in weights]
+    bound = [0.0 for _ in weights]
+    for i in range(examples):
+        inputs = {k: v[i : i + 1] for k, v in batch.items() if k != "labels"}
+        loss = F.cross_entropy(work(**inputs).logits, batch["labels"][i : i + 1])
+        for layer, (w, g) in enumerate(zip(weights, torch.autograd.grad(loss, weights))):
+            expected[layer] += (w * g).sum(dim=0).abs().double() / examples
+            bound[layer] = max(bound[layer], (w * g).abs().sum(dim=0).max().item() / examples)
+    differs_from_the_whole_set_sum = False
+    for layer in range(len(weights)):
+        # two orders of summing 10 tokens x 32 outputs of float32 products, for each of 8 examples
+        tol = examples * reordered_sum(10 * 32, bound[layer], U32)
+        assert (got[layer].double() - expected[layer]).abs().max().item() <= tol + 1e-12
+        whole_set = _whole_set(work, batch, layer)
+        differs_from_the_whole_set_sum |= bool((got[layer] - whole_set).abs().max() > 0.1 * got[layer].max())
+    assert differs_from_the_whole_set_sum  # the absolute value is taken per sequence, not once over the set
+
+
+def _whole_set(model, batch, layer: int) -> torch.Tensor:
+    """|sum over every token of every example of h dC/dh|: the absolute value taken once, over the whole set."""
+    loss = F.cross_entropy(model(**{k: v for k, v in batch.items() if k != "labels"}).logits, batch["labels"])
+    weight = model.bert.encoder.layer[layer].output.dense.weight
+    return (weight * torch.autograd.grad(loss, weight)[0]).sum(dim=0).abs()
 
 
 def test_binary_search_finds_the_smallest_size_under_the_threshold():

@@ -40,6 +40,17 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
         ft.finetune(MODELS["bert"](), _data(), CONFIG.with_(lr=2e-3), checkpoint_dir=tmp_path, progress=False)
 
 
+def test_adamw_betas_come_from_the_config_and_key_it_only_when_changed():
+    """AMP_RECOVERY uses paper 002's Table 8 betas; recipes at AdamW's default keep their cache keys."""
+    parameters = [torch.nn.Parameter(torch.zeros(2, 2))]
+    for config in (CONFIG, ft.AMP_RECOVERY):
+        optimizer = ft.recipes.OPTIMIZERS["adamw"](parameters, config)
+        assert optimizer.param_groups[0]["betas"] == tuple(config.betas)
+    assert ft.AMP_RECOVERY.betas == (0.9, 0.95) and ft.AMP_RECOVERY.weight_decay == 0.0
+    assert "betas" not in CONFIG.key() and "betas" not in repr(CONFIG)
+    assert ft.AMP_RECOVERY.key()["betas"] == (0.9, 0.95)
+
+
 def test_bf16_mixed_precision_runs_the_forward_in_bf16_and_keeps_float32_weights():
     model, seen = MODELS["bert"](), []
     model.bert.encoder.layer[0].attention.self.query.register_forward_hook(lambda m, i, out: seen.append(out.dtype))

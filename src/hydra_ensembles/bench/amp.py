@@ -9,14 +9,15 @@ free       the base of the ensemble: the smallest delta-E whose fused 3-member H
            single (that base, recovered), Hydra (Taylor) and Hydra (Circ) on the unpruned base (the suite's own
            rows) and on the AMP base (the same recipe: sequential Taylor scores, exact circuits, fine-tuned
            members, merged MLP), with latency timed interleaved in one run.
-criteria   Algorithm 1 with cross-entropy, the prediction entropy and the [CLS] similarity entropy, each at the
-           delta-E that keeps the free base's MLP neuron count (found by bisection; Table 5).
+criteria   neurons ranked by cross-entropy, the prediction entropy or the [CLS] similarity entropy (Table 5
+           swaps only the importance criterion: Algorithm 1's search stays on the prediction entropy), each at
+           the delta-E that keeps the free base's MLP neuron count (found by bisection).
 baselines  at that count with a uniform width: random neurons, L2 magnitude, Taylor (the entropy criterion), next
            to the adaptive result (Tables 3 and 6), before and after recovery.
 
 Recovery is Eq. 8 (MSE on the last layer's features against the unpruned model) on the training inputs, labels
 unused. The pruning set is the first `pruning_examples` training examples. Everything is cached under
-`<suite seed cache>/amp/`, so a run resumes where it stopped.
+`<suite seed cache>/<AMP_CACHE>/`, so a run resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ TABLES = (
     ("baselines", "Uniform width at the same count vs adaptive (Tables 3 and 6)"),
 )
 TABLE_NAMES = tuple(name for name, _ in TABLES)
+# the cache directory in each suite seed's; a new name when what it holds would be built differently (v2: neuron
+# importance per sequence, Eq. 4, instead of once over the pruning set; recovery with Table 8's AdamW settings)
+AMP_CACHE = "amp-v2"
 LATENCY_BATCH = 32  # the bar of issue 13: latency on the CPU at batch 32
 REFINE_STEPS = 3  # bisection steps of the cost rule between two grid delta-Es
 FREE_NAMES = {  # the suite's rows on the AMP base, as the free table names them
@@ -87,7 +91,7 @@ class AmpSeed:
         progress: bool = True,
     ):
         self.task, self.seed, self.progress, self.recovery = task, seed, progress, recovery
-        self.seed_cache, self.cache = seed_cache, seed_cache / "amp"
+        self.seed_cache, self.cache = seed_cache, seed_cache / AMP_CACHE
         self.single = _Builder(task, seed, seed_cache, progress).single()
         self.pruning = _first_examples(task.train, pruning_examples)
         self.probe = {k: v[:8] for k, v in task.test[0].items() if k != "labels"}
@@ -110,7 +114,8 @@ class AmpSeed:
         return torch.load(path)
 
     def adaptive(self, delta: float, criterion: str = "entropy") -> nn.Module:
-        """The model Algorithm 1 prunes at `delta` (built once, cached)."""
+        """The model Algorithm 1 prunes at `delta`, its neurons ranked by `criterion` and its sizes searched on
+        the prediction entropy (built once, cached)."""
         return load_predictor(self._adaptive_dir(delta, criterion))
 
     def search(self, delta: float, criterion: str = "entropy") -> dict:
@@ -125,7 +130,7 @@ class AmpSeed:
                 self.single,
                 self.pruning,
                 delta,
-                loss=criterion,
+                loss="entropy",  # Algorithm 1's criterion E; `criterion` ranks the neurons
                 scores=self.scores(criterion),
                 progress=False,
             )
@@ -290,8 +295,8 @@ def free_predictors(task: Task, seed: int, seed_cache: Path, delta: float) -> di
     the Hydra rows on the unpruned base, AMP single and the Hydra rows on the AMP base of `delta`."""
     base_name = _slug(f"AMP dE={delta:g}")
     unpruned = _Builder(task, seed, seed_cache, progress=False)
-    base = load_predictor(seed_cache / "amp" / "models" / f"{base_name}-recovered")
-    on_amp = _Builder(task, seed, seed_cache / "amp" / base_name, progress=False, base=lambda: base)
+    base = load_predictor(seed_cache / AMP_CACHE / "models" / f"{base_name}-recovered")
+    on_amp = _Builder(task, seed, seed_cache / AMP_CACHE / base_name, progress=False, base=lambda: base)
     predictors = {row: unpruned.row(row)[0] for row in HYDRA_ROWS}
     return predictors | {FREE_NAMES[row]: on_amp.row(row)[0] for row in HYDRA_ROWS}
 

@@ -2,7 +2,10 @@
 of each MLP's hidden size under an entropy threshold (Algorithm 1).
 
 Importance (Eq. 3-4): with h_k the input of an MLP's second linear layer (neuron k's activation) and C the
-criterion, I_k = |sum over tokens n of h_k^(n) dC/dh_k^(n)|, accumulated over the pruning set. C is one of the
+criterion, I_k = |sum over tokens n of h_k^(n) dC/dh_k^(n)| for one sequence (Eq. 4), averaged over the
+sequences of the pruning set: the absolute value per sequence, as Molchanov et al. (2017), whom the paper follows,
+take it per example. (Summing the signed terms over the whole set first lets examples cancel; on the examples
+a model was fine-tuned on, the cross-entropy's would cancel almost exactly.) C is one of the
 Taylor losses (`importance.losses`): "cross_entropy" with labels, "entropy" of the model's predictions
 (label-free), or "similarity", the inter-instance similarity entropy of Eq. 5-7 on the [CLS] token.
 
@@ -41,8 +44,9 @@ from .losses import loss_input, taylor_loss
 def neuron_scores(
     model: nn.Module, loader: Iterable[Batch], *, loss: str = "auto", temperature: float = 1 / 15, progress: bool = True
 ) -> list[Tensor]:
-    """I_k of every MLP neuron (Eq. 4), one (F_l,) tensor per layer in the model's current neuron order;
-    higher = more important. The model is not modified. `loss` as in `taylor_head_scores`."""
+    """I_k of every MLP neuron (Eq. 4; per sequence, averaged over `loader`), one (F_l,) tensor per layer in the
+    model's current neuron order; higher = more important. The model is not modified. `loss` as in
+    `taylor_head_scores`."""
     adapter = get_adapter(model)
     batches = materialize(loader, "pruning loader")
     loss = _resolve(loss, model, batches)
@@ -63,12 +67,18 @@ def neuron_scores(
                     output = loss_input(criterion, adapter, model, to_device(inputs, device))
                     value = criterion(output, labels, classifier=classifier, temperature=temperature)
                     grads = torch.autograd.grad(value * batch_size(inputs) / total, activations)
+                if len(activations) != len(blocks):
+                    raise ValueError(
+                        f"expected one MLP activation per block, got {len(activations)} for {len(blocks)} blocks: "
+                        "set config.chunk_size_feed_forward = 0 before scoring neurons."
+                    )
                 for acc, h, g in zip(sums, activations, grads):
-                    acc += (h.detach() * g).double().reshape(-1, h.shape[-1]).sum(dim=0).cpu()  # sum over tokens
+                    per_token = (h.detach() * g).double().reshape(h.shape[0], -1, h.shape[-1])  # (B, N, F)
+                    acc += per_token.sum(dim=1).abs().sum(dim=0).cpu()  # Eq. 4 per sequence, summed over the set
     finally:
         for hook in hooks:
             hook.remove()
-    return [s.abs().float() for s in sums]
+    return [s.float() for s in sums]
 
 
 def criterion_value(model: nn.Module, batches: list[Batch], loss: str, temperature: float = 1 / 15) -> float:

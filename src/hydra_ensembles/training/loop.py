@@ -195,7 +195,13 @@ def recover(
     progress: bool = True,
 ) -> nn.Module:
     """Recovery of a pruned model by distillation from the unpruned one (paper 002, §3.5, Eq. 8): the loop with
-    `FeatureMSE` on the last layer's features; labels are not needed."""
+    `FeatureMSE` on the last layer's features; labels are not needed. One process only: the features are read
+    from the student's encoder directly, which DistributedDataParallel would not synchronise."""
+    if is_distributed():
+        raise ValueError(
+            "recovery (paper 002, Eq. 8) runs on one process: run `hydra-ens amp` (or `recover`) without torchrun; "
+            "the steps after it (scores, circuit, finetune) can use torchrun again."
+        )
     return train(
         student,
         train_loader,
