@@ -69,6 +69,8 @@ TABLE_NAMES = tuple(name for name, _ in TABLES)
 # the cache directory in each suite seed's; a new name when what it holds would be built differently (v2: neuron
 # importance per sequence, Eq. 4, instead of once over the pruning set; recovery with Table 8's AdamW settings)
 AMP_CACHE = "amp-v2"
+# tau of the similarity criterion (Eq. 5-7), paper 002's Table 8: 1/20 for DINOv2, 1/15 (the default) otherwise
+SIMILARITY_TEMPERATURE = {"image-dinov2": 1 / 20}
 LATENCY_BATCH = 32  # the bar of issue 13: latency on the CPU at batch 32
 REFINE_STEPS = 3  # bisection steps of the cost rule between two grid delta-Es
 FREE_NAMES = {  # the suite's rows on the AMP base, as the free table names them
@@ -108,7 +110,10 @@ class AmpSeed:
             elif criterion == "l2":
                 scores = magnitude_neuron_scores(self.single)
             else:
-                scores = neuron_scores(self.single, self.pruning, loss=criterion, progress=self.progress)
+                temperature = SIMILARITY_TEMPERATURE.get(self.task.name, 1 / 15)
+                scores = neuron_scores(
+                    self.single, self.pruning, loss=criterion, temperature=temperature, progress=self.progress
+                )
             path.parent.mkdir(parents=True, exist_ok=True)
             torch.save(scores, path)
         return torch.load(path)
