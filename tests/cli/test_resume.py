@@ -28,6 +28,8 @@ def test_interrupted_finetune_resumes_to_the_uninterrupted_result(tmp_path, text
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        # a shell that runs the tests in the background (`cmd &`) ignores SIGINT, and the child would inherit that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     checkpoint = out / "checkpoints" / "model" / "checkpoint.pt"
     deadline = time.monotonic() + 240
