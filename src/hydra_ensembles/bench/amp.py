@@ -96,7 +96,8 @@ class AmpSeed:
         self.seed_cache, self.cache = seed_cache, seed_cache / AMP_CACHE
         self.single = _Builder(task, seed, seed_cache, progress).single()
         self.pruning = _first_examples(task.train, pruning_examples)
-        self.probe = {k: v[:8] for k, v in task.test[0].items() if k != "labels"}
+        # the inputs FLOPs are counted on: validation ones, as the cost rule that picks the AMP base counts them
+        self.probe = {k: v[:8] for k, v in task.val[0].items() if k != "labels"}
         self.single_flops = count_flops(self.single, self.probe)
 
     # ---- models ----
