@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data.loaders import TARGETS
+from ..data.loaders import split_batch
 
 Forward = Callable[[nn.Module, dict[str, Any]], Tensor]
 
@@ -143,7 +143,7 @@ class FeatureMSE:
         self.teacher, self.forward = teacher.eval(), forward
 
     def __call__(self, features: Tensor, batch: dict[str, Any]) -> Tensor:
-        inputs = {k: v for k, v in batch.items() if k not in TARGETS}  # what the student was given
+        inputs = split_batch(None, batch)[0]  # what the student was given: the batch less its targets
         with torch.no_grad():
             target = self.forward(self.teacher, inputs).to(features.device)
         first = ((features[:, 0] - target[:, 0]) ** 2).mean(dim=-1)  # (B,)
