@@ -52,6 +52,7 @@ from ..members import build_members
 from ..predictors import load_predictor, save_predictor
 from ..pruning import kept_neurons
 from ..training import AMP_RECOVERY, TrainConfig, recover
+from .records import check_rebuilt, recorded_latency
 from .suite import _Builder, run_record, run_seed, time_predictors
 from .tasks import Task
 
@@ -167,6 +168,7 @@ class AmpSeed:
                 progress=self.progress,
             )
             save_predictor(student, path)
+            check_rebuilt(self.cache, f"{name}-recovered", student)
         return load_predictor(path)
 
     def matched_delta(self, criterion: str, total: int, start: float, tries: int = 8, tolerance: float = 0.03) -> float:
@@ -354,9 +356,11 @@ def experiment(
         "per_seed": per_seed,
     }
     if latency_repeats and "free" in tables:
-        first = seeds[0]
-        summary["latency"] = free_latency(
-            task, first, cache / f"seed{first}", per_seed[first]["free_delta"], latency_repeats
+        first, delta = seeds[0], per_seed[seeds[0]]["free_delta"]
+        summary["latency"], summary["latency_timed"] = recorded_latency(
+            cache / f"seed{first}" / AMP_CACHE / f"latency-dE{delta:g}.json",
+            list(per_seed[first]["free"]),
+            lambda: free_latency(task, first, cache / f"seed{first}", delta, latency_repeats),
         )
         summary["latency_batch"] = min(LATENCY_BATCH, sum(len(b["labels"]) for b in task.test))
     summary["wall_time_s"] = round(time.perf_counter() - started, 1)
@@ -397,7 +401,8 @@ def markdown(summary: dict) -> str:
                 f"(Hydra FLOPs x per delta-E, per seed: {ratios}). Heads: per layer; MLP: hidden neurons kept of all."
                 + (
                     f" Latency: seed {seeds[0]}'s models on one batch of {summary['latency_batch']} test examples, "
-                    "timed interleaved (median and range over rounds)."
+                    f"timed interleaved (median and range over rounds), {summary['latency_timed']['date']} on "
+                    f"{summary['latency_timed']['machine']}."
                     if "latency" in summary
                     else ""
                 ),

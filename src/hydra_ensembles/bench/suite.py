@@ -50,6 +50,7 @@ from ..predictors import (
 )
 from ..training import finetune
 from ..version import __version__
+from .records import check_rebuilt, recorded_latency
 from .tasks import Task
 
 ROWS = (
@@ -99,10 +100,15 @@ def run(
         "notes": task.notes,
         "rows": aggregate(per_seed),
         "per_seed": per_seed,
-        "circuit_search": circuit_searches(cache, seeds),
+        "circuit_search": circuit_searches(per_seed),
     }
     if latency_repeats:
-        summary["latency"] = timed_rows(task, seeds[0], cache / f"seed{seeds[0]}", per_seed[seeds[0]], latency_repeats)
+        first = cache / f"seed{seeds[0]}"
+        summary["latency"], summary["latency_timed"] = recorded_latency(
+            first / "latency.json",
+            list(per_seed[seeds[0]]),
+            lambda: timed_rows(task, seeds[0], first, per_seed[seeds[0]], latency_repeats),
+        )
         summary["latency_batch"] = len(task.test[0]["labels"])
     figures(task, cache / f"seed{seeds[0]}", out_dir)
     summary["wall_time_s"] = round(time.perf_counter() - started, 1)
@@ -143,14 +149,14 @@ def run_seed(
     return {row: results[row] for row in rows}
 
 
-def circuit_searches(cache: Path, seeds: Sequence[int]) -> dict[str, str]:
-    """{seed: the search that ranked its CircAvg circuit ("exact", or the approximation and why)}."""
+def circuit_searches(per_seed: Mapping[int, Mapping[str, dict]]) -> dict[str, str]:
+    """{seed: the search that ranked its CircAvg circuit ("exact", or the approximation and why)}, as the rows
+    built on that circuit recorded it."""
     searches = {}
-    for seed in seeds:
-        path = cache / f"seed{seed}" / "circuit_avg.json"
-        if path.exists():
-            circuit = Circuit.load(path)
-            searches[str(seed)] = circuit.search + (f" ({circuit.note})" if circuit.note else "")
+    for seed, results in per_seed.items():
+        recorded = [r["circuit_search"] for r in results.values() if "circuit_search" in r]
+        if recorded:
+            searches[str(seed)] = recorded[0]
     return searches
 
 
@@ -248,6 +254,7 @@ class _Builder:
             return load_predictor(path)
         model = build()
         save_predictor(model, path)
+        check_rebuilt(self.cache, name, model)
         return model
 
     def single(self) -> nn.Module:
@@ -377,9 +384,10 @@ class _Builder:
         return model, str(self.heads - budget), {}
 
     def circuit_row(self, criterion: str, fine_tune: bool = True):
-        head_map = self.circuit(criterion).head_map(self.task.prune_per_layer * self.layers)
+        circuit = self.circuit(criterion)
+        head_map = circuit.head_map(self.task.prune_per_layer * self.layers)
         model = self.fine_tuned_members(f"circ{criterion}", [head_map], fine_tune)[0]
-        return model, f"{self.heads - self.task.prune_per_layer} (avg)", {}
+        return model, f"{self.heads - self.task.prune_per_layer} (avg)", {"circuit_search": _search(circuit)}
 
     def hydra_taylor(self, mlp: str):
         task = self.task
@@ -404,7 +412,7 @@ class _Builder:
         )
         ensemble, extra = self.fused(self.fine_tuned_members("hydra-circ", head_maps, fine_tune), mlp)
         heads = f"{self.heads - task.prune_per_layer}x{task.members} (avg)"
-        return ensemble, heads, extra | {"head_maps": head_maps}
+        return ensemble, heads, extra | {"head_maps": head_maps, "circuit_search": _search(self.circuit())}
 
 
 # ---- Figures 5-6: the number of heads pruned ----
@@ -501,6 +509,11 @@ def sweep_markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _search(circuit: Circuit) -> str:
+    """How a circuit was ranked, as the tables say it: the search, and the reason when it is an approximation."""
+    return circuit.search + (f" ({circuit.note})" if circuit.note else "")
+
+
 def _digest(head_map: Mapping[int, Sequence[int]]) -> str:
     text = json.dumps({str(layer): sorted(heads) for layer, heads in sorted(head_map.items())})
     return hashlib.sha256(text.encode()).hexdigest()[:8]
@@ -516,7 +529,8 @@ def figures(task: Task, seed_cache: Path, out_dir: Path) -> None:
         for row in PLOTTED
         if (seed_cache / "logits" / f"{row}.pt").exists()
     }
-    plots.logit_figures(logits, labels_of(task.test), out_dir, task.name)
+    if logits:  # none when the seed's rows came from records without their logits: the figures are left as they are
+        plots.logit_figures(logits, labels_of(task.test), out_dir, task.name)
     maps = {}
     if (seed_cache / "taylor_scores_sequential.pt").exists():
         maps["Taylor score (sequential)"] = torch.load(seed_cache / "taylor_scores_sequential.pt")
@@ -553,6 +567,14 @@ def disagreement_lines(rows: Mapping[str, dict]) -> list[str]:
     return lines + render(header, body, "markdown")
 
 
+def latency_timed_lines(summary: dict) -> list[str]:
+    """Where and when the latency column was timed (it may come from the records of an earlier run)."""
+    if "latency_timed" not in summary:
+        return []
+    timed = summary["latency_timed"]
+    return [f"Latency: batch of {summary['latency_batch']}, timed {timed['date']} on {timed['machine']}  "]
+
+
 def markdown(summary: dict) -> str:
     lines = [
         f"# {summary['task']}: Hydra Ensembles vs baselines",
@@ -563,6 +585,7 @@ def markdown(summary: dict) -> str:
         + ("(mean ± std over seeds)  " if len(summary["seeds"]) > 1 else "(one run: values without a spread)  "),
         f"Wall time: {summary['wall_time_s'] / 60:.1f} min for this run (training compute recorded over all "
         f"runs that filled the cache: {summary['compute_s'] / 60:.1f} min)",
+        *latency_timed_lines(summary),
         "",
         *table_lines(summary["rows"], summary.get("latency")),
         "",

@@ -15,6 +15,8 @@ zero-shot, and its training-free Hydra Ensembles (both towers or the image tower
 Writes table.md, table.json (every number of every seed, the command, the machine), reliability.png,
 ood_scores.png and head_importance.png. Everything trained is cached (--cache) and reused; an interrupted run
 resumes at the first missing row. A full text seed takes about 36 minutes on 2 CPU cores, an image seed 18.
+--records DIR keeps the cache's records (results, logits, scores, circuits, latency: everything but weights)
+in DIR as well, so that a run can go on from another machine (`bench.records`).
 """
 
 from __future__ import annotations
@@ -22,11 +24,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shlex
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..adapters import get_adapter
 from ..bench import amp, distillation, zero_shot
+from ..bench.records import copy_records
 from ..bench.suite import ALL_ROWS, ROWS, head_sweep
 from ..bench.suite import run as run_suite
 from ..bench.tasks import TASKS, Task
@@ -84,6 +90,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", type=Path, help="default: benchmarks/results/<task>[-quick]")
     parser.add_argument("--cache", type=Path, help="default: $HYDRA_ENSEMBLES_CACHE/bench")
+    parser.add_argument(
+        "--records",
+        type=Path,
+        metavar="DIR",
+        help="suite and amp-* tables: read the task's records (results, logits, scores, circuits, latency; no "
+        "weights) from DIR into the cache before the run, and write the cache's back to DIR when it ends or stops, "
+        "so that it can go on from another machine (e.g. DIR = benchmarks/records, committed)",
+    )
+    parser.add_argument(
+        "--records-only",
+        action="store_true",
+        help="with --records: copy the records both ways and stop, running nothing (e.g. to save a run's "
+        "records while it is still going)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,12 +118,15 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or Path("benchmarks") / "results" / (task.name + _suffix(args))
     cache = (args.cache or cache_dir() / "bench") / ("quick" if args.quick else "full")
     command = "hydra-ens " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    if args.head_sweep:
-        summary = head_sweep(task, seeds, args.head_sweep, out, cache, command=command, progress=not args.quiet)
-        print((out / "sweep.md").read_text())
-        print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
-        return 0
-    summary = run_suite(task, seeds, out, cache, command=command, progress=not args.quiet, rows=args.rows or ROWS)
+    with _records(args, cache, task) as go_on:
+        if not go_on:
+            return 0
+        if args.head_sweep:
+            summary = head_sweep(task, seeds, args.head_sweep, out, cache, command=command, progress=not args.quiet)
+            print((out / "sweep.md").read_text())
+            print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
+            return 0
+        summary = run_suite(task, seeds, out, cache, command=command, progress=not args.quiet, rows=args.rows or ROWS)
     print((out / "table.md").read_text())
     print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
     return 0
@@ -119,6 +142,32 @@ def _task(args: argparse.Namespace, name: str) -> Task:
     if not 1 <= args.prune_per_layer < heads:
         raise SystemExit(f"--prune-per-layer must be between 1 and {heads - 1} ({task.name}: {heads} heads per layer).")
     return dataclasses.replace(task, prune_per_layer=args.prune_per_layer)
+
+
+@contextmanager
+def _records(args: argparse.Namespace, cache: Path, task: Task) -> Iterator[bool]:
+    """With --records: the task's records copied from DIR into the cache (the cache's own files win: they are as
+    new or newer), then, when the run ends, fails or is stopped (SIGTERM too), the cache's copied back to DIR.
+    Yields whether to run (not with --records-only)."""
+    if args.records is None:
+        if args.records_only:
+            raise SystemExit("--records-only needs --records DIR.")
+        yield True
+        return
+    key = f"{task.name}-{task.fingerprint()}"
+    pulled = copy_records(args.records / key, cache / key, overwrite=False)
+    print(f"records: {len(pulled)} file(s) from {args.records / key} into the cache", flush=True)
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so that the records are saved on the way out
+    try:
+        yield not args.records_only
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        pushed = copy_records(cache / key, args.records / key, overwrite=True)
+        print(f"records: {len(pushed)} file(s) new or changed, saved to {args.records / key}", flush=True)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _suffix(args: argparse.Namespace) -> str:
@@ -148,18 +197,21 @@ def _amp(args: argparse.Namespace) -> int:
     out = args.out or Path("benchmarks") / "results" / (args.task + _suffix(args))
     cache = (args.cache or cache_dir() / "bench") / ("quick" if args.quick else "full")
     recovery = amp.AMP_RECOVERY.with_(epochs=args.recovery_epochs or amp.AMP_RECOVERY.epochs)
-    summary = amp.experiment(
-        task,
-        seeds,
-        out,
-        cache,
-        command="hydra-ens " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        deltas=args.deltas,
-        flops_target=args.flops_target,
-        recovery=recovery,
-        progress=not args.quiet,
-        tables=args.tables,
-    )
+    with _records(args, cache, task) as go_on:
+        if not go_on:
+            return 0
+        summary = amp.experiment(
+            task,
+            seeds,
+            out,
+            cache,
+            command="hydra-ens " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+            deltas=args.deltas,
+            flops_target=args.flops_target,
+            recovery=recovery,
+            progress=not args.quiet,
+            tables=args.tables,
+        )
     print((out / "amp.md").read_text())
     print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
     return 0

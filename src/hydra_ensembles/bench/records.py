@@ -1,0 +1,119 @@
+"""Records: the small files a benchmark leaves in its cache, everything but trained weights.
+
+A seed's cache directory holds two kinds of file. Weights (under `models/` and `checkpoints/`, hundreds of MB a
+model at BERT-base scale) can be rebuilt by training again. Records cannot be rebuilt cheaply and are small:
+each finished row's metrics (`results.json`) and logits, the sequential Taylor scores, the circuits (finished,
+and a search in progress), AMP's neuron scores and results, the timed latency, and the digest of every model
+built. A table is rendered from records alone.
+
+Kept in a directory that outlives the machine (`hydra-ens bench ... --records DIR`, e.g. committed next to the
+tables), records let a long benchmark go on from a fresh machine: finished rows are not rerun, circuits and
+scores are not searched again, and only the weights that unfinished rows need are trained again. Training is
+deterministic on a given machine and torch version, and every rebuilt model is checked against the digest
+recorded when it was first built (`check_rebuilt`), so a rebuild that differs says so instead of mixing two
+models' numbers silently.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..cost import machine
+from ..io import write_json_atomic
+
+WEIGHTS = frozenset({"models", "checkpoints"})  # cache folders whose files are trained weights, never records
+DIGESTS = "model_digests.json"  # {model name: digest of its weights}, in the folder that holds `models/`
+
+
+def is_record(relative: Path) -> bool:
+    """Whether the cache file at `relative` (to a cache root) is a record: not under a weights folder, and not a
+    temporary file of an atomic write (a name starting with '.')."""
+    return not WEIGHTS.intersection(relative.parts[:-1]) and not any(p.startswith(".") for p in relative.parts)
+
+
+def copy_records(source: str | os.PathLike, target: str | os.PathLike, overwrite: bool) -> list[Path]:
+    """Copy every record under `source` to the same relative path under `target`, each file atomically. Files
+    that `target` already holds are kept unless `overwrite` (and copied only when they differ). Returns the
+    relative paths copied. A missing `source` copies nothing."""
+    source, target = Path(source), Path(target)
+    if not source.is_dir():
+        return []
+    copied = []
+    for path in sorted(source.rglob("*")):
+        relative = path.relative_to(source)
+        if not path.is_file() or not is_record(relative):
+            continue
+        destination = target / relative
+        if destination.exists() and (not overwrite or destination.read_bytes() == path.read_bytes()):
+            continue
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent)
+        os.close(fd)
+        try:
+            shutil.copyfile(path, tmp)
+            os.replace(tmp, destination)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        copied.append(relative)
+    return copied
+
+
+def model_digest(model: nn.Module) -> str:
+    """SHA-256 of a model's weights: every state-dict entry's name, dtype, shape and bytes, in key order."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        tensor = tensor.detach().contiguous().cpu()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def check_rebuilt(folder: str | os.PathLike, name: str, model: nn.Module) -> bool:
+    """Record the digest of the model just built as `name` in `folder`'s digest file, or, when one is recorded
+    (a record from another machine or run), compare: a different digest warns, naming what it means, and the
+    new one is recorded. Returns whether the model matches the record (True when there was none)."""
+    path = Path(folder) / DIGESTS
+    digests = json.loads(path.read_text()) if path.exists() else {}
+    digest = model_digest(model)
+    recorded = digests.get(name)
+    if recorded is not None and recorded != digest:
+        warnings.warn(
+            f"{name} was built again and its weights differ from the ones recorded in {path} (another machine, "
+            "torch version or thread count trains differently). Rows recorded before were measured on the "
+            "earlier build; rows built now use this one. For one consistent table, rerun without the records "
+            "or on the machine that made them.",
+            stacklevel=2,
+        )
+    if recorded != digest:
+        write_json_atomic(path, digests | {name: digest})
+    return recorded is None or recorded == digest
+
+
+def recorded_latency(
+    path: str | os.PathLike, rows: Sequence[str], time_rows: Callable[[], dict[str, dict]]
+) -> tuple[dict[str, dict], dict]:
+    """The latency of `rows` relative to the first ({row: `cost.predictor_latency` stats}) and when and where it
+    was timed. Rows timed together earlier (one interleaved run recorded at `path`, the first row included) are
+    read back: timing needs every row's model, which a fresh machine would have to train again. Otherwise
+    `time_rows()` times them now and the record is replaced. Delete the file to time again."""
+    path = Path(path)
+    if path.exists():
+        record = json.loads(path.read_text())
+        if rows[0] in record["rows"] and set(rows) <= set(record["rows"]):
+            return {row: record["rows"][row] for row in rows}, record["timed"]
+    timed = {"machine": machine(), "date": datetime.date.today().isoformat()}
+    latency = time_rows()
+    write_json_atomic(path, {"rows": latency, "timed": timed})
+    return latency, timed

@@ -1,0 +1,117 @@
+"""Records: a benchmark goes on from a fresh machine with the cache's small files and none of its weights."""
+
+import json
+import warnings
+from argparse import Namespace
+
+import pytest
+import torch
+from conftest import MODELS
+from test_suite import tiny_task  # noqa: F401 (the fixture)
+
+from hydra_ensembles.bench import records, suite
+from hydra_ensembles.cli import bench
+
+
+def test_only_records_are_copied_and_the_target_keeps_its_own_unless_told(tmp_path):
+    source, target = tmp_path / "cache", tmp_path / "records"
+    files = {
+        "seed0/results.json": "new",
+        "seed0/logits/Single.pt": "logits",
+        "seed0/circuit_avg_state.json": "a search in progress",
+        "seed0/amp-v2/neuron_scores_entropy.pt": "scores",
+        "seed0/models/single/model.safetensors": "weights",
+        "seed0/amp-v2/models/adaptive-entropy-dE0.01/search.json": "beside weights",
+        "seed0/checkpoints/start0/last.pt": "weights",
+        "seed0/.results.json.x1.tmp": "half written",
+    }
+    for name, text in files.items():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_text(text)
+    (target / "seed0").mkdir(parents=True)
+    (target / "seed0" / "results.json").write_text("old")
+
+    kept = records.copy_records(source, target, overwrite=False)
+    expected = {"seed0/logits/Single.pt", "seed0/circuit_avg_state.json", "seed0/amp-v2/neuron_scores_entropy.pt"}
+    assert {str(p) for p in kept} == expected
+    assert (target / "seed0" / "results.json").read_text() == "old"  # the target's own file wins
+    assert not (target / "seed0" / "models").exists() and not (target / "seed0" / "checkpoints").exists()
+    assert not list(target.rglob(".*"))  # no temporary file copied or left behind
+
+    replaced = records.copy_records(source, target, overwrite=True)
+    assert [str(p) for p in replaced] == ["seed0/results.json"]  # the others are identical: not copied again
+    assert (target / "seed0" / "results.json").read_text() == "new"
+    assert records.copy_records(tmp_path / "missing", target, overwrite=True) == []
+
+
+def test_a_rebuilt_model_is_checked_against_its_recorded_digest(tmp_path):
+    model = MODELS["bert"](seed=0)
+    assert records.check_rebuilt(tmp_path, "single", model)  # nothing recorded: records it
+    assert records.check_rebuilt(tmp_path, "single", MODELS["bert"](seed=0))  # the same weights built again
+    with torch.no_grad():
+        next(model.parameters())[0, 0] += 1e-6
+    with pytest.warns(UserWarning, match="single was built again and its weights differ"):
+        assert not records.check_rebuilt(tmp_path, "single", model)
+    assert json.loads((tmp_path / records.DIGESTS).read_text())["single"] == records.model_digest(model)
+    assert records.model_digest(model.to(torch.bfloat16)) != records.model_digest(model.float())
+
+
+def test_latency_is_read_back_only_when_every_row_was_timed_together(tmp_path):
+    path, timings = tmp_path / "latency.json", []
+
+    def time_rows(rows):
+        timings.append(rows)
+        return {row: {"median": float(i + 1)} for i, row in enumerate(rows)}
+
+    rows = ["Single", "Taylor", "CircAvg"]
+    first, timed = records.recorded_latency(path, rows, lambda: time_rows(rows))
+    again, timed_again = records.recorded_latency(path, rows[:2], lambda: time_rows(rows[:2]))
+    assert again == {"Single": {"median": 1.0}, "Taylor": {"median": 2.0}} and timed_again == timed
+    assert len(timings) == 1 and set(timed) == {"machine", "date"}
+    more = [*rows, "Hydra (Circ)"]
+    assert records.recorded_latency(path, more, lambda: time_rows(more))[0]["Hydra (Circ)"] == {"median": 4.0}
+    assert len(timings) == 2  # a row not timed before: every row timed again, together
+
+
+def test_a_benchmark_goes_on_from_its_records_on_a_fresh_machine(tiny_task, tmp_path, monkeypatch):  # noqa: F811
+    key = f"{tiny_task.name}-{tiny_task.fingerprint()}"
+    first_rows = ["Single", "Taylor", "CircAvg"]
+    before = suite.run(tiny_task, [0], tmp_path / "out", tmp_path / "cache-a", progress=False, rows=first_rows)
+    records.copy_records(tmp_path / "cache-a" / key, tmp_path / "records" / key, overwrite=True)
+    assert not list((tmp_path / "records").rglob("*.safetensors"))  # no weights among the records
+
+    # a fresh machine: the records only; finished rows, Taylor scores and the circuit are not made again
+    fresh = tmp_path / "cache-b" / key
+    records.copy_records(tmp_path / "records" / key, fresh, overwrite=False)
+    monkeypatch.setattr(suite, "extract_circuit", lambda *a, **k: pytest.fail("searched a recorded circuit again"))
+    monkeypatch.setattr(suite, "taylor_head_scores", lambda *a, **k: pytest.fail("scored recorded heads again"))
+    rows = [*first_rows, "Hydra (Circ)"]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*built again")  # the single trained again equals the recorded
+        after = suite.run(tiny_task, [0], tmp_path / "out-b", tmp_path / "cache-b", progress=False, rows=rows)
+    for row in first_rows:  # read back, not measured again (the seconds it took are the first run's)
+        assert after["per_seed"][0][row] == before["per_seed"][0][row]
+    assert after["per_seed"][0]["Hydra (Circ)"]["circuit_search"] == "exact" and after["circuit_search"] == {
+        "0": "exact"
+    }
+    assert (fresh / "seed0" / "models" / "single").exists()  # trained again for the row that needed it
+    digests = [
+        json.loads((c / key / "seed0" / records.DIGESTS).read_text()) for c in (tmp_path / "cache-a", fresh.parent)
+    ]
+    assert digests[0]["single"] == digests[1]["single"]  # checked against the record: the same weights
+    assert set(after["latency"]) == set(rows)  # a new row: timed again, together
+
+    # rendering needs no model at all once every row and its latency are recorded
+    monkeypatch.setattr(suite._Builder, "row", lambda self, name: pytest.fail(f"built {name} to render"))
+    empty = tmp_path / "cache-c" / key
+    records.copy_records(fresh, empty, overwrite=False)
+    rendered = suite.run(tiny_task, [0], tmp_path / "out-c", tmp_path / "cache-c", progress=False, rows=rows)
+    assert rendered["latency"] == after["latency"] and rendered["rows"] == after["rows"]
+    assert "timed " in (tmp_path / "out-c" / "table.md").read_text()
+
+
+def test_records_only_needs_a_records_folder():
+    args = Namespace(records=None, records_only=True)
+    with pytest.raises(SystemExit, match="--records-only needs --records DIR"):
+        with bench._records(args, None, None):
+            pass
