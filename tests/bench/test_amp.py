@@ -8,7 +8,7 @@ import pytest
 from test_suite import tiny_task  # noqa: F401 (a fixture)
 
 import hydra_ensembles as he
-from hydra_ensembles.bench import amp
+from hydra_ensembles.bench import amp, records, suite
 from hydra_ensembles.training import AMP_RECOVERY
 
 DELTAS = (0.002, 0.02, 1.0)
@@ -78,6 +78,15 @@ def test_amp_tables_pick_the_base_by_cost_and_compare_at_equal_size(tiny_task, t
     monkeypatch.setattr(amp, "adaptive_mlp_pruning", refuse)
     again = _run(tiny_task, tmp_path, flops_target=1.5)
     assert again["per_seed"][0]["free"] == json.loads(json.dumps(free))  # everything from the cache
+
+    # a fresh machine with the records alone (`bench.records`: no weights) renders every table, building nothing
+    key = f"{tiny_task.name}-{tiny_task.fingerprint()}"
+    records.copy_records(tmp_path / "cache" / key, tmp_path / "fresh" / "cache" / key, overwrite=False)
+    monkeypatch.setattr(amp.AmpSeed, "single", property(lambda self: pytest.fail("built the single model")))
+    monkeypatch.setattr(suite._Builder, "row", lambda self, name: pytest.fail(f"built the row {name}"))
+    fresh = _run(tiny_task, tmp_path / "fresh", flops_target=1.5)
+    assert fresh["per_seed"][0] == json.loads(json.dumps(again["per_seed"][0]))
+    assert fresh["latency"] == again["latency"] and fresh["latency_timed"] == again["latency_timed"]
     with pytest.raises(ValueError, match="tables must be some of"):
         _run(tiny_task, tmp_path, tables=["table7"])
 
@@ -87,7 +96,7 @@ def test_recovered_models_reload_as_pruned_hf_models(tiny_task, tmp_path):  # no
     seed = amp.AmpSeed(tiny_task, 0, cache, AMP_RECOVERY.with_(epochs=1), pruning_examples=8, progress=False)
     pruned, search = seed.adaptive(1.0), seed.search(1.0)
     assert search["sizes"] == [len(k) for k in he.kept_neurons(pruned).values()]
-    recovered = seed.recovered("x", pruned)
+    recovered = seed.recovered("x", lambda: pruned)
     assert he.kept_neurons(recovered) == he.kept_neurons(pruned)
     assert he.kept_neurons(he.load_model(cache / amp.AMP_CACHE / "models" / "x-recovered")) == he.kept_neurons(pruned)
 

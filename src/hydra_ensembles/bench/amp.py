@@ -17,17 +17,19 @@ baselines  at that count with a uniform width: random neurons, L2 magnitude, Tay
 
 Recovery is Eq. 8 (MSE on the last layer's features against the unpruned model) on the training inputs, labels
 unused. The pruning set is the first `pruning_examples` training examples. Everything is cached under
-`<suite seed cache>/<AMP_CACHE>/`, so a run resumes where it stopped.
+`<suite seed cache>/<AMP_CACHE>/`, so a run resumes where it stopped; a model is built only when a result needs
+it and is not recorded, so the records alone (`bench.records`) render every table on a fresh machine.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -95,11 +97,27 @@ class AmpSeed:
     ):
         self.task, self.seed, self.progress, self.recovery = task, seed, progress, recovery
         self.seed_cache, self.cache = seed_cache, seed_cache / AMP_CACHE
-        self.single = _Builder(task, seed, seed_cache, progress).single()
         self.pruning = _first_examples(task.train, pruning_examples)
         # the inputs FLOPs are counted on: validation ones, as the cost rule that picks the AMP base counts them
         self.probe = {k: v[:8] for k, v in task.val[0].items() if k != "labels"}
-        self.single_flops = count_flops(self.single, self.probe)
+
+    # Models are built only when a result is not recorded yet, so that a seed whose records are all there (e.g.
+    # on a fresh machine, `bench.records`) is rendered without training anything.
+
+    @functools.cached_property
+    def single(self) -> nn.Module:
+        """The suite's Single model of the seed (trained, or loaded from the cache)."""
+        return _Builder(self.task, self.seed, self.seed_cache, self.progress).single()
+
+    @functools.cached_property
+    def shape(self) -> dict:
+        """{"heads": attention heads per layer, "widths": [MLP hidden size per block]} of the single model,
+        recorded in `single.json`."""
+        path = self.cache / "single.json"
+        if not path.exists():
+            widths = [len(k) for k in kept_neurons(self.single).values()]
+            write_json_atomic(path, {"heads": get_adapter(self.single).num_heads(self.single), "widths": widths})
+        return json.loads(path.read_text())
 
     # ---- models ----
 
@@ -126,14 +144,22 @@ class AmpSeed:
         return load_predictor(self._adaptive_dir(delta, criterion))
 
     def search(self, delta: float, criterion: str = "entropy") -> dict:
-        """Algorithm 1's record at `delta` (sizes, baseline, entropies), without loading the model."""
-        return json.loads((self._adaptive_dir(delta, criterion) / "search.json").read_text())
+        """Algorithm 1's record at `delta` (sizes, baseline, entropies), without loading the model (a record:
+        `searches/`; the search runs when it is missing)."""
+        path = self.cache / "searches" / f"adaptive-{criterion}-dE{delta:.6g}.json"
+        if not path.exists():
+            self._adaptive_dir(delta, criterion)
+        return json.loads(path.read_text())
 
     def _adaptive_dir(self, delta: float, criterion: str) -> Path:
-        """Where the model pruned at `delta` and its search record are cached; built on first use."""
+        """Where the model pruned at `delta` is cached; built on first use, with its search record (written
+        last: a run stopped in between builds it again)."""
         path = self.cache / "models" / f"adaptive-{criterion}-dE{delta:.6g}"
-        if not (path / "search.json").exists():  # written last: a run stopped in between builds it again
-            pruned, record = adaptive_mlp_pruning(
+        record = self.cache / "searches" / f"{path.name}.json"
+        if (path / "search.json").exists() and not record.exists():  # where caches before records kept it
+            write_json_atomic(record, json.loads((path / "search.json").read_text()))
+        if not path.exists() or not record.exists():
+            pruned, record_ = adaptive_mlp_pruning(
                 self.single,
                 self.pruning,
                 delta,
@@ -142,8 +168,8 @@ class AmpSeed:
                 progress=False,
             )
             save_predictor(pruned, path)
-            search = {"delta_e": delta, "sizes": record.sizes, "baseline": record.baseline}
-            write_json_atomic(path / "search.json", search | {"entropies": record.entropies})
+            search = {"delta_e": delta, "sizes": record_.sizes, "baseline": record_.baseline}
+            write_json_atomic(record, search | {"entropies": record_.entropies})
         return path
 
     def uniform(self, criterion: str, total: int) -> nn.Module:
@@ -154,11 +180,12 @@ class AmpSeed:
             save_predictor(prune_to_sizes(self.single, scores, uniform_sizes(self.single, total)), path)
         return load_predictor(path)
 
-    def recovered(self, name: str, pruned: nn.Module) -> nn.Module:
-        """`pruned` after recovery by feature distillation from the single model (Eq. 8), cached by `name`."""
+    def recovered(self, name: str, pruned: Callable[[], nn.Module]) -> nn.Module:
+        """The model `pruned()` builds, after recovery by feature distillation from the single model (Eq. 8),
+        cached by `name`."""
         path = self.cache / "models" / f"{name}-recovered"
         if not path.exists():
-            student = copy.deepcopy(pruned)
+            student = copy.deepcopy(pruned())
             recover(
                 student,
                 self.single,
@@ -202,7 +229,16 @@ class AmpSeed:
             for m in range(self.task.members)
         ]
         ensemble = HydraEnsemble.fuse(build_members(pruned, head_maps), mlp="average")
-        return count_flops(ensemble, self.probe) / self.single_flops
+        return count_flops(ensemble, self.probe) / count_flops(self.single, self.probe)
+
+    def recorded_hydra_flops(self, delta: float) -> float:
+        """`hydra_flops` of the model Algorithm 1 prunes at `delta`, recorded in `hydra_flops.json`."""
+        path = self.cache / "hydra_flops.json"
+        ratios = json.loads(path.read_text()) if path.exists() else {}
+        if f"{delta:.6g}" not in ratios:
+            ratios[f"{delta:.6g}"] = self.hydra_flops(self.adaptive(delta))
+            write_json_atomic(path, ratios)
+        return ratios[f"{delta:.6g}"]
 
     def free_delta(
         self, deltas: Sequence[float], target: float, refine: int = REFINE_STEPS
@@ -212,7 +248,7 @@ class AmpSeed:
         First the sweep's grid; when the first delta-E within the target has a grid neighbour below it that is
         over, `refine` bisection steps (in log delta-E, 3 significant digits) narrow the gap, so the base uses
         the budget instead of landing far under it. None within: the largest delta-E."""
-        ratios = {delta: self.hydra_flops(self.adaptive(delta)) for delta in sorted(deltas)}
+        ratios = {delta: self.recorded_hydra_flops(delta) for delta in sorted(deltas)}
         within = [delta for delta, ratio in ratios.items() if ratio <= target]
         if not within:
             return max(deltas), ratios
@@ -222,21 +258,26 @@ class AmpSeed:
             middle = float(f"{math.sqrt(low * high):.3g}")
             if middle in (low, high):
                 break
-            ratios[middle] = self.hydra_flops(self.adaptive(middle))
+            ratios[middle] = self.recorded_hydra_flops(middle)
             low, high = (low, middle) if ratios[middle] <= target else (middle, high)
         return high, dict(sorted(ratios.items()))
 
     # ---- measurement ----
 
-    def measured(self, name: str, model: nn.Module, heads: str) -> dict:
-        """The suite's metrics of `model` (cached in amp/results.json by `name`)."""
+    def measured(self, name: str, model: Callable[[], nn.Module]) -> dict:
+        """The suite's metrics of the model `model()` builds, its MLP sizes and its heads and MLP neurons as the
+        tables label them; recorded in results.json by `name` (the model is built only when not recorded)."""
         record = self.cache / "results.json"
         results = json.loads(record.read_text()) if record.exists() else {}
         if name not in results:
+            built = model()
+            sizes = [len(k) for k in kept_neurons(built).values()]
             results[name] = measure(
-                model, self.task.test, self.task.near, self.task.far, self.cache / "logits" / f"{name}.pt"
-            )
-            results[name]["heads"] = heads
+                built, self.task.test, self.task.near, self.task.far, self.cache / "logits" / f"{name}.pt"
+            ) | {
+                "heads": f"{self.shape['heads']}; MLP {sum(sizes)}/{sum(self.shape['widths'])}",
+                "mlp_sizes": sizes,
+            }
             write_json_atomic(record, results)
         return results[name]
 
@@ -256,45 +297,51 @@ def amp_seed(
     the ensemble-for-free table first) and {"free_delta", "hydra_flops", "sizes": {row: MLP sizes}}. Every
     delta-E of the sweep is pruned (not recovered) whatever the tables: the free base's cost rule needs them."""
     amp = AmpSeed(task, seed, seed_cache, recovery, pruning_examples, progress)
-    widths = [len(k) for k in kept_neurons(amp.single).values()]
-    heads = get_adapter(amp.single).num_heads(amp.single)
     delta, ratios = amp.free_delta(deltas, flops_target)
     base_name = f"AMP dE={delta:g}"
-    sizes = {"unpruned": widths} | {f"AMP dE={d:g}": amp.search(d)["sizes"] for d in sorted({*deltas, delta})}
+    sizes = {"unpruned": amp.shape["widths"]}
+    sizes |= {f"AMP dE={d:g}": amp.search(d)["sizes"] for d in sorted({*deltas, delta})}
     total = sum(sizes[base_name])
     result: dict = {"free_delta": delta, "hydra_flops": {f"{d:g}": r for d, r in ratios.items()}, "sizes": sizes}
 
-    def both(name: str, pruned: nn.Module) -> dict[str, dict]:
-        sizes[name] = [len(k) for k in kept_neurons(pruned).values()]
-        label = f"{heads}; MLP {sum(sizes[name])}/{sum(widths)}"
-        return {
-            name: amp.measured(name, pruned, label),
-            f"{name}, recovered": amp.measured(f"{name}, recovered", amp.recovered(_slug(name), pruned), label),
+    def both(name: str, pruned: Callable[[], nn.Module]) -> dict[str, dict]:
+        rows = {
+            name: amp.measured(name, pruned),
+            f"{name}, recovered": amp.measured(f"{name}, recovered", lambda: amp.recovered(_slug(name), pruned)),
         }
+        sizes[name] = rows[name]["mlp_sizes"]
+        return rows
 
-    unpruned = amp.measured("Single", amp.single, f"{heads}; MLP {sum(widths)}/{sum(widths)}")
+    unpruned = amp.measured("Single", lambda: amp.single)
     if "free" in tables:
         print(f"[seed {seed}] ensembles on the AMP base (delta-E {delta:g})", flush=True)
-        base = amp.recovered(_slug(base_name), amp.adaptive(delta))
         free = run_seed(task, seed, seed_cache, progress, rows=HYDRA_ROWS)
-        on_amp = run_seed(task, seed, amp.cache / _slug(base_name), progress, rows=HYDRA_ROWS, base=lambda: base)
+        on_amp = run_seed(
+            task,
+            seed,
+            amp.cache / _slug(base_name),
+            progress,
+            rows=HYDRA_ROWS,
+            base=lambda: amp.recovered(_slug(base_name), lambda: amp.adaptive(delta)),
+        )
         result["free"] = free | {FREE_NAMES[row]: results for row, results in on_amp.items()}
     if "sweep" in tables:
         result["sweep"] = {"Single": unpruned}
         for d in deltas:
             print(f"[seed {seed}] AMP delta-E {d:g}", flush=True)
-            result["sweep"] |= both(f"AMP dE={d:g}", amp.adaptive(d))
+            result["sweep"] |= both(f"AMP dE={d:g}", lambda d=d: amp.adaptive(d))
     if "criteria" in tables:
         result["criteria"] = {"Single": unpruned}
         for criterion in CRITERIA:
             matched = delta if criterion == "entropy" else amp.matched_delta(criterion, total, start=delta)
             print(f"[seed {seed}] criterion {criterion}: delta-E {matched:g}", flush=True)
-            result["criteria"] |= both(f"AMP ({criterion}, dE={matched:g})", amp.adaptive(matched, criterion))
+            name = f"AMP ({criterion}, dE={matched:g})"
+            result["criteria"] |= both(name, lambda m=matched, c=criterion: amp.adaptive(m, c))
     if "baselines" in tables:
-        result["baselines"] = {"Single": unpruned} | both(base_name, amp.adaptive(delta))
+        result["baselines"] = {"Single": unpruned} | both(base_name, lambda: amp.adaptive(delta))
         for criterion in BASELINES:
             print(f"[seed {seed}] uniform width, {criterion}", flush=True)
-            result["baselines"] |= both(f"Uniform ({criterion})", amp.uniform(criterion, total))
+            result["baselines"] |= both(f"Uniform ({criterion})", lambda c=criterion: amp.uniform(c, total))
     return result
 
 
@@ -303,8 +350,13 @@ def free_predictors(task: Task, seed: int, seed_cache: Path, delta: float) -> di
     the Hydra rows on the unpruned base, AMP single and the Hydra rows on the AMP base of `delta`."""
     base_name = _slug(f"AMP dE={delta:g}")
     unpruned = _Builder(task, seed, seed_cache, progress=False)
-    base = load_predictor(seed_cache / AMP_CACHE / "models" / f"{base_name}-recovered")
-    on_amp = _Builder(task, seed, seed_cache / AMP_CACHE / base_name, progress=False, base=lambda: base)
+    on_amp = _Builder(
+        task,
+        seed,
+        seed_cache / AMP_CACHE / base_name,
+        progress=False,
+        base=lambda: load_predictor(seed_cache / AMP_CACHE / "models" / f"{base_name}-recovered"),
+    )
     predictors = {row: unpruned.row(row)[0] for row in HYDRA_ROWS}
     return predictors | {FREE_NAMES[row]: on_amp.row(row)[0] for row in HYDRA_ROWS}
 
