@@ -44,14 +44,14 @@ def test_only_records_are_copied_and_the_target_keeps_its_own_unless_told(tmp_pa
     assert records.copy_records(tmp_path / "missing", target, overwrite=True) == []
 
 
-def test_a_rebuilt_model_is_checked_against_its_recorded_digest(tmp_path):
+def test_a_model_built_or_loaded_is_checked_against_its_recorded_digest(tmp_path):
     model = MODELS["bert"](seed=0)
-    assert records.check_rebuilt(tmp_path, "single", model)  # nothing recorded: records it
-    assert records.check_rebuilt(tmp_path, "single", MODELS["bert"](seed=0))  # the same weights built again
+    assert records.check_digest(tmp_path, "single", model)  # nothing recorded: records it
+    assert records.check_digest(tmp_path, "single", MODELS["bert"](seed=0))  # the same weights built again
     with torch.no_grad():
         next(model.parameters())[0, 0] += 1e-6
-    with pytest.warns(UserWarning, match="single was built again and its weights differ"):
-        assert not records.check_rebuilt(tmp_path, "single", model)
+    with pytest.warns(UserWarning, match="the weights of single differ from the digest recorded"):
+        assert not records.check_digest(tmp_path, "single", model)
     assert json.loads((tmp_path / records.DIGESTS).read_text())["single"] == records.model_digest(model)
     assert records.model_digest(model.to(torch.bfloat16)) != records.model_digest(model.float())
 
@@ -87,7 +87,7 @@ def test_a_benchmark_goes_on_from_its_records_on_a_fresh_machine(tiny_task, tmp_
     monkeypatch.setattr(suite, "taylor_head_scores", lambda *a, **k: pytest.fail("scored recorded heads again"))
     rows = [*first_rows, "Hydra (Circ)"]
     with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*built again")  # the single trained again equals the recorded
+        warnings.filterwarnings("error", message="the weights of")  # the single trained again equals the recorded
         after = suite.run(tiny_task, [0], tmp_path / "out-b", tmp_path / "cache-b", progress=False, rows=rows)
     for row in first_rows:  # read back, not measured again (the seconds it took are the first run's)
         assert after["per_seed"][0][row] == before["per_seed"][0][row]

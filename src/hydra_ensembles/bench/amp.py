@@ -54,7 +54,7 @@ from ..members import build_members
 from ..predictors import load_predictor, save_predictor
 from ..pruning import kept_neurons
 from ..training import AMP_RECOVERY, TrainConfig, recover
-from .records import check_rebuilt, recorded_latency
+from .records import check_digest, recorded_latency
 from .suite import _Builder, run_record, run_seed, time_predictors
 from .tasks import Task
 
@@ -195,8 +195,9 @@ class AmpSeed:
                 progress=self.progress,
             )
             save_predictor(student, path)
-            check_rebuilt(self.cache, f"{name}-recovered", student)
-        return load_predictor(path)
+        recovered = load_predictor(path)
+        check_digest(self.cache, f"{name}-recovered", recovered)  # recorded, or compared with the record
+        return recovered
 
     def matched_delta(self, criterion: str, total: int, start: float, tries: int = 8, tolerance: float = 0.03) -> float:
         """The delta-E at which Algorithm 1 with `criterion` keeps about `total` MLP neurons (within

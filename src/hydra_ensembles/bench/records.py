@@ -10,7 +10,7 @@ Kept in a directory that outlives the machine (`hydra-ens bench ... --records DI
 tables), records let a long benchmark go on from a fresh machine: finished rows are not rerun, circuits and
 scores are not searched again, and only the weights that unfinished rows need are trained again. Training is
 deterministic on a given machine and torch version, and every rebuilt model is checked against the digest
-recorded when it was first built (`check_rebuilt`), so a rebuild that differs says so instead of mixing two
+recorded when it was first built (`check_digest`), so a rebuild that differs says so instead of mixing two
 models' numbers silently.
 """
 
@@ -80,20 +80,21 @@ def model_digest(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
-def check_rebuilt(folder: str | os.PathLike, name: str, model: nn.Module) -> bool:
-    """Record the digest of the model just built as `name` in `folder`'s digest file, or, when one is recorded
-    (a record from another machine or run), compare: a different digest warns, naming what it means, and the
-    new one is recorded. Returns whether the model matches the record (True when there was none)."""
+def check_digest(folder: str | os.PathLike, name: str, model: nn.Module) -> bool:
+    """Compare the weights of the model `name` (built, or loaded from the cache) with the digest recorded in
+    `folder`'s digest file, or record it when there is none. A different digest (a record from another machine,
+    torch version or thread count, which trains differently) warns, saying what it means, and the new one is
+    recorded. Returns whether the model matches the record (True when there was none)."""
     path = Path(folder) / DIGESTS
     digests = json.loads(path.read_text()) if path.exists() else {}
     digest = model_digest(model)
     recorded = digests.get(name)
     if recorded is not None and recorded != digest:
         warnings.warn(
-            f"{name} was built again and its weights differ from the ones recorded in {path} (another machine, "
-            "torch version or thread count trains differently). Rows recorded before were measured on the "
-            "earlier build; rows built now use this one. For one consistent table, rerun without the records "
-            "or on the machine that made them.",
+            f"the weights of {name} differ from the digest recorded in {path}: this machine built it differently "
+            "(another machine type, torch version or thread count). Rows recorded before were measured on the "
+            "earlier build; rows built now use this one. For one consistent table, rerun without the records or "
+            "on the kind of machine that made them.",
             stacklevel=2,
         )
     if recorded != digest:

@@ -50,7 +50,7 @@ from ..predictors import (
 )
 from ..training import finetune
 from ..version import __version__
-from .records import check_rebuilt, recorded_latency
+from .records import check_digest, recorded_latency
 from .tasks import Task
 
 ROWS = (
@@ -251,10 +251,11 @@ class _Builder:
         """The predictor cached under `name`, built (and cached) on first use."""
         path = self.cache / "models" / name
         if path.exists():
-            return load_predictor(path)
-        model = build()
-        save_predictor(model, path)
-        check_rebuilt(self.cache, name, model)
+            model = load_predictor(path)
+        else:
+            model = build()
+            save_predictor(model, path)
+        check_digest(self.cache, name, model)  # recorded, or compared with the record (`bench.records`)
         return model
 
     def single(self) -> nn.Module:
