@@ -98,3 +98,8 @@ def tensor_digest(tensors: Iterable[torch.Tensor]) -> str:
         digest.update(str(tuple(tensor.shape)).encode())
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def weights_digest(module: torch.nn.Module) -> str:
+    """`tensor_digest` of a module's state dict, in key order: the same weights give the same digest."""
+    return tensor_digest(t for _, t in sorted(module.state_dict().items()) if isinstance(t, torch.Tensor))

@@ -17,7 +17,6 @@ models' numbers silently.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 import shutil
@@ -26,11 +25,10 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from ..cost import machine
-from ..io import write_json_atomic
+from ..io import weights_digest, write_json_atomic
 
 WEIGHTS = frozenset({"models", "checkpoints"})  # cache folders whose files are trained weights, never records
 DIGESTS = "model_digests.json"  # {model name: digest of its weights}, in the folder that holds `models/`
@@ -70,16 +68,6 @@ def copy_records(source: str | os.PathLike, target: str | os.PathLike, overwrite
     return copied
 
 
-def model_digest(model: nn.Module) -> str:
-    """SHA-256 of a model's weights: every state-dict entry's name, dtype, shape and bytes, in key order."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        tensor = tensor.detach().contiguous().cpu()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
 def check_digest(folder: str | os.PathLike, name: str, model: nn.Module) -> bool:
     """Compare the weights of the model `name` (built, or loaded from the cache) with the digest recorded in
     `folder`'s digest file, or record it when there is none. A different digest (a record from another machine,
@@ -87,7 +75,7 @@ def check_digest(folder: str | os.PathLike, name: str, model: nn.Module) -> bool
     recorded. Returns whether the model matches the record (True when there was none)."""
     path = Path(folder) / DIGESTS
     digests = json.loads(path.read_text()) if path.exists() else {}
-    digest = model_digest(model)
+    digest = weights_digest(model)
     recorded = digests.get(name)
     if recorded is not None and recorded != digest:
         warnings.warn(

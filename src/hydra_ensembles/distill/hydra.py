@@ -13,7 +13,7 @@ from torch import nn
 
 from ..data.loaders import Batch, materialize, split_batch
 from ..fusion import HydraEnsemble
-from ..io import tensor_digest, write_json_atomic
+from ..io import tensor_digest, weights_digest, write_json_atomic
 from ..outputs import member_outputs_of
 from ..training import DistillKL, GaussianKL, TrainConfig, train
 from .students import MultiHeadMLP
@@ -119,7 +119,7 @@ def _claim(where: Path, student: nn.Module, batches: list[Batch], members: int, 
     """Record what the checkpoints under `where` distil; refuse to resume another distillation's."""
     identity = {
         "teacher_outputs": tensor_digest(batch["teacher_outputs"] for batch in batches),
-        "student": tensor_digest(v for _, v in sorted(student.state_dict().items())),
+        "student": weights_digest(student),
         "members": members,
         "head_layers": head_layers,
         "temperature": t,

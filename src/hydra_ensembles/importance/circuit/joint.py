@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...data.loaders import Batch, materialize
-from ...io import tensor_digest, write_json_atomic
+from ...io import tensor_digest, weights_digest, write_json_atomic
 from ...outputs import labels_of
 from ...pruning import HeadMap, kept_heads
 from .criteria import CRITERIA
@@ -214,7 +214,7 @@ def extract_joint_circuit(
         "towers": list(towers),
         "search": search,
         "logit_scale": two_tower.logit_scale,
-        "model": tensor_digest(t for _, t in sorted(two_tower.state_dict().items()) if isinstance(t, Tensor)),
+        "model": weights_digest(two_tower),
         "data": tensor_digest(
             v for batch in id_batches + ood_batches + prompts for _, v in sorted(batch.items()) if isinstance(v, Tensor)
         ),

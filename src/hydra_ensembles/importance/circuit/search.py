@@ -34,7 +34,7 @@ from ...adapters import get_adapter
 from ...data.loaders import Batch, materialize, rebatch
 from ...data.loaders import batch_size as examples_in
 from ...distributed import barrier, gather_dict, is_main, shard, world_size
-from ...io import tensor_digest, write_json_atomic
+from ...io import tensor_digest, weights_digest, write_json_atomic
 from ...pruning import HeadMap, kept_heads
 from .criteria import CRITERIA, CircuitCriterion
 from .scoring import CandidateScorer, FastScorer, Head, ReferenceScorer
@@ -431,7 +431,7 @@ def _identity(model: nn.Module, id_batches: list[Batch], ood_batches: list[Batch
     return {
         "version": STATE_VERSION,
         "criterion": criterion,
-        "model": tensor_digest(t for _, t in sorted(model.state_dict().items())),
+        "model": weights_digest(model),
         "data": tensor_digest(
             v for batch in id_batches + ood_batches for _, v in sorted(batch.items()) if isinstance(v, Tensor)
         ),
