@@ -45,6 +45,21 @@ def test_only_records_are_copied_and_the_target_keeps_its_own_unless_told(tmp_pa
     assert records.copy_records(tmp_path / "missing", target, overwrite=True) == []
 
 
+def test_rows_finished_on_either_side_are_kept(tmp_path):
+    """results.json holds one key per finished row: copying merges, and the side that wins decides only the rows
+    both sides hold."""
+    cache, kept = tmp_path / "cache" / "results.json", tmp_path / "records" / "results.json"
+    for path, rows in ((cache, {"Single": 1, "Taylor": 2}), (kept, {"Single": 0, "CircAvg": 3})):
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(rows))
+    records.copy_records(tmp_path / "records", tmp_path / "cache", overwrite=False)  # into the cache: it wins
+    assert json.loads(cache.read_text()) == {"Single": 1, "Taylor": 2, "CircAvg": 3}
+    kept.write_text(json.dumps({"Single": 0, "CircAvg": 3, "LoRA Ens.": 4}))
+    records.copy_records(tmp_path / "cache", tmp_path / "records", overwrite=True)  # back: the cache wins
+    assert json.loads(kept.read_text()) == {"Single": 1, "Taylor": 2, "CircAvg": 3, "LoRA Ens.": 4}
+    assert records.copy_records(tmp_path / "cache", tmp_path / "records", overwrite=True) == []  # nothing new
+
+
 def test_a_model_built_or_loaded_is_checked_against_its_recorded_digest(tmp_path):
     model = MODELS["bert"](seed=0)
     assert records.check_digest(tmp_path, "single", model)  # nothing recorded: records it

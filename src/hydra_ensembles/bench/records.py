@@ -19,7 +19,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import shutil
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
@@ -41,31 +40,54 @@ def is_record(relative: Path) -> bool:
 
 
 def copy_records(source: str | os.PathLike, target: str | os.PathLike, overwrite: bool) -> list[Path]:
-    """Copy every record under `source` to the same relative path under `target`, each file atomically. Files
-    that `target` already holds are kept unless `overwrite` (and copied only when they differ). Returns the
-    relative paths copied. A missing `source` copies nothing."""
+    """Copy every record under `source` to the same relative path under `target`, each file atomically. A file
+    `target` already holds is kept unless `overwrite`; a JSON object in both (results.json: one key per row) is
+    merged, so rows finished on either side are kept and the side that wins decides only the shared keys.
+    Returns the relative paths written (a file is written only when it changes). A missing `source` copies
+    nothing."""
     source, target = Path(source), Path(target)
     if not source.is_dir():
         return []
-    copied = []
+    written = []
     for path in sorted(source.rglob("*")):
         relative = path.relative_to(source)
         if not path.is_file() or not is_record(relative):
             continue
         destination = target / relative
-        if destination.exists() and (not overwrite or destination.read_bytes() == path.read_bytes()):
-            continue
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent)
-        os.close(fd)
-        try:
-            shutil.copyfile(path, tmp)
-            os.replace(tmp, destination)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        copied.append(relative)
-    return copied
+        content = path.read_bytes()
+        if destination.exists():
+            content = _merged(content, destination.read_bytes(), overwrite)
+            if content == destination.read_bytes():
+                continue
+        _write_atomic(destination, content)
+        written.append(relative)
+    return written
+
+
+def _merged(new: bytes, old: bytes, overwrite: bool) -> bytes:
+    """What a record becomes when `new` is copied onto `old`: the winner (`new` if `overwrite`, else `old`), or
+    for two JSON objects their union, the winner's value on shared keys."""
+    winner, loser = (new, old) if overwrite else (old, new)
+    try:
+        winner_data, loser_data = json.loads(winner), json.loads(loser)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return winner
+    if not isinstance(winner_data, dict) or not isinstance(loser_data, dict) or loser_data.keys() <= winner_data.keys():
+        return winner
+    return json.dumps(loser_data | winner_data, indent=2, sort_keys=True).encode()
+
+
+def _write_atomic(path: Path, content: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def check_digest(folder: str | os.PathLike, name: str, model: nn.Module) -> bool:

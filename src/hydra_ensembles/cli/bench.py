@@ -146,9 +146,9 @@ def _task(args: argparse.Namespace, name: str) -> Task:
 
 @contextmanager
 def _records(args: argparse.Namespace, cache: Path, task: Task) -> Iterator[bool]:
-    """With --records: the task's records copied from DIR into the cache (the cache's own files win: they are as
-    new or newer), then, when the run ends, fails or is stopped (SIGTERM too), the cache's copied back to DIR.
-    Yields whether to run (not with --records-only)."""
+    """With --records: the task's records copied from DIR into the cache (the cache's own files win; results
+    files are merged row by row), then, when the run ends, fails or is stopped (SIGTERM too), the cache's copied
+    back to DIR the same way. Yields whether to run (not with --records-only)."""
     if args.records is None:
         if args.records_only:
             raise SystemExit("--records-only needs --records DIR.")
