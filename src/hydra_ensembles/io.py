@@ -39,6 +39,22 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
         raise
 
 
+def torch_save_atomic(obj: Any, path: str | os.PathLike) -> None:
+    """`torch.save` through a temporary file and an atomic rename: a run stopped midway leaves the old file or
+    none, never a truncated one that every later run would fail to load."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def save_dir_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
     """Call `write(tmp_dir)`, then swap `tmp_dir` into `path`.
 

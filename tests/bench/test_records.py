@@ -1,6 +1,9 @@
 """Records: a benchmark goes on from a fresh machine with the cache's small files and none of its weights."""
 
 import json
+import os
+import signal
+import time
 import warnings
 from argparse import Namespace
 
@@ -59,16 +62,40 @@ def test_rows_finished_on_either_side_are_kept(tmp_path):
     assert json.loads(kept.read_text()) == {"Single": 1, "Taylor": 2, "CircAvg": 3, "LoRA Ens.": 4}
     assert records.copy_records(tmp_path / "cache", tmp_path / "records", overwrite=True) == []  # nothing new
 
+    # a search in progress: the state further on wins whichever side it is on, if it is the same model's
+    ahead, behind = {"model": "a", "removed": [[0, 1], [1, 0]]}, {"model": "a", "removed": [[0, 1]]}
+    for side, data in ((cache, behind), (kept, ahead)):
+        (side.parent / "circuit_avg_state.json").write_text(json.dumps(data))
+    records.copy_records(tmp_path / "records", tmp_path / "cache", overwrite=False)
+    assert json.loads((cache.parent / "circuit_avg_state.json").read_text()) == ahead
+    (kept.parent / "circuit_avg_state.json").write_text(json.dumps(behind | {"model": "b"}))  # another model's
+    records.copy_records(tmp_path / "cache", tmp_path / "records", overwrite=True)
+    assert json.loads((kept.parent / "circuit_avg_state.json").read_text()) == ahead  # the winner: the cache's
+
 
 def test_a_model_built_or_loaded_is_checked_against_its_recorded_digest(tmp_path):
     model = MODELS["bert"](seed=0)
     assert records.check_digest(tmp_path, "single", model)  # nothing recorded: records it
     assert records.check_digest(tmp_path, "single", MODELS["bert"](seed=0))  # the same weights built again
+    first = weights_digest(model)
     with torch.no_grad():
         next(model.parameters())[0, 0] += 1e-6
     with pytest.warns(UserWarning, match="the weights of single differ from the digest recorded"):
         assert not records.check_digest(tmp_path, "single", model)
-    assert json.loads((tmp_path / records.DIGESTS).read_text())["single"] == weights_digest(model)
+    digests = json.loads((tmp_path / records.DIGESTS).read_text())
+    assert digests["single"] == first and digests["single, rebuilt"] == weights_digest(model)  # the first is kept
+    assert records.rebuilt_differently(tmp_path) == ["single"]
+
+
+def test_a_search_in_progress_for_other_weights_starts_over(tmp_path):
+    model, state = MODELS["bert"](seed=0), tmp_path / "circuit_avg_state.json"
+    state.write_text(json.dumps({"model": weights_digest(model), "removed": [[0, 1]]}))
+    records.discard_stale_state(state, model)
+    assert state.exists()  # the same weights: resumed
+    state.write_text(json.dumps({"model": "0123456789abcdef", "removed": [[0, 1]]}))
+    with pytest.warns(UserWarning, match="written for other model weights"):
+        records.discard_stale_state(state, model)
+    assert not state.exists() and (tmp_path / ".circuit_avg_state.json.stale").exists()
 
 
 def test_latency_is_read_back_only_when_every_row_was_timed_together(tmp_path):
@@ -123,6 +150,38 @@ def test_a_benchmark_goes_on_from_its_records_on_a_fresh_machine(tiny_task, tmp_
     rendered = suite.run(tiny_task, [0], tmp_path / "out-c", tmp_path / "cache-c", progress=False, rows=rows)
     assert rendered["latency"] == after["latency"] and rendered["rows"] == after["rows"]
     assert "timed " in (tmp_path / "out-c" / "table.md").read_text()
+
+
+def test_the_head_sweep_goes_on_from_its_records(tiny_task, tmp_path, monkeypatch):  # noqa: F811
+    key = f"{tiny_task.name}-{tiny_task.fingerprint()}"
+    before = suite.head_sweep(tiny_task, [0], [1], tmp_path / "out", tmp_path / "cache-a", progress=False)
+    records.copy_records(tmp_path / "cache-a" / key, tmp_path / "cache-b" / key, overwrite=False)
+    monkeypatch.setattr(suite._Builder, "single", lambda self: pytest.fail("built the single model"))
+    after = suite.head_sweep(tiny_task, [0], [1], tmp_path / "out-b", tmp_path / "cache-b", progress=False)
+    assert after["per_seed"] == before["per_seed"]
+
+
+def test_a_running_benchmark_saves_its_records_now_and_then_and_when_stopped(tiny_task, tmp_path, monkeypatch):  # noqa: F811
+    key = f"{tiny_task.name}-{tiny_task.fingerprint()}"
+    args = Namespace(records=tmp_path / "records", records_only=False)
+    monkeypatch.setattr(bench, "PUSH_MINUTES", 0.1 / 60)
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit):
+        with bench._records(args, tmp_path / "cache", tiny_task) as go_on:
+            assert go_on
+            (tmp_path / "cache" / key / "seed0").mkdir(parents=True)
+            (tmp_path / "cache" / key / "seed0" / "results.json").write_text('{"Single": {}}')
+            deadline = time.monotonic() + 10
+            while not (args.records / key / "seed0" / "results.json").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert (args.records / key / "seed0" / "results.json").exists()  # pushed while running
+            monkeypatch.setattr(bench, "PUSH_MINUTES", 60)
+            time.sleep(0.5)  # the pusher's short wait ends: from now on it waits an hour
+            (tmp_path / "cache" / key / "seed0" / "circuit_avg.json").write_text("{}")
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises here
+    assert (args.records / key / "seed0" / "circuit_avg.json").exists()  # pushed on the way out
+    assert signal.getsignal(signal.SIGTERM) == handler  # the handler before the run, back
 
 
 def test_records_only_needs_a_records_folder():

@@ -49,7 +49,7 @@ from ..importance import (
     random_neuron_scores,
     uniform_sizes,
 )
-from ..io import write_json_atomic
+from ..io import torch_save_atomic, write_json_atomic
 from ..members import build_members
 from ..predictors import load_predictor, save_predictor
 from ..pruning import kept_neurons
@@ -100,6 +100,7 @@ class AmpSeed:
         self.pruning = _first_examples(task.train, pruning_examples)
         # the inputs FLOPs are counted on: validation ones, as the cost rule that picks the AMP base counts them
         self.probe = {k: v[:8] for k, v in task.val[0].items() if k != "labels"}
+        self.suite = _Builder(task, seed, seed_cache, progress)
 
     # Models are built only when a result is not recorded yet, so that a seed whose records are all there (e.g.
     # on a fresh machine, `bench.records`) is rendered without training anything.
@@ -107,17 +108,12 @@ class AmpSeed:
     @functools.cached_property
     def single(self) -> nn.Module:
         """The suite's Single model of the seed (trained, or loaded from the cache)."""
-        return _Builder(self.task, self.seed, self.seed_cache, self.progress).single()
+        return self.suite.single()
 
     @functools.cached_property
     def shape(self) -> dict:
-        """{"heads": attention heads per layer, "widths": [MLP hidden size per block]} of the single model,
-        recorded in `single.json`."""
-        path = self.cache / "single.json"
-        if not path.exists():
-            widths = [len(k) for k in kept_neurons(self.single).values()]
-            write_json_atomic(path, {"heads": get_adapter(self.single).num_heads(self.single), "widths": widths})
-        return json.loads(path.read_text())
+        """The single model's heads per layer, layers and MLP widths, as the suite records them."""
+        return self.suite.shape
 
     # ---- models ----
 
@@ -135,7 +131,7 @@ class AmpSeed:
                     self.single, self.pruning, loss=criterion, temperature=temperature, progress=self.progress
                 )
             path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(scores, path)
+            torch_save_atomic(scores, path)
         return torch.load(path)
 
     def adaptive(self, delta: float, criterion: str = "entropy") -> nn.Module:
@@ -346,28 +342,38 @@ def amp_seed(
     return result
 
 
-def free_predictors(task: Task, seed: int, seed_cache: Path, delta: float) -> dict[str, nn.Module]:
-    """The free table's predictors of one seed, from its cache (built there by `amp_seed`): Single first, then
-    the Hydra rows on the unpruned base, AMP single and the Hydra rows on the AMP base of `delta`."""
+def free_predictors(
+    task: Task,
+    seed: int,
+    seed_cache: Path,
+    delta: float,
+    recovery: TrainConfig = AMP_RECOVERY,
+    pruning_examples: int = 256,
+) -> dict[str, nn.Module]:
+    """The free table's predictors of one seed, from its cache (built there by `amp_seed`, or again from its
+    records): Single first, then the Hydra rows on the unpruned base, AMP single and the Hydra rows on the AMP
+    base of `delta`."""
     base_name = _slug(f"AMP dE={delta:g}")
+    amp = AmpSeed(task, seed, seed_cache, recovery, pruning_examples, progress=False)
     unpruned = _Builder(task, seed, seed_cache, progress=False)
     on_amp = _Builder(
         task,
         seed,
         seed_cache / AMP_CACHE / base_name,
         progress=False,
-        base=lambda: load_predictor(seed_cache / AMP_CACHE / "models" / f"{base_name}-recovered"),
+        base=lambda: amp.recovered(base_name, lambda: amp.adaptive(delta)),
     )
     predictors = {row: unpruned.row(row)[0] for row in HYDRA_ROWS}
     return predictors | {FREE_NAMES[row]: on_amp.row(row)[0] for row in HYDRA_ROWS}
 
 
 def free_latency(
-    task: Task, seed: int, seed_cache: Path, delta: float, repeats: int = 7, batch: int = LATENCY_BATCH
+    task: Task, seed: int, seed_cache: Path, delta: float, repeats: int = 7, batch: int = LATENCY_BATCH, **amp
 ) -> dict[str, dict]:
     """Latency of the free table's rows relative to Single, timed interleaved on the first `batch` test examples
-    (one batch)."""
-    return time_predictors(free_predictors(task, seed, seed_cache, delta), rebatch(task.test, batch)[0], repeats)
+    (one batch). `amp`: `free_predictors`' recovery and pruning_examples."""
+    predictors = free_predictors(task, seed, seed_cache, delta, **amp)
+    return time_predictors(predictors, rebatch(task.test, batch)[0], repeats)
 
 
 def experiment(
@@ -413,7 +419,15 @@ def experiment(
         summary["latency"], summary["latency_timed"] = recorded_latency(
             cache / f"seed{first}" / AMP_CACHE / f"latency-dE{delta:g}.json",
             list(per_seed[first]["free"]),
-            lambda: free_latency(task, first, cache / f"seed{first}", delta, latency_repeats),
+            lambda: free_latency(
+                task,
+                first,
+                cache / f"seed{first}",
+                delta,
+                latency_repeats,
+                recovery=recovery,
+                pruning_examples=pruning_examples,
+            ),
         )
         summary["latency_batch"] = min(LATENCY_BATCH, sum(len(b["labels"]) for b in task.test))
     summary["wall_time_s"] = round(time.perf_counter() - started, 1)

@@ -65,14 +65,20 @@ def copy_records(source: str | os.PathLike, target: str | os.PathLike, overwrite
 
 
 def _merged(new: bytes, old: bytes, overwrite: bool) -> bytes:
-    """What a record becomes when `new` is copied onto `old`: the winner (`new` if `overwrite`, else `old`), or
-    for two JSON objects their union, the winner's value on shared keys."""
+    """What a record becomes when `new` is copied onto `old`. Two JSON objects: for the state of a search in
+    progress (a "removed" list) of the same model, the one further on; otherwise their union, the winner's
+    value (`new` if `overwrite`, else `old`) on shared keys. Anything else: the winner."""
     winner, loser = (new, old) if overwrite else (old, new)
     try:
         winner_data, loser_data = json.loads(winner), json.loads(loser)
     except (UnicodeDecodeError, json.JSONDecodeError):
         return winner
-    if not isinstance(winner_data, dict) or not isinstance(loser_data, dict) or loser_data.keys() <= winner_data.keys():
+    if not isinstance(winner_data, dict) or not isinstance(loser_data, dict):
+        return winner
+    if "removed" in winner_data and "removed" in loser_data:
+        same_model = winner_data.get("model") == loser_data.get("model")
+        return loser if same_model and len(loser_data["removed"]) > len(winner_data["removed"]) else winner
+    if loser_data.keys() <= winner_data.keys():
         return winner
     return json.dumps(loser_data | winner_data, indent=2, sort_keys=True).encode()
 
@@ -93,23 +99,49 @@ def _write_atomic(path: Path, content: bytes) -> None:
 def check_digest(folder: str | os.PathLike, name: str, model: nn.Module) -> bool:
     """Compare the weights of the model `name` (built, or loaded from the cache) with the digest recorded in
     `folder`'s digest file, or record it when there is none. A different digest (a record from another machine,
-    torch version or thread count, which trains differently) warns, saying what it means, and the new one is
-    recorded. Returns whether the model matches the record (True when there was none)."""
+    torch version or thread count, which trains differently) warns, saying what it means; the first digest is
+    kept and the new one recorded as "<name>, rebuilt" (`rebuilt_differently`). Returns whether the model
+    matches the record (True when there was none)."""
     path = Path(folder) / DIGESTS
     digests = json.loads(path.read_text()) if path.exists() else {}
-    digest = weights_digest(model)
-    recorded = digests.get(name)
-    if recorded is not None and recorded != digest:
+    digest, recorded = weights_digest(model), digests.get(name)
+    if recorded is None:
+        write_json_atomic(path, digests | {name: digest})
+    elif recorded != digest:
         warnings.warn(
             f"the weights of {name} differ from the digest recorded in {path}: this machine built it differently "
             "(another machine type, torch version or thread count). Rows recorded before were measured on the "
-            "earlier build; rows built now use this one. For one consistent table, rerun without the records or "
-            "on the kind of machine that made them.",
+            "earlier build; rows built now use this one (the table says so). For one consistent table, rerun "
+            "without the records or on the kind of machine that made them.",
             stacklevel=2,
         )
-    if recorded != digest:
-        write_json_atomic(path, digests | {name: digest})
+        write_json_atomic(path, digests | {f"{name}, rebuilt": digest})
     return recorded is None or recorded == digest
+
+
+def rebuilt_differently(folder: str | os.PathLike) -> list[str]:
+    """The models of `folder` that were built again with weights that differ from their first build."""
+    path = Path(folder) / DIGESTS
+    digests = json.loads(path.read_text()) if path.exists() else {}
+    return sorted(name.removesuffix(", rebuilt") for name in digests if name.endswith(", rebuilt"))
+
+
+def unchecked(folder: str | os.PathLike, name: str) -> bool:
+    """Whether `folder` records finished rows (results.json) but no digest of the model `name` they came from."""
+    folder = Path(folder)
+    digests = json.loads((folder / DIGESTS).read_text()) if (folder / DIGESTS).exists() else {}
+    return (folder / "results.json").exists() and name not in digests
+
+
+def discard_stale_state(path: str | os.PathLike, model: nn.Module) -> None:
+    """Move aside the state of a search in progress at `path` (e.g. `circuit_avg_state.json`) when it was written
+    for other weights than `model`'s (a model trained again differently on another machine), warning: the search
+    starts over instead of refusing to resume. The state is kept as `.<name>.stale` (not a record)."""
+    path = Path(path)
+    if not path.exists() or json.loads(path.read_text()).get("model") in (None, weights_digest(model)):
+        return
+    warnings.warn(f"{path} was written for other model weights: the search starts over.", stacklevel=2)
+    os.replace(path, path.with_name(f".{path.name}.stale"))
 
 
 def recorded_latency(

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from ..evaluation.report import measure
 from ..evaluation.tables import CONVENTIONS, aggregate, mean_std, per_set_lines, render, table_lines
 from ..fusion import HydraEnsemble
 from ..importance import Circuit, extract_circuit, taylor_head_scores
-from ..io import write_json_atomic
+from ..io import torch_save_atomic, write_json_atomic
 from ..members import build_members, sample_members
 from ..outputs import collect_member_logits, labels_of
 from ..predictors import (
@@ -48,9 +49,10 @@ from ..predictors import (
     save_predictor,
     shared_backbone_ensemble,
 )
+from ..pruning import kept_neurons
 from ..training import finetune
 from ..version import __version__
-from .records import check_digest, recorded_latency
+from .records import check_digest, discard_stale_state, rebuilt_differently, recorded_latency, unchecked
 from .tasks import Task
 
 ROWS = (
@@ -102,6 +104,13 @@ def run(
         "per_seed": per_seed,
         "circuit_search": circuit_searches(per_seed),
     }
+    rebuilt = {seed: rebuilt_differently(cache / f"seed{seed}") for seed in seeds}
+    summary["notes"] = summary["notes"] + [
+        f"Seed {seed}: {', '.join(names)} trained again on another machine with different weights; the rows recorded "
+        "before were measured on the first build (`bench.records`)."
+        for seed, names in rebuilt.items()
+        if names
+    ]
     if latency_repeats:
         first = cache / f"seed{seeds[0]}"
         summary["latency"], summary["latency_timed"] = recorded_latency(
@@ -240,12 +249,24 @@ class _Builder:
     # ---- shared pieces ----
 
     @property
+    def shape(self) -> dict:
+        """{"heads": per layer, "layers", "widths": [MLP hidden size per block]} of the single model, recorded in
+        `shape.json` so that tables render from the records without the model."""
+        path = self.cache / "shape.json"
+        if not path.exists():
+            single, adapter = self.single(), get_adapter(self.single())
+            widths = [len(kept) for kept in kept_neurons(single).values()]
+            shape = {"heads": adapter.num_heads(single), "layers": adapter.num_layers(single), "widths": widths}
+            write_json_atomic(path, shape)
+        return json.loads(path.read_text())
+
+    @property
     def heads(self) -> int:
-        return get_adapter(self.single()).num_heads(self.single())
+        return self.shape["heads"]
 
     @property
     def layers(self) -> int:
-        return get_adapter(self.single()).num_layers(self.single())
+        return self.shape["layers"]
 
     def trained(self, name: str, build: Callable[[], nn.Module]) -> nn.Module:
         """The predictor cached under `name`, built (and cached) on first use."""
@@ -259,10 +280,17 @@ class _Builder:
         return model
 
     def single(self) -> nn.Module:
-        if self._single is None:
-            self._single = (
-                self.base() if self.base else self.trained("single", lambda: self.train_from_start(self.seed))
-            )
+        if self._single is None and self.base:
+            self._single = self.base()
+        elif self._single is None:
+            if not (self.cache / "models" / "single").exists() and unchecked(self.cache, "single"):
+                warnings.warn(
+                    f"{self.cache} records finished rows but not the single model's digest (records made before "
+                    "digests existed): the single model trained now, for the rows still missing, cannot be "
+                    "checked against the one the recorded rows were measured on.",
+                    stacklevel=2,
+                )
+            self._single = self.trained("single", lambda: self.train_from_start(self.seed))
         return self._single
 
     def train_from_start(self, seed: int) -> nn.Module:
@@ -285,12 +313,13 @@ class _Builder:
         if not path.exists():
             calibration = self.task.train[: max(1, len(self.task.val))]
             scores = taylor_head_scores(self.single(), calibration, sequential_budget=budget, progress=self.progress)
-            torch.save(scores, path)
+            torch_save_atomic(scores, path)
         return torch.load(path)
 
     def circuit(self, criterion: str = "avg") -> Circuit:
         path = self.cache / f"circuit_{criterion}.json"
         if not path.exists():
+            discard_stale_state(self.cache / f"circuit_{criterion}_state.json", self.single())
             task = self.task
             budget = max(task.circuit_pool, task.prune_per_layer * self.layers)
             circuit = extract_circuit(
@@ -388,7 +417,8 @@ class _Builder:
         circuit = self.circuit(criterion)
         head_map = circuit.head_map(self.task.prune_per_layer * self.layers)
         model = self.fine_tuned_members(f"circ{criterion}", [head_map], fine_tune)[0]
-        return model, f"{self.heads - self.task.prune_per_layer} (avg)", {"circuit_search": _search(circuit)}
+        searched = {"circuit_search": _search(circuit)} if criterion == "avg" else {}  # the table names CircAvg's
+        return model, f"{self.heads - self.task.prune_per_layer} (avg)", searched
 
     def hydra_taylor(self, mlp: str):
         task = self.task

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from ..evaluation.report import measure
 from ..evaluation.tables import CONVENTIONS, aggregate, per_set_lines, table_lines
 from ..importance import JointCircuit, extract_joint_circuit, taylor_head_scores
-from ..io import write_json_atomic
+from ..io import torch_save_atomic, write_json_atomic
 from ..members import sample_members
 from ..outputs import collect_member_logits, labels_of
 from ..predictors import TemperatureScaled, TwoTowerModel, fit_temperature, zero_shot_ensemble
@@ -138,7 +138,7 @@ class _Builder:
                 sequential_budget=self.task.taylor_per_layer,
                 progress=self.progress,
             )
-            torch.save(scores, path)
+            torch_save_atomic(scores, path)
         return torch.load(path)
 
     def taylor(self, members: int, pool: int) -> nn.Module:

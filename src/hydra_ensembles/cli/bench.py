@@ -26,6 +26,7 @@ import dataclasses
 import shlex
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,6 +44,7 @@ hydra-ens bench image --seeds 0 1 2 --out benchmarks/results/image-fmnist
 hydra-ens bench distill-spiral                # Hydra distillation on the spiral toy set (about 3 minutes)"""
 DISTILL = {f"distill-{name}": name for name in (*distillation.EXPERIMENTS, "text", "image")}
 AMP = {"amp-text": "text", "amp-image-dinov2": "image-dinov2"}
+PUSH_MINUTES = 10  # --records: how often a running benchmark copies its records out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,6 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if (args.records or args.records_only) and (args.task in DISTILL or args.task in zero_shot.TASKS):
+        raise SystemExit(f"--records and --records-only apply to the suite and amp-* tables, not to {args.task}.")
     if args.task in DISTILL:
         return _distill(args)
     if args.task in AMP:
@@ -147,8 +151,9 @@ def _task(args: argparse.Namespace, name: str) -> Task:
 @contextmanager
 def _records(args: argparse.Namespace, cache: Path, task: Task) -> Iterator[bool]:
     """With --records: the task's records copied from DIR into the cache (the cache's own files win; results
-    files are merged row by row), then, when the run ends, fails or is stopped (SIGTERM too), the cache's copied
-    back to DIR the same way. Yields whether to run (not with --records-only)."""
+    files are merged row by row), then the cache's copied back to DIR the same way every PUSH_MINUTES while the
+    run goes on (a machine can vanish without a signal) and when it ends, fails or is stopped (SIGTERM, SIGHUP).
+    Yields whether to run (not with --records-only)."""
     if args.records is None:
         if args.records_only:
             raise SystemExit("--records-only needs --records DIR.")
@@ -157,16 +162,28 @@ def _records(args: argparse.Namespace, cache: Path, task: Task) -> Iterator[bool
     key = f"{task.name}-{task.fingerprint()}"
     pulled = copy_records(args.records / key, cache / key, overwrite=False)
     print(f"records: {len(pulled)} file(s) from {args.records / key} into the cache", flush=True)
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so that the records are saved on the way out
+    stopped = threading.Event()
+
+    def push_now_and_then() -> None:
+        while not stopped.wait(PUSH_MINUTES * 60):
+            copy_records(cache / key, args.records / key, overwrite=True)
+
+    pusher = threading.Thread(target=push_now_and_then, daemon=True)
+    pusher.start()
+    previous = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield not args.records_only
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        stopped.set()
+        pusher.join()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         pushed = copy_records(cache / key, args.records / key, overwrite=True)
         print(f"records: {len(pushed)} file(s) new or changed, saved to {args.records / key}", flush=True)
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
+def _exit_on_signal(signum: int, frame: object) -> None:
+    """Stop by raising, so that `finally` blocks run (the records are saved on the way out)."""
     raise SystemExit(128 + signum)
 
 

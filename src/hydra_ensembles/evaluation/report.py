@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from .. import metrics as M
 from ..cost import count_flops, count_parameters
 from ..data.loaders import Batch
+from ..io import torch_save_atomic
 from ..outputs import collect_member_logits, labels_of
 from ..uncertainty import ensemble_probs, mutual_information
 from .ood import OOD_SCORES
@@ -111,8 +112,7 @@ def measure(
     logits = {"test": test_logits}
     for group, sets in (("near", near), ("far", far), ("ood", ood or {})):
         logits[group] = {name: collect_member_logits(predictor, data, progress) for name, data in sets.items()}
-    logits_path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(logits, logits_path)
+    torch_save_atomic(logits, logits_path)
     probe = {k: v[:8] for k, v in test[0].items() if k != "labels"}
     stored = getattr(predictor, "stored_parameters", None)
     return {
