@@ -22,16 +22,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HYDRA_ENSEMBLES_CACHE", Path.home() / ".cache" / "hydra-ensembles"))
 
 
-def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
-    """Write JSON to `path` through a temporary file and an atomic rename: readers see old or new, never half."""
+@contextmanager
+def replacing(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary file beside `path` to write in the block; renamed onto `path` when the block ends (readers see
+    the old file or the new, never half of one), removed if the block fails."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
+        yield Path(tmp)
         os.chmod(tmp, 0o644)  # mkstemp makes the file private; a saved result should be readable like any file
         os.replace(tmp, path)
     except BaseException:
@@ -39,20 +39,19 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
         raise
 
 
+def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
+    """Write JSON to `path` through a temporary file and an atomic rename (`replacing`)."""
+    with replacing(path) as tmp, open(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def torch_save_atomic(obj: Any, path: str | os.PathLike) -> None:
-    """`torch.save` through a temporary file and an atomic rename: a run stopped midway leaves the old file or
-    none, never a truncated one that every later run would fail to load."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    """`torch.save` through a temporary file and an atomic rename (`replacing`): a run stopped midway leaves the
+    old file or none, never a truncated one that every later run would fail to load."""
+    with replacing(path) as tmp:
         torch.save(obj, tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_dir_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:

@@ -8,10 +8,10 @@ built. A table is rendered from records alone.
 
 Kept in a directory that outlives the machine (`hydra-ens bench ... --records DIR`, e.g. committed next to the
 tables), records let a long benchmark go on from a fresh machine: finished rows are not rerun, circuits and
-scores are not searched again, and only the weights that unfinished rows need are trained again. Training is
-deterministic on a given machine and torch version, and every rebuilt model is checked against the digest
-recorded when it was first built (`check_digest`), so a rebuild that differs says so instead of mixing two
-models' numbers silently.
+scores are not searched again, and only the weights that unfinished rows need are trained again. Whether training
+again gives the same weights depends on the machine type, torch version and thread count, so every model built or
+loaded is checked against the digest recorded when it was first built (`check_digest`): a rebuild that differs
+says so instead of mixing two models' numbers silently.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ from pathlib import Path
 from torch import nn
 
 from ..cost import machine
-from ..io import weights_digest, write_json_atomic
+from ..io import replacing, weights_digest, write_json_atomic
 
 WEIGHTS = frozenset({"models", "checkpoints"})  # cache folders whose files are trained weights, never records
 DIGESTS = "model_digests.json"  # {model name: digest of its weights}, in the folder that holds `models/`
@@ -59,7 +58,8 @@ def copy_records(source: str | os.PathLike, target: str | os.PathLike, overwrite
             content = _merged(content, destination.read_bytes(), overwrite)
             if content == destination.read_bytes():
                 continue
-        _write_atomic(destination, content)
+        with replacing(destination) as tmp:
+            tmp.write_bytes(content)
         written.append(relative)
     return written
 
@@ -83,17 +83,9 @@ def _merged(new: bytes, old: bytes, overwrite: bool) -> bytes:
     return json.dumps(loser_data | winner_data, indent=2, sort_keys=True).encode()
 
 
-def _write_atomic(path: Path, content: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(content)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def _digests(folder: str | os.PathLike) -> dict[str, str]:
+    path = Path(folder) / DIGESTS
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def check_digest(folder: str | os.PathLike, name: str, model: nn.Module) -> bool:
@@ -102,8 +94,7 @@ def check_digest(folder: str | os.PathLike, name: str, model: nn.Module) -> bool
     torch version or thread count, which trains differently) warns, saying what it means; the first digest is
     kept and the new one recorded as "<name>, rebuilt" (`rebuilt_differently`). Returns whether the model
     matches the record (True when there was none)."""
-    path = Path(folder) / DIGESTS
-    digests = json.loads(path.read_text()) if path.exists() else {}
+    path, digests = Path(folder) / DIGESTS, _digests(folder)
     digest, recorded = weights_digest(model), digests.get(name)
     if recorded is None:
         write_json_atomic(path, digests | {name: digest})
@@ -121,16 +112,12 @@ def check_digest(folder: str | os.PathLike, name: str, model: nn.Module) -> bool
 
 def rebuilt_differently(folder: str | os.PathLike) -> list[str]:
     """The models of `folder` that were built again with weights that differ from their first build."""
-    path = Path(folder) / DIGESTS
-    digests = json.loads(path.read_text()) if path.exists() else {}
-    return sorted(name.removesuffix(", rebuilt") for name in digests if name.endswith(", rebuilt"))
+    return sorted(name.removesuffix(", rebuilt") for name in _digests(folder) if name.endswith(", rebuilt"))
 
 
 def unchecked(folder: str | os.PathLike, name: str) -> bool:
     """Whether `folder` records finished rows (results.json) but no digest of the model `name` they came from."""
-    folder = Path(folder)
-    digests = json.loads((folder / DIGESTS).read_text()) if (folder / DIGESTS).exists() else {}
-    return (folder / "results.json").exists() and name not in digests
+    return (Path(folder) / "results.json").exists() and name not in _digests(folder)
 
 
 def discard_stale_state(path: str | os.PathLike, model: nn.Module) -> None:
