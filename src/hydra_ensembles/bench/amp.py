@@ -4,11 +4,11 @@
 sweep      Algorithm 1 at each delta-E with the label-free entropy criterion: kept MLP sizes, parameters, FLOPs
            and the evaluation suite's metrics, before and after recovery (the shape of Table 7).
 free       the base of the ensemble: the smallest delta-E whose fused 3-member Hydra Ensemble costs at most
-           `flops_target` x Single's FLOPs (a cost rule: it needs no data), on the sweep's grid refined by
-           bisection between the grid's last delta-E over the target and its first within. Then Single, AMP
-           single (that base, recovered), Hydra (Taylor) and Hydra (Circ) on the unpruned base (the suite's own
-           rows) and on the AMP base (the same recipe: sequential Taylor scores, exact circuits, fine-tuned
-           members, merged MLP), with latency timed interleaved in one run.
+           `flops_target` x Single's FLOPs (a cost rule: FLOPs on a few validation inputs, no labels), on the
+           sweep's grid refined by bisection between the grid's last delta-E over the target and its first
+           within. Then Single, AMP single (that base, recovered), Hydra (Taylor) and Hydra (Circ) on the
+           unpruned base (the suite's own rows) and on the AMP base (the same recipe: sequential Taylor
+           scores, exact circuits, fine-tuned members, merged MLP), with latency timed interleaved in one run.
 criteria   neurons ranked by cross-entropy, the prediction entropy or the [CLS] similarity entropy (Table 5
            swaps only the importance criterion: Algorithm 1's search stays on the prediction entropy), each at
            the delta-E that keeps the free base's MLP neuron count (found by bisection).

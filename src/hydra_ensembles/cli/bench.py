@@ -1,6 +1,9 @@
 """Benchmarks: the paper's Tables 1-2 on real offline data — every baseline and both Hydra Ensembles.
 
 text: all-MiniLM-L6-v2 on BBC News topics (near-OOD: held-out topics; far-OOD: drug reviews, Reuters).
+sentiment: all-MiniLM-L6-v2 on movie-sentence sentiment (near-OOD: Amazon review sentences; far-OOD: BBC articles,
+drug reviews, Reuters).
+text-mpnet, sentiment-mpnet: the same two tasks on the pretrained all-mpnet-base-v2 (12 x 12 heads).
 image: a small ViT trained on Fashion-MNIST (near-OOD: held-out classes; far-OOD: MNIST, digits, solar cells).
 image-dinov2: the pretrained DINOv2-S (12 x 6 heads) fine-tuned on the same Fashion-MNIST splits
 (`bash scripts/install.sh --pretrained` first).
@@ -12,8 +15,9 @@ criteria, uniform-width baselines, each before and after recovery — and Hydra 
 against the unpruned one (writes amp.md, amp.json).
 zero-shot: a LiT-style two-tower model (DINOv2-S locked + MiniLM, trained here once) classifying Fashion-MNIST
 zero-shot, and its training-free Hydra Ensembles (both towers or the image tower pruned; Table 3's shape).
-Writes table.md, table.json (every number of every seed, the command, the machine), reliability.png,
-ood_scores.png and head_importance.png. Everything trained is cached (--cache) and reused; an interrupted run
+The suite tasks (text, sentiment, image and their pretrained versions) write table.md, table.json (every
+number of every seed, the command, the machine), reliability.png, ood_scores.png and head_importance.png; the
+others <experiment>.md and .json. Everything trained is cached (--cache) and reused; an interrupted run
 resumes at the first missing row. A full text seed takes about 36 minutes on 2 CPU cores, an image seed 18.
 --records DIR keeps the cache's records (results, logits, scores, circuits, latency: everything but weights)
 in DIR as well, so that a run can go on from another machine (`bench.records`).
