@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from ..adapters import Adapter, get_adapter
 from ..data.loaders import Batch, materialize, split_batch, to_device
 from ..distributed import barrier, is_distributed, is_main, rank, world_size
+from ..io import torch_save_atomic
 from ..metrics import accuracy, gaussian_mixture_nll, nll
 from ..outputs import collect_member_logits, labels_of, member_outputs_of
 from ..uncertainty import ensemble_probs
@@ -260,8 +261,6 @@ def _select_trainable(model: nn.Module, adapter: Adapter | None, config: TrainCo
 
 
 def _save(path: Path, model, optimizer, schedule, identity: dict, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     payload = {
         **identity,
         "model": model.state_dict(),
@@ -269,8 +268,7 @@ def _save(path: Path, model, optimizer, schedule, identity: dict, state: dict) -
         "schedule": schedule.state_dict(),
         "state": state,
     }
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    torch_save_atomic(payload, path)
 
 
 def _resume(path: Path, model, optimizer, schedule, identity: dict) -> dict:
