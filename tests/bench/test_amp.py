@@ -9,6 +9,7 @@ from test_suite import tiny_task  # noqa: F401 (a fixture)
 
 import hydra_ensembles as he
 from hydra_ensembles.bench import amp, records, suite
+from hydra_ensembles.evaluation.tables import aggregate, latency_over_seeds, table_lines
 from hydra_ensembles.training import AMP_RECOVERY
 
 DELTAS = (0.002, 0.02, 1.0)
@@ -94,6 +95,33 @@ def test_amp_tables_pick_the_base_by_cost_and_compare_at_equal_size(tiny_task, t
     assert set(timed["latency"]) == set(free) and timed["per_seed"][0] == fresh["per_seed"][0]
     with pytest.raises(ValueError, match="tables must be some of"):
         _run(tiny_task, tmp_path, tables=["table7"])
+    with pytest.raises(ValueError, match="latency_seeds must be some of the seeds"):
+        _run(tiny_task, tmp_path, latency_seeds=[1])  # refused before any work: seed 1 is not run
+
+
+def test_latency_on_several_seeds_is_the_mean_of_each_seeds_median():
+    timed = {
+        0: {"Single": {"median": 1.0, "min": 1.0, "max": 1.0}, "Hydra": {"median": 0.94, "min": 0.9, "max": 1.0}},
+        1: {"Single": {"median": 1.0, "min": 1.0, "max": 1.0}, "Hydra": {"median": 0.80, "min": 0.7, "max": 0.9}},
+    }
+    assert latency_over_seeds({1: timed[1]}) == timed[1]  # one seed: its rounds' median and range
+    both = latency_over_seeds(timed)
+    assert both["Hydra"]["mean"] == pytest.approx(0.87) and both["Hydra"]["std"] == pytest.approx(0.07)
+    rows = aggregate({0: {name: _run_result() for name in ("Single", "Hydra")}})
+    assert table_lines(rows, both)[-1].endswith("| 0.87 ± 0.07 |")
+    assert table_lines(rows, timed[0])[-1].endswith("| 0.94 (0.90-1.00) |")
+    summary = {
+        "latency_timed": {s: {"date": "2026-11-23", "machine": "cpu"} for s in timed},
+        "latency_per_seed": timed,
+        "latency_batch": 32,
+    }
+    note = amp.latency_note(summary)
+    assert "mean ± std over seeds [0, 1]" in note and "seed 1: Hydra 0.80 (0.70-0.90)" in note
+    assert "Single" not in note and "2026-11-23 on cpu" in note
+
+
+def _run_result() -> dict:
+    return {"heads": "12", "params": 1.0, "flops_per_example": 1.0, "metrics": {"id": {"acc": 0.9}}}
 
 
 def test_recovered_models_reload_as_pruned_hf_models(tiny_task, tmp_path):  # noqa: F811

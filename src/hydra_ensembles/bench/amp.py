@@ -36,10 +36,10 @@ import torch
 from torch import Tensor, nn
 
 from ..adapters import get_adapter
-from ..cost import count_flops
+from ..cost import count_flops, format_latency
 from ..data.loaders import rebatch
 from ..evaluation.report import measure
-from ..evaluation.tables import CONVENTIONS, aggregate, render, table_lines
+from ..evaluation.tables import CONVENTIONS, aggregate, latency_over_seeds, render, table_lines
 from ..fusion import HydraEnsemble
 from ..importance import (
     adaptive_mlp_pruning,
@@ -389,12 +389,18 @@ def experiment(
     latency_repeats: int = 7,
     progress: bool = True,
     tables: Sequence[str] = TABLE_NAMES,
+    latency_seeds: Sequence[int] | None = None,
 ) -> dict:
     """`amp_seed` for every seed, aggregated; writes amp.md and amp.json to `out_dir`. `tables`: which of
-    TABLE_NAMES to build (the latency of the free table's rows is timed when it is one of them)."""
+    TABLE_NAMES to build. When the free table is one of them, its rows' latency is timed on the models of
+    `latency_seeds` (default: the first seed; timing a seed needs its models, which a machine that has only the
+    records must train again), each seed's rows interleaved in one run."""
     unknown = sorted(set(tables) - set(TABLE_NAMES))
     if unknown or not tables:
         raise ValueError(f"tables must be some of {list(TABLE_NAMES)}, got {list(tables)}.")
+    latency_seeds = list(seeds[:1] if latency_seeds is None else latency_seeds)
+    if not set(latency_seeds) <= set(seeds) or not latency_seeds:
+        raise ValueError(f"latency_seeds must be some of the seeds {list(seeds)}, got {latency_seeds}.")
     tables = [name for name in TABLE_NAMES if name in tables]
     started = time.perf_counter()
     out_dir, cache = Path(out_dir), Path(cache_dir) / f"{task.name}-{task.fingerprint()}"
@@ -415,20 +421,24 @@ def experiment(
         "per_seed": per_seed,
     }
     if latency_repeats and "free" in tables:
-        first, delta = seeds[0], per_seed[seeds[0]]["free_delta"]
-        summary["latency"], summary["latency_timed"] = recorded_latency(
-            cache / f"seed{first}" / AMP_CACHE / f"latency-dE{delta:g}.json",
-            list(per_seed[first]["free"]),
-            lambda: free_latency(
-                task,
-                first,
-                cache / f"seed{first}",
-                delta,
-                latency_repeats,
-                recovery=recovery,
-                pruning_examples=pruning_examples,
-            ),
-        )
+        per_seed_latency, summary["latency_timed"] = {}, {}
+        for seed in latency_seeds:
+            delta = per_seed[seed]["free_delta"]
+            per_seed_latency[seed], summary["latency_timed"][seed] = recorded_latency(
+                cache / f"seed{seed}" / AMP_CACHE / f"latency-dE{delta:g}.json",
+                list(per_seed[seed]["free"]),
+                lambda seed=seed, delta=delta: free_latency(
+                    task,
+                    seed,
+                    cache / f"seed{seed}",
+                    delta,
+                    latency_repeats,
+                    recovery=recovery,
+                    pruning_examples=pruning_examples,
+                ),
+            )
+        summary["latency_per_seed"] = per_seed_latency
+        summary["latency"] = latency_over_seeds(per_seed_latency)
         summary["latency_batch"] = min(LATENCY_BATCH, sum(len(b["labels"]) for b in task.test))
     summary["wall_time_s"] = round(time.perf_counter() - started, 1)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -466,13 +476,7 @@ def markdown(summary: dict) -> str:
                 f"{summary['settings']['deltas']}, refined by up to {REFINE_STEPS} bisection steps between the grid's "
                 "last delta-E over the target and first within it "
                 f"(Hydra FLOPs x per delta-E, per seed: {ratios}). Heads: per layer; MLP: hidden neurons kept of all."
-                + (
-                    f" Latency: seed {seeds[0]}'s models on one batch of {summary['latency_batch']} test examples, "
-                    f"timed interleaved (median and range over rounds), {summary['latency_timed']['date']} on "
-                    f"{summary['latency_timed']['machine']}."
-                    if "latency" in summary
-                    else ""
-                ),
+                + (f" {latency_note(summary)}" if "latency" in summary else ""),
                 "",
             ]
     missing = [name for name in TABLE_NAMES if name not in summary["tables"]]
@@ -483,6 +487,24 @@ def markdown(summary: dict) -> str:
     lines += render(["Model", "MLP hidden size per block"], [[k, str(v)] for k, v in first.items()], "markdown")
     lines += ["", CONVENTIONS, ""]
     return "\n".join(lines) + "\n"
+
+
+def latency_note(summary: dict) -> str:
+    """Which seeds' models the free table's latency column timed, how, when and where."""
+    timed = summary["latency_timed"]
+    where = "; ".join(sorted({f"{t['date']} on {t['machine']}" for t in timed.values()}))
+    batch = f"one batch of {summary['latency_batch']} test examples"
+    if len(timed) == 1:
+        seed = next(iter(timed))
+        return f"Latency: seed {seed}'s models on {batch}, timed interleaved (median and range over rounds), {where}."
+    per_seed = "; ".join(
+        f"seed {seed}: " + ", ".join(f"{row} {format_latency(stats)}" for row, stats in rows.items() if row != "Single")
+        for seed, rows in summary["latency_per_seed"].items()
+    )
+    return (
+        f"Latency: each seed's models on {batch}, timed interleaved; the column is the mean ± std over seeds "
+        f"{list(timed)} of each seed's median ratio. Per seed, median (min-max) over rounds: {per_seed}. Timed {where}."
+    )
 
 
 def _first_examples(batches: list, count: int) -> list:

@@ -94,6 +94,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=list(amp.TABLE_NAMES),
         help="which tables to build (default: all); e.g. `--tables free` for the ensemble-for-free table alone",
     )
+    amp_options.add_argument(
+        "--latency-seeds",
+        type=int,
+        nargs="+",
+        metavar="SEED",
+        help="the seeds whose free-table models are timed (default: the first seed); with several, the latency "
+        "column is the mean ± std of each seed's median. Timing a seed needs its models: a machine with only the "
+        "records trains them again",
+    )
     parser.add_argument("--out", type=Path, help="default: benchmarks/results/<task>[-quick]")
     parser.add_argument("--cache", type=Path, help="default: $HYDRA_ENSEMBLES_CACHE/bench")
     parser.add_argument(
@@ -232,6 +241,7 @@ def _amp(args: argparse.Namespace) -> int:
             recovery=recovery,
             progress=not args.quiet,
             tables=args.tables,
+            latency_seeds=args.latency_seeds,
         )
     print((out / "amp.md").read_text())
     print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")

@@ -67,6 +67,16 @@ def _flatten(run: dict) -> dict[tuple[str, str], float]:
     return flat
 
 
+def latency_over_seeds(per_seed: Mapping[int, Mapping[str, dict]]) -> dict[str, dict]:
+    """The latency column of rows timed on several seeds' models ({seed: {row: `cost.predictor_latency` stats}}):
+    one seed's stats as they are (median, min, max over rounds); over several, `over_seeds` of each seed's
+    median."""
+    if len(per_seed) == 1:
+        return dict(next(iter(per_seed.values())))
+    rows = dict.fromkeys(row for timed in per_seed.values() for row in timed)
+    return {row: over_seeds([timed[row]["median"] for timed in per_seed.values() if row in timed]) for row in rows}
+
+
 CONVENTIONS = (
     "Acc, ECE, aECE, AUROC, FPR95, AUPR in %; mean ± std over seeds (a single run shows its value alone). OOD: "
     "maximum softmax probability of the (ensemble) prediction, OOD = positive class (OpenOOD). Ensemble "
@@ -83,7 +93,8 @@ def table_lines(
 ) -> list[str]:
     """Aggregated rows (from `aggregate`) as a table: the method, its heads, `columns` (mean ± std over seeds,
     the value alone for one run), parameters (markdown only) and FLOPs relative to the first row; `latency`
-    ({row: `cost.predictor_latency` stats}) adds "Latency x", the median (min-max) over interleaved rounds.
+    ({row: `cost.predictor_latency` stats}) adds "Latency x", the median (min-max) over interleaved rounds (or,
+    from `latency_over_seeds`, the mean ± std over seeds of each seed's median).
     style="markdown" for reports, "text" for a terminal (aligned columns)."""
     first = next(iter(rows.values()))
     header = ["Method", "Heads", *(c.header for c in columns)]
@@ -96,9 +107,15 @@ def table_lines(
         cells += [f"{stats['params']['mean'] / 1e6:.2f}"] if style == "markdown" else []
         cells.append(f"{stats['flops_per_example']['mean'] / first['flops_per_example']['mean']:.2f}")
         if latency:
-            cells.append(format_latency(latency[row]) if row in latency else "–")
+            cells.append(_latency_cell(latency.get(row)))
         body.append(cells)
     return render(header, body, style)
+
+
+def _latency_cell(stats: Mapping[str, float] | None) -> str:
+    if stats is None:
+        return "–"
+    return format_latency(stats) if "median" in stats else mean_std(stats, digits=2)
 
 
 def render(header: Sequence[str], body: Sequence[Sequence[str]], style: Literal["markdown", "text"]) -> list[str]:
