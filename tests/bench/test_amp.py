@@ -36,7 +36,7 @@ def test_amp_tables_pick_the_base_by_cost_and_compare_at_equal_size(tiny_task, t
     assert set(first["tables"]) == {"free"} and set(first["per_seed"][0]) >= {"free", "free_delta", "sizes"}
     assert (
         "sweep" not in first["per_seed"][0]
-        and "Not built in this run: sweep, criteria, baselines" in (tmp_path / "out" / "amp.md").read_text()
+        and "Not built in this run: sweep, curve, criteria, baselines" in (tmp_path / "out" / "amp.md").read_text()
     )
     summary = _run(tiny_task, tmp_path, flops_target=1.5)  # the other tables, on the cached free table
     seed = summary["per_seed"][0]
@@ -65,6 +65,16 @@ def test_amp_tables_pick_the_base_by_cost_and_compare_at_equal_size(tiny_task, t
     for table in ("sweep", "criteria", "baselines"):
         rows = seed[table]
         assert all(f"{name}, recovered" in rows for name in rows if name != "Single" and "recovered" not in name)
+    curve = seed["curve"]  # every base of the sweep and the free one, each with its Hydra (Taylor)
+    points = sorted({*DELTAS, seed["free_delta"]})
+    assert list(curve) == ["Single", "Hydra (Taylor)"] + [
+        f"{kind}, dE={d:g}" for d in points for kind in ("AMP single", "Hydra (Taylor) on AMP")
+    ]
+    assert curve[f"Hydra (Taylor) on AMP, dE={seed['free_delta']:g}"] == free["Hydra (Taylor) on AMP"]  # one model
+    assert curve["Hydra (Taylor)"] == free["Hydra (Taylor)"] and curve["Single"] == free["Single"]
+    for d in points:  # AMP single on a base is the sweep's recovered model, measured again
+        recovered = seed["sweep"].get(f"AMP dE={d:g}, recovered")
+        assert recovered is None or recovered["metrics"] == curve[f"AMP single, dE={d:g}"]["metrics"]
     criteria = [name for name in seed["criteria"] if name != "Single" and "recovered" not in name]
     assert [name.split(" (")[1].split(",")[0] for name in criteria] == list(amp.CRITERIA)
     text = (tmp_path / "out" / "amp.md").read_text()

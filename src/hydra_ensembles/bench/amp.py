@@ -9,6 +9,9 @@ free       the base of the ensemble: the smallest delta-E whose fused 3-member H
            within. Then Single, AMP single (that base, recovered), Hydra (Taylor) and Hydra (Circ) on the
            unpruned base (the suite's own rows) and on the AMP base (the same recipe: sequential Taylor
            scores, exact circuits, fine-tuned members, merged MLP), with latency timed interleaved in one run.
+curve      Single, Hydra (Taylor) on the unpruned base, and AMP single and Hydra (Taylor) on every base of the
+           sweep (recovered; the free base's delta-E included): the ensemble's quality against its cost, for when
+           the free base's ensemble misses the bar (circuit rows are left out: an exact search per base is hours).
 criteria   neurons ranked by cross-entropy, the prediction entropy or the [CLS] similarity entropy (Table 5
            swaps only the importance criterion: Algorithm 1's search stays on the prediction entropy), each at
            the delta-E that keeps the free base's MLP neuron count (found by bisection).
@@ -62,9 +65,11 @@ DELTAS = (0.01, 0.02, 0.03, 0.05, 0.1, 0.2)
 CRITERIA = ("entropy", "cross_entropy", "similarity")
 BASELINES = ("random", "l2", "taylor")
 HYDRA_ROWS = ("Single", "Hydra (Taylor)", "Hydra (Circ)")
+CURVE_ROWS = ("Single", "Hydra (Taylor)")  # on each base: no circuit rows (an exact search per base is hours)
 TABLES = (
     ("free", "Ensemble for free: Hydra Ensembles on an AMP base"),
     ("sweep", "delta-E sweep, entropy criterion (Table 7's shape)"),
+    ("curve", "Hydra (Taylor) on every AMP base: the ensemble's cost/quality curve"),
     ("criteria", "Criteria at the free base's MLP neuron count (Table 5)"),
     ("baselines", "Uniform width at the same count vs adaptive (Tables 3 and 6)"),
 )
@@ -290,9 +295,10 @@ def amp_seed(
     progress: bool = True,
     tables: Sequence[str] = TABLE_NAMES,
 ) -> dict:
-    """The `tables` of one seed ({"free", "sweep", "criteria", "baselines"}: {row: results}, built in that order,
-    the ensemble-for-free table first) and {"free_delta", "hydra_flops", "sizes": {row: MLP sizes}}. Every
-    delta-E of the sweep is pruned (not recovered) whatever the tables: the free base's cost rule needs them."""
+    """The `tables` of one seed ({"free", "sweep", "curve", "criteria", "baselines"}: {row: results}, built in
+    that order, the ensemble-for-free table first) and {"free_delta", "hydra_flops", "sizes": {row: MLP sizes}}.
+    Every delta-E of the sweep is pruned (not recovered) whatever the tables: the free base's cost rule needs
+    them."""
     amp = AmpSeed(task, seed, seed_cache, recovery, pruning_examples, progress)
     delta, ratios = amp.free_delta(deltas, flops_target)
     base_name = f"AMP dE={delta:g}"
@@ -327,6 +333,23 @@ def amp_seed(
         for d in deltas:
             print(f"[seed {seed}] AMP delta-E {d:g}", flush=True)
             result["sweep"] |= both(f"AMP dE={d:g}", lambda d=d: amp.adaptive(d))
+    if "curve" in tables:
+        result["curve"] = run_seed(task, seed, seed_cache, progress, rows=CURVE_ROWS)  # the unpruned end
+        for d in sorted({*deltas, delta}):
+            name = f"AMP dE={d:g}"
+            print(f"[seed {seed}] Hydra (Taylor) on {name}", flush=True)
+            on_base = run_seed(
+                task,
+                seed,
+                amp.cache / _slug(name),  # the free base's own directory at its delta-E: its rows are reused
+                progress,
+                rows=CURVE_ROWS,
+                base=lambda name=name, d=d: amp.recovered(_slug(name), lambda: amp.adaptive(d)),
+            )
+            result["curve"] |= {
+                f"AMP single, dE={d:g}": on_base["Single"],
+                f"Hydra (Taylor) on AMP, dE={d:g}": on_base["Hydra (Taylor)"],
+            }
     if "criteria" in tables:
         result["criteria"] = {"Single": unpruned}
         for criterion in CRITERIA:

@@ -12,7 +12,7 @@ knowledge distillation — a toy spiral (with its uncertainty maps), a tabular r
 tasks' Deep Ensemble and Hydra Ensemble distilled into transformer students.
 amp-text, amp-image-dinov2: adaptive MLP pruning (paper 002) of the task's single model — a delta-E sweep, the
 criteria, uniform-width baselines, each before and after recovery — and Hydra Ensembles on the pruned base
-against the unpruned one (writes amp.md, amp.json).
+against the unpruned one, at the base the cost rule picks and along the sweep (writes amp.md, amp.json).
 zero-shot: a LiT-style two-tower model (DINOv2-S locked + MiniLM, trained here once) classifying Fashion-MNIST
 zero-shot, and its training-free Hydra Ensembles (both towers or the image tower pruned; Table 3's shape).
 The suite tasks (text, sentiment, image and their pretrained versions) write table.md, table.json (every
