@@ -200,6 +200,14 @@ class AmpSeed:
         check_digest(self.cache, f"{name}-recovered", recovered)  # recorded, or compared with the record
         return recovered
 
+    def base_dir(self, delta: float) -> Path:
+        """The directory of the ensembles built on the AMP base of `delta` (its suite rows' cache)."""
+        return self.cache / _slug(f"AMP dE={delta:g}")
+
+    def recovered_base(self, delta: float) -> nn.Module:
+        """The AMP base of `delta`: Algorithm 1's model, recovered (the sweep's recovered model of that delta-E)."""
+        return self.recovered(_slug(f"AMP dE={delta:g}"), lambda: self.adaptive(delta))
+
     def matched_delta(self, criterion: str, total: int, start: float, tries: int = 8, tolerance: float = 0.03) -> float:
         """The delta-E at which Algorithm 1 with `criterion` keeps about `total` MLP neurons (within
         `tolerance`): from `start`, steps of x4 until the count is bracketed, then bisection in log(delta-E) (the
@@ -320,12 +328,7 @@ def amp_seed(
         print(f"[seed {seed}] ensembles on the AMP base (delta-E {delta:g})", flush=True)
         free = run_seed(task, seed, seed_cache, progress, rows=HYDRA_ROWS)
         on_amp = run_seed(
-            task,
-            seed,
-            amp.cache / _slug(base_name),
-            progress,
-            rows=HYDRA_ROWS,
-            base=lambda: amp.recovered(_slug(base_name), lambda: amp.adaptive(delta)),
+            task, seed, amp.base_dir(delta), progress, rows=HYDRA_ROWS, base=lambda: amp.recovered_base(delta)
         )
         result["free"] = free | {FREE_NAMES[row]: results for row, results in on_amp.items()}
     if "sweep" in tables:
@@ -336,15 +339,9 @@ def amp_seed(
     if "curve" in tables:
         result["curve"] = run_seed(task, seed, seed_cache, progress, rows=CURVE_ROWS)  # the unpruned end
         for d in sorted({*deltas, delta}):
-            name = f"AMP dE={d:g}"
-            print(f"[seed {seed}] Hydra (Taylor) on {name}", flush=True)
-            on_base = run_seed(
-                task,
-                seed,
-                amp.cache / _slug(name),  # the free base's own directory at its delta-E: its rows are reused
-                progress,
-                rows=CURVE_ROWS,
-                base=lambda name=name, d=d: amp.recovered(_slug(name), lambda: amp.adaptive(d)),
+            print(f"[seed {seed}] Hydra (Taylor) on AMP dE={d:g}", flush=True)
+            on_base = run_seed(  # at the free delta-E, the free table's own directory: its rows are reused
+                task, seed, amp.base_dir(d), progress, rows=CURVE_ROWS, base=lambda d=d: amp.recovered_base(d)
             )
             result["curve"] |= {
                 f"AMP single, dE={d:g}": on_base["Single"],
@@ -376,16 +373,9 @@ def free_predictors(
     """The free table's predictors of one seed, from its cache (built there by `amp_seed`, or again from its
     records): Single first, then the Hydra rows on the unpruned base, AMP single and the Hydra rows on the AMP
     base of `delta`."""
-    base_name = _slug(f"AMP dE={delta:g}")
     amp = AmpSeed(task, seed, seed_cache, recovery, pruning_examples, progress=False)
     unpruned = _Builder(task, seed, seed_cache, progress=False)
-    on_amp = _Builder(
-        task,
-        seed,
-        seed_cache / AMP_CACHE / base_name,
-        progress=False,
-        base=lambda: amp.recovered(base_name, lambda: amp.adaptive(delta)),
-    )
+    on_amp = _Builder(task, seed, amp.base_dir(delta), progress=False, base=lambda: amp.recovered_base(delta))
     predictors = {row: unpruned.row(row)[0] for row in HYDRA_ROWS}
     return predictors | {FREE_NAMES[row]: on_amp.row(row)[0] for row in HYDRA_ROWS}
 
