@@ -275,11 +275,13 @@ class AmpSeed:
     # ---- measurement ----
 
     def measured(self, name: str, model: Callable[[], nn.Module]) -> dict:
-        """The suite's metrics of the model `model()` builds, its MLP sizes and its heads and MLP neurons as the
-        tables label them; recorded in results.json by `name` (the model is built only when not recorded)."""
+        """The suite's metrics of the model `model()` builds, its MLP sizes, its heads and MLP neurons as the
+        tables label them, and the seconds it took (as the suite's rows record them); recorded in results.json by
+        `name` (the model is built only when not recorded)."""
         record = self.cache / "results.json"
         results = json.loads(record.read_text()) if record.exists() else {}
         if name not in results:
+            started = time.perf_counter()
             built = model()
             sizes = [len(k) for k in kept_neurons(built).values()]
             results[name] = measure(
@@ -287,6 +289,7 @@ class AmpSeed:
             ) | {
                 "heads": f"{self.shape['heads']}; MLP {sum(sizes)}/{sum(self.shape['widths'])}",
                 "mlp_sizes": sizes,
+                "_seconds": round(time.perf_counter() - started, 1),  # building it (pruning, recovery) and measuring
             }
             write_json_atomic(record, results)
         return results[name]
