@@ -99,6 +99,8 @@ def test_amp_tables_pick_the_base_by_cost_and_compare_at_equal_size(tiny_task, t
     fresh = _run(tiny_task, tmp_path / "fresh", flops_target=1.5)
     assert fresh["per_seed"][0] == json.loads(json.dumps(again["per_seed"][0]))
     assert fresh["latency"] == again["latency"] and fresh["latency_timed"] == again["latency_timed"]
+    assert fresh["compute_s"] == again["compute_s"] > 0 and fresh["rows_without_time"] == 0  # the time travels too
+    assert "compute recorded with these tables' rows" in (tmp_path / "fresh" / "out" / "amp.md").read_text()
     monkeypatch.undo()  # without its latency record, the fresh machine builds the models to time them
     for latency in (tmp_path / "fresh" / "cache" / key).rglob("latency-*.json"):
         latency.unlink()

@@ -32,7 +32,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -457,10 +457,25 @@ def experiment(
         summary["latency"] = latency_over_seeds(per_seed_latency)
         summary["latency_batch"] = min(LATENCY_BATCH, sum(len(b["labels"]) for b in task.test))
     summary["wall_time_s"] = round(time.perf_counter() - started, 1)
+    summary["compute_s"], summary["rows_without_time"] = recorded_compute(per_seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out_dir / "amp.json", summary)
     (out_dir / "amp.md").write_text(markdown(summary))
     return summary
+
+
+def recorded_compute(per_seed: Mapping[int, Mapping[str, object]]) -> tuple[float, int]:
+    """The seconds recorded with the rows of the tables built, over every run that built them (a row that several
+    tables show, e.g. the free base's Hydra (Taylor) in the free table and the curve, counted once), and how many
+    of those rows carry no time (AMP rows recorded before they kept it)."""
+    rows = {
+        (seed, json.dumps(row, sort_keys=True)): row
+        for seed, result in per_seed.items()
+        for name in TABLE_NAMES
+        for row in result.get(name, {}).values()
+    }
+    seconds = sum(row.get("_seconds", 0.0) for row in rows.values())
+    return round(seconds, 1), sum("_seconds" not in row for row in rows.values())
 
 
 def markdown(summary: dict) -> str:
@@ -472,7 +487,7 @@ def markdown(summary: dict) -> str:
         f"Machine: {summary['machine']}  ",
         f"Seeds: {seeds} "
         + ("(mean ± std over seeds)  " if len(seeds) > 1 else "(one run: values without a spread)  "),
-        f"Wall time: {summary['wall_time_s'] / 60:.1f} min for this run",
+        f"Wall time: {summary['wall_time_s'] / 60:.1f} min for this run ({compute_note(summary)})",
         "",
     ]
     for name, title in TABLES:
@@ -503,6 +518,13 @@ def markdown(summary: dict) -> str:
     lines += render(["Model", "MLP hidden size per block"], [[k, str(v)] for k, v in first.items()], "markdown")
     lines += ["", CONVENTIONS, ""]
     return "\n".join(lines) + "\n"
+
+
+def compute_note(summary: dict) -> str:
+    """The compute recorded with the tables' rows, and the rows recorded without their time."""
+    minutes, missing = summary["compute_s"] / 60, summary["rows_without_time"]
+    note = f"compute recorded with these tables' rows over all runs that built them: {minutes:.1f} min"
+    return note + (f"; {missing} rows recorded before AMP rows kept their time are not counted" if missing else "")
 
 
 def latency_note(summary: dict) -> str:
