@@ -202,11 +202,12 @@ class AmpSeed:
 
     def base_dir(self, delta: float) -> Path:
         """The directory of the ensembles built on the AMP base of `delta` (its suite rows' cache)."""
-        return self.cache / _slug(f"AMP dE={delta:g}")
+        return self.cache / _slug(base_name(delta))
 
     def recovered_base(self, delta: float) -> nn.Module:
-        """The AMP base of `delta`: Algorithm 1's model, recovered (the sweep's recovered model of that delta-E)."""
-        return self.recovered(_slug(f"AMP dE={delta:g}"), lambda: self.adaptive(delta))
+        """The AMP base of `delta`: Algorithm 1's model, recovered (the sweep's recovered model of that delta-E, the
+        same name)."""
+        return self.recovered(_slug(base_name(delta)), lambda: self.adaptive(delta))
 
     def matched_delta(self, criterion: str, total: int, start: float, tries: int = 8, tolerance: float = 0.03) -> float:
         """The delta-E at which Algorithm 1 with `criterion` keeps about `total` MLP neurons (within
@@ -312,10 +313,9 @@ def amp_seed(
     them."""
     amp = AmpSeed(task, seed, seed_cache, recovery, pruning_examples, progress)
     delta, ratios = amp.free_delta(deltas, flops_target)
-    base_name = f"AMP dE={delta:g}"
     sizes = {"unpruned": amp.shape["widths"]}
-    sizes |= {f"AMP dE={d:g}": amp.search(d)["sizes"] for d in sorted({*deltas, delta})}
-    total = sum(sizes[base_name])
+    sizes |= {base_name(d): amp.search(d)["sizes"] for d in sorted({*deltas, delta})}
+    total = sum(sizes[base_name(delta)])
     result: dict = {"free_delta": delta, "hydra_flops": {f"{d:g}": r for d, r in ratios.items()}, "sizes": sizes}
 
     def both(name: str, pruned: Callable[[], nn.Module]) -> dict[str, dict]:
@@ -338,7 +338,7 @@ def amp_seed(
         result["sweep"] = {"Single": unpruned}
         for d in deltas:
             print(f"[seed {seed}] AMP delta-E {d:g}", flush=True)
-            result["sweep"] |= both(f"AMP dE={d:g}", lambda d=d: amp.adaptive(d))
+            result["sweep"] |= both(base_name(d), lambda d=d: amp.adaptive(d))
     if "curve" in tables:
         result["curve"] = run_seed(task, seed, seed_cache, progress, rows=CURVE_ROWS)  # the unpruned end
         for d in sorted({*deltas, delta}):
@@ -358,7 +358,7 @@ def amp_seed(
             name = f"AMP ({criterion}, dE={matched:g})"
             result["criteria"] |= both(name, lambda m=matched, c=criterion: amp.adaptive(m, c))
     if "baselines" in tables:
-        result["baselines"] = {"Single": unpruned} | both(base_name, lambda: amp.adaptive(delta))
+        result["baselines"] = {"Single": unpruned} | both(base_name(delta), lambda: amp.adaptive(delta))
         for criterion in BASELINES:
             print(f"[seed {seed}] uniform width, {criterion}", flush=True)
             result["baselines"] |= both(f"Uniform ({criterion})", lambda c=criterion: amp.uniform(c, total))
@@ -554,6 +554,12 @@ def _first_examples(batches: list, count: int) -> list:
         taken.append(batch)
         seen += len(next(iter(batch.values())))
     return taken
+
+
+def base_name(delta: float) -> str:
+    """The row name of Algorithm 1's model at `delta` (the sweep's), which also names its recovered model and the
+    directory of the ensembles built on it."""
+    return f"AMP dE={delta:g}"
 
 
 def _slug(name: str) -> str:
