@@ -189,3 +189,48 @@ def test_records_only_needs_a_records_folder():
     with pytest.raises(SystemExit, match="--records-only needs --records DIR"):
         with bench._records(args, None, None):
             pass
+
+
+def test_a_single_model_trained_again_for_rows_recorded_without_digests_is_checked_by_its_metrics(
+    tiny_task,  # noqa: F811
+    tmp_path,
+):
+    """Records made before digests existed: the single model trained again is checked by measuring it as the
+    recorded Single row; the same metrics record its digest (and restore the row's lost logits), others warn and
+    the table says so."""
+    key = f"{tiny_task.name}-{tiny_task.fingerprint()}"
+    first = suite.run(
+        tiny_task, [0], tmp_path / "out", tmp_path / "cache", progress=False, rows=["Single"], latency_repeats=0
+    )
+    first_logits = torch.load(tmp_path / "cache" / key / "seed0" / "logits" / "Single.pt")
+    rows = ["Single", "Taylor"]
+    for tamper, cache in ((0.0, tmp_path / "same"), (0.01, tmp_path / "tampered")):
+        old = cache / key / "seed0"
+        records.copy_records(tmp_path / "cache" / key, cache / key, overwrite=False)
+        (old / records.DIGESTS).unlink()  # as records made before digests existed: no digest, no logits
+        (old / "logits" / "Single.pt").unlink()
+        results = json.loads((old / "results.json").read_text())
+        results["Single"]["metrics"]["id"]["nll"] += tamper
+        (old / "results.json").write_text(json.dumps(results))
+        if tamper:
+            with pytest.warns(UserWarning, match=r"measures differently from the recorded row \(id.nll"):
+                after = suite.run(tiny_task, [0], tmp_path / "o", cache, progress=False, rows=rows, latency_repeats=0)
+            assert records.rebuilt_differently(old) == ["single"]
+            assert any("Seed 0: single trained again" in note for note in after["notes"])
+            assert not (old / "logits" / "Single.pt").exists()  # not the recorded row's logits
+        else:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("error", message=".*(measures differently|cannot be checked)")
+                after = suite.run(tiny_task, [0], tmp_path / "o", cache, progress=False, rows=rows, latency_repeats=0)
+            assert records.rebuilt_differently(old) == []
+            restored = torch.load(old / "logits" / "Single.pt")
+            assert torch.equal(restored["test"], first_logits["test"])
+        digests = json.loads((old / records.DIGESTS).read_text())
+        assert (
+            digests["single"]
+            == json.loads((tmp_path / "cache" / key / "seed0" / records.DIGESTS).read_text())["single"]
+        )
+        assert (
+            after["per_seed"][0]["Single"]["metrics"]["id"]["nll"]
+            == first["per_seed"][0]["Single"]["metrics"]["id"]["nll"] + tamper
+        )

@@ -11,7 +11,8 @@ tables), records let a long benchmark go on from a fresh machine: finished rows 
 scores are not searched again, and only the weights that unfinished rows need are trained again. Whether training
 again gives the same weights depends on the machine type, torch version and thread count, so every model built or
 loaded is checked against the digest recorded when it was first built (`check_digest`): a rebuild that differs
-says so instead of mixing two models' numbers silently.
+says so instead of mixing two models' numbers silently. Rows recorded before digests existed are checked by
+the metrics of the row the model stands for instead (`check_by_metrics`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import datetime
 import json
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from torch import nn
@@ -108,6 +109,49 @@ def check_digest(folder: str | os.PathLike, name: str, model: nn.Module) -> bool
         )
         write_json_atomic(path, digests | {f"{name}, rebuilt": digest})
     return recorded is None or recorded == digest
+
+
+def check_by_metrics(
+    folder: str | os.PathLike,
+    name: str,
+    model: nn.Module,
+    recorded: Mapping,
+    measured: Mapping,
+    tolerance: float = 1e-6,
+) -> bool:
+    """Rows recorded before digests existed (`unchecked`) name no weights that a model trained again can be
+    compared with; its test metrics stand in. `recorded` and `measured`: the row that `model` stands for (e.g.
+    Single), as recorded and as measured now (`evaluation.report.measure`). If every metric both hold agrees
+    within `tolerance` (the same weights measure the same up to float rounding; another training run moves the
+    NLL by ~1e-3), the model's digest is recorded as `name`'s: the recorded rows were measured on it. Otherwise
+    it warns, naming the metrics that differ, and records the digest as `name`'s and as "<name>, rebuilt"
+    (`rebuilt_differently`: the table says so). Returns whether they agreed."""
+    differ = [
+        f"{key} {recorded_value:.6g} recorded, {value:.6g} now"
+        for key, recorded_value, value in _common_leaves(recorded["metrics"], measured["metrics"])
+        if abs(recorded_value - value) > tolerance
+    ]
+    path, digest = Path(folder) / DIGESTS, weights_digest(model)
+    if differ:
+        warnings.warn(
+            f"{name}, trained again for rows recorded before digests existed, measures differently from the "
+            f"recorded row ({'; '.join(differ[:3])}): rows recorded before were measured on another build; rows "
+            "built now use this one (the table says so).",
+            stacklevel=2,
+        )
+    write_json_atomic(path, _digests(folder) | {name: digest} | ({f"{name}, rebuilt": digest} if differ else {}))
+    return not differ
+
+
+def _common_leaves(a: Mapping, b: Mapping, prefix: str = "") -> list[tuple[str, float, float]]:
+    """(dotted key, a's number, b's number) for every numeric leaf that both nested dicts hold."""
+    leaves = []
+    for key in a.keys() & b.keys():
+        if isinstance(a[key], Mapping) and isinstance(b[key], Mapping):
+            leaves += _common_leaves(a[key], b[key], f"{prefix}{key}.")
+        elif isinstance(a[key], (int, float)) and isinstance(b[key], (int, float)):
+            leaves.append((f"{prefix}{key}", float(a[key]), float(b[key])))
+    return sorted(leaves)
 
 
 def rebuilt_differently(folder: str | os.PathLike) -> list[str]:
