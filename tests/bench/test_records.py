@@ -2,10 +2,12 @@
 
 import json
 import os
+import shlex
 import signal
 import time
 import warnings
 from argparse import Namespace
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from conftest import MODELS
 from test_suite import tiny_task  # noqa: F401 (the fixture)
 
 from hydra_ensembles.bench import records, suite
-from hydra_ensembles.cli import bench
+from hydra_ensembles.cli import bench, build_parser
 from hydra_ensembles.io import weights_digest
 
 
@@ -234,3 +236,15 @@ def test_a_single_model_trained_again_for_rows_recorded_without_digests_is_check
             after["per_seed"][0]["Single"]["metrics"]["id"]["nll"]
             == first["per_seed"][0]["Single"]["metrics"]["id"]["nll"] + tamper
         )
+
+
+def test_every_run_of_the_records_queue_is_a_valid_bench_command():
+    """benchmarks/records/queue.sh is the list of runs under way: each line must parse, and name known rows."""
+    script = Path(__file__).parents[2] / "benchmarks" / "records" / "queue.sh"
+    runs = [shlex.split(line) for line in script.read_text().splitlines() if line.startswith("hydra-ens bench ")]
+    assert runs, f"no `hydra-ens bench` line in {script}"
+    for words in runs:
+        args = build_parser().parse_args([word.replace("$R", "benchmarks/records") for word in words[1:]])
+        assert args.records == Path("benchmarks/records") and args.seeds, words
+        if args.rows:
+            suite._check_rows(args.rows)  # an unknown row is refused by name

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The benchmark runs still under way (issue 12), in order. Each goes on from these records on any machine and keeps
+# them up to date (--records); a run whose rows are all recorded renders its table from them in seconds, so the
+# whole queue can be started again after any stop. One CPU-heavy job at a time: run it alone, e.g.
+#   bash scripts/install.sh --pretrained && nohup bash benchmarks/records/queue.sh > queue.log 2>&1 &
+# Before a machine goes away: hydra-ens bench <task> --seeds ... --records benchmarks/records --records-only
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. .venv/bin/activate
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+R=benchmarks/records
+set -x
+hydra-ens bench image-dinov2 --seeds 1 2 0 --records $R --quiet
+hydra-ens bench amp-image-dinov2 --seeds 1 2 0 --tables free --latency-seeds 1 2 --records $R --quiet
+hydra-ens bench image-dinov2 --seeds 1 2 0 --rows Single 'Taylor, no fine-tuning' 'CircAvg, no fine-tuning' 'Hydra (Circ), no fine-tuning' CircAcc CircOOD --records $R --out benchmarks/results/image-dinov2/review --quiet
+hydra-ens bench image-dinov2 --seeds 1 2 0 --head-sweep 1 2 3 4 --records $R --out benchmarks/results/image-dinov2/head-sweep --quiet
+hydra-ens bench text-mpnet --seeds 1 2 0 --records $R --quiet
+hydra-ens bench sentiment-mpnet --seeds 0 1 2 --records $R --quiet
