@@ -5,11 +5,11 @@ The exact ranking is the suite's cached `circuit_avg.json` for that seed when it
 here, timed). Its time: measured where this script ran it (or with --time-exact, which reruns it and checks the
 ranking against the cached one), else estimated by `estimate_exact_seconds` and printed with '~'. Each
 approximation runs the same data, criterion and budget; agreement is the overlap of the sets of the first n heads
-removed (n = half the budget, and the whole budget), i.e. how many of the heads that a pruned member would lose are
-the same.
+removed (n: half of what a pruned member loses, all of it, half the budget, the whole budget — those below the
+budget), i.e. how many of the heads that a pruned member would lose are the same.
 
     python benchmarks/circuit_approx.py image-dinov2 --seed 0 --methods fast:bf16 multi-2 multi-4 multi-4:bf16 multi-8
-    python benchmarks/circuit_approx.py text-mpnet --seed 0 --batches 1 --budget 72 --methods multi-8:bf16
+    python benchmarks/circuit_approx.py text-mpnet --seed 1 --batches 2 --budget 16 --methods multi-4:bf16 multi-4
 
 With --batches K, only the first K batches of each circuit set are used, exact ranking included (computed once,
 resumable, saved under the seed's cache): a cheaper comparison when the exact search on the full data is too slow.
@@ -104,7 +104,7 @@ def main() -> None:
     half, pruned = task.prune_per_layer * layers // 2, task.prune_per_layer * layers
     scorer = ReferenceScorer(model, id_data, ood_data, CRITERIA["avg"])  # any set of removed heads, in any order
 
-    points = [n for n in (half, pruned) if n < budget] + [budget]  # prefixes compared (a smaller --budget: fewer)
+    points = sorted({n for n in (half, pruned) if n < budget} | {budget // 2, budget})  # prefixes compared
 
     def quality(circuit: he.Circuit) -> list[float]:  # S with the first n heads removed, scored exactly
         return [scorer.baseline(circuit.removed[:n]) for n in points]

@@ -14,5 +14,9 @@ hydra-ens bench image-dinov2 --seeds 1 2 0 --records $R --quiet
 hydra-ens bench amp-image-dinov2 --seeds 1 2 0 --tables free --latency-seeds 1 2 --records $R --quiet
 hydra-ens bench image-dinov2 --seeds 1 2 0 --rows Single 'Taylor, no fine-tuning' 'CircAvg, no fine-tuning' 'Hydra (Circ), no fine-tuning' CircAcc CircOOD --records $R --out benchmarks/results/image-dinov2/review --quiet
 hydra-ens bench image-dinov2 --seeds 1 2 0 --head-sweep 1 2 3 4 --records $R --out benchmarks/results/image-dinov2/head-sweep --quiet
+# the MPNet tasks' circuit search (multi-4-bf16) against the exact one, on a smaller budget and data (issue 12)
+hydra-ens bench text-mpnet --seeds 1 --records $R --records-only
+python benchmarks/circuit_approx.py text-mpnet --seed 1 --batches 2 --budget 16 --methods multi-4:bf16 multi-4
+hydra-ens bench text-mpnet --seeds 1 --records $R --records-only
 hydra-ens bench text-mpnet --seeds 1 2 0 --records $R --quiet
 hydra-ens bench sentiment-mpnet --seeds 0 1 2 --records $R --quiet
