@@ -1,11 +1,14 @@
 """Parameters and FLOPs: contract 5 on a ViT-B/16 configuration (random weights, 1000 classes)."""
 
+import os
+
 import pytest
 import torch
 import transformers as T
 from conftest import HEADS, MODELS, make_inputs
 
 import hydra_ensembles as he
+from hydra_ensembles import cost
 
 
 def test_vit_b16_parameters_match_the_paper(capsys):
@@ -68,3 +71,13 @@ def test_interleaved_latency_rotates_the_order_and_gives_ratios_per_round():
     assert he.cost.format_latency({"median": 1.934, "min": 1.851, "max": 2.02}) == "1.93 (1.85-2.02)"
     with pytest.raises(ValueError, match="repeats >= 1"):
         he.cost.interleaved_latency(runs, repeats=0)
+
+
+def test_the_machine_line_names_the_cpu_and_its_bf16_units():
+    """bf16 speed-ups depend on the CPU (AMX, AVX512-BF16): every table's machine line names them."""
+    model = cost.cpu_model()
+    assert model in cost.machine() and model.endswith(("AMX)", "no AMX)"))
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as info:
+            names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
+        assert not names or model.startswith(names[0] + " (")

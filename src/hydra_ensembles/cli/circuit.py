@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--precision",
         choices=("fp32", "bf16"),
         default="fp32",
-        help="bf16: score candidates under bfloat16 autocast (faster on CPUs with AMX; approximate)",
+        help="bf16: score candidates under bfloat16 autocast (faster on CPUs with AMX or AVX512-BF16; approximate)",
     )
     parser.add_argument(
         "--towers",

@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--precision",
         choices=PRECISIONS,
         help="bf16: mixed precision (forward under bfloat16 autocast, float32 weights; ~2x faster on CPUs with "
-        "AMX or GPUs with bf16). Default fp32",
+        "AMX or AVX512-BF16 and on GPUs with bf16). Default fp32",
     )
     parser.add_argument("--seed", type=int, default=0, help="batch order and dropout seed; member i uses seed + i")
     add_output_options(parser)

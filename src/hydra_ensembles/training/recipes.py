@@ -40,7 +40,7 @@ class TrainConfig:
     """How to train. `warmup` is a fraction of all steps; `min_lr` a fraction of `lr` (cosine only);
     `optimizer` and `schedule` name entries of `OPTIMIZERS` and `SCHEDULES`. `precision="bf16"` runs the forward
     and the loss under bfloat16 autocast (mixed precision: the weights, their gradients and the optimiser stay
-    float32; 2.2x faster training steps for MPNet-base on a CPU with AMX); validation stays float32."""
+    float32; 2.2x faster training steps for MPNet-base on a 2-core Xeon with AMX); validation stays float32."""
 
     epochs: int = 3
     lr: float = 5e-5

@@ -40,7 +40,7 @@ from .criteria import CRITERIA, CircuitCriterion
 from .scoring import CandidateScorer, FastScorer, Head, ReferenceScorer
 
 STATE_VERSION = 1
-# the whole search in bf16 against fp32, measured on this project's 2-core AMX CPU: 1.6x on MiniLM, 2.0x on
+# the whole search in bf16 against fp32, measured on this project's 2-core Xeon (AMX): 1.6x on MiniLM, 2.0x on
 # DINOv2-S (docs/circuits.md); the smaller, so that `auto`'s choice errs towards finishing within its budget
 BF16_SPEEDUP = 1.6
 # method "auto"'s approximations when the exact search does not fit, least approximate first: (method, top,
@@ -257,7 +257,7 @@ def extract_circuit(
         top: candidates scored exactly per step by "lazy" and "screen"; heads removed per step by "multi" (every
             candidate scored exactly, then the `top` best removed at once: `top` times fewer steps).
         precision: "fp32" (exact) or "bf16" (candidates scored under bfloat16 autocast: 1.6-2.0x faster end to end on
-            CPUs with AMX, an approximation: near-ties between candidates can resolve differently).
+            a Xeon with AMX, an approximation: near-ties between candidates can resolve differently).
         state_path: a JSON file updated after every step; if it exists and was written for this model, data,
             criterion and search, extraction resumes from it ("fast" and "reference" states are interchangeable).
         progress: show a progress bar over all the candidate evaluations of the extraction (its total is known
