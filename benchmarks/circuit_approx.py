@@ -104,7 +104,7 @@ def main() -> None:
     half, pruned = task.prune_per_layer * layers // 2, task.prune_per_layer * layers
     scorer = ReferenceScorer(model, id_data, ood_data, CRITERIA["avg"])  # any set of removed heads, in any order
 
-    points = sorted({n for n in (half, pruned) if n < budget} | {budget // 2, budget})  # prefixes compared
+    points = sorted({n for n in (half, pruned, budget // 2) if 0 < n < budget} | {budget})  # prefixes compared
 
     def quality(circuit: he.Circuit) -> list[float]:  # S with the first n heads removed, scored exactly
         return [scorer.baseline(circuit.removed[:n]) for n in points]

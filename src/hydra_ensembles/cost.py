@@ -39,8 +39,8 @@ def machine() -> str:
 
 
 def cpu_model() -> str:
-    """The CPU's model name and the instruction sets torch's CPU kernels use, e.g. "AMD EPYC (AVX512, bf16 dot
-    products, no AMX)": bf16 matrix products run ~2x fp32 with AVX512-BF16 and far faster with AMX tiles, so a
+    """The CPU's model name and the instruction sets torch's CPU kernels use, e.g. "AMD EPYC (AVX512,
+    AVX512-BF16, no AMX)": bf16 matrix products run ~2x fp32 with AVX512-BF16 and far faster with AMX tiles, so a
     speed-up measured on one machine type does not carry to another."""
     name = platform.processor() or platform.machine()
     if os.path.exists("/proc/cpuinfo"):
@@ -48,8 +48,9 @@ def cpu_model() -> str:
             name = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), name)
     units = [torch.backends.cpu.get_cpu_capability()]
     if getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)():
-        units.append("bf16 dot products")
-    units.append("AMX" if getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)() else "no AMX")
+        units.append("AVX512-BF16")
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private: absent from some torch builds
+    units.append("AMX unknown" if amx is None else "AMX" if amx() else "no AMX")
     return f"{name} ({', '.join(units)})"
 
 

@@ -3,6 +3,7 @@
 import json
 import os
 import shlex
+import shutil
 import signal
 import time
 import warnings
@@ -206,9 +207,12 @@ def test_a_single_model_trained_again_for_rows_recorded_without_digests_is_check
     )
     first_logits = torch.load(tmp_path / "cache" / key / "seed0" / "logits" / "Single.pt")
     rows = ["Single", "Taylor"]
-    for tamper, cache in ((0.0, tmp_path / "same"), (0.01, tmp_path / "tampered")):
+    cases = ((0.0, tmp_path / "same"), (0.0, tmp_path / "stopped before checking"), (0.01, tmp_path / "tampered"))
+    for tamper, cache in cases:
         old = cache / key / "seed0"
         records.copy_records(tmp_path / "cache" / key, cache / key, overwrite=False)
+        if cache.name == "stopped before checking":  # the model trained again and saved, not checked yet
+            shutil.copytree(tmp_path / "cache" / key / "seed0" / "models", old / "models")
         (old / records.DIGESTS).unlink()  # as records made before digests existed: no digest, no logits
         (old / "logits" / "Single.pt").unlink()
         results = json.loads((old / "results.json").read_text())
@@ -248,3 +252,19 @@ def test_every_run_of_the_records_queue_is_a_valid_bench_command():
         assert args.records == Path("benchmarks/records") and args.seeds, words
         if args.rows:
             suite._check_rows(args.rows)  # an unknown row is refused by name
+
+
+def test_metrics_agree_only_when_every_shared_one_is_within_the_tolerance(tmp_path):
+    model = MODELS["bert"](seed=0)
+    row = {"metrics": {"id": {"acc": 0.9, "nll": 0.25}, "all": {"auroc": 0.8}}}
+    assert records.check_by_metrics(tmp_path, "single", model, row, row)
+    close = {"metrics": {"id": {"acc": 0.9, "nll": 0.25 + 1e-8}, "all": {"auroc": 0.8}, "new": {"x": 1.0}}}
+    assert records.check_by_metrics(tmp_path, "single", model, row, close)  # a metric only one holds is skipped
+    for other in (
+        {"metrics": {"id": {"acc": 0.9, "nll": 0.2501}, "all": {"auroc": 0.8}}},
+        {"metrics": {"id": {"acc": 0.9, "nll": float("nan")}, "all": {"auroc": 0.8}}},  # NaN agrees with nothing
+        {"metrics": {"renamed": {"acc": 0.9}}},  # nothing shared: nothing checked
+    ):
+        with pytest.warns(UserWarning, match="measures differently"):
+            assert not records.check_by_metrics(tmp_path, "single", model, row, other)
+    assert records.rebuilt_differently(tmp_path) == ["single"]

@@ -57,7 +57,7 @@ from ..members import build_members
 from ..predictors import load_predictor, save_predictor
 from ..pruning import kept_neurons
 from ..training import AMP_RECOVERY, TrainConfig, recover
-from .records import check_digest, recorded_latency
+from .records import check_digest, rebuilt_notes, recorded_latency
 from .suite import _Builder, run_record, run_seed, time_predictors
 from .tasks import Task
 
@@ -435,6 +435,7 @@ def experiment(
         },
         "tables": {name: aggregate({s: r[name] for s, r in per_seed.items()}) for name in tables},
         "per_seed": per_seed,
+        "notes": [note for s in seeds for note in rebuilt_notes(s, cache / f"seed{s}", cache / f"seed{s}" / AMP_CACHE)],
     }
     if latency_repeats and "free" in tables:
         per_seed_latency, summary["latency_timed"] = {}, {}
@@ -489,6 +490,8 @@ def markdown(summary: dict) -> str:
         + ("(mean ± std over seeds)  " if len(seeds) > 1 else "(one run: values without a spread)  "),
         f"Wall time: {summary['wall_time_s'] / 60:.1f} min for this run ({compute_note(summary)})",
         "",
+        *[f"- {note}" for note in summary.get("notes", [])],
+        *([""] if summary.get("notes") else []),
     ]
     for name, title in TABLES:
         if name not in summary["tables"]:

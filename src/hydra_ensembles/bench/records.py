@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -123,20 +124,24 @@ def check_by_metrics(
     compared with; its test metrics stand in. `recorded` and `measured`: the row that `model` stands for (e.g.
     Single), as recorded and as measured now (`evaluation.report.measure`). If every metric both hold agrees
     within `tolerance` (the same weights measure the same up to float rounding; another training run moves the
-    NLL by ~1e-3), the model's digest is recorded as `name`'s: the recorded rows were measured on it. Otherwise
-    it warns, naming the metrics that differ, and records the digest as `name`'s and as "<name>, rebuilt"
-    (`rebuilt_differently`: the table says so). Returns whether they agreed."""
+    NLL by ~1e-3; NaN agrees with nothing), the model's digest is recorded as `name`'s: the recorded rows were
+    measured on it. Otherwise, or when the two share no metric, it warns, naming what differs, and records the
+    digest as `name`'s and as "<name>, rebuilt" (`rebuilt_differently`: the tables' notes say so). Returns
+    whether they agreed."""
+    common = _common_leaves(recorded.get("metrics", {}), measured["metrics"])
     differ = [
         f"{key} {recorded_value:.6g} recorded, {value:.6g} now"
-        for key, recorded_value, value in _common_leaves(recorded["metrics"], measured["metrics"])
-        if abs(recorded_value - value) > tolerance
+        for key, recorded_value, value in common
+        if not math.isclose(recorded_value, value, rel_tol=0, abs_tol=tolerance)
     ]
+    if not common:
+        differ = ["no metric recorded under the same name"]
     path, digest = Path(folder) / DIGESTS, weights_digest(model)
     if differ:
         warnings.warn(
             f"{name}, trained again for rows recorded before digests existed, measures differently from the "
             f"recorded row ({'; '.join(differ[:3])}): rows recorded before were measured on another build; rows "
-            "built now use this one (the table says so).",
+            "built now use this one (the tables' notes say so).",
             stacklevel=2,
         )
     write_json_atomic(path, _digests(folder) | {name: digest} | ({f"{name}, rebuilt": digest} if differ else {}))
@@ -157,6 +162,19 @@ def _common_leaves(a: Mapping, b: Mapping, prefix: str = "") -> list[tuple[str, 
 def rebuilt_differently(folder: str | os.PathLike) -> list[str]:
     """The models of `folder` that were built again with weights that differ from their first build."""
     return sorted(name.removesuffix(", rebuilt") for name in _digests(folder) if name.endswith(", rebuilt"))
+
+
+def rebuilt_notes(seed: int, *folders: str | os.PathLike) -> list[str]:
+    """The table note for a seed whose models in `folders` include some built again with other weights than the
+    rows recorded before were measured on (`rebuilt_differently`); none if there are none."""
+    names = [name for folder in folders for name in rebuilt_differently(folder)]
+    if not names:
+        return []
+    return [
+        f"Seed {seed}: {', '.join(names)} trained again with different weights (on another machine, or for rows "
+        "recorded before digests existed, which it does not measure as); the rows recorded before were measured "
+        "on the first build (`bench.records`)."
+    ]
 
 
 def unchecked(folder: str | os.PathLike, name: str) -> bool:

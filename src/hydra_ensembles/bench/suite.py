@@ -56,7 +56,7 @@ from .records import (
     check_by_metrics,
     check_digest,
     discard_stale_state,
-    rebuilt_differently,
+    rebuilt_notes,
     recorded_latency,
     unchecked,
 )
@@ -111,12 +111,8 @@ def run(
         "per_seed": per_seed,
         "circuit_search": circuit_searches(per_seed),
     }
-    rebuilt = {seed: rebuilt_differently(cache / f"seed{seed}") for seed in seeds}
     summary["notes"] = summary["notes"] + [
-        f"Seed {seed}: {', '.join(names)} trained again on another machine with different weights; the rows recorded "
-        "before were measured on the first build (`bench.records`)."
-        for seed, names in rebuilt.items()
-        if names
+        note for seed in seeds for note in rebuilt_notes(seed, cache / f"seed{seed}")
     ]
     if latency_repeats:
         first = cache / f"seed{seeds[0]}"
@@ -289,27 +285,31 @@ class _Builder:
     def single(self) -> nn.Module:
         if self._single is None and self.base:
             self._single = self.base()
+        elif self._single is None and unchecked(self.cache, "single"):
+            self._single = self.single_checked_by_metrics()
         elif self._single is None:
-            if not (self.cache / "models" / "single").exists() and unchecked(self.cache, "single"):
-                self._single = self.single_trained_again()
-            else:
-                self._single = self.trained("single", lambda: self.train_from_start(self.seed))
+            self._single = self.trained("single", lambda: self.train_from_start(self.seed))
         return self._single
 
-    def single_trained_again(self) -> nn.Module:
-        """The single model trained again for a seed whose rows were recorded before digests existed, checked by
-        measuring it as the Single row and comparing with the recorded one (`records.check_by_metrics`)."""
+    def single_checked_by_metrics(self) -> nn.Module:
+        """The single model of a seed whose rows were recorded before digests existed (trained again, or loaded
+        if a run stopped before checking it), checked by measuring it as the Single row and comparing with the
+        recorded one (`records.check_by_metrics`). Agreeing, its logits become the row's, lost with the first
+        machine; otherwise they stay beside them as "Single, trained again"."""
         recorded = json.loads((self.cache / "results.json").read_text())
         if "Single" not in recorded:
             warnings.warn(
                 f"{self.cache} records finished rows but neither the single model's digest nor its row: the single "
-                "model trained now, for the rows still missing, cannot be checked against the one the recorded rows "
-                "were measured on.",
+                "model trained now cannot be checked against the one the recorded rows were measured on.",
                 stacklevel=3,
             )
             return self.trained("single", lambda: self.train_from_start(self.seed))
-        model = self.train_from_start(self.seed)
-        save_predictor(model, self.cache / "models" / "single")
+        path = self.cache / "models" / "single"
+        if path.exists():
+            model = load_predictor(path)
+        else:
+            model = self.train_from_start(self.seed)
+            save_predictor(model, path)
         task, logits = self.task, self.cache / "logits" / "Single, trained again.pt"
         measured = measure(model, task.test, task.near, task.far, logits)
         if check_by_metrics(self.cache, "single", model, recorded["Single"], measured):
