@@ -18,7 +18,8 @@ zero-shot, and its training-free Hydra Ensembles (both towers or the image tower
 The suite tasks (text, sentiment, image and their pretrained versions) write table.md, table.json (every
 number of every seed, the command, the machine), reliability.png, ood_scores.png and head_importance.png; the
 others <experiment>.md and .json. Everything trained is cached (--cache) and reused; an interrupted run
-resumes at the first missing row. A full text seed takes about 36 minutes on 2 CPU cores, an image seed 18.
+resumes at the first missing row. A full seed on 2 CPU cores: text about 36 minutes, image 18, image-dinov2
+about 2.3 hours, text-mpnet about 4.5 (most of it the circuit search).
 --records DIR keeps the cache's records (results, logits, scores, circuits, latency: everything but weights)
 in DIR as well, so that a run can go on from another machine (`bench.records`).
 """
