@@ -6,7 +6,6 @@ import transformers as T
 from conftest import HEADS, MODELS, make_inputs
 
 import hydra_ensembles as he
-from hydra_ensembles import cost
 
 
 def test_vit_b16_parameters_match_the_paper(capsys):
@@ -73,7 +72,7 @@ def test_interleaved_latency_rotates_the_order_and_gives_ratios_per_round():
 
 def test_the_machine_line_names_the_cpu_and_its_bf16_units():
     """bf16 speed-ups depend on the CPU (AMX, AVX512-BF16): every table's machine line names them."""
-    line = cost.machine()
-    assert cost.cpu_model() in line
+    line = he.cost.machine()
+    assert he.cost.cpu_model() in line
     assert f"({torch.backends.cpu.get_cpu_capability()}, " in line  # the vector units torch's kernels use
     assert ("no AMX" in line) != torch.cpu._is_amx_tile_supported()

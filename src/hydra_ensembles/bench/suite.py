@@ -272,14 +272,18 @@ class _Builder:
         return self.shape["layers"]
 
     def trained(self, name: str, build: Callable[[], nn.Module]) -> nn.Module:
-        """The predictor cached under `name`, built (and cached) on first use."""
+        """The predictor cached under `name`, built (and cached) on first use, checked against its digest."""
+        model = self.cached(name, build)
+        check_digest(self.cache, name, model)  # recorded, or compared with the record (`bench.records`)
+        return model
+
+    def cached(self, name: str, build: Callable[[], nn.Module]) -> nn.Module:
+        """The predictor cached under `name`, or `build()`'s, cached now."""
         path = self.cache / "models" / name
         if path.exists():
-            model = load_predictor(path)
-        else:
-            model = build()
-            save_predictor(model, path)
-        check_digest(self.cache, name, model)  # recorded, or compared with the record (`bench.records`)
+            return load_predictor(path)
+        model = build()
+        save_predictor(model, path)
         return model
 
     def single(self) -> nn.Module:
@@ -304,12 +308,7 @@ class _Builder:
                 stacklevel=3,
             )
             return self.trained("single", lambda: self.train_from_start(self.seed))
-        path = self.cache / "models" / "single"
-        if path.exists():
-            model = load_predictor(path)
-        else:
-            model = self.train_from_start(self.seed)
-            save_predictor(model, path)
+        model = self.cached("single", lambda: self.train_from_start(self.seed))
         task, logits = self.task, self.cache / "logits" / "Single, trained again.pt"
         measured = measure(model, task.test, task.near, task.far, logits)
         if check_by_metrics(self.cache, "single", model, recorded["Single"], measured):
