@@ -268,3 +268,15 @@ def test_metrics_agree_only_when_every_shared_one_is_within_the_tolerance(tmp_pa
         with pytest.warns(UserWarning, match="measures differently"):
             assert not records.check_by_metrics(tmp_path, "single", model, row, other)
     assert records.rebuilt_differently(tmp_path) == ["single"]
+
+
+def test_the_note_of_a_model_trained_again_says_how_far_its_metrics_moved(tmp_path):
+    model = MODELS["bert"](seed=0)
+    row = {"metrics": {"id": {"acc": 0.9, "nll": 0.25}, "all": {"auroc": 0.8, "aupr_out": 0.39124}}}
+    moved = {"metrics": {"id": {"acc": 0.9, "nll": 0.25}, "all": {"auroc": 0.800002, "aupr_out": 0.391235}}}
+    with pytest.warns(UserWarning, match="measures differently"):
+        records.check_by_metrics(tmp_path, "single", model, row, moved)
+    (note,) = records.rebuilt_notes(0, tmp_path)
+    assert "single differs by more than 1e-06 in 2 of 4 metrics, the most in all.aupr_out" in note, note
+    assert "0.39124 recorded, 0.391235 now" in note, note
+    assert records.is_record(Path("seed0") / records.REBUILT)  # the note outlives the machine

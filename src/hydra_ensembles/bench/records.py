@@ -32,6 +32,7 @@ from ..io import replacing, weights_digest, write_json_atomic
 
 WEIGHTS = frozenset({"models", "checkpoints"})  # cache folders whose files are trained weights, never records
 DIGESTS = "model_digests.json"  # {model name: digest of its weights}, in the folder that holds `models/`
+REBUILT = "rebuilt.json"  # {model name: how it measured against its recorded row}, beside DIGESTS (check_by_metrics)
 
 
 def is_record(relative: Path) -> bool:
@@ -129,14 +130,15 @@ def check_by_metrics(
     digest as `name`'s and as "<name>, rebuilt" (`rebuilt_differently`: the tables' notes say so). Returns
     whether they agreed."""
     common = _common_leaves(recorded.get("metrics", {}), measured["metrics"])
-    differ = [
-        f"{key} {recorded_value:.6g} recorded, {value:.6g} now"
+    apart = [
+        (key, recorded_value, value)
         for key, recorded_value, value in common
         if not math.isclose(recorded_value, value, rel_tol=0, abs_tol=tolerance)
     ]
+    differ = [f"{key} {recorded_value:.6g} recorded, {value:.6g} now" for key, recorded_value, value in apart]
     if not common:
         differ = ["no metric recorded under the same name"]
-    path, digest = Path(folder) / DIGESTS, weights_digest(model)
+    folder, digest = Path(folder), weights_digest(model)
     if differ:
         warnings.warn(
             f"{name}, trained again for rows recorded before digests existed, measures differently from the "
@@ -144,8 +146,25 @@ def check_by_metrics(
             "built now use this one (the tables' notes say so).",
             stacklevel=2,
         )
-    write_json_atomic(path, _digests(folder) | {name: digest} | ({f"{name}, rebuilt": digest} if differ else {}))
+        write_json_atomic(folder / REBUILT, _rebuilt(folder) | {name: _how_apart(apart, len(common), tolerance)})
+    digests = _digests(folder) | {name: digest} | ({f"{name}, rebuilt": digest} if differ else {})
+    write_json_atomic(folder / DIGESTS, digests)
     return not differ
+
+
+def _how_apart(apart: list[tuple[str, float, float]], compared: int, tolerance: float) -> dict:
+    """What `REBUILT` keeps of a model that measured differently from its recorded row: how many of the `compared`
+    metrics are further apart than `tolerance`, and the one furthest apart (NaN counts as furthest)."""
+    how = {"compared": compared, "apart": len(apart), "tolerance": tolerance}
+    if apart:
+        key, recorded_value, value = max(apart, key=lambda m: math.inf if math.isnan(m[2] - m[1]) else abs(m[2] - m[1]))
+        how["furthest"] = {"metric": key, "recorded": recorded_value, "now": value}
+    return how
+
+
+def _rebuilt(folder: Path) -> dict[str, dict]:
+    path = folder / REBUILT
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def _common_leaves(a: Mapping, b: Mapping, prefix: str = "") -> list[tuple[str, float, float]]:
@@ -170,11 +189,24 @@ def rebuilt_notes(seed: int, *folders: str | os.PathLike) -> list[str]:
     names = [name for folder in folders for name in rebuilt_differently(folder)]
     if not names:
         return []
+    measured = [_measured_apart(name, how) for folder in folders for name, how in _rebuilt(Path(folder)).items()]
     return [
         f"Seed {seed}: {', '.join(names)} trained again with different weights (on another machine, or for rows "
         "recorded before digests existed, which it does not measure as); the rows recorded before were measured "
-        "on the first build (`bench.records`)."
+        "on the first build (`bench.records`)." + "".join(f" {line}" for line in measured)
     ]
+
+
+def _measured_apart(name: str, how: Mapping) -> str:
+    """One sentence of a table note from a `REBUILT` entry."""
+    if not how["apart"]:
+        return f"{name} shares no metric with its recorded row."
+    furthest = how["furthest"]
+    return (
+        f"Measured as its recorded row, {name} differs by more than {how['tolerance']:g} in {how['apart']} of "
+        f"{how['compared']} metrics, the most in {furthest['metric']} ({furthest['recorded']:.6g} recorded, "
+        f"{furthest['now']:.6g} now)."
+    )
 
 
 def unchecked(folder: str | os.PathLike, name: str) -> bool:
