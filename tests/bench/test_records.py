@@ -161,7 +161,13 @@ def test_the_head_sweep_goes_on_from_its_records(tiny_task, tmp_path, monkeypatc
     records.copy_records(tmp_path / "cache-a" / key, tmp_path / "cache-b" / key, overwrite=False)
     monkeypatch.setattr(suite._Builder, "single", lambda self: pytest.fail("built the single model"))
     after = suite.head_sweep(tiny_task, [0], [1], tmp_path / "out-b", tmp_path / "cache-b", progress=False)
-    assert after["per_seed"] == before["per_seed"]
+    assert after["per_seed"] == before["per_seed"] and after["notes"] == []
+    # a single model built again differently (e.g. on another machine): the sweep's table says so, as the suite's
+    digests = tmp_path / "cache-b" / key / "seed0" / records.DIGESTS
+    digests.write_text(json.dumps(json.loads(digests.read_text()) | {"single, rebuilt": "0" * 16}))
+    noted = suite.head_sweep(tiny_task, [0], [1], tmp_path / "out-b", tmp_path / "cache-b", progress=False)
+    assert noted["notes"] == records.rebuilt_notes(0, tmp_path / "cache-b" / key / "seed0") != []
+    assert noted["notes"][0] in (tmp_path / "out-b" / "sweep.md").read_text()
 
 
 def test_a_running_benchmark_saves_its_records_now_and_then_and_when_stopped(tiny_task, tmp_path, monkeypatch):  # noqa: F811

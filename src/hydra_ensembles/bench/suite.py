@@ -498,6 +498,7 @@ def head_sweep(
         "machine": machine(),
         "rows": aggregate(per_seed),
         "per_seed": per_seed,
+        "notes": [note for seed in seeds for note in rebuilt_notes(seed, cache / f"seed{seed}")],
         "wall_time_s": round(time.perf_counter() - started, 1),
     }
     write_json_atomic(out_dir / "sweep.json", summary)
@@ -559,6 +560,7 @@ def sweep_markdown(summary: dict) -> str:
         "Taylor: sequential Taylor scores computed for each budget; CircAvg: the first b x layers heads of the "
         "CircAvg circuit. Zero-shot: pruned and evaluated as is; fine-tuned: the task's recipe for pruned models. "
         "Values in %, mean ± std over seeds; OOD by maximum softmax probability, OOD = positive.",
+        *(f"\n{note}" for note in summary.get("notes", [])),
     ]
     return "\n".join(lines) + "\n"
 
