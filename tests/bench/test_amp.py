@@ -101,6 +101,16 @@ def test_amp_tables_pick_the_base_by_cost_and_compare_at_equal_size(tiny_task, t
     assert fresh["latency"] == again["latency"] and fresh["latency_timed"] == again["latency_timed"]
     assert fresh["compute_s"] == again["compute_s"] > 0 and fresh["rows_without_time"] == 0  # the time travels too
     assert "compute recorded with these tables' rows" in (tmp_path / "fresh" / "out" / "amp.md").read_text()
+    assert fresh["notes"] == []
+    # a member on an AMP base built again differently (e.g. on another machine): the table names it
+    base_digests = sorted((tmp_path / "fresh" / "cache" / key / "seed0" / amp.AMP_CACHE).glob(f"*/{records.DIGESTS}"))[
+        0
+    ]
+    member = sorted(json.loads(base_digests.read_text()))[0]
+    base_digests.write_text(json.dumps(json.loads(base_digests.read_text()) | {f"{member}, rebuilt": "0" * 16}))
+    noted = _run(tiny_task, tmp_path / "fresh", flops_target=1.5)
+    assert len(noted["notes"]) == 1 and f"Seed 0: {member} trained again" in noted["notes"][0]
+    assert noted["notes"][0] in (tmp_path / "fresh" / "out" / "amp.md").read_text()
     monkeypatch.undo()  # without its latency record, the fresh machine builds the models to time them
     for latency in (tmp_path / "fresh" / "cache" / key).rglob("latency-*.json"):
         latency.unlink()

@@ -57,7 +57,7 @@ from ..members import build_members
 from ..predictors import load_predictor, save_predictor
 from ..pruning import kept_neurons
 from ..training import AMP_RECOVERY, TrainConfig, recover
-from .records import check_digest, rebuilt_notes, recorded_latency
+from .records import DIGESTS, check_digest, rebuilt_notes, recorded_latency
 from .suite import _Builder, run_record, run_seed, time_predictors
 from .tasks import Task
 
@@ -435,7 +435,7 @@ def experiment(
         },
         "tables": {name: aggregate({s: r[name] for s, r in per_seed.items()}) for name in tables},
         "per_seed": per_seed,
-        "notes": [note for s in seeds for note in rebuilt_notes(s, cache / f"seed{s}", cache / f"seed{s}" / AMP_CACHE)],
+        "notes": [note for s in seeds for note in rebuilt_notes(s, *_model_folders(cache / f"seed{s}"))],
     }
     if latency_repeats and "free" in tables:
         per_seed_latency, summary["latency_timed"] = {}, {}
@@ -557,6 +557,13 @@ def _first_examples(batches: list, count: int) -> list:
         taken.append(batch)
         seen += len(next(iter(batch.values())))
     return taken
+
+
+def _model_folders(seed_cache: Path) -> list[Path]:
+    """The folders whose models an AMP table of a seed is built on, each with its digest file: the seed's (the
+    single model), the AMP models' and every AMP base's (the members trained on it)."""
+    amp_cache = seed_cache / AMP_CACHE
+    return [seed_cache, amp_cache, *(path.parent for path in sorted(amp_cache.glob(f"*/{DIGESTS}")))]
 
 
 def base_name(delta: float) -> str:
