@@ -87,7 +87,14 @@ def _merged(new: bytes, old: bytes, overwrite: bool) -> bytes:
 
 
 def _digests(folder: str | os.PathLike) -> dict[str, str]:
-    path = Path(folder) / DIGESTS
+    return _json_or_empty(Path(folder) / DIGESTS)
+
+
+def _rebuilt(folder: Path) -> dict[str, dict]:
+    return _json_or_empty(folder / REBUILT)
+
+
+def _json_or_empty(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
@@ -160,11 +167,6 @@ def _how_apart(apart: list[tuple[str, float, float]], compared: int, tolerance: 
         key, recorded_value, value = max(apart, key=lambda m: math.inf if math.isnan(m[2] - m[1]) else abs(m[2] - m[1]))
         how["furthest"] = {"metric": key, "recorded": recorded_value, "now": value}
     return how
-
-
-def _rebuilt(folder: Path) -> dict[str, dict]:
-    path = folder / REBUILT
-    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def _common_leaves(a: Mapping, b: Mapping, prefix: str = "") -> list[tuple[str, float, float]]:
