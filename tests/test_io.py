@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hydra_ensembles.io import save_dir_atomic, write_json_atomic
+from hydra_ensembles.io import read_json_record, save_dir_atomic, write_json_atomic
 
 
 def test_json_write_is_atomic(tmp_path, monkeypatch):
@@ -16,6 +16,13 @@ def test_json_write_is_atomic(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert json.loads(path.read_text()) == {"step": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+
+
+def test_a_record_not_yet_written_reads_empty(tmp_path):
+    path = tmp_path / "results.json"
+    assert read_json_record(path) == {}
+    write_json_atomic(path, {"Single": {"acc": 0.9}})
+    assert read_json_record(path) == {"Single": {"acc": 0.9}}
 
 
 def test_directory_save_replaces_whole_or_not_at_all(tmp_path):

@@ -47,6 +47,12 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
         os.fsync(f.fileno())
 
 
+def read_json_record(path: str | os.PathLike) -> dict:
+    """The JSON object a run recorded at `path` (`write_json_atomic`), or {} before it recorded anything."""
+    path = Path(path)
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def torch_save_atomic(obj: Any, path: str | os.PathLike) -> None:
     """`torch.save` through a temporary file and an atomic rename (`replacing`): a run stopped midway leaves the
     old file or none, never a truncated one that every later run would fail to load."""

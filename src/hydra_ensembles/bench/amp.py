@@ -52,7 +52,7 @@ from ..importance import (
     random_neuron_scores,
     uniform_sizes,
 )
-from ..io import torch_save_atomic, write_json_atomic
+from ..io import read_json_record, torch_save_atomic, write_json_atomic
 from ..members import build_members
 from ..predictors import load_predictor, save_predictor
 from ..pruning import kept_neurons
@@ -245,7 +245,7 @@ class AmpSeed:
     def recorded_hydra_flops(self, delta: float) -> float:
         """`hydra_flops` of the model Algorithm 1 prunes at `delta`, recorded in `hydra_flops.json`."""
         path = self.cache / "hydra_flops.json"
-        ratios = json.loads(path.read_text()) if path.exists() else {}
+        ratios = read_json_record(path)
         if f"{delta:.6g}" not in ratios:
             ratios[f"{delta:.6g}"] = self.hydra_flops(self.adaptive(delta))
             write_json_atomic(path, ratios)
@@ -280,7 +280,7 @@ class AmpSeed:
         tables label them, and the seconds it took (as the suite's rows record them); recorded in results.json by
         `name` (the model is built only when not recorded)."""
         record = self.cache / "results.json"
-        results = json.loads(record.read_text()) if record.exists() else {}
+        results = read_json_record(record)
         if name not in results:
             started = time.perf_counter()
             built = model()

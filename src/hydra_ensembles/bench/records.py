@@ -28,7 +28,7 @@ from pathlib import Path
 from torch import nn
 
 from ..cost import machine
-from ..io import replacing, weights_digest, write_json_atomic
+from ..io import read_json_record, replacing, weights_digest, write_json_atomic
 
 WEIGHTS = frozenset({"models", "checkpoints"})  # cache folders whose files are trained weights, never records
 DIGESTS = "model_digests.json"  # {model name: digest of its weights}, in the folder that holds `models/`
@@ -87,15 +87,11 @@ def _merged(new: bytes, old: bytes, overwrite: bool) -> bytes:
 
 
 def _digests(folder: str | os.PathLike) -> dict[str, str]:
-    return _json_or_empty(Path(folder) / DIGESTS)
+    return read_json_record(Path(folder) / DIGESTS)
 
 
 def _rebuilt(folder: Path) -> dict[str, dict]:
-    return _json_or_empty(folder / REBUILT)
-
-
-def _json_or_empty(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {}
+    return read_json_record(folder / REBUILT)
 
 
 def check_digest(folder: str | os.PathLike, name: str, model: nn.Module) -> bool:

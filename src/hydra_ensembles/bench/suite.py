@@ -36,7 +36,7 @@ from ..evaluation.report import measure
 from ..evaluation.tables import CONVENTIONS, aggregate, mean_std, per_set_lines, render, table_lines
 from ..fusion import HydraEnsemble
 from ..importance import Circuit, extract_circuit, taylor_head_scores
-from ..io import torch_save_atomic, write_json_atomic
+from ..io import read_json_record, torch_save_atomic, write_json_atomic
 from ..members import build_members, sample_members
 from ..outputs import collect_member_logits, labels_of
 from ..predictors import (
@@ -144,7 +144,7 @@ def run_seed(
     rows = _check_rows(rows)
     cache.mkdir(parents=True, exist_ok=True)
     record = cache / "results.json"
-    results: dict[str, dict] = json.loads(record.read_text()) if record.exists() else {}
+    results: dict[str, dict] = read_json_record(record)
     build = _Builder(task, seed, cache, progress, base)
     for row in rows:
         if row in results:
@@ -511,7 +511,7 @@ def sweep_seed(task: Task, seed: int, budgets: Sequence[int], cache: Path, progr
     """{row: results} for one seed; rows "Single" and "<Taylor|CircAvg>, <b> pruned/layer, <zero-shot|tuned>"."""
     cache.mkdir(parents=True, exist_ok=True)
     record = cache / "sweep.json"
-    results: dict[str, dict] = json.loads(record.read_text()) if record.exists() else {}
+    results: dict[str, dict] = read_json_record(record)
     build = _Builder(task, seed, cache, progress)
     layers = build.layers
     ranked = max(task.circuit_pool, task.prune_per_layer * layers)  # what `_Builder.circuit` extracts

@@ -21,7 +21,6 @@ cached, so a run resumes.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +33,7 @@ from torch import Tensor, nn
 from ..evaluation.report import measure
 from ..evaluation.tables import CONVENTIONS, aggregate, per_set_lines, table_lines
 from ..importance import JointCircuit, extract_joint_circuit, taylor_head_scores
-from ..io import torch_save_atomic, write_json_atomic
+from ..io import read_json_record, torch_save_atomic, write_json_atomic
 from ..members import sample_members
 from ..outputs import collect_member_logits, labels_of
 from ..predictors import TemperatureScaled, TwoTowerModel, fit_temperature, zero_shot_ensemble
@@ -217,7 +216,7 @@ def run(
 
 def _run_seed(task: ZeroShotTask, seed: int, cache: Path, rows: Sequence[str], progress: bool) -> dict[str, dict]:
     record = cache / f"seed{seed}" / "results.json"
-    results = json.loads(record.read_text()) if record.exists() else {}
+    results = read_json_record(record)
     build = _Builder(task, seed, cache, progress)
     for row in rows:
         if row in results:
