@@ -10,7 +10,6 @@ cd "$(dirname "$0")/../.."
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 R=benchmarks/records
 set -x
-hydra-ens bench image-dinov2 --seeds 1 2 0 --head-sweep 1 2 3 4 --records $R --out benchmarks/results/image-dinov2/head-sweep --quiet
 # the MPNet tasks' circuit search (multi-4-bf16) against the exact one, on a smaller budget and data (issue 12)
 hydra-ens bench text-mpnet --seeds 1 --records $R --records-only
 python benchmarks/circuit_approx.py text-mpnet --seed 1 --batches 2 --budget 16 --methods multi-4:bf16 multi-4
