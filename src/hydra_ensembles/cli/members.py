@@ -22,6 +22,7 @@ from pathlib import Path
 import safetensors.torch
 
 from ..importance import Circuit, JointCircuit
+from ..io import read_json_record
 from ..members import build_members, sample_members
 from ..predictors import TwoTowerModel, zero_shot_ensemble
 from ..predictors.clip_zero_shot import DEFAULT_TEMPLATES
@@ -108,7 +109,7 @@ def _zero_shot_members(args: argparse.Namespace, out, model_dir: Path, source_pa
             "two-tower checkpoint it was extracted from."
         )
     record = source_path.parent / RECORD
-    made = json.loads(record.read_text()).get("results", {}) if record.is_file() else {}
+    made = read_json_record(record).get("results", {})
     zero_shot = zero_shot_options(args)
     classes, templates = zero_shot.classes or made.get("classes"), zero_shot.templates or made.get("templates")
     if not classes:
