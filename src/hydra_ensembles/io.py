@@ -53,6 +53,17 @@ def read_json_record(path: str | os.PathLike) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def row_file(folder: str | os.PathLike, row: str, suffix: str = ".pt") -> Path:
+    """The file in `folder` that holds what a table row `row` saved (its logits): the row's name, with each "/"
+    (as in "pruned/layer") written " per " so that it stays one file. A file that an older version wrote under the
+    raw name (a nested folder) is moved here the first time it is asked for."""
+    folder = Path(folder)
+    path, legacy = folder / f"{row.replace('/', ' per ')}{suffix}", folder / f"{row}{suffix}"
+    if legacy != path and legacy.is_file() and not path.exists():
+        os.replace(legacy, path)
+    return path
+
+
 def torch_save_atomic(obj: Any, path: str | os.PathLike) -> None:
     """`torch.save` through a temporary file and an atomic rename (`replacing`): a run stopped midway leaves the
     old file or none, never a truncated one that every later run would fail to load."""

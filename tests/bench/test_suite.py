@@ -116,5 +116,8 @@ def test_head_sweep_measures_each_budget_zero_shot_and_fine_tuned(tiny_task, tmp
         assert rows[f"{method}, 1 pruned/layer, zero-shot"]["params"]["mean"] > zero["params"]["mean"]
     assert (tmp_path / "out" / "head_sweep.png").stat().st_size > 5000
     assert "| CircAvg, 2 pruned/layer, fine-tuned |" in (tmp_path / "out" / "sweep.md").read_text()
+    saved = tmp_path / "cache" / f"{task.name}-{task.fingerprint()}" / "seed0" / "sweep-logits"
+    assert sorted(p.name for p in saved.iterdir() if p.is_dir()) == []  # one file per row, "/" or not
+    assert (saved / "CircAvg, 2 pruned per layer, fine-tuned.pt").is_file()
     with pytest.raises(ValueError, match="use budgets up to 2"):
         suite.head_sweep(task, [0], [3], tmp_path / "out", tmp_path / "cache", progress=False)

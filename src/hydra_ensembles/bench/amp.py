@@ -52,7 +52,7 @@ from ..importance import (
     random_neuron_scores,
     uniform_sizes,
 )
-from ..io import read_json_record, torch_save_atomic, write_json_atomic
+from ..io import read_json_record, row_file, torch_save_atomic, write_json_atomic
 from ..members import build_members
 from ..predictors import load_predictor, save_predictor
 from ..pruning import kept_neurons
@@ -286,7 +286,7 @@ class AmpSeed:
             built = model()
             sizes = [len(k) for k in kept_neurons(built).values()]
             results[name] = measure(
-                built, self.task.test, self.task.near, self.task.far, self.cache / "logits" / f"{name}.pt"
+                built, self.task.test, self.task.near, self.task.far, row_file(self.cache / "logits", name)
             ) | {
                 "heads": f"{self.shape['heads']}; MLP {sum(sizes)}/{sum(self.shape['widths'])}",
                 "mlp_sizes": sizes,

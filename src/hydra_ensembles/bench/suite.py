@@ -36,7 +36,7 @@ from ..evaluation.report import measure
 from ..evaluation.tables import CONVENTIONS, aggregate, mean_std, per_set_lines, render, table_lines
 from ..fusion import HydraEnsemble
 from ..importance import Circuit, extract_circuit, taylor_head_scores
-from ..io import read_json_record, torch_save_atomic, write_json_atomic
+from ..io import read_json_record, row_file, torch_save_atomic, write_json_atomic
 from ..members import build_members, sample_members
 from ..outputs import collect_member_logits, labels_of
 from ..predictors import (
@@ -152,7 +152,7 @@ def run_seed(
         print(f"[{rows.index(row) + 1}/{len(rows)}] {row}", flush=True)
         started = time.perf_counter()
         predictor, heads, extra = build.row(row)
-        results[row] = measure(predictor, task.test, task.near, task.far, cache / "logits" / f"{row}.pt") | {
+        results[row] = measure(predictor, task.test, task.near, task.far, row_file(cache / "logits", row)) | {
             "heads": heads,
             **extra,
         }
@@ -309,10 +309,11 @@ class _Builder:
             )
             return self.trained("single", lambda: self.train_from_start(self.seed))
         model = self.cached("single", lambda: self.train_from_start(self.seed))
-        task, logits = self.task, self.cache / "logits" / "Single, trained again.pt"
+        task, logits = self.task, row_file(self.cache / "logits", "Single, trained again")
         measured = measure(model, task.test, task.near, task.far, logits)
         if check_by_metrics(self.cache, "single", model, recorded["Single"], measured):
-            os.replace(logits, logits.with_name("Single.pt"))  # the recorded row's logits, lost with its machine
+            # the recorded row's logits, lost with its machine
+            os.replace(logits, row_file(self.cache / "logits", "Single"))
             print(f"{self.cache}: the single model trained again measures as its recorded row", flush=True)
         return model
 
@@ -535,7 +536,7 @@ def sweep_seed(task: Task, seed: int, budgets: Sequence[int], cache: Path, progr
         if row in results:
             continue
         print(f"[sweep] {row}", flush=True)
-        results[row] = measure(make(), task.test, task.near, task.far, cache / "sweep-logits" / f"{row}.pt")
+        results[row] = measure(make(), task.test, task.near, task.far, row_file(cache / "sweep-logits", row))
         results[row]["heads"] = row.split(", ")[1] if "pruned" in row else str(build.heads)
         write_json_atomic(record, results)
     return {row: results[row] for row in plans}
@@ -580,11 +581,8 @@ def _digest(head_map: Mapping[int, Sequence[int]]) -> str:
 
 def figures(task: Task, seed_cache: Path, out_dir: Path) -> None:
     """Reliability diagrams, MSP histograms (ID / near / far) and Taylor / circuit head heatmaps of one seed."""
-    logits = {
-        row: torch.load(seed_cache / "logits" / f"{row}.pt")
-        for row in PLOTTED
-        if (seed_cache / "logits" / f"{row}.pt").exists()
-    }
+    paths = {row: row_file(seed_cache / "logits", row) for row in PLOTTED}
+    logits = {row: torch.load(path) for row, path in paths.items() if path.exists()}
     if logits:  # none when the seed's rows came from records without their logits: the figures are left as they are
         plots.logit_figures(logits, labels_of(task.test), out_dir, task.name)
     maps = {}

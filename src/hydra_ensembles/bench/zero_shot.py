@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from ..evaluation.report import measure
 from ..evaluation.tables import CONVENTIONS, aggregate, per_set_lines, table_lines
 from ..importance import JointCircuit, extract_joint_circuit, taylor_head_scores
-from ..io import read_json_record, torch_save_atomic, write_json_atomic
+from ..io import read_json_record, row_file, torch_save_atomic, write_json_atomic
 from ..members import sample_members
 from ..outputs import collect_member_logits, labels_of
 from ..predictors import TemperatureScaled, TwoTowerModel, fit_temperature, zero_shot_ensemble
@@ -224,7 +224,7 @@ def _run_seed(task: ZeroShotTask, seed: int, cache: Path, rows: Sequence[str], p
         print(f"[seed {seed}] {row}", flush=True)
         started = time.perf_counter()
         predictor = build.row(row)
-        logits_path = cache / f"seed{seed}" / "logits" / f"{row}.pt"
+        logits_path = row_file(cache / f"seed{seed}" / "logits", row)
         results[row] = measure(predictor, task.test, task.near, task.far, logits_path) | {
             "heads": _heads(predictor),
             "_seconds": round(time.perf_counter() - started, 1),
