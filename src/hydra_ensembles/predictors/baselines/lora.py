@@ -4,6 +4,7 @@ different seeds, merged into plain HF models."""
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Iterable, Sequence
 
 from torch import nn
@@ -44,12 +45,12 @@ def lora_ensemble(
         member = copy.deepcopy(model)
         if fresh_classifier:
             reset_classifier(member, seed)
-        peft_model = get_peft_model(
-            member,
-            LoraConfig(
-                r=rank, lora_alpha=alpha, lora_dropout=0.1, target_modules=targets, modules_to_save=head_modules
-            ),
+        lora_config = LoraConfig(
+            r=rank, lora_alpha=alpha, lora_dropout=0.1, target_modules=targets, modules_to_save=head_modules
         )
+        with warnings.catch_warnings():  # peft 0.21.2 reads transformers v5's deprecated `is_gradient_checkpointing`
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            peft_model = get_peft_model(member, lora_config)
         stored += sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
         finetune(peft_model, train_loader, config.with_(seed=seed), val_loader=val_loader, progress=progress)
         members.append(peft_model.merge_and_unload().eval())
