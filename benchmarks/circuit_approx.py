@@ -9,7 +9,7 @@ removed (n: half of what a pruned member loses, all of it, half the budget, the 
 budget), i.e. how many of the heads that a pruned member would lose are the same.
 
     python benchmarks/circuit_approx.py image-dinov2 --seed 0 --methods fast:bf16 multi-2 multi-4 multi-4:bf16 multi-8
-    python benchmarks/circuit_approx.py text-mpnet --seed 1 --batches 2 --budget 16 --methods multi-4:bf16 multi-4
+    python benchmarks/circuit_approx.py sentiment-mpnet --seed 0 --batches 2 --budget 16 --methods multi-4:bf16 multi-4
 
 With --batches K, only the first K batches of each circuit set are used, exact ranking included (computed once,
 resumable, saved under the seed's cache): a cheaper comparison when the exact search on the full data is too slow.
