@@ -20,6 +20,7 @@ from tolerances import CONTRACT
 
 import hydra_ensembles as he
 from hydra_ensembles import metrics
+from hydra_ensembles.cli.common import RECORD
 from hydra_ensembles.cli.predict import id_threshold
 from hydra_ensembles.data.files import label_ids, read_examples, text_batches
 from hydra_ensembles.evaluation.ood import OOD_SCORES
@@ -219,6 +220,8 @@ def test_circuit_equals_the_library_on_the_same_files(flow):
     saved = he.Circuit.load(f"{d['circuit']}/circuit.json")
     assert saved.removed == expected.removed
     assert saved.scores == pytest.approx(expected.scores)
+    assert saved.ties == expected.ties and len(saved.ties) == 5
+    assert json.loads((root / "circuit" / RECORD).read_text())["results"]["ties"] == expected.ties
 
 
 def test_members_are_the_sampled_head_maps_pruned_from_the_model(flow):

@@ -333,3 +333,29 @@ def test_auto_falls_back_to_the_least_approximate_search_that_fits():
         "multi-8-bf16",  # nothing fits: the cheapest
     ]
     assert "> budget 30 min" in search.auto_choice(100 * 3600, 1800)[3]
+
+
+def test_each_removal_records_how_many_candidates_tied_with_it(tmp_path):
+    from hydra_ensembles.importance.circuit.criteria import CRITERIA
+    from hydra_ensembles.importance.circuit.scoring import ReferenceScorer
+
+    model, (id_batches, ood_batches) = MODELS["bert"](), _data()
+    state = tmp_path / "state.json"
+    circuit = he.extract_circuit(model, id_batches, ood_batches, "acc", 4, state_path=state, progress=False)
+    # the literal loop's scores at every step: how many other candidates left the winner's S
+    scorer = ReferenceScorer(model, id_batches, ood_batches, CRITERIA["acc"], batch_size=16)
+    heads = [(layer, h) for layer in range(LAYERS) for h in range(HEADS)]
+    expected = []
+    for step, best in enumerate(circuit.removed):
+        left = [head for head in heads if head not in circuit.removed[:step]]
+        scores = scorer.score(circuit.removed[:step], left, lambda n: None)
+        expected.append(sum(scores[head] == scores[best] for head in left if head != best))
+    assert circuit.ties == expected and any(expected)  # accuracy on 8 examples: ties are the rule
+    assert circuit.tie_note().startswith(f"{sum(map(bool, expected))} of 4 removals tied")
+    # a state saved before ties were recorded resumes with them unknown
+    saved = json.loads(state.read_text())
+    saved["removed"], saved["scores"] = saved["removed"][:2], saved["scores"][:2]
+    del saved["ties"]
+    state.write_text(json.dumps(saved))
+    resumed = he.extract_circuit(model, id_batches, ood_batches, "acc", 4, state_path=state, progress=False)
+    assert resumed.removed == circuit.removed and resumed.ties == [None, None, *expected[2:]]

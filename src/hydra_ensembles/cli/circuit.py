@@ -163,6 +163,7 @@ def _finish(out, circuit, criterion: str, extra: dict, what: str, order: str, sh
             "baseline": circuit.baseline,
             "final": circuit.scores[-1],
             "search": circuit.search,
+            "ties": circuit.ties,
             **extra,
         }
     )

@@ -18,20 +18,22 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from ...data.loaders import Batch, materialize
+from ...distributed import is_main
 from ...io import tensor_digest, weights_digest, write_json_atomic
 from ...outputs import labels_of
 from ...pruning import HeadMap, kept_heads
 from .criteria import CRITERIA
-from .search import METHODS, greedy_removal, search_name
+from .search import METHODS, greedy_removal, search_name, tie_note
 
 TOWERS = ("image", "text")
 JointHead = tuple[str, int, int]
@@ -40,7 +42,8 @@ JointHead = tuple[str, int, int]
 @dataclass
 class JointCircuit:
     """The outcome of a joint circuit extraction: heads (tower, layer, head) in removal order, least useful
-    first; S after each removal and before any; each tower's head map when extraction started."""
+    first; S after each removal and before any; each tower's head map when extraction started; ties as
+    `Circuit.ties`."""
 
     criterion: str
     removed: list[JointHead]
@@ -48,6 +51,11 @@ class JointCircuit:
     baseline: float
     kept: dict[str, HeadMap]
     search: str = "exact"
+    ties: list[int | None] = field(default_factory=list)
+
+    def tie_note(self) -> str:
+        """How many removals were ties decided by (tower, layer, head) order, as a sentence; "" when none were."""
+        return tie_note(self.ties, "(tower, layer, head)")
 
     def head_maps(self, budget: int | None = None) -> dict[str, HeadMap]:
         """Each tower's kept heads after removing the first `budget` heads of the ranking (all by default)."""
@@ -71,6 +79,7 @@ class JointCircuit:
             baseline=float(data["baseline"]),
             kept={t: {int(k): [int(h) for h in v] for k, v in kept.items()} for t, kept in data["kept"].items()},
             search=data.get("search", "exact"),
+            ties=list(data.get("ties", [])),
         )
 
     def save(self, path: str | os.PathLike) -> None:
@@ -219,10 +228,13 @@ def extract_joint_circuit(
             v for batch in id_batches + ood_batches + prompts for _, v in sorted(batch.items()) if isinstance(v, Tensor)
         ),
     }
-    removed, scores, baseline = greedy_removal(
+    removed, scores, baseline, ties = greedy_removal(
         candidates, scorer, budget, search_method, top, identity, state_path, progress, f"joint circuit ({criterion}"
     )
-    return JointCircuit(criterion, list(removed), scores, baseline, kept, search)
+    circuit = JointCircuit(criterion, list(removed), scores, baseline, kept, search, ties)
+    if progress and is_main() and circuit.tie_note():
+        tqdm.write(f"joint circuit search: {circuit.tie_note()}")
+    return circuit
 
 
 def _of(tower: str, removed: Iterable[JointHead]) -> list[tuple[int, int]]:
