@@ -33,7 +33,7 @@ from ...io import tensor_digest, weights_digest, write_json_atomic
 from ...outputs import labels_of
 from ...pruning import HeadMap, kept_heads
 from .criteria import CRITERIA
-from .search import METHODS, greedy_removal, search_name, tie_note
+from .search import METHODS, TIES_ADVICE, greedy_removal, search_name, tie_note
 
 TOWERS = ("image", "text")
 JointHead = tuple[str, int, int]
@@ -233,7 +233,7 @@ def extract_joint_circuit(
     )
     circuit = JointCircuit(criterion, list(removed), scores, baseline, kept, search, ties)
     if progress and is_main() and circuit.tie_note():
-        tqdm.write(f"joint circuit search: {circuit.tie_note()}")
+        tqdm.write(f"joint circuit search: {circuit.tie_note()}: {TIES_ADVICE}")
     return circuit
 
 

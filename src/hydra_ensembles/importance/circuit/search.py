@@ -133,16 +133,16 @@ class Circuit:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
+TIES_ADVICE = "the circuit data does not tell those heads apart (more or harder examples would)"
+
+
 def tie_note(ties: list[int | None], order: str = "(layer, head)") -> str:
     """ "k of n removals tied ..." for a circuit's `ties`, or "" when no removal tied."""
     tied = sum(1 for t in ties if t)
     if not tied:
         return ""
     known = sum(1 for t in ties if t is not None)
-    return (
-        f"{tied} of {known} removals tied with another candidate's S and were decided by {order} order: the "
-        "circuit data does not tell those heads apart (more or harder examples would)"
-    )
+    return f"{tied} of {known} removals tied with another candidate's S (decided by {order} order)"
 
 
 # ---- the extraction ----
@@ -348,7 +348,7 @@ def extract_circuit(
         ties=ties,
     )
     if progress and is_main() and circuit.tie_note():
-        tqdm.write(f"circuit search: {circuit.tie_note()}")
+        tqdm.write(f"circuit search: {circuit.tie_note()}: {TIES_ADVICE}")
     return circuit
 
 
