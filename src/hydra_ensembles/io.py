@@ -61,6 +61,9 @@ def row_file(folder: str | os.PathLike, row: str, suffix: str = ".pt") -> Path:
     path, legacy = folder / f"{row.replace('/', ' per ')}{suffix}", folder / f"{row}{suffix}"
     if legacy != path and legacy.is_file() and not path.exists():
         os.replace(legacy, path)
+        for parent in legacy.relative_to(folder).parents[:-1]:  # the nested folders it leaves, innermost first
+            if not any((folder / parent).iterdir()):
+                (folder / parent).rmdir()
     return path
 
 

@@ -351,6 +351,12 @@ def test_each_removal_records_how_many_candidates_tied_with_it(tmp_path):
         scores = scorer.score(circuit.removed[:step], left, lambda n: None)
         expected.append(sum(scores[head] == scores[best] for head in left if head != best))
     assert circuit.ties == expected and any(expected)  # accuracy on 8 examples: ties are the rule
+    multi = he.extract_circuit(model, id_batches, ood_batches, "acc", 4, method="multi", top=2, progress=False)
+    for step in (0, 2):  # two removals per step: each counts the other candidates of its step, removed or not
+        left = [head for head in heads if head not in multi.removed[:step]]
+        scores = scorer.score(multi.removed[:step], left, lambda n: None)
+        for best in multi.removed[step : step + 2]:
+            assert multi.ties[multi.removed.index(best)] == sum(scores[h] == scores[best] for h in left if h != best)
     assert circuit.tie_note().startswith(f"{sum(map(bool, expected))} of 4 removals tied")
     # a state saved before ties were recorded resumes with them unknown
     saved = json.loads(state.read_text())

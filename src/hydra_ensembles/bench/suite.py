@@ -570,7 +570,7 @@ def _search(circuit: Circuit) -> str:
     """How a circuit was ranked, as the tables say it: the search, the reason when it is an approximation, and how
     many of its removals were ties."""
     said = circuit.search + (f" ({circuit.note})" if circuit.note else "")
-    return said + (f"; {circuit.tie_note()}" if circuit.tie_note() else "")
+    return said + (f" — {circuit.tie_note()}" if circuit.tie_note() else "")
 
 
 def _digest(head_map: Mapping[int, Sequence[int]]) -> str:

@@ -19,7 +19,7 @@ from ..evaluation import plots
 from ..evaluation.report import measure
 from ..evaluation.tables import CONVENTIONS, aggregate, per_set_lines, table_lines
 from ..fusion import HydraEnsemble
-from ..io import write_json_atomic
+from ..io import row_file, write_json_atomic
 from ..outputs import labels_of
 from ..predictors import ZeroShotEnsemble
 from ..pruning import kept_heads
@@ -105,8 +105,7 @@ def run(args: argparse.Namespace) -> int:
             }
             for group, s in sets.items()
         }
-        cached = out.path / "logits" / f"{name}.pt"
-        result_file = out.path / "logits" / f"{name}.json"
+        cached, result_file = row_file(out.path / "logits", name), row_file(out.path / "logits", name, ".json")
         if result_file.is_file() and cached.is_file():
             results[name] = json.loads(result_file.read_text())
             print(f"{name}: measured before ({cached})")

@@ -79,7 +79,7 @@ class JointCircuit:
             baseline=float(data["baseline"]),
             kept={t: {int(k): [int(h) for h in v] for k, v in kept.items()} for t, kept in data["kept"].items()},
             search=data.get("search", "exact"),
-            ties=list(data.get("ties", [])),
+            ties=list(data.get("ties", [None] * len(data["removed"]))),
         )
 
     def save(self, path: str | os.PathLike) -> None:

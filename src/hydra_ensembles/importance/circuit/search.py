@@ -71,8 +71,9 @@ class Circuit:
     search: "exact" (Algorithm 1's own ranking: method "fast" or "reference" in fp32), else the approximation
         used, e.g. "multi-4-bf16" (method, `top`, precision).
     note: why that search (method "auto": the exact search's estimated time against the time budget).
-    ties: for each removal, how many other candidates of its step (scored, not removed at that step) left exactly
-        the same S: where > 0, (layer, head) order chose it. None where unknown (a state saved by an older version).
+    ties: for each removal, how many other candidates scored at its step left exactly the same S (with "multi",
+        those removed in the same step too): where > 0, (layer, head) order placed it. "lazy" and "screen" score a
+        shortlist, so theirs are lower bounds. None where unknown (saved by a version that did not record ties).
     """
 
     criterion: str
@@ -122,7 +123,7 @@ class Circuit:
             num_heads=int(data["num_heads"]),
             search=data.get("search", "exact"),
             note=data.get("note", ""),
-            ties=list(data.get("ties", [])),
+            ties=list(data.get("ties", [None] * len(data["removed"]))),
         )
 
     def save(self, path: str | os.PathLike) -> None:
@@ -441,7 +442,7 @@ def greedy_removal(
             for best in chosen:
                 removed.append(best)
                 scores.append(step_scores[best])
-                ties.append(sum(step_scores[head] == step_scores[best] for head in ranked[len(chosen) :]))
+                ties.append(sum(step_scores[head] == step_scores[best] for head in ranked if head != best))
             bar.set_postfix(step=f"{len(removed)}/{budget}", removed=f"{best}", S=f"{step_scores[best]:.4f}")
             if state_path is not None and is_main():
                 write_json_atomic(
