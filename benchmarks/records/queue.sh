@@ -10,10 +10,6 @@ cd "$(dirname "$0")/../.."
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 R=benchmarks/records
 set -x
-# the MPNet tasks' circuit search (multi-4-bf16) against the exact one, on a smaller budget and data (issue 12), on
-# sentiment: on BBC (text-mpnet) every one of the first step's 144 candidates leaves S at 1.0, a plateau where every
-# search removes heads in (layer, head) order, so agreement there would measure nothing
-python benchmarks/circuit_approx.py sentiment-mpnet --seed 0 --batches 2 --budget 16 --methods multi-4:bf16 multi-4
 hydra-ens bench sentiment-mpnet --seeds 0 --records $R --records-only
 hydra-ens bench sentiment-mpnet --seeds 0 --records $R --quiet
 hydra-ens bench text-mpnet --seeds 1 2 0 --records $R --quiet
