@@ -222,6 +222,7 @@ def test_circuit_equals_the_library_on_the_same_files(flow):
     assert saved.scores == pytest.approx(expected.scores)
     assert saved.ties == expected.ties and len(saved.ties) == 5
     assert json.loads((root / "circuit" / RECORD).read_text())["results"]["ties"] == expected.ties
+    assert expected.tie_note() and expected.tie_note() in runs["circuit"].stdout  # said even with --quiet
 
 
 def test_members_are_the_sampled_head_maps_pruned_from_the_model(flow):

@@ -335,7 +335,7 @@ def test_auto_falls_back_to_the_least_approximate_search_that_fits():
     assert "> budget 30 min" in search.auto_choice(100 * 3600, 1800)[3]
 
 
-def test_each_removal_records_how_many_candidates_tied_with_it(tmp_path):
+def test_each_removal_records_how_many_candidates_tied_with_it(tmp_path, capsys):
     from hydra_ensembles.importance.circuit.criteria import CRITERIA
     from hydra_ensembles.importance.circuit.scoring import ReferenceScorer
 
@@ -363,5 +363,8 @@ def test_each_removal_records_how_many_candidates_tied_with_it(tmp_path):
     saved["removed"], saved["scores"] = saved["removed"][:2], saved["scores"][:2]
     del saved["ties"]
     state.write_text(json.dumps(saved))
-    resumed = he.extract_circuit(model, id_batches, ood_batches, "acc", 4, state_path=state, progress=False)
+    capsys.readouterr()
+    resumed = he.extract_circuit(model, id_batches, ood_batches, "acc", 4, state_path=state)
     assert resumed.removed == circuit.removed and resumed.ties == [None, None, *expected[2:]]
+    known = sum(1 for t in expected[2:] if t)  # the search says so at its end, counting only the steps it knows
+    assert f"circuit search: {known} of 2 removals tied" in capsys.readouterr().out

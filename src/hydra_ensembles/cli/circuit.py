@@ -14,6 +14,7 @@ import argparse
 
 from ..importance import extract_circuit, extract_joint_circuit
 from ..importance.circuit import CRITERIA, METHODS
+from ..importance.circuit.search import say_ties
 from ..predictors import TwoTowerModel, ZeroShotEnsemble
 from ..predictors.clip_zero_shot import prompt_batches
 from .common import (
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if circuit.note:
         print(f"search: {circuit.note}")
-    return _finish(out, circuit, args.criterion, {"note": circuit.note}, "heads", "(layer, head)", 12)
+    return _finish(args, out, circuit, {"note": circuit.note}, "heads", "(layer, head)", 12)
 
 
 def _joint(args, out, model_dir, model, id_data, ood_data, state) -> int:
@@ -151,11 +152,12 @@ def _joint(args, out, model_dir, model, id_data, ood_data, state) -> int:
         progress=not args.quiet,
     )
     extra = {"joint": True, "classes": model.classes, "templates": model.templates}
-    return _finish(out, circuit, args.criterion, extra, f"heads of {'+'.join(towers)}", "(tower, layer, head)", 8)
+    return _finish(args, out, circuit, extra, f"heads of {'+'.join(towers)}", "(tower, layer, head)", 8)
 
 
-def _finish(out, circuit, criterion: str, extra: dict, what: str, order: str, shown: int) -> int:
-    """Save circuit.json, record the step's results, and say what was removed, by which search."""
+def _finish(args, out, circuit, extra: dict, what: str, order: str, shown: int) -> int:
+    """Save circuit.json, record the step's results, and say what was removed, by which search, and how many
+    removals tied (the search says so itself unless --quiet)."""
     circuit.save(out.path / "circuit.json")
     out.finish(
         {
@@ -169,9 +171,11 @@ def _finish(out, circuit, criterion: str, extra: dict, what: str, order: str, sh
     )
     search = "exact search" if circuit.search == "exact" else f"approximate search {circuit.search}"
     print(
-        f"removed {len(circuit.removed)} {what} ({search}); S ({criterion}) {circuit.baseline:.4f} -> "
+        f"removed {len(circuit.removed)} {what} ({search}); S ({args.criterion}) {circuit.baseline:.4f} -> "
         f"{circuit.scores[-1]:.4f} -> {out.path}/circuit.json"
     )
     more = " ..." if len(circuit.removed) > shown else ""
     print(f"  removal order {order}: {circuit.removed[:shown]}{more}")
+    if args.quiet:
+        say_ties(circuit, "  search")
     return 0

@@ -25,15 +25,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ...data.loaders import Batch, materialize
-from ...distributed import is_main
 from ...io import tensor_digest, weights_digest, write_json_atomic
 from ...outputs import labels_of
 from ...pruning import HeadMap, kept_heads
 from .criteria import CRITERIA
-from .search import METHODS, TIES_ADVICE, greedy_removal, search_name, tie_note
+from .search import METHODS, greedy_removal, say_ties, search_name, tie_note
 
 TOWERS = ("image", "text")
 JointHead = tuple[str, int, int]
@@ -232,8 +230,8 @@ def extract_joint_circuit(
         candidates, scorer, budget, search_method, top, identity, state_path, progress, f"joint circuit ({criterion}"
     )
     circuit = JointCircuit(criterion, list(removed), scores, baseline, kept, search, ties)
-    if progress and is_main() and circuit.tie_note():
-        tqdm.write(f"joint circuit search: {circuit.tie_note()}: {TIES_ADVICE}")
+    if progress:
+        say_ties(circuit, "joint circuit search")
     return circuit
 
 

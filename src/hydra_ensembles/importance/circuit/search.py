@@ -27,7 +27,7 @@ from abc import ABC
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -41,6 +41,9 @@ from ...io import tensor_digest, weights_digest, write_json_atomic
 from ...pruning import HeadMap, kept_heads
 from .criteria import CRITERIA, CircuitCriterion
 from .scoring import CandidateScorer, FastScorer, Head, ReferenceScorer
+
+if TYPE_CHECKING:
+    from .joint import JointCircuit
 
 STATE_VERSION = 1
 # the whole search in bf16 against fp32, measured on this project's 2-core Xeon (AMX): 1.6x on MiniLM, 2.0x on
@@ -144,6 +147,12 @@ def tie_note(ties: list[int | None], order: str = "(layer, head)") -> str:
         return ""
     known = sum(1 for t in ties if t is not None)
     return f"{tied} of {known} removals tied with another candidate's S (decided by {order} order)"
+
+
+def say_ties(circuit: Circuit | JointCircuit, search: str = "circuit search") -> None:
+    """Print `circuit`'s tie note and what would break the ties (main process only; nothing when none tied)."""
+    if circuit.tie_note() and is_main():
+        tqdm.write(f"{search}: {circuit.tie_note()}: {TIES_ADVICE}")
 
 
 # ---- the extraction ----
@@ -348,8 +357,8 @@ def extract_circuit(
         note=note,
         ties=ties,
     )
-    if progress and is_main() and circuit.tie_note():
-        tqdm.write(f"circuit search: {circuit.tie_note()}: {TIES_ADVICE}")
+    if progress:
+        say_ties(circuit)
     return circuit
 
 
