@@ -366,5 +366,5 @@ def test_each_removal_records_how_many_candidates_tied_with_it(tmp_path, capsys)
     capsys.readouterr()
     resumed = he.extract_circuit(model, id_batches, ood_batches, "acc", 4, state_path=state)
     assert resumed.removed == circuit.removed and resumed.ties == [None, None, *expected[2:]]
-    known = sum(1 for t in expected[2:] if t)  # the search says so at its end, counting only the steps it knows
-    assert f"circuit search: {known} of 2 removals tied" in capsys.readouterr().out
+    tied = sum(1 for t in expected[2:] if t)  # the search says so at its end, counting only the steps it knows
+    assert f"circuit search: {tied} of 2 removals tied" in capsys.readouterr().out

@@ -151,8 +151,9 @@ def tie_note(ties: list[int | None], order: str = "(layer, head)") -> str:
 
 def say_ties(circuit: Circuit | JointCircuit, search: str = "circuit search") -> None:
     """Print `circuit`'s tie note and what would break the ties (main process only; nothing when none tied)."""
-    if circuit.tie_note() and is_main():
-        tqdm.write(f"{search}: {circuit.tie_note()}: {TIES_ADVICE}")
+    note = circuit.tie_note()
+    if note and is_main():
+        tqdm.write(f"{search}: {note}: {TIES_ADVICE}")
 
 
 # ---- the extraction ----
