@@ -104,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "column is the mean ± std of each seed's median. Timing a seed needs its models: a machine with only the "
         "records trains them again",
     )
-    parser.add_argument("--out", type=Path, help="default: benchmarks/results/<task>[-quick]")
+    parser.add_argument("--out", type=Path, help="default: benchmarks/results/<task folder, e.g. text-bbc>[-quick]")
     parser.add_argument("--cache", type=Path, help="default: $HYDRA_ENSEMBLES_CACHE/bench")
     parser.add_argument(
         "--records",
