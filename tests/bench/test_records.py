@@ -76,6 +76,23 @@ def test_rows_finished_on_either_side_are_kept(tmp_path):
     assert json.loads((kept.parent / "circuit_avg_state.json").read_text()) == ahead  # the winner: the cache's
 
 
+def test_two_records_of_one_model_built_differently_merge_as_a_rebuild(tmp_path):
+    """Rows measured on two builds of a model (one machine ran without the other's records) are merged, and the
+    digests say so, as a rebuild on one machine does: the table's note names the model."""
+    cache, kept = tmp_path / "cache" / records.DIGESTS, tmp_path / "records" / records.DIGESTS
+    for path, digests in ((cache, {"single": "b", "lora": "l"}), (kept, {"single": "a", "taylor": "t"})):
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(digests))
+    with pytest.warns(UserWarning, match="different weights for single"):
+        records.copy_records(tmp_path / "records", tmp_path / "cache", overwrite=False)
+    assert json.loads(cache.read_text()) == {"single": "b", "single, rebuilt": "a", "lora": "l", "taylor": "t"}
+    assert records.rebuilt_differently(cache.parent) == ["single"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same digests again: nothing new to say
+        records.copy_records(tmp_path / "cache", tmp_path / "records", overwrite=True)
+    assert json.loads(kept.read_text()) == json.loads(cache.read_text())
+
+
 def test_a_model_built_or_loaded_is_checked_against_its_recorded_digest(tmp_path):
     model = MODELS["bert"](seed=0)
     assert records.check_digest(tmp_path, "single", model)  # nothing recorded: records it

@@ -106,6 +106,8 @@ class AmpSeed:
         # the inputs FLOPs are counted on: validation ones, as the cost rule that picks the AMP base counts them
         self.probe = {k: v[:8] for k, v in task.val[0].items() if k != "labels"}
         self.suite = _Builder(task, seed, seed_cache, progress)
+        settings = {"recovery": recovery.key(), "pruning_examples": pruning_examples}
+        _check_settings(self.cache / "settings.json", settings)
 
     # Models are built only when a result is not recorded yet, so that a seed whose records are all there (e.g.
     # on a fresh machine, `bench.records`) is rendered without training anything.
@@ -294,6 +296,33 @@ class AmpSeed:
             }
             write_json_atomic(record, results)
         return results[name]
+
+
+def _check_settings(path: Path, settings: dict) -> None:
+    """Record the settings that a seed's cached scores, recovered models and rows depend on, the first time; later,
+    refuse other settings instead of mixing their rows with the recorded ones."""
+    asked = _flat(json.loads(json.dumps(settings)))  # as JSON holds them (tuples become lists)
+    recorded = _flat(read_json_record(path))
+    if not recorded:
+        write_json_atomic(path, settings)
+    elif recorded != asked:
+        differ = [
+            f"{k} {recorded.get(k)} recorded, {asked.get(k)} asked"
+            for k in sorted(asked.keys() | recorded.keys())
+            if asked.get(k) != recorded.get(k)
+        ]
+        raise ValueError(
+            f"{path.parent} holds models and rows made with other settings ({'; '.join(differ)}): run with the "
+            "recorded settings, or give this run its own --cache (and --records directory)."
+        )
+
+
+def _flat(settings: Mapping, prefix: str = "") -> dict:
+    """{"recovery.epochs": 10, ...}: nested settings as dotted keys."""
+    flat = {}
+    for key, value in settings.items():
+        flat |= _flat(value, f"{prefix}{key}.") if isinstance(value, Mapping) else {f"{prefix}{key}": value}
+    return flat
 
 
 def amp_seed(

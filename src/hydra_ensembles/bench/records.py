@@ -56,9 +56,12 @@ def copy_records(source: str | os.PathLike, target: str | os.PathLike, overwrite
         if not path.is_file() or not is_record(relative):
             continue
         destination = target / relative
-        content = path.read_bytes()
+        try:
+            content = path.read_bytes()
+        except FileNotFoundError:  # moved aside while copying (a stale search state, a renamed logits file)
+            continue
         if destination.exists():
-            content = _merged(content, destination.read_bytes(), overwrite)
+            content = _merged(content, destination.read_bytes(), overwrite, relative.name)
             if content == destination.read_bytes():
                 continue
         with replacing(destination) as tmp:
@@ -67,10 +70,12 @@ def copy_records(source: str | os.PathLike, target: str | os.PathLike, overwrite
     return written
 
 
-def _merged(new: bytes, old: bytes, overwrite: bool) -> bytes:
-    """What a record becomes when `new` is copied onto `old`. Two JSON objects: for the state of a search in
-    progress (a "removed" list) of the same model, the one further on; otherwise their union, the winner's
-    value (`new` if `overwrite`, else `old`) on shared keys. Anything else: the winner."""
+def _merged(new: bytes, old: bytes, overwrite: bool, name: str = "") -> bytes:
+    """What the record file `name` becomes when `new` is copied onto `old`. Two JSON objects: for the state of a
+    search in progress (a "removed" list) of the same model, the one further on; otherwise their union, the
+    winner's value (`new` if `overwrite`, else `old`) on shared keys, except that two digest files (DIGESTS)
+    that disagree on a model keep the loser's digest as "<model>, rebuilt": the merged rows were measured on two
+    builds, and the tables must say so (`rebuilt_notes`). Anything else: the winner."""
     winner, loser = (new, old) if overwrite else (old, new)
     try:
         winner_data, loser_data = json.loads(winner), json.loads(loser)
@@ -81,9 +86,28 @@ def _merged(new: bytes, old: bytes, overwrite: bool) -> bytes:
     if "removed" in winner_data and "removed" in loser_data:
         same_model = winner_data.get("model") == loser_data.get("model")
         return loser if same_model and len(loser_data["removed"]) > len(winner_data["removed"]) else winner
-    if loser_data.keys() <= winner_data.keys():
+    if name == DIGESTS:
+        winner_data = winner_data | _conflicts(winner_data, loser_data)
+    elif loser_data.keys() <= winner_data.keys():
         return winner
     return json.dumps(loser_data | winner_data, indent=2, sort_keys=True).encode()
+
+
+def _conflicts(winner: Mapping[str, str], loser: Mapping[str, str]) -> dict[str, str]:
+    """{"<model>, rebuilt": the loser's digest} for every model whose two recorded digests differ (and that does
+    not record a rebuild already), warning: two machines built it differently and both measured rows."""
+    differ = {
+        name: digest
+        for name, digest in loser.items()
+        if not name.endswith(", rebuilt") and digest not in (winner.get(name, digest), winner.get(f"{name}, rebuilt"))
+    }
+    if differ:
+        warnings.warn(
+            f"two records of the same seed hold different weights for {', '.join(sorted(differ))}: their rows were "
+            "measured on two builds (merged; the table says so).",
+            stacklevel=3,
+        )
+    return {f"{name}, rebuilt": digest for name, digest in differ.items() if f"{name}, rebuilt" not in winner}
 
 
 def _digests(folder: str | os.PathLike) -> dict[str, str]:
@@ -190,8 +214,8 @@ def rebuilt_notes(seed: int, *folders: str | os.PathLike) -> list[str]:
     measured = [_measured_apart(name, how) for folder in folders for name, how in _rebuilt(Path(folder)).items()]
     return [
         f"Seed {seed}: {', '.join(names)} trained again with different weights (on another machine, or for rows "
-        "recorded before digests existed, which it does not measure as); the rows recorded before were measured "
-        "on the first build (`bench.records`)." + "".join(f" {line}" for line in measured)
+        "recorded before digests existed, which it does not measure as); the rows, scores and circuits recorded "
+        "before were measured on the first build (`bench.records`)." + "".join(f" {line}" for line in measured)
     ]
 
 

@@ -18,6 +18,7 @@ dropped after seeing test data.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
@@ -157,6 +158,7 @@ def run_seed(
             **extra,
         }
         results[row]["_seconds"] = round(time.perf_counter() - started, 1)
+        results[row]["_measured"] = {"machine": machine(), "date": datetime.date.today().isoformat()}
         write_json_atomic(record, results)
     return {row: results[row] for row in rows}
 
@@ -454,7 +456,8 @@ class _Builder:
             seed=self.seed,
         )
         ensemble, extra = self.fused(self.fine_tuned_members("hydra-taylor", head_maps), mlp)
-        return ensemble, f"{self.heads - task.prune_per_layer}x{task.members}", extra | {"head_maps": head_maps}
+        heads = f"{self.heads - task.prune_per_layer}x{task.members}"
+        return ensemble, heads, extra | {"head_maps": _recorded(head_maps)}
 
     def hydra_circ(self, mlp: str, fine_tune: bool = True):
         task = self.task
@@ -467,7 +470,7 @@ class _Builder:
         )
         ensemble, extra = self.fused(self.fine_tuned_members("hydra-circ", head_maps, fine_tune), mlp)
         heads = f"{self.heads - task.prune_per_layer}x{task.members} (avg)"
-        return ensemble, heads, extra | {"head_maps": head_maps, "circuit_search": _search(self.circuit())}
+        return ensemble, heads, extra | {"head_maps": _recorded(head_maps), "circuit_search": _search(self.circuit())}
 
 
 # ---- Figures 5-6: the number of heads pruned ----
@@ -571,6 +574,12 @@ def _search(circuit: Circuit) -> str:
     many of its removals were ties."""
     said = circuit.search + (f" ({circuit.note})" if circuit.note else "")
     return said + (f" — {circuit.tie_note()}" if circuit.tie_note() else "")
+
+
+def _recorded(head_maps: Sequence[Mapping[int, Sequence[int]]]) -> list[dict[str, list[int]]]:
+    """Head maps as a results file holds them (JSON keys are strings): the same whether a table is rendered
+    right after the run or later from its records."""
+    return [{str(layer): list(heads) for layer, heads in head_map.items()} for head_map in head_maps]
 
 
 def _digest(head_map: Mapping[int, Sequence[int]]) -> str:

@@ -180,7 +180,10 @@ def _records(args: argparse.Namespace, cache: Path, task: Task) -> Iterator[bool
 
     def push_now_and_then() -> None:
         while not stopped.wait(PUSH_MINUTES * 60):
-            copy_records(cache / key, args.records / key, overwrite=True)
+            try:
+                copy_records(cache / key, args.records / key, overwrite=True)
+            except Exception as error:  # noqa: BLE001 - a failed push must not end the pushes that follow
+                print(f"records: could not save to {args.records / key} ({error}); trying again later", flush=True)
 
     pusher = threading.Thread(target=push_now_and_then, daemon=True)
     pusher.start()
@@ -188,12 +191,14 @@ def _records(args: argparse.Namespace, cache: Path, task: Task) -> Iterator[bool
     try:
         yield not args.records_only
     finally:
+        for sig in previous:  # a second signal must not cut the last push short
+            signal.signal(sig, signal.SIG_IGN)
         stopped.set()
         pusher.join()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         pushed = copy_records(cache / key, args.records / key, overwrite=True)
         print(f"records: {len(pushed)} file(s) new or changed, saved to {args.records / key}", flush=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:

@@ -143,7 +143,7 @@ def mean_std(stat: Mapping[str, float] | None, scale: float = 1.0, digits: int =
 def per_set_lines(per_seed: dict[int, dict[str, dict]]) -> list[str]:
     """AUROC (%) per OOD set and row, mean over seeds."""
     first = next(iter(per_seed.values()))
-    sets = list(next(iter(first.values()))["metrics"]["ood"])
+    sets = sorted(next(iter(first.values()))["metrics"]["ood"])  # as a results file orders them
     lines = ["| Method | " + " | ".join(sets) + " |", "|" + "---|" * (len(sets) + 1)]
     for row in dict.fromkeys(r for results in per_seed.values() for r in results):
         means = []
