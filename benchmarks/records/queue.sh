@@ -10,5 +10,5 @@ cd "$(dirname "$0")/../.."
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 R=benchmarks/records
 set -x
-hydra-ens bench text-mpnet --seeds 1 2 0 --records $R --quiet
+hydra-ens bench text-mpnet --seeds 0 1 2 --records $R --quiet
 hydra-ens bench sentiment-mpnet --seeds 0 1 2 --records $R --quiet
