@@ -67,6 +67,12 @@ def test_every_row_is_built_evaluated_tabled_and_cached(tiny_task, tmp_path, mon
     assert f"- Circuit search (CircAvg ranking): seed 0: {search}." in table
     for name in ("reliability.png", "ood_scores.png", "head_importance.png"):
         assert (tmp_path / "out" / name).stat().st_size > 5000
+    seed_cache = next((tmp_path / "cache").iterdir()) / "seed0"
+    trained = json.loads((seed_cache / suite.TRAINING).read_text())  # every fine-tuned model's epochs: a record
+    assert {"single", "start0-1", "start0-2"} <= set(trained) and any(n.startswith("hydra-circ") for n in trained)
+    single = trained["single"]
+    assert 1 <= single["kept_epoch"] <= len(single["epochs"]) <= tiny_task.recipe.epochs
+    assert "val_nll" in single["epochs"][0] and saved["per_seed"]["0"]["Single"]["_measured"]["machine"]
     # a second run trains nothing: every model and result comes from the cache
     monkeypatch.setattr(suite, "finetune", lambda *a, **k: pytest.fail("retrained a cached model"))
     again = suite.run(tiny_task, [0], tmp_path / "out2", tmp_path / "cache", progress=False, rows=rows)

@@ -3,8 +3,9 @@
 A seed's cache directory holds two kinds of file. Weights (under `models/` and `checkpoints/`, hundreds of MB a
 model at BERT-base scale) can be rebuilt by training again. Records cannot be rebuilt cheaply and are small:
 each finished row's metrics (`results.json`) and logits, the sequential Taylor scores, the circuits (finished,
-and a search in progress), AMP's neuron scores and results, the timed latency, and the digest of every model
-built. A table is rendered from records alone.
+and a search in progress), AMP's neuron scores and results, the timed latency, the digest of every model
+built, and the epochs of every model fine-tuned (`training.json`: which epoch was kept, and why). A table is
+rendered from records alone.
 
 Kept in a directory that outlives the machine (`hydra-ens bench ... --records DIR`, e.g. committed next to the
 tables), records let a long benchmark go on from a fresh machine: finished rows are not rerun, circuits and

@@ -88,6 +88,9 @@ ALL_ROWS = ROWS + REVIEW_ROWS
 PLOTTED = ("Single", "Deep Ensembles", "Hydra (Taylor)", "Hydra (Circ)")
 
 
+TRAINING = "training.json"  # {model name: its epochs (loss, validation metrics) and the epoch kept}, per seed
+
+
 def run(
     task: Task,
     seeds: Sequence[int],
@@ -286,6 +289,9 @@ class _Builder:
             return load_predictor(path)
         model = build()
         save_predictor(model, path)
+        if hasattr(model, "training_history"):  # a record: why an epoch was kept, checkable without the weights
+            epochs = {"epochs": model.training_history, "kept_epoch": model.kept_epoch}
+            write_json_atomic(self.cache / TRAINING, read_json_record(self.cache / TRAINING) | {name: epochs})
         return model
 
     def single(self) -> nn.Module:
