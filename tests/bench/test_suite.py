@@ -50,6 +50,7 @@ def test_every_row_is_built_evaluated_tabled_and_cached(tiny_task, tmp_path, mon
     assert list(summary["rows"]) == list(rows)
     table = (tmp_path / "out" / "table.md").read_text()
     assert all(f"| {row} |" in table for row in rows) and "a tiny test task" in table
+    assert "| Method | near | far |" in table.split("Per OOD set")[1]  # the task's near sets, then its far ones
     assert not [line for line in table.splitlines() if line.startswith("| ") and " ± " in line]  # one seed: no "± 0.0"
     assert set(summary["latency"]) == set(rows) and summary["latency"]["Single"]["median"] == 1.0
     single_line = next(line for line in table.splitlines() if line.startswith("| Single |"))

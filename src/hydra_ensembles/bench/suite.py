@@ -111,6 +111,7 @@ def run(
     summary = run_record(task.name, command, seeds) | {
         "task_fingerprint": task.fingerprint(),
         "notes": task.notes,
+        "ood_sets": [*task.near, *task.far],
         "rows": aggregate(per_seed),
         "per_seed": per_seed,
         "circuit_search": circuit_searches(per_seed),
@@ -672,6 +673,11 @@ def markdown(summary: dict) -> str:
     if summary.get("circuit_search"):
         searches = "; ".join(f"seed {seed}: {search}" for seed, search in summary["circuit_search"].items())
         lines.append(f"- Circuit search (CircAvg ranking): {searches}.")
-    lines += ["", "Per OOD set (AUROC %, mean over seeds):", "", *per_set_lines(summary["per_seed"])]
+    lines += [
+        "",
+        "Per OOD set (AUROC %, mean over seeds):",
+        "",
+        *per_set_lines(summary["per_seed"], summary.get("ood_sets")),
+    ]
     lines += disagreement_lines(summary["rows"])
     return "\n".join(lines) + "\n"

@@ -201,6 +201,7 @@ def run(
     summary = run_record(task.name, command, seeds) | {
         "task_fingerprint": task.fingerprint(),
         "notes": task.notes,
+        "ood_sets": [*task.near, *task.far],
         "rows": aggregate(per_seed),
         "per_seed": per_seed,
     }
@@ -258,7 +259,7 @@ def markdown(summary: dict) -> str:
         "",
         "Per OOD set (AUROC %, mean over seeds):",
         "",
-        *per_set_lines(summary["per_seed"]),
+        *per_set_lines(summary["per_seed"], summary.get("ood_sets")),
     ]
     return "\n".join(lines) + "\n"
 

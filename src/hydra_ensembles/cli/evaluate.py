@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         "",
     ]
     if names:
-        lines += ["AUROC (%) per OOD set:", "", *per_set_lines({0: results}), ""]
+        lines += ["AUROC (%) per OOD set:", "", *per_set_lines({0: results}, names), ""]
     (out.path / "report.md").write_text("\n".join(lines))
     write_json_atomic(
         out.path / "metrics.json",

@@ -140,10 +140,11 @@ def mean_std(stat: Mapping[str, float] | None, scale: float = 1.0, digits: int =
     return f"{stat['mean'] * scale:.{digits}f} ± {stat['std'] * scale:.{digits}f}"
 
 
-def per_set_lines(per_seed: dict[int, dict[str, dict]]) -> list[str]:
-    """AUROC (%) per OOD set and row, mean over seeds."""
+def per_set_lines(per_seed: dict[int, dict[str, dict]], sets: Sequence[str] | None = None) -> list[str]:
+    """AUROC (%) per OOD set and row, mean over seeds. `sets`: the columns, in order (e.g. the near sets, then the
+    far ones); by default every set measured, by name (a results file read back holds them so)."""
     first = next(iter(per_seed.values()))
-    sets = sorted(next(iter(first.values()))["metrics"]["ood"])  # as a results file orders them
+    sets = list(sets) if sets else sorted(next(iter(first.values()))["metrics"]["ood"])
     lines = ["| Method | " + " | ".join(sets) + " |", "|" + "---|" * (len(sets) + 1)]
     for row in dict.fromkeys(r for results in per_seed.values() for r in results):
         means = []
