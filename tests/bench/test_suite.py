@@ -60,7 +60,8 @@ def test_every_row_is_built_evaluated_tabled_and_cached(tiny_task, tmp_path, mon
     hydra, stacked = (saved["per_seed"]["0"][row] for row in ("Hydra (Circ)", "Hydra (Circ), stacked MLP"))
     assert hydra["heads"] == "3x3 (avg)" and hydra["mlp"] == "average" and len(hydra["head_maps"]) == 3
     assert stacked["mlp"] == "stack" and stacked["head_maps"] == hydra["head_maps"]  # the same members
-    assert all(isinstance(layer, str) for head_map in hydra["head_maps"] for layer in head_map)  # as JSON reads them
+    in_memory = summary["per_seed"][0]["Hydra (Circ)"]["head_maps"]  # as JSON reads them back: the same table
+    assert in_memory == hydra["head_maps"] and all(isinstance(layer, str) for m in in_memory for layer in m)
     assert hydra["averaged"] > 0 and stacked["averaged"] == 0  # fine-tuned apart: the merged MLP is averaged
     assert "| Hydra (Circ) | " in table.split("Members' disagreement")[1]  # one by one vs after fusion
     search = saved["circuit_search"]["0"]  # and how many removals tied: on the tiny task's 8 + 8 examples, all

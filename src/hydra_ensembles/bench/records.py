@@ -4,7 +4,8 @@ A seed's cache directory holds two kinds of file. Weights (under `models/` and `
 model at BERT-base scale) can be rebuilt by training again. Records cannot be rebuilt cheaply and are small:
 each finished row's metrics (`results.json`) and logits, the sequential Taylor scores, the circuits (finished,
 and a search in progress), AMP's neuron scores and results, the timed latency, the digest of every model
-built, and the epochs of every model fine-tuned (`training.json`: which epoch was kept, and why). A table is
+built, and the epochs of the models trained one by one (`training.json`: the single model, the deep ensemble's
+members and Hydra's fine-tuned members; each epoch's loss and validation metrics and the epoch kept). A table is
 rendered from records alone.
 
 Kept in a directory that outlives the machine (`hydra-ens bench ... --records DIR`, e.g. committed next to the
@@ -71,7 +72,7 @@ def copy_records(source: str | os.PathLike, target: str | os.PathLike, overwrite
     return written
 
 
-def _merged(new: bytes, old: bytes, overwrite: bool, name: str = "") -> bytes:
+def _merged(new: bytes, old: bytes, overwrite: bool, name: str) -> bytes:
     """What the record file `name` becomes when `new` is copied onto `old`. Two JSON objects: for the state of a
     search in progress (a "removed" list) of the same model, the one further on; otherwise their union, the
     winner's value (`new` if `overwrite`, else `old`) on shared keys, except that two digest files (DIGESTS)
@@ -88,8 +89,9 @@ def _merged(new: bytes, old: bytes, overwrite: bool, name: str = "") -> bytes:
         same_model = winner_data.get("model") == loser_data.get("model")
         return loser if same_model and len(loser_data["removed"]) > len(winner_data["removed"]) else winner
     if name == DIGESTS:
-        winner_data = winner_data | _conflicts(winner_data, loser_data)
-    elif loser_data.keys() <= winner_data.keys():
+        merged = loser_data | winner_data | _conflicts(winner_data, loser_data)
+        return json.dumps(merged, indent=2, sort_keys=True).encode()
+    if loser_data.keys() <= winner_data.keys():
         return winner
     return json.dumps(loser_data | winner_data, indent=2, sort_keys=True).encode()
 
@@ -106,7 +108,7 @@ def _conflicts(winner: Mapping[str, str], loser: Mapping[str, str]) -> dict[str,
         warnings.warn(
             f"two records of the same seed hold different weights for {', '.join(sorted(differ))}: their rows were "
             "measured on two builds (merged; the table says so).",
-            stacklevel=3,
+            stacklevel=4,  # copy_records' caller
         )
     return {f"{name}, rebuilt": digest for name, digest in differ.items() if f"{name}, rebuilt" not in winner}
 

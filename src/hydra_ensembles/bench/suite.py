@@ -289,10 +289,11 @@ class _Builder:
         if path.exists():
             return load_predictor(path)
         model = build()
-        save_predictor(model, path)
         if hasattr(model, "training_history"):  # a record: why an epoch was kept, checkable without the weights
             epochs = {"epochs": model.training_history, "kept_epoch": model.kept_epoch}
+            # Before the weights: a stop in between rebuilds the model and rewrites this, never loses it.
             write_json_atomic(self.cache / TRAINING, read_json_record(self.cache / TRAINING) | {name: epochs})
+        save_predictor(model, path)
         return model
 
     def single(self) -> nn.Module:

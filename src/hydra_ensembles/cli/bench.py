@@ -193,12 +193,14 @@ def _records(args: argparse.Namespace, cache: Path, task: Task) -> Iterator[bool
     finally:
         for sig in previous:  # a second signal must not cut the last push short
             signal.signal(sig, signal.SIG_IGN)
-        stopped.set()
-        pusher.join()
-        pushed = copy_records(cache / key, args.records / key, overwrite=True)
-        print(f"records: {len(pushed)} file(s) new or changed, saved to {args.records / key}", flush=True)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        try:
+            stopped.set()
+            pusher.join()
+            pushed = copy_records(cache / key, args.records / key, overwrite=True)
+            print(f"records: {len(pushed)} file(s) new or changed, saved to {args.records / key}", flush=True)
+        finally:  # the caller's handlers back, even when the last push fails
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:

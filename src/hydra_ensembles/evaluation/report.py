@@ -81,7 +81,8 @@ def evaluate(
     """All metrics of one model. `near` / `far` / `ood` map OOD set names to their member logits (N', M, C);
     `ood` sets are neither near nor far and count only towards "all".
 
-    Returns {"id": {acc, brier, nll, ece, aece}, "ood": {set: {auroc, ...}}, "near"/"far"/"all": averages}.
+    Returns {"id": {acc, brier, nll, ece, aece, disagreement, mi}, "ood": {set: {auroc, ...}}, "near"/"far"/"all":
+    averages}.
     """
     near, far, ood = dict(near or {}), dict(far or {}), dict(ood or {})
     clash = (set(near) & set(far)) | (set(near) & set(ood)) | (set(far) & set(ood))
