@@ -162,3 +162,17 @@ def test_disagreement_counts_member_pairs():
     logits = torch.tensor([[[1.0, 0], [1, 0], [0, 1]], [[1, 0], [1, 0], [1, 0]]])  # (2, 3, 2)
     assert M.disagreement(logits).tolist() == pytest.approx([4 / 6, 0.0])
     assert M.disagreement(logits[:, :1]).tolist() == [0.0, 0.0]
+
+
+def test_msp_does_not_saturate_for_confident_inputs():
+    # margins of 40-60 nats: max_c p_c rounds to 1.0 in float64, but 1 - max_c p_c is sigmoid(-margin), exactly
+    margins = torch.tensor([40.0, 50.0, 60.0], dtype=torch.float64)
+    logits = torch.stack([torch.zeros(3, dtype=torch.float64), margins], dim=-1)[:, None, :]  # (3, 1, 2)
+    assert (he.ensemble_probs(logits).amax(-1) == 1.0).all()  # the subtraction would tie all three
+    score = OOD_SCORES["msp"](logits)
+    assert torch.allclose(score, torch.sigmoid(-margins), rtol=1e-12, atol=0)
+    assert M.auroc(score, torch.tensor([True, False, False])) == 1.0  # the least confident scores highest
+    # an ensemble: the mean of its members' mass off the ensemble's top class
+    members = torch.tensor([[[0.0, 45.0, 0.0], [0.0, 50.0, 3.0]]], dtype=torch.float64)
+    off_top = members.softmax(-1)[..., [0, 2]].sum(-1).mean(-1)
+    assert torch.allclose(OOD_SCORES["msp"](members), off_top, rtol=1e-12, atol=0)

@@ -62,7 +62,7 @@ def test_id_positive_convention_on_request():
     ood_pos, id_pos = ood_metrics(id_logits, ood_logits), ood_metrics(id_logits, ood_logits, positive="id")
     assert id_pos["auroc"] == ood_pos["auroc"] and id_pos["aupr_in"] == ood_pos["aupr_in"]
     # ID positive, scored by MSP itself: FPR95 = share of OOD accepted when 95% of ID is kept (sklearn's ROC)
-    msp = torch.cat([-OOD_SCORES["msp"](id_logits), -OOD_SCORES["msp"](ood_logits)]).numpy()
+    msp = torch.cat([1 - OOD_SCORES["msp"](id_logits), 1 - OOD_SCORES["msp"](ood_logits)]).numpy()
     is_id = [1] * 200 + [0] * 150
     fpr, tpr, _ = roc_curve(is_id, msp, drop_intermediate=False)
     assert id_pos["fpr95"] == pytest.approx(fpr[tpr >= 0.95][0])

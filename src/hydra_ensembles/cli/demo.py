@@ -101,7 +101,7 @@ Files:
 - `table.md`: every metric (Brier, adaptive ECE, AUPR-In / AUPR-Out, per-set AUROC), parameters and cost.
 - `table.json`: every number, with the command, machine and wall time.
 - `reliability.png`: confidence vs accuracy per bin on the test set (the diagonal is perfect calibration).
-- `ood_scores.png`: histograms of the OOD score (negated maximum softmax probability) for ID, near and far.
+- `ood_scores.png`: histograms of the OOD score (one minus the maximum softmax probability) for ID, near and far.
 - `head_importance.png`: Taylor importance of every attention head and the order in which circuit extraction
   removed them (late = useful) — which heads the members keep.
 

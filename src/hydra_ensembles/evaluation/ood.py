@@ -17,8 +17,11 @@ from ..uncertainty import ensemble_probs, entropy, mutual_information
 
 
 def msp(member_logits: Tensor) -> Tensor:
-    """Negated maximum softmax probability of the ensemble: -max_c p_c (Hendrycks & Gimpel, 2017; the paper's)."""
-    return -ensemble_probs(member_logits.double()).amax(dim=-1)
+    """The ensemble's maximum softmax probability as an OOD score, 1 - max_c p_c (Hendrycks & Gimpel, 2017; the
+    paper's). Summed from the other classes' probabilities rather than subtracted from 1: above a logit margin of
+    ~37 nats max_c p_c rounds to 1.0 even in float64, and confident inputs would tie (a sharp temperature does it)."""
+    probs = ensemble_probs(member_logits.double())
+    return probs.scatter(-1, probs.argmax(dim=-1, keepdim=True), 0.0).sum(dim=-1)
 
 
 def max_logit(member_logits: Tensor) -> Tensor:

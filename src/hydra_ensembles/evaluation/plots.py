@@ -64,7 +64,7 @@ def reliability_diagram(
 def ood_histograms(
     panels: Mapping[str, Mapping[str, Tensor]],
     path: str | os.PathLike,
-    score_name: str = "MSP",
+    score_name: str = "1 - MSP",
     title: str = "OOD scores",
 ) -> Path:
     """Histograms of an OOD score ("higher = more OOD"), one panel per model: {model: {"ID": s, "near": s, ...}}."""
@@ -137,7 +137,7 @@ def logit_figures(logits: Mapping[str, dict], labels: Tensor, out_dir: Path, tit
         for group in ("near", "far", "ood"):
             if v.get(group):
                 panels[row][group if group != "ood" else "OOD"] = torch.cat([msp(x) for x in v[group].values()])
-    ood_histograms(panels, out_dir / "ood_scores.png", "MSP", title=f"{title}: OOD scores")
+    ood_histograms(panels, out_dir / "ood_scores.png", "1 - MSP", title=f"{title}: OOD scores")
 
 
 def uncertainty_maps(
