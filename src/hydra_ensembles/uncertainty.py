@@ -18,6 +18,12 @@ def ensemble_probs(member_logits: Tensor) -> Tensor:
     return _wide(member_logits).softmax(dim=-1).mean(dim=1)
 
 
+def off_top_mass(probs: Tensor) -> Tensor:
+    """1 - max_c p_c, summed from the other classes' probabilities rather than subtracted from 1: above a logit
+    margin of ~37 nats max_c p_c rounds to 1.0 even in float64, and confident inputs would tie. (..., C) -> (...)."""
+    return probs.scatter(-1, probs.argmax(dim=-1, keepdim=True), 0.0).sum(dim=-1)
+
+
 def entropy(probs: Tensor) -> Tensor:
     """Shannon entropy in nats over the last axis, with 0 log 0 = 0. probs (..., C) -> (...)."""
     return -(probs * torch.log(probs.clamp_min(torch.finfo(probs.dtype).tiny))).sum(dim=-1)

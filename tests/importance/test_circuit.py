@@ -20,7 +20,7 @@ def _data(name="bert"):
 
 def _score(model, id_batches, ood_batches, criterion):
     """S by hand: sklearn AUROC with ID as the positive class and MSP as the score (the same number as OpenOOD's
-    OOD-positive, -MSP convention)."""
+    OOD-positive, 1 - MSP convention)."""
     with torch.no_grad():
 
         def logits(batches):
@@ -32,6 +32,13 @@ def _score(model, id_batches, ood_batches, criterion):
     msp = torch.cat([id_logits, ood_logits]).double().softmax(-1).amax(-1)
     auroc = roc_auc_score([1] * len(id_logits) + [0] * len(ood_logits), msp.numpy())
     return {"acc": acc, "ood": auroc, "avg": (acc + auroc) / 2}[criterion]
+
+
+def test_ood_criterion_ranks_very_confident_inputs_without_ties():
+    # margins of 40-60 nats round max_c p_c to 1.0 in float64: as -MSP, ID and OOD would all tie (AUROC 0.5)
+    id_logits = torch.tensor([[0.0, 55.0], [60.0, 0.0]])
+    ood_logits = torch.tensor([[0.0, 40.0], [45.0, 0.0]])
+    assert circuit_module.CRITERIA["ood"](id_logits, torch.tensor([1, 0]), ood_logits) == 1.0
 
 
 def _literal(model, id_batches, ood_batches, criterion, budget):

@@ -13,15 +13,13 @@ import torch
 from torch import Tensor
 
 from ..metrics.disagreement import disagreement
-from ..uncertainty import ensemble_probs, entropy, mutual_information
+from ..uncertainty import ensemble_probs, entropy, mutual_information, off_top_mass
 
 
 def msp(member_logits: Tensor) -> Tensor:
     """The ensemble's maximum softmax probability as an OOD score, 1 - max_c p_c (Hendrycks & Gimpel, 2017; the
-    paper's). Summed from the other classes' probabilities rather than subtracted from 1: above a logit margin of
-    ~37 nats max_c p_c rounds to 1.0 even in float64, and confident inputs would tie (a sharp temperature does it)."""
-    probs = ensemble_probs(member_logits.double())
-    return probs.scatter(-1, probs.argmax(dim=-1, keepdim=True), 0.0).sum(dim=-1)
+    paper's), without rounding very confident inputs to ties (`off_top_mass`; a sharp temperature does it)."""
+    return off_top_mass(ensemble_probs(member_logits.double()))
 
 
 def max_logit(member_logits: Tensor) -> Tensor:

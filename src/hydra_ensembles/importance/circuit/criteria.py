@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from ...metrics import accuracy, auroc
+from ...uncertainty import off_top_mass
 
 
 class CircuitCriterion(ABC):
@@ -42,7 +43,8 @@ class AccuracyCriterion(CircuitCriterion):
 
 
 class MSPAurocCriterion(CircuitCriterion):
-    """S_ood: AUROC of the maximum softmax probability separating ID from OOD (OOD positive, score = -MSP).
+    """S_ood: AUROC of the maximum softmax probability separating ID from OOD (OOD positive, score = 1 - MSP, as
+    evaluation scores it: `off_top_mass`).
 
     Surrogate: the mean over (ID, OOD) pairs of sigmoid((MSP_id - MSP_ood) / 0.05), a smoothed AUROC.
     """
@@ -50,9 +52,9 @@ class MSPAurocCriterion(CircuitCriterion):
     needs_ood = True
 
     def __call__(self, id_logits: Tensor, id_labels: Tensor, ood_logits: Tensor | None) -> float:
-        msp = torch.cat([id_logits, ood_logits]).double().softmax(dim=-1).amax(dim=-1)
+        score = off_top_mass(torch.cat([id_logits, ood_logits]).double().softmax(dim=-1))
         is_ood = torch.cat([torch.zeros(len(id_logits)), torch.ones(len(ood_logits))]).bool()
-        return auroc(-msp, is_ood)
+        return auroc(score, is_ood)
 
     def surrogate(self, id_logits: Tensor, id_labels: Tensor, ood_logits: Tensor | None) -> Tensor:
         msp_id, msp_ood = id_logits.softmax(-1).amax(-1), ood_logits.softmax(-1).amax(-1)
