@@ -75,6 +75,9 @@ def test_temperature_scaling_recovers_a_known_temperature():
     labels = torch.multinomial((logits / 2.5).softmax(-1), 1, generator=g)[:, 0]  # truth: T = 2.5
     temperature = B.fit_temperature(logits[:, None], labels)
     assert temperature == pytest.approx(2.5, rel=0.1)
+    with pytest.warns(UserWarning, match="no minimum"):  # all right: T -> 0 without limit
+        sharp = B.fit_temperature(logits[:100, None], logits[:100].argmax(-1))
+    assert sharp < 0.5
     scaled = B.TemperatureScaled(MODELS["bert"](), 2.0)
     inputs = make_inputs("bert")
     assert torch.allclose(fused_output(scaled, inputs)[:, 0], output(scaled.model, inputs) / 2.0)

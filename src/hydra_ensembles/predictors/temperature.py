@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor, nn
 
@@ -18,6 +20,14 @@ def fit_temperature(member_logits: Tensor, labels: Tensor, max_iter: int = 100) 
     if len(labels) == 0:
         raise ValueError("temperature scaling needs held-out examples; got none.")
     logits, labels = member_logits.detach().double(), labels.long()
+    if (logits.argmax(dim=-1) == labels[:, None]).all():
+        # every member ranks the true class first everywhere: the NLL falls as T -> 0 and has no minimum
+        warnings.warn(
+            f"every member classifies all {len(labels)} held-out examples correctly, so their NLL has no minimum "
+            "in T: the fitted temperature is only where the optimiser stopped, and sharpens without limit. "
+            "Fit it on a larger or harder held-out set.",
+            stacklevel=2,
+        )
     log_t = torch.zeros(1, dtype=torch.float64, requires_grad=True)
     optimizer = torch.optim.LBFGS([log_t], lr=0.1, max_iter=max_iter, line_search_fn="strong_wolfe")
 
