@@ -154,6 +154,7 @@ def test_recovered_models_reload_as_pruned_hf_models(tiny_task, tmp_path):  # no
     recovered = seed.recovered("x", lambda: pruned)
     assert he.kept_neurons(recovered) == he.kept_neurons(pruned)
     assert he.kept_neurons(he.load_model(cache / amp.AMP_CACHE / "models" / "x-recovered")) == he.kept_neurons(pruned)
+    assert not (cache / amp.AMP_CACHE / "checkpoints" / "x").exists()  # saved: the training checkpoint is deleted
     # the cached models and rows were made with one recovery: a run asking another is refused, not mixed in
     with pytest.raises(ValueError, match=r"other settings \(recovery.epochs 1 recorded, 2 asked\)"):
         amp.AmpSeed(tiny_task, 0, cache, AMP_RECOVERY.with_(epochs=2), pruning_examples=8, progress=False)

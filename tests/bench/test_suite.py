@@ -70,6 +70,7 @@ def test_every_row_is_built_evaluated_tabled_and_cached(tiny_task, tmp_path, mon
     for name in ("reliability.png", "ood_scores.png", "head_importance.png"):
         assert (tmp_path / "out" / name).stat().st_size > 5000
     seed_cache = next((tmp_path / "cache").iterdir()) / "seed0"
+    assert not list((seed_cache / "checkpoints").iterdir())  # every model saved: no training checkpoint kept
     trained = json.loads((seed_cache / suite.TRAINING).read_text())  # every fine-tuned model's epochs: a record
     assert {"single", "start0-1", "start0-2"} <= set(trained) and any(n.startswith("hydra-circ") for n in trained)
     single = trained["single"]

@@ -31,6 +31,7 @@ import functools
 import json
 import math
 import os
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -198,6 +199,7 @@ class AmpSeed:
                 progress=self.progress,
             )
             save_predictor(student, path)
+            shutil.rmtree(self.cache / "checkpoints" / name, ignore_errors=True)  # resumable no more: ~4x the model
         recovered = load_predictor(path)
         check_digest(self.cache, f"{name}-recovered", recovered)  # recorded, or compared with the record
         return recovered
