@@ -1,7 +1,7 @@
 """Evaluation: accuracy, calibration and OOD detection of one or more models on your test and OOD data.
 
 Every --model (an HF classifier, or a saved Hydra Ensemble) is run on the labelled --data and every OOD set.
-OOD detection follows OpenOOD: OOD is the positive class, the score is the negated maximum softmax probability
+OOD detection follows OpenOOD: OOD is the positive class, the score is one minus the maximum softmax probability
 of the ensemble's prediction (the mean of member softmaxes). Writes report.md (the table), metrics.json (every
 number), reliability.png and ood_scores.png; each model's logits are kept in logits/, so an interrupted run
 resumes at the next model.

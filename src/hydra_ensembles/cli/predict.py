@@ -1,7 +1,7 @@
 """Prediction with uncertainty: per input, the predicted class, its probability, the ensemble's mutual
 information and an OOD flag.
 
-The flag compares an OOD score (higher = more OOD; default: the negated maximum softmax probability) with a
+The flag compares an OOD score (higher = more OOD; default: one minus the maximum softmax probability) with a
 threshold chosen on ID validation inputs (--calibration) so that --tpr of them (default 95%) are accepted as ID;
 or pass --threshold yourself. Output: a table (default) or JSON lines (--format jsonl), to stdout or --output.
 """

@@ -11,7 +11,8 @@ def auroc(scores: Tensor, is_positive: Tensor) -> float:
     """Probability that a random positive scores higher than a random negative, ties counting one half.
 
     Convention (OpenOOD, the paper's): OOD samples are the positives and a score is "higher = more OOD", so for
-    MSP pass `scores = -msp`. Swapping both the positive class and the score's sign gives the same value.
+    MSP pass `scores = 1 - msp` (as `OOD_SCORES["msp"]` does). Swapping both the positive class and the score's
+    sign gives the same value.
 
     Formula: AUROC = (R_pos - n_pos (n_pos + 1) / 2) / (n_pos n_neg), with R_pos the sum of the positives'
     ranks among all scores (average ranks for ties) — the Mann-Whitney U statistic, normalised.
