@@ -307,7 +307,7 @@ class _Builder:
         elif self._single is None and unchecked(self.cache, "single"):
             self._single = self.single_checked_by_metrics()
         elif self._single is None:
-            self._single = self.trained("single", lambda: self.train_from_start(self.seed), _start(self.seed))
+            self._single = self.trained("single", *self.from_start(self.seed))
         return self._single
 
     def single_checked_by_metrics(self) -> nn.Module:
@@ -322,8 +322,8 @@ class _Builder:
                 "model trained now cannot be checked against the one the recorded rows were measured on.",
                 stacklevel=3,
             )
-            return self.trained("single", lambda: self.train_from_start(self.seed), _start(self.seed))
-        model = self.cached("single", lambda: self.train_from_start(self.seed), _start(self.seed))
+            return self.trained("single", *self.from_start(self.seed))
+        model = self.cached("single", *self.from_start(self.seed))
         task, logits = self.task, row_file(self.cache / "logits", "Single, trained again")
         measured = measure(model, task.test, task.near, task.far, logits)
         if check_by_metrics(self.cache, "single", model, recorded["Single"], measured):
@@ -331,6 +331,10 @@ class _Builder:
             os.replace(logits, row_file(self.cache / "logits", "Single"))
             print(f"{self.cache}: the single model trained again measures as its recorded row", flush=True)
         return model
+
+    def from_start(self, seed: int) -> tuple[Callable[[], nn.Module], str]:
+        """`trained`'s build and checkpoint for a model fine-tuned from the pretrained weights with `seed`."""
+        return (lambda: self.train_from_start(seed)), _start(seed)
 
     def train_from_start(self, seed: int) -> nn.Module:
         task = self.task
@@ -409,8 +413,8 @@ class _Builder:
 
     def deep_ensemble(self):
         others = [
-            self.trained(f"start{self.seed}-{m}", lambda s=s: self.train_from_start(s), _start(s))
-            for m, s in ((m, self.seed * 100 + 50 + m) for m in range(1, self.task.members))
+            self.trained(f"start{self.seed}-{m}", *self.from_start(self.seed * 100 + 50 + m))
+            for m in range(1, self.task.members)
         ]
         return DeepEnsemble([self.single(), *others]), f"{self.heads}x{self.task.members}", {}
 
