@@ -134,3 +134,17 @@ def test_head_sweep_measures_each_budget_zero_shot_and_fine_tuned(tiny_task, tmp
     assert (saved / "CircAvg, 2 pruned per layer, fine-tuned.pt").is_file()
     with pytest.raises(ValueError, match="use budgets up to 2"):
         suite.head_sweep(task, [0], [3], tmp_path / "out", tmp_path / "cache", progress=False)
+
+
+def test_a_table_rendered_from_records_says_where_its_rows_were_measured():
+    per_seed = {
+        0: {"Single": {"_measured": {"machine": "AMD"}}, "Taylor": {}},  # Taylor recorded before rows kept machines
+        1: {"Single": {"_measured": {"machine": "Intel"}}, "Taylor": {"_measured": {"machine": "Intel"}}},
+    }
+    machines = suite.measured_on(per_seed)
+    assert machines == {"AMD": 1, "not recorded": 1, "Intel": 2}
+    assert suite.measured_on_lines({"machine": "Intel", "measured_on": machines}) == [
+        "Rows (seed, row) measured on: AMD (1); not recorded (1); Intel (2)  "
+    ]
+    only_here = {"machine": "Intel", "measured_on": suite.measured_on({1: per_seed[1]})}
+    assert suite.measured_on_lines(only_here) == []  # every row measured where the table is rendered: said once

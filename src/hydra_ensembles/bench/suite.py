@@ -116,6 +116,7 @@ def run(
         "rows": aggregate(per_seed),
         "per_seed": per_seed,
         "circuit_search": circuit_searches(per_seed),
+        "measured_on": measured_on(per_seed),
     }
     summary["notes"] = summary["notes"] + [
         note for seed in seeds for note in rebuilt_notes(seed, cache / f"seed{seed}")
@@ -166,6 +167,18 @@ def run_seed(
         results[row]["_measured"] = {"machine": machine(), "date": datetime.date.today().isoformat()}
         write_json_atomic(record, results)
     return {row: results[row] for row in rows}
+
+
+def measured_on(per_seed: Mapping[int, Mapping[str, dict]]) -> dict[str, int]:
+    """{machine: how many (seed, row) results were measured on it}: a table rendered from records says where its
+    rows ran, not only where it was rendered. Results recorded before they kept their machine count as "not
+    recorded"."""
+    machines: dict[str, int] = {}
+    for results in per_seed.values():
+        for result in results.values():
+            where = result.get("_measured", {}).get("machine", "not recorded")
+            machines[where] = machines.get(where, 0) + 1
+    return machines
 
 
 def circuit_searches(per_seed: Mapping[int, Mapping[str, dict]]) -> dict[str, str]:
@@ -654,6 +667,15 @@ def disagreement_lines(rows: Mapping[str, dict]) -> list[str]:
     return lines + render(header, body, "markdown")
 
 
+def measured_on_lines(summary: dict) -> list[str]:
+    """Where the rows were measured, when that is not only the machine of this run."""
+    machines = summary.get("measured_on", {})
+    if list(machines) in ([], [summary["machine"]]):
+        return []
+    counts = "; ".join(f"{where} ({count})" for where, count in machines.items())
+    return [f"Rows (seed, row) measured on: {counts}  "]
+
+
 def latency_timed_lines(summary: dict) -> list[str]:
     """Where and when the latency column was timed (it may come from the records of an earlier run)."""
     if "latency_timed" not in summary:
@@ -667,7 +689,8 @@ def markdown(summary: dict) -> str:
         f"# {summary['task']}: Hydra Ensembles vs baselines",
         "",
         f"Command: `{summary['command']}`  ",
-        f"Machine: {summary['machine']}  ",
+        f"Machine (this run): {summary['machine']}  ",
+        *measured_on_lines(summary),
         f"Seeds: {summary['seeds']} "
         + ("(mean ± std over seeds)  " if len(summary["seeds"]) > 1 else "(one run: values without a spread)  "),
         f"Wall time: {summary['wall_time_s'] / 60:.1f} min for this run (training compute recorded over all "
