@@ -302,3 +302,46 @@ def test_the_note_of_a_model_trained_again_says_how_far_its_metrics_moved(tmp_pa
     assert "single differs by more than 1e-06 in 2 of 4 metrics, the most in all.aupr_out" in note, note
     assert "0.39124 recorded, 0.391235 now" in note, note
     assert records.is_record(Path("seed0") / records.REBUILT)  # the note outlives the machine
+
+
+def test_a_single_model_rebuilt_with_other_weights_is_measured_once_and_the_table_says_how_far_apart(
+    tiny_task,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    """Rows recorded on another kind of machine, whose single model trains to other weights here: the rows built
+    now use this build, so it is measured as the Single row once and the note says how far apart the two are."""
+    key = f"{tiny_task.name}-{tiny_task.fingerprint()}"
+    suite.run(tiny_task, [0], tmp_path / "out", tmp_path / "cache", progress=False, rows=["Single"], latency_repeats=0)
+    seed = tmp_path / "elsewhere" / key / "seed0"
+    records.copy_records(tmp_path / "cache" / key, tmp_path / "elsewhere" / key, overwrite=False)
+    digests = json.loads((seed / records.DIGESTS).read_text())
+    (seed / records.DIGESTS).write_text(json.dumps(digests | {"single": "0" * 16}))  # as another machine's build
+    results = json.loads((seed / "results.json").read_text())
+    results["Single"]["metrics"]["id"]["nll"] += 0.01  # and its row measured a little differently
+    (seed / "results.json").write_text(json.dumps(results))
+
+    def run():
+        rows = ["Single", "Taylor"]
+        return suite.run(
+            tiny_task, [0], tmp_path / "o", tmp_path / "elsewhere", progress=False, rows=rows, latency_repeats=0
+        )
+
+    with pytest.warns(UserWarning, match="differ from the digest recorded"):
+        after = run()
+    assert records.rebuilt_differently(seed) == ["single"] and records.measured_apart(seed, "single")
+    (note,) = records.rebuilt_notes(0, seed)
+    assert (
+        note in after["notes"] and "the most in id.nll" in note and "single differs by more than 1e-06 in 1 of" in note
+    ), note
+    assert (seed / "logits" / "Single, trained again.pt").exists()  # beside the recorded row's logits
+    assert after["per_seed"][0]["Single"]["metrics"]["id"]["nll"] == results["Single"]["metrics"]["id"]["nll"]
+    recorded = json.loads((seed / "results.json").read_text())
+    (seed / "results.json").write_text(json.dumps({"Single": recorded["Single"]}))  # Taylor's row built again,
+    for pruned in (seed / "models").glob("taylor*"):  # from the single model loaded from the cache
+        shutil.rmtree(pruned)
+    measured, measure = [], suite.measure  # which is not measured again
+    monkeypatch.setattr(suite, "measure", lambda *a, **k: measured.append(a[0]) or measure(*a, **k))
+    with pytest.warns(UserWarning, match="differ from the digest recorded"):
+        assert run()["notes"] == after["notes"]
+    assert len(measured) == 1  # the Taylor row only

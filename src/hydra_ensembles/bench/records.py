@@ -159,12 +159,7 @@ def check_by_metrics(
     measured on it. Otherwise, or when the two share no metric, it warns, naming what differs, and records the
     digest as `name`'s and as "<name>, rebuilt" (`rebuilt_differently`: the tables' notes say so). Returns
     whether they agreed."""
-    common = _common_leaves(recorded.get("metrics", {}), measured["metrics"])
-    apart = [
-        (key, recorded_value, value)
-        for key, recorded_value, value in common
-        if not math.isclose(recorded_value, value, rel_tol=0, abs_tol=tolerance)
-    ]
+    common, apart = _apart(recorded, measured, tolerance)
     differ = [f"{key} {recorded_value:.6g} recorded, {value:.6g} now" for key, recorded_value, value in apart]
     if not common:
         differ = ["no metric recorded under the same name"]
@@ -180,6 +175,32 @@ def check_by_metrics(
     digests = _digests(folder) | {name: digest} | ({f"{name}, rebuilt": digest} if differ else {})
     write_json_atomic(folder / DIGESTS, digests)
     return not differ
+
+
+def record_measured_apart(
+    folder: str | os.PathLike, name: str, recorded: Mapping, measured: Mapping, tolerance: float = 1e-6
+) -> None:
+    """Keep in `REBUILT` how the model `name`, built again with other weights than its recorded digest
+    (`check_digest`, e.g. trained on another kind of machine), measures against the row it stands for: `recorded`
+    and `measured` as in `check_by_metrics`. The tables' notes then say how far apart the two builds measure."""
+    folder, (common, apart) = Path(folder), _apart(recorded, measured, tolerance)
+    write_json_atomic(folder / REBUILT, _rebuilt(folder) | {name: _how_apart(apart, len(common), tolerance)})
+
+
+def measured_apart(folder: str | os.PathLike, name: str) -> bool:
+    """Whether `REBUILT` in `folder` already says how the model `name` built again measures."""
+    return name in _rebuilt(Path(folder))
+
+
+def _apart(recorded: Mapping, measured: Mapping, tolerance: float) -> tuple[list, list]:
+    """(every metric both rows hold, those further apart than `tolerance`), each as (dotted key, recorded, now)."""
+    common = _common_leaves(recorded.get("metrics", {}), measured["metrics"])
+    apart = [
+        (key, recorded_value, value)
+        for key, recorded_value, value in common
+        if not math.isclose(recorded_value, value, rel_tol=0, abs_tol=tolerance)
+    ]
+    return common, apart
 
 
 def _how_apart(apart: list[tuple[str, float, float]], compared: int, tolerance: float) -> dict:
@@ -224,8 +245,12 @@ def rebuilt_notes(seed: int, *folders: str | os.PathLike) -> list[str]:
 
 def _measured_apart(name: str, how: Mapping) -> str:
     """One sentence of a table note from a `REBUILT` entry."""
-    if not how["apart"]:
+    if not how["compared"]:
         return f"{name} shares no metric with its recorded row."
+    if not how["apart"]:
+        return (
+            f"Measured as its recorded row, {name} agrees within {how['tolerance']:g} in all {how['compared']} metrics."
+        )
     furthest = how["furthest"]
     return (
         f"Measured as its recorded row, {name} differs by more than {how['tolerance']:g} in {how['apart']} of "
