@@ -334,6 +334,8 @@ def test_a_single_model_rebuilt_with_other_weights_is_measured_once_and_the_tabl
     assert (
         note in after["notes"] and "the most in id.nll" in note and "single differs by more than 1e-06 in 1 of" in note
     ), note
+    acc = 100 * results["Single"]["metrics"]["id"]["acc"]  # the same training here: the same accuracy
+    assert f"Its accuracy: {acc:.1f} % recorded, {acc:.1f} % now. Its all-OOD AUROC: " in note, note
     assert (seed / "logits" / "Single, trained again.pt").exists()  # beside the recorded row's logits
     assert after["per_seed"][0]["Single"]["metrics"]["id"]["nll"] == results["Single"]["metrics"]["id"]["nll"]
     recorded = json.loads((seed / "results.json").read_text())

@@ -171,7 +171,7 @@ def check_by_metrics(
             "built now use this one (the tables' notes say so).",
             stacklevel=2,
         )
-        write_json_atomic(folder / REBUILT, _rebuilt(folder) | {name: _how_apart(apart, len(common), tolerance)})
+        write_json_atomic(folder / REBUILT, _rebuilt(folder) | {name: _how_apart(common, apart, tolerance)})
     digests = _digests(folder) | {name: digest} | ({f"{name}, rebuilt": digest} if differ else {})
     write_json_atomic(folder / DIGESTS, digests)
     return not differ
@@ -184,7 +184,7 @@ def record_measured_apart(
     (`check_digest`, e.g. trained on another kind of machine), measures against the row it stands for: `recorded`
     and `measured` as in `check_by_metrics`. The tables' notes then say how far apart the two builds measure."""
     folder, (common, apart) = Path(folder), _apart(recorded, measured, tolerance)
-    write_json_atomic(folder / REBUILT, _rebuilt(folder) | {name: _how_apart(apart, len(common), tolerance)})
+    write_json_atomic(folder / REBUILT, _rebuilt(folder) | {name: _how_apart(common, apart, tolerance)})
 
 
 def measured_apart(folder: str | os.PathLike, name: str) -> bool:
@@ -203,13 +203,18 @@ def _apart(recorded: Mapping, measured: Mapping, tolerance: float) -> tuple[list
     return common, apart
 
 
-def _how_apart(apart: list[tuple[str, float, float]], compared: int, tolerance: float) -> dict:
-    """What `REBUILT` keeps of a model that measured differently from its recorded row: how many of the `compared`
-    metrics are further apart than `tolerance`, and the one furthest apart (NaN counts as furthest)."""
-    how = {"compared": compared, "apart": len(apart), "tolerance": tolerance}
+HEADLINE = {"id.acc": "accuracy", "all.auroc": "all-OOD AUROC"}  # what a note on a rebuilt model quotes both ways
+
+
+def _how_apart(common: list[tuple[str, float, float]], apart: list[tuple[str, float, float]], tolerance: float) -> dict:
+    """What `REBUILT` keeps of a model that measured differently from its recorded row: how many of the compared
+    (`common`) metrics are further apart than `tolerance`, the one furthest apart (NaN counts as furthest), and the
+    HEADLINE metrics both ways."""
+    how = {"compared": len(common), "apart": len(apart), "tolerance": tolerance}
     if apart:
         key, recorded_value, value = max(apart, key=lambda m: math.inf if math.isnan(m[2] - m[1]) else abs(m[2] - m[1]))
         how["furthest"] = {"metric": key, "recorded": recorded_value, "now": value}
+    how["headline"] = {key: {"recorded": old, "now": now} for key, old, now in common if key in HEADLINE}
     return how
 
 
@@ -256,6 +261,11 @@ def _measured_apart(name: str, how: Mapping) -> str:
         f"Measured as its recorded row, {name} differs by more than {how['tolerance']:g} in {how['apart']} of "
         f"{how['compared']} metrics, the most in {furthest['metric']} ({furthest['recorded']:.6g} recorded, "
         f"{furthest['now']:.6g} now)."
+        + "".join(
+            f" Its {said}: {100 * both['recorded']:.1f} % recorded, {100 * both['now']:.1f} % now."
+            for key, said in HEADLINE.items()
+            if (both := how.get("headline", {}).get(key))  # absent from entries recorded before it was kept
+        )
     )
 
 
