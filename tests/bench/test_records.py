@@ -329,7 +329,7 @@ def test_a_single_model_rebuilt_with_other_weights_is_measured_once_and_the_tabl
 
     with pytest.warns(UserWarning, match="differ from the digest recorded"):
         after = run()
-    assert records.rebuilt_differently(seed) == ["single"] and records.measured_apart(seed, "single")
+    assert records.rebuilt_differently(seed) == ["single"]
     (note,) = records.rebuilt_notes(0, seed)
     assert (
         note in after["notes"] and "the most in id.nll" in note and "single differs by more than 1e-06 in 1 of" in note
@@ -347,3 +347,28 @@ def test_a_single_model_rebuilt_with_other_weights_is_measured_once_and_the_tabl
     with pytest.warns(UserWarning, match="differ from the digest recorded"):
         assert run()["notes"] == after["notes"]
     assert len(measured) == 1  # the Taylor row only
+
+
+def test_the_note_of_a_rebuild_says_when_it_measures_the_same_and_reads_entries_from_before_headlines(tmp_path):
+    model = MODELS["bert"](seed=0)
+    row = {"metrics": {"id": {"acc": 0.9, "nll": 0.25}, "all": {"auroc": 0.8}}}
+    for folder in ("same", "old"):  # the note names the models the digests say were rebuilt
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / records.DIGESTS).write_text(json.dumps({"single": "a", "single, rebuilt": "b"}))
+    records.record_measured_apart(tmp_path / "same", "single", model, row, row)
+    (note,) = records.rebuilt_notes(0, tmp_path / "same")
+    assert note.endswith("Measured as its recorded row, single agrees within 1e-06 in all 3 metrics."), note
+    assert records.has_measured_rebuild(tmp_path / "same", "single", model)
+    assert not records.has_measured_rebuild(tmp_path / "same", "single", MODELS["bert"](seed=1))  # a third build
+    old = {
+        "single": {
+            "compared": 3,
+            "apart": 1,
+            "tolerance": 1e-6,
+            "furthest": {"metric": "id.nll", "recorded": 0.25, "now": 0.3},
+        }
+    }
+    (tmp_path / "old" / records.REBUILT).write_text(json.dumps(old))  # written before headlines and digests were
+    (note,) = records.rebuilt_notes(0, tmp_path / "old")
+    assert note.endswith("the most in id.nll (0.25 recorded, 0.3 now).")
+    assert not records.has_measured_rebuild(tmp_path / "old", "single", model)  # measured again, this time kept

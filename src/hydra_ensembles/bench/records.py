@@ -13,8 +13,9 @@ tables), records let a long benchmark go on from a fresh machine: finished rows 
 scores are not searched again, and only the weights that unfinished rows need are trained again. Whether training
 again gives the same weights depends on the machine type, torch version and thread count, so every model built or
 loaded is checked against the digest recorded when it was first built (`check_digest`): a rebuild that differs
-says so instead of mixing two models' numbers silently. Rows recorded before digests existed are checked by
-the metrics of the row the model stands for instead (`check_by_metrics`).
+says so instead of mixing two models' numbers silently; a single model rebuilt so is measured as the row it stands
+for, once, so that the table says how far apart the two builds measure (`record_measured_apart`). Rows recorded
+before digests existed are checked by the metrics of the row the model stands for instead (`check_by_metrics`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from ..io import read_json_record, replacing, weights_digest, write_json_atomic
 
 WEIGHTS = frozenset({"models", "checkpoints"})  # cache folders whose files are trained weights, never records
 DIGESTS = "model_digests.json"  # {model name: digest of its weights}, in the folder that holds `models/`
-REBUILT = "rebuilt.json"  # {model name: how it measured against its recorded row}, beside DIGESTS (check_by_metrics)
+REBUILT = "rebuilt.json"  # {model name: how its rebuild measured against its recorded row}, beside DIGESTS
 
 
 def is_record(relative: Path) -> bool:
@@ -171,25 +172,33 @@ def check_by_metrics(
             "built now use this one (the tables' notes say so).",
             stacklevel=2,
         )
-        write_json_atomic(folder / REBUILT, _rebuilt(folder) | {name: _how_apart(common, apart, tolerance)})
+        record_measured_apart(folder, name, model, recorded, measured, tolerance)
     digests = _digests(folder) | {name: digest} | ({f"{name}, rebuilt": digest} if differ else {})
     write_json_atomic(folder / DIGESTS, digests)
     return not differ
 
 
 def record_measured_apart(
-    folder: str | os.PathLike, name: str, recorded: Mapping, measured: Mapping, tolerance: float = 1e-6
+    folder: str | os.PathLike,
+    name: str,
+    model: nn.Module,
+    recorded: Mapping,
+    measured: Mapping,
+    tolerance: float = 1e-6,
 ) -> None:
-    """Keep in `REBUILT` how the model `name`, built again with other weights than its recorded digest
-    (`check_digest`, e.g. trained on another kind of machine), measures against the row it stands for: `recorded`
-    and `measured` as in `check_by_metrics`. The tables' notes then say how far apart the two builds measure."""
+    """Keep in `REBUILT` how `model`, the model `name` built again with other weights than the recorded rows were
+    measured on (`check_digest`, e.g. trained on another kind of machine), measures against the row it stands
+    for: `recorded` and `measured` as in `check_by_metrics`. The tables' notes then say how far apart the two
+    builds measure."""
     folder, (common, apart) = Path(folder), _apart(recorded, measured, tolerance)
-    write_json_atomic(folder / REBUILT, _rebuilt(folder) | {name: _how_apart(common, apart, tolerance)})
+    how = _how_apart(common, apart, tolerance) | {"digest": weights_digest(model)}
+    write_json_atomic(folder / REBUILT, _rebuilt(folder) | {name: how})
 
 
-def measured_apart(folder: str | os.PathLike, name: str) -> bool:
-    """Whether `REBUILT` in `folder` already says how the model `name` built again measures."""
-    return name in _rebuilt(Path(folder))
+def has_measured_rebuild(folder: str | os.PathLike, name: str, model: nn.Module) -> bool:
+    """Whether `REBUILT` in `folder` already says how `model` (the model `name` built again) measures: an entry
+    for another rebuild (a third kind of machine) does not count."""
+    return _rebuilt(Path(folder)).get(name, {}).get("digest") == weights_digest(model)
 
 
 def _apart(recorded: Mapping, measured: Mapping, tolerance: float) -> tuple[list, list]:
@@ -240,7 +249,7 @@ def rebuilt_notes(seed: int, *folders: str | os.PathLike) -> list[str]:
     names = [name for folder in folders for name in rebuilt_differently(folder)]
     if not names:
         return []
-    measured = [_measured_apart(name, how) for folder in folders for name, how in _rebuilt(Path(folder)).items()]
+    measured = [_rebuild_sentence(name, how) for folder in folders for name, how in _rebuilt(Path(folder)).items()]
     return [
         f"Seed {seed}: {', '.join(names)} trained again with different weights (on another machine, or for rows "
         "recorded before digests existed, which it does not measure as); the rows, scores and circuits recorded "
@@ -248,7 +257,7 @@ def rebuilt_notes(seed: int, *folders: str | os.PathLike) -> list[str]:
     ]
 
 
-def _measured_apart(name: str, how: Mapping) -> str:
+def _rebuild_sentence(name: str, how: Mapping) -> str:
     """One sentence of a table note from a `REBUILT` entry."""
     if not how["compared"]:
         return f"{name} shares no metric with its recorded row."

@@ -58,7 +58,7 @@ from .records import (
     check_by_metrics,
     check_digest,
     discard_stale_state,
-    measured_apart,
+    has_measured_rebuild,
     rebuilt_notes,
     record_measured_apart,
     recorded_latency,
@@ -180,7 +180,7 @@ def measured_on(per_seed: Mapping[int, Mapping[str, dict]]) -> dict[str, int]:
         for result in results.values():
             where = result.get("_measured", {}).get("machine", "not recorded")
             machines[where] = machines.get(where, 0) + 1
-    return machines
+    return dict(sorted(machines.items()))  # as table.json keeps it: a table rendered again reads the same
 
 
 def circuit_searches(per_seed: Mapping[int, Mapping[str, dict]]) -> dict[str, str]:
@@ -330,13 +330,14 @@ class _Builder:
     def measure_rebuilt_single(self) -> None:
         """A single model built again with other weights than the recorded rows were measured on (another kind
         of machine trains differently) is measured once as the Single row, beside the recorded one ("Single,
-        trained again"), so that the table's note says how far apart the two builds measure."""
+        trained again"), so that the table's note says how far apart the two builds measure. Only where the
+        standard table recorded its Single row (the head sweep's own Single row is not compared)."""
         recorded = read_json_record(self.cache / "results.json")
-        if "Single" not in recorded or measured_apart(self.cache, "single"):
+        if "Single" not in recorded or has_measured_rebuild(self.cache, "single", self._single):
             return
         task, logits = self.task, row_file(self.cache / "logits", "Single, trained again")
         measured = measure(self._single, task.test, task.near, task.far, logits)
-        record_measured_apart(self.cache, "single", recorded["Single"], measured)
+        record_measured_apart(self.cache, "single", self._single, recorded["Single"], measured)
 
     def single_checked_by_metrics(self) -> nn.Module:
         """The single model of a seed whose rows were recorded before digests existed (trained again, or loaded
@@ -361,7 +362,7 @@ class _Builder:
         return model
 
     def from_start(self, seed: int) -> tuple[Callable[[], nn.Module], str]:
-        """`trained`'s build and checkpoint for a model fine-tuned from the pretrained weights with `seed`."""
+        """`cached`'s build and checkpoint for a model fine-tuned from the pretrained weights with `seed`."""
         return (lambda: self.train_from_start(seed)), _start(seed)
 
     def train_from_start(self, seed: int) -> nn.Module:
