@@ -144,7 +144,7 @@ def test_a_table_rendered_from_records_says_where_its_rows_were_measured():
     machines = suite.measured_on(per_seed)
     assert machines == {"AMD": 1, "not recorded": 1, "Intel": 2}
     assert suite.measured_on_lines({"machine": "Intel", "measured_on": machines}) == [
-        "Rows (seed, row) measured on: AMD (1); not recorded (1); Intel (2)  "
+        "Rows (seed, row) measured on: AMD (1); Intel (2); not recorded (1)  "  # in table.json's (sorted) order
     ]
     only_here = {"machine": "Intel", "measured_on": suite.measured_on({1: per_seed[1]})}
     assert suite.measured_on_lines(only_here) == []  # every row measured where the table is rendered: said once
