@@ -355,11 +355,12 @@ def test_the_note_of_a_rebuild_says_when_it_measures_the_same_and_reads_entries_
     for folder in ("same", "old"):  # the note names the models the digests say were rebuilt
         (tmp_path / folder).mkdir()
         (tmp_path / folder / records.DIGESTS).write_text(json.dumps({"single": "a", "single, rebuilt": "b"}))
-    records.record_measured_apart(tmp_path / "same", "single", model, row, row)
+    records.record_measured_apart(tmp_path / "same", "single", weights_digest(model), row, row)
     (note,) = records.rebuilt_notes(0, tmp_path / "same")
     assert note.endswith("Measured as its recorded row, single agrees within 1e-06 in all 3 metrics."), note
-    assert records.has_measured_rebuild(tmp_path / "same", "single", model)
-    assert not records.has_measured_rebuild(tmp_path / "same", "single", MODELS["bert"](seed=1))  # a third build
+    assert records.has_measured_rebuild(tmp_path / "same", "single", weights_digest(model))
+    third = weights_digest(MODELS["bert"](seed=1))  # a third build
+    assert not records.has_measured_rebuild(tmp_path / "same", "single", third)
     old = {
         "single": {
             "compared": 3,
@@ -371,4 +372,4 @@ def test_the_note_of_a_rebuild_says_when_it_measures_the_same_and_reads_entries_
     (tmp_path / "old" / records.REBUILT).write_text(json.dumps(old))  # written before headlines and digests were
     (note,) = records.rebuilt_notes(0, tmp_path / "old")
     assert note.endswith("the most in id.nll (0.25 recorded, 0.3 now).")
-    assert not records.has_measured_rebuild(tmp_path / "old", "single", model)  # measured again, this time kept
+    assert not records.has_measured_rebuild(tmp_path / "old", "single", weights_digest(model))  # measured again

@@ -172,33 +172,28 @@ def check_by_metrics(
             "built now use this one (the tables' notes say so).",
             stacklevel=2,
         )
-        record_measured_apart(folder, name, model, recorded, measured, tolerance)
+        record_measured_apart(folder, name, digest, recorded, measured, tolerance)
     digests = _digests(folder) | {name: digest} | ({f"{name}, rebuilt": digest} if differ else {})
     write_json_atomic(folder / DIGESTS, digests)
     return not differ
 
 
 def record_measured_apart(
-    folder: str | os.PathLike,
-    name: str,
-    model: nn.Module,
-    recorded: Mapping,
-    measured: Mapping,
-    tolerance: float = 1e-6,
+    folder: str | os.PathLike, name: str, digest: str, recorded: Mapping, measured: Mapping, tolerance: float = 1e-6
 ) -> None:
-    """Keep in `REBUILT` how `model`, the model `name` built again with other weights than the recorded rows were
-    measured on (`check_digest`, e.g. trained on another kind of machine), measures against the row it stands
-    for: `recorded` and `measured` as in `check_by_metrics`. The tables' notes then say how far apart the two
-    builds measure."""
+    """Keep in `REBUILT` how the model `name` built again with other weights (their `digest`) than the recorded
+    rows were measured on (`check_digest`, e.g. trained on another kind of machine) measures against the row it
+    stands for: `recorded` and `measured` as in `check_by_metrics`. The tables' notes then say how far apart the
+    two builds measure."""
     folder, (common, apart) = Path(folder), _apart(recorded, measured, tolerance)
-    how = _how_apart(common, apart, tolerance) | {"digest": weights_digest(model)}
+    how = _how_apart(common, apart, tolerance) | {"digest": digest}
     write_json_atomic(folder / REBUILT, _rebuilt(folder) | {name: how})
 
 
-def has_measured_rebuild(folder: str | os.PathLike, name: str, model: nn.Module) -> bool:
-    """Whether `REBUILT` in `folder` already says how `model` (the model `name` built again) measures: an entry
-    for another rebuild (a third kind of machine) does not count."""
-    return _rebuilt(Path(folder)).get(name, {}).get("digest") == weights_digest(model)
+def has_measured_rebuild(folder: str | os.PathLike, name: str, digest: str) -> bool:
+    """Whether `REBUILT` in `folder` already says how the model `name` built again with weights `digest`
+    measures: an entry for another rebuild (a third kind of machine) does not count."""
+    return _rebuilt(Path(folder)).get(name, {}).get("digest") == digest
 
 
 def _apart(recorded: Mapping, measured: Mapping, tolerance: float) -> tuple[list, list]:

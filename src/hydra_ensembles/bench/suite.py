@@ -38,7 +38,7 @@ from ..evaluation.report import measure
 from ..evaluation.tables import CONVENTIONS, aggregate, mean_std, per_set_lines, render, table_lines
 from ..fusion import HydraEnsemble
 from ..importance import Circuit, extract_circuit, taylor_head_scores
-from ..io import read_json_record, row_file, torch_save_atomic, write_json_atomic
+from ..io import read_json_record, row_file, torch_save_atomic, weights_digest, write_json_atomic
 from ..members import build_members, sample_members
 from ..outputs import collect_member_logits, labels_of
 from ..predictors import (
@@ -332,12 +332,18 @@ class _Builder:
         of machine trains differently) is measured once as the Single row, beside the recorded one ("Single,
         trained again"), so that the table's note says how far apart the two builds measure. Only where the
         standard table recorded its Single row (the head sweep's own Single row is not compared)."""
-        recorded = read_json_record(self.cache / "results.json")
-        if "Single" not in recorded or has_measured_rebuild(self.cache, "single", self._single):
+        recorded, digest = read_json_record(self.cache / "results.json"), weights_digest(self._single)
+        if "Single" not in recorded or has_measured_rebuild(self.cache, "single", digest):
             return
-        task, logits = self.task, row_file(self.cache / "logits", "Single, trained again")
-        measured = measure(self._single, task.test, task.near, task.far, logits)
-        record_measured_apart(self.cache, "single", self._single, recorded["Single"], measured)
+        record_measured_apart(self.cache, "single", digest, recorded["Single"], self.measured_as_single(self._single))
+
+    def measured_as_single(self, model: nn.Module) -> dict:
+        """`model` measured as the Single row, its logits kept as "Single, trained again" (beside the row's)."""
+        task = self.task
+        return measure(model, task.test, task.near, task.far, self.trained_again_logits())
+
+    def trained_again_logits(self) -> Path:
+        return row_file(self.cache / "logits", "Single, trained again")
 
     def single_checked_by_metrics(self) -> nn.Module:
         """The single model of a seed whose rows were recorded before digests existed (trained again, or loaded
@@ -353,11 +359,9 @@ class _Builder:
             )
             return self.trained("single", *self.from_start(self.seed))
         model = self.cached("single", *self.from_start(self.seed))
-        task, logits = self.task, row_file(self.cache / "logits", "Single, trained again")
-        measured = measure(model, task.test, task.near, task.far, logits)
-        if check_by_metrics(self.cache, "single", model, recorded["Single"], measured):
+        if check_by_metrics(self.cache, "single", model, recorded["Single"], self.measured_as_single(model)):
             # the recorded row's logits, lost with its machine
-            os.replace(logits, row_file(self.cache / "logits", "Single"))
+            os.replace(self.trained_again_logits(), row_file(self.cache / "logits", "Single"))
             print(f"{self.cache}: the single model trained again measures as its recorded row", flush=True)
         return model
 
