@@ -27,12 +27,12 @@ import json
 import time
 
 import hydra_ensembles as he
-from hydra_ensembles.bench.suite import suite_predictor
+from hydra_ensembles.bench import cache_dir, runner, suite
 from hydra_ensembles.bench.tasks import TASKS
 from hydra_ensembles.importance import CRITERIA
 from hydra_ensembles.importance.circuit.scoring import ReferenceScorer
 from hydra_ensembles.importance.circuit.search import estimate_exact_seconds, search_name
-from hydra_ensembles.io import cache_dir, write_json_atomic
+from hydra_ensembles.io import write_json_atomic
 
 
 def overlap(a, b, n):
@@ -64,8 +64,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     task = TASKS[args.task]("full")
-    seed_cache = cache_dir() / "bench" / "full" / f"{task.name}-{task.fingerprint()}" / f"seed{args.seed}"
-    model = suite_predictor(task, args.seed, seed_cache, "Single", progress=False)
+    seed_cache = runner.seed_dir(cache_dir() / "bench" / "full", task, args.seed)
+    model = runner.predictor(task, suite.TABLE, args.seed, seed_cache, "Single", progress=False)
     layers = he.get_adapter(model).num_layers(model)
     budget = args.budget or max(task.circuit_pool, task.prune_per_layer * layers)
     id_data, ood_data = task.circuit_id, task.circuit_ood

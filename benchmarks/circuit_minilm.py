@@ -15,10 +15,10 @@ import torch
 import transformers as T
 
 import hydra_ensembles as he
+from hydra_ensembles.bench import cache_dir
 from hydra_ensembles.bench.datasets.text import load_bbc
 from hydra_ensembles.bench.tasks import ID_TOPICS, text_task
 from hydra_ensembles.bench.tasks import NEAR_TOPICS as OOD_TOPICS
-from hydra_ensembles.io import cache_dir
 
 
 def timed(fn):

@@ -25,12 +25,12 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the profiler's start/stop line
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile
 
+from hydra_ensembles.bench import cache_dir
 from hydra_ensembles.bench.amp import LATENCY_BATCH, free_predictors
 from hydra_ensembles.bench.tasks import TASKS
 from hydra_ensembles.cli.bench import AMP
 from hydra_ensembles.cost import count_flops, interleaved_latency
 from hydra_ensembles.data.loaders import rebatch
-from hydra_ensembles.io import cache_dir
 
 KINDS = {  # aten op name -> kind; anything else is "other ops"
     "matmul": ("addmm", "mm", "bmm", "baddbmm", "matmul", "linear", "einsum"),

@@ -9,7 +9,8 @@ from __future__ import annotations
 import copy
 import os
 import re
-from collections.abc import Callable
+import string
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
@@ -119,6 +120,34 @@ CONTRACT_MODELS = [
     "clip_classifier",
 ]
 
+# At HF's init (weights std 0.02) the post-norm text classifiers' logits are ~0.03 and removing their least
+# important head moves them by 2e-5, twice the contracts' bound: a dropped head could pass. A trained model's
+# weights are several times larger. `at_trained_scale` multiplies every linear weight (std 0.1 in the text
+# families, 0.06 in ViT, DeiT and DINOv2; CLIP's outputs are O(1) at init): outputs O(1), and removing any one head
+# or any one MLP neuron moves them by >= 1e-3 (measured), while the fused forward stays within 1.4e-6 of HF's.
+TRAINED_SCALE = {
+    "bert": 5.0,
+    "bert_encoder": 5.0,
+    "roberta": 5.0,
+    "mpnet": 5.0,
+    "mpnet_encoder": 5.0,
+    "distilbert": 5.0,
+    "vit": 3.0,
+    "vit_encoder": 3.0,
+    "deit_teacher": 3.0,
+    "dinov2": 3.0,
+}
+
+
+def at_trained_scale(name: str, seed: int = 0) -> torch.nn.Module:
+    """MODELS[name](seed) with its linear weights scaled to a trained model's size (TRAINED_SCALE)."""
+    model = MODELS[name](seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.mul_(TRAINED_SCALE.get(name, 1.0))
+    return model
+
 
 def make_inputs(kind: str, batch: int = 4, seed: int = 1) -> dict[str, torch.Tensor]:
     """Padded text batch (lengths T, T-3, 4, ...) or a random image batch."""
@@ -146,14 +175,37 @@ def tiny_clip(seed: int = 0, dropout: float = 0.0) -> T.CLIPModel:
     return T.CLIPModel(config).eval()
 
 
-class WordTokenizer:
-    """A stand-in for CLIP's tokenizer (no vocabulary files offline): BOS, one id per word, EOS, zero padding."""
+# The words of the tests' class prompts: each gets merges that spell it as one token (others split into letters).
+PROMPT_WORDS = ("a", "of", "the", "photo", "drawing", "cat", "dog", "small", "red", "car", "tree", "bright", "dark")
 
-    def __call__(self, texts, padding=True, truncation=True, return_tensors="pt"):
-        rows = [[BOS, *(3 + sum(map(ord, w)) % 85 for w in t.split()), EOS] for t in texts]
-        width = max(map(len, rows))
-        ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
-        return {"input_ids": ids, "attention_mask": (ids != 0).long() | (ids == BOS).long()}
+
+def build_clip_tokenizer(
+    words: Sequence[str] = PROMPT_WORDS, size: int = VOCAB, max_length: int = 24
+) -> T.CLIPTokenizer:
+    """A real CLIPTokenizer (byte-level BPE, lower-casing, `</w>` word ends) over a tiny vocabulary built in
+    process: the letters a-z and '.', alone and word-final, plus the merges that spell each of `words`;
+    <|startoftext|> and <|endoftext|> (also padding) take the last two ids of `size`, so that with the default
+    `size` they are tiny_clip's BOS and EOS (the text tower pools at the first EOS)."""
+    symbols = [*string.ascii_lowercase, "."]
+    vocab = {token: i for i, token in enumerate([*symbols, *(f"{c}</w>" for c in symbols)])}
+    merges: list[tuple[str, str]] = []
+    for word in words:
+        pieces = [*word[:-1], f"{word[-1]}</w>"]
+        for piece in pieces[1:]:
+            if pieces[0] + piece not in vocab:
+                merges.append((pieces[0], piece))
+                vocab[pieces[0] + piece] = len(vocab)
+            pieces[0] += piece
+    if len(vocab) > size - 2:
+        raise ValueError(f"{len(vocab)} tokens + 2 special do not fit a vocabulary of {size}: pass a larger size.")
+    vocab |= {"<|startoftext|>": size - 2, "<|endoftext|>": size - 1}
+    return T.CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=max_length)
+
+
+@pytest.fixture(scope="session")
+def clip_tokenizer() -> T.CLIPTokenizer:
+    """The tokenizer of `tiny_clip` models: `build_clip_tokenizer()`."""
+    return build_clip_tokenizer()
 
 
 def random_head_maps(num_members: int, seed: int = 0, min_heads: int = 0) -> list[dict[int, list[int]]]:
@@ -194,6 +246,40 @@ def fused_output(ensemble, inputs: dict) -> torch.Tensor:
     with torch.no_grad():
         out = ensemble(**inputs)
     return out.member_logits if out.member_logits is not None else out.member_pooled  # (B, M, C)
+
+
+def smallest_head_effect(model: torch.nn.Module, inputs: dict) -> float:
+    """min over the model's kept heads of max |output change| when that one head is ablated: what a fusion or
+    pruning that wrongly keeps or drops a single head would at least move the output by."""
+    import hydra_ensembles as he
+
+    full = output(model, inputs)
+    effects = []
+    for layer, heads in he.kept_heads(model).items():
+        for head in heads:
+            with he.ablate_heads(model, {layer: [head]}):
+                effects.append((output(model, inputs) - full).abs().max().item())
+    return min(effects)
+
+
+def smallest_mlp_swap_effect(members: list[torch.nn.Module], inputs: dict) -> float:
+    """min over layers of max |member 0's output change| when its MLP in that layer is replaced by member 1's:
+    what a fusion that gives one member another member's MLP in one layer would at least move the output by."""
+    import hydra_ensembles as he
+
+    adapter = he.get_adapter(members[0])
+    full = output(members[0], inputs)
+    effects = []
+    for layer in range(adapter.num_layers(members[0])):
+        own, other = (adapter.block(adapter.layers(m)[layer]) for m in members[:2])
+        saved = [t.detach().clone() for t in (own.mlp_in.weight, own.mlp_out.weight)]
+        with torch.no_grad():
+            own.mlp_in.weight.copy_(other.mlp_in.weight)
+            own.mlp_out.weight.copy_(other.mlp_out.weight)
+            effects.append((output(members[0], inputs) - full).abs().max().item())
+            own.mlp_in.weight.copy_(saved[0])
+            own.mlp_out.weight.copy_(saved[1])
+    return min(effects)
 
 
 @pytest.fixture(params=CONTRACT_MODELS)

@@ -68,11 +68,3 @@ def test_interleaved_latency_rotates_the_order_and_gives_ratios_per_round():
     assert he.cost.format_latency({"median": 1.934, "min": 1.851, "max": 2.02}) == "1.93 (1.85-2.02)"
     with pytest.raises(ValueError, match="repeats >= 1"):
         he.cost.interleaved_latency(runs, repeats=0)
-
-
-def test_the_machine_line_names_the_cpu_and_its_bf16_units():
-    """bf16 speed-ups depend on the CPU (AMX, AVX512-BF16): every table's machine line names them."""
-    line = he.cost.machine()
-    assert he.cost.cpu_model() in line
-    assert f"({torch.backends.cpu.get_cpu_capability()}, " in line  # the vector units torch's kernels use
-    assert ("no AMX" in line) != torch.cpu._is_amx_tile_supported()

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from hydra_ensembles.io import read_json_record, row_file, save_dir_atomic, torch_save_atomic, write_json_atomic
+from hydra_ensembles.io import read_json_record, save_dir_atomic, write_json_atomic
 
 
 def test_json_write_is_atomic(tmp_path, monkeypatch):
@@ -26,16 +26,6 @@ def test_a_record_not_yet_written_reads_empty(tmp_path):
     assert read_json_record(path) == {"Single": {"acc": 0.9}}
 
 
-def test_a_row_with_a_slash_names_one_file_and_older_nested_files_move_there(tmp_path):
-    row = "Taylor, 1 pruned/layer, zero-shot"
-    path = row_file(tmp_path, row)
-    assert path.parent == tmp_path and path.name == "Taylor, 1 pruned per layer, zero-shot.pt"
-    torch_save_atomic({"test": 1}, tmp_path / f"{row}.pt")  # where older versions saved it: a nested folder
-    assert row_file(tmp_path, row) == path and [p.name for p in tmp_path.iterdir()] == [path.name]  # folder gone
-    assert torch.load(path) == {"test": 1}
-    assert row_file(tmp_path, "Single") == tmp_path / "Single.pt"
-
-
 def test_directory_save_replaces_whole_or_not_at_all(tmp_path):
     target = tmp_path / "out"
     save_dir_atomic(target, lambda d: (d / "a.txt").write_text("old"))
@@ -48,8 +38,6 @@ def test_directory_save_replaces_whole_or_not_at_all(tmp_path):
 
 
 def test_rebatch_pads_token_inputs_and_keeps_order():
-    import torch
-
     from hydra_ensembles.data.loaders import rebatch
 
     a = {

@@ -9,8 +9,6 @@ counted, because they are computed.
 
 from __future__ import annotations
 
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,31 +25,6 @@ def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kw
 
 
 _SDPA_ON_CPU = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_flops}
-
-
-def machine() -> str:
-    """What a measurement ran on, for the tables that report one: platform, CPU model and the vector units its
-    bf16 speed depends on, CPUs, torch version, threads."""
-    return (
-        f"{platform.platform()}, {cpu_model()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads"
-    )
-
-
-def cpu_model() -> str:
-    """The CPU's model name and the instruction sets torch's CPU kernels use, e.g. "AMD EPYC (AVX512,
-    AVX512-BF16, no AMX)": bf16 matrix products run ~2x fp32 with AVX512-BF16 and far faster with AMX tiles, so a
-    speed-up measured on one machine type does not carry to another."""
-    name = platform.processor() or platform.machine()
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as info:
-            name = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), name)
-    units = [torch.backends.cpu.get_cpu_capability()]
-    if getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)():
-        units.append("AVX512-BF16")
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private: absent from some torch builds
-    units.append("AMX unknown" if amx is None else "AMX" if amx() else "no AMX")
-    return f"{name} ({', '.join(units)})"
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -17,11 +17,6 @@ import torch
 PREDICTOR_FILE = "predictor.json"  # what a saved wrapper predictor (or MLP student) is: its kind and settings
 
 
-def cache_dir() -> Path:
-    """Where trained models and fetched data are cached: $HYDRA_ENSEMBLES_CACHE or ~/.cache/hydra-ensembles."""
-    return Path(os.environ.get("HYDRA_ENSEMBLES_CACHE", Path.home() / ".cache" / "hydra-ensembles"))
-
-
 @contextmanager
 def replacing(path: str | os.PathLike) -> Iterator[Path]:
     """A temporary file beside `path` to write in the block; renamed onto `path` when the block ends (readers see
@@ -51,20 +46,6 @@ def read_json_record(path: str | os.PathLike) -> dict:
     """The JSON object a run recorded at `path` (`write_json_atomic`), or {} before it recorded anything."""
     path = Path(path)
     return json.loads(path.read_text()) if path.exists() else {}
-
-
-def row_file(folder: str | os.PathLike, row: str, suffix: str = ".pt") -> Path:
-    """The file in `folder` that holds what a table row `row` saved (its logits): the row's name, with each "/"
-    (as in "pruned/layer") written " per " so that it stays one file. A file that an older version wrote under the
-    raw name (a nested folder) is moved here the first time it is asked for."""
-    folder = Path(folder)
-    path, legacy = folder / f"{row.replace('/', ' per ')}{suffix}", folder / f"{row}{suffix}"
-    if legacy != path and legacy.is_file() and not path.exists():
-        os.replace(legacy, path)
-        for parent in legacy.relative_to(folder).parents[:-1]:  # the nested folders it leaves, innermost first
-            if not any((folder / parent).iterdir()):
-                (folder / parent).rmdir()
-    return path
 
 
 def torch_save_atomic(obj: Any, path: str | os.PathLike) -> None:

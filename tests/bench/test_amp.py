@@ -95,7 +95,7 @@ def test_amp_tables_pick_the_base_by_cost_and_compare_at_equal_size(tiny_task, t
     key = f"{tiny_task.name}-{tiny_task.fingerprint()}"
     records.copy_records(tmp_path / "cache" / key, tmp_path / "fresh" / "cache" / key, overwrite=False)
     monkeypatch.setattr(amp.AmpSeed, "single", property(lambda self: pytest.fail("built the single model")))
-    monkeypatch.setattr(suite._Builder, "row", lambda self, name: pytest.fail(f"built the row {name}"))
+    monkeypatch.setattr(suite.Pieces, "single", lambda self: pytest.fail("built a row's model"))
     fresh = _run(tiny_task, tmp_path / "fresh", flops_target=1.5)
     assert fresh["per_seed"][0] == json.loads(json.dumps(again["per_seed"][0]))
     assert fresh["latency"] == again["latency"] and fresh["latency_timed"] == again["latency_timed"]
@@ -132,11 +132,8 @@ def test_latency_on_several_seeds_is_the_mean_of_each_seeds_median():
     rows = aggregate({0: {name: _run_result() for name in ("Single", "Hydra")}})
     assert table_lines(rows, both)[-1].endswith("| 0.87 ± 0.07 |")
     assert table_lines(rows, timed[0])[-1].endswith("| 0.94 (0.90-1.00) |")
-    summary = {
-        "latency_timed": {s: {"date": "2026-11-23", "machine": "cpu"} for s in timed},
-        "latency_per_seed": timed,
-        "latency_batch": 32,
-    }
+    when = {"date": "2026-11-23", "machine": "cpu"}
+    summary = {"latency_per_seed": {s: {"rows": rows, "timed": when} for s, rows in timed.items()}, "latency_batch": 32}
     note = amp.latency_note(summary)
     assert "mean ± std over seeds [0, 1]" in note and "seed 1: Hydra 0.80 (0.70-0.90)" in note
     assert "Single" not in note and "2026-11-23 on cpu" in note

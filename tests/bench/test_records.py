@@ -15,8 +15,9 @@ import torch
 from conftest import MODELS
 from test_suite import tiny_task  # noqa: F401 (the fixture)
 
-from hydra_ensembles.bench import records, suite
+from hydra_ensembles.bench import records, runner, suite
 from hydra_ensembles.cli import bench, build_parser
+from hydra_ensembles.evaluation import compare
 from hydra_ensembles.io import weights_digest
 
 
@@ -133,12 +134,18 @@ def test_latency_is_read_back_only_when_every_row_was_timed_together(tmp_path):
     more = [*rows, "Hydra (Circ)"]
     assert records.recorded_latency(path, more, lambda: time_rows(more))[0]["Hydra (Circ)"] == {"median": 4.0}
     assert len(timings) == 2  # a row not timed before: every row timed again, together
+    review = ["Single", "CircAcc"]  # another table of the seed (the reviewers' rows): its own run, kept beside
+    records.recorded_latency(path, review, lambda: time_rows(review))
+    assert records.recorded_latency(path, more, lambda: time_rows(more))[0]["Hydra (Circ)"] == {"median": 4.0}
+    assert len(timings) == 3 and len(json.loads(path.read_text())["runs"]) == 2
 
 
 def test_a_benchmark_goes_on_from_its_records_on_a_fresh_machine(tiny_task, tmp_path, monkeypatch):  # noqa: F811
     key = f"{tiny_task.name}-{tiny_task.fingerprint()}"
     first_rows = ["Single", "Taylor", "CircAvg"]
-    before = suite.run(tiny_task, [0], tmp_path / "out", tmp_path / "cache-a", progress=False, rows=first_rows)
+    before = runner.run(
+        tiny_task, suite.TABLE, [0], tmp_path / "out", tmp_path / "cache-a", progress=False, rows=first_rows
+    )
     records.copy_records(tmp_path / "cache-a" / key, tmp_path / "records" / key, overwrite=True)
     assert not list((tmp_path / "records").rglob("*.safetensors"))  # no weights among the records
 
@@ -150,7 +157,9 @@ def test_a_benchmark_goes_on_from_its_records_on_a_fresh_machine(tiny_task, tmp_
     rows = [*first_rows, "Hydra (Circ)"]
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="the weights of")  # the single trained again equals the recorded
-        after = suite.run(tiny_task, [0], tmp_path / "out-b", tmp_path / "cache-b", progress=False, rows=rows)
+        after = runner.run(
+            tiny_task, suite.TABLE, [0], tmp_path / "out-b", tmp_path / "cache-b", progress=False, rows=rows
+        )
     for row in first_rows:  # read back, not measured again (the seconds it took are the first run's)
         assert after["per_seed"][0][row] == before["per_seed"][0][row]
     search = after["per_seed"][0]["Hydra (Circ)"]["circuit_search"]
@@ -163,10 +172,12 @@ def test_a_benchmark_goes_on_from_its_records_on_a_fresh_machine(tiny_task, tmp_
     assert set(after["latency"]) == set(rows)  # a new row: timed again, together
 
     # rendering needs no model at all once every row and its latency are recorded
-    monkeypatch.setattr(suite._Builder, "row", lambda self, name: pytest.fail(f"built {name} to render"))
+    monkeypatch.setattr(suite.Pieces, "__init__", lambda self, run: pytest.fail("made a seed's pieces to render"))
     empty = tmp_path / "cache-c" / key
     records.copy_records(fresh, empty, overwrite=False)
-    rendered = suite.run(tiny_task, [0], tmp_path / "out-c", tmp_path / "cache-c", progress=False, rows=rows)
+    rendered = runner.run(
+        tiny_task, suite.TABLE, [0], tmp_path / "out-c", tmp_path / "cache-c", progress=False, rows=rows
+    )
     assert rendered["latency"] == after["latency"] and rendered["rows"] == after["rows"]
     assert "timed " in (tmp_path / "out-c" / "table.md").read_text()
 
@@ -175,7 +186,7 @@ def test_the_head_sweep_goes_on_from_its_records(tiny_task, tmp_path, monkeypatc
     key = f"{tiny_task.name}-{tiny_task.fingerprint()}"
     before = suite.head_sweep(tiny_task, [0], [1], tmp_path / "out", tmp_path / "cache-a", progress=False)
     records.copy_records(tmp_path / "cache-a" / key, tmp_path / "cache-b" / key, overwrite=False)
-    monkeypatch.setattr(suite._Builder, "single", lambda self: pytest.fail("built the single model"))
+    monkeypatch.setattr(suite.Pieces, "single", lambda self: pytest.fail("built the single model"))
     after = suite.head_sweep(tiny_task, [0], [1], tmp_path / "out-b", tmp_path / "cache-b", progress=False)
     assert after["per_seed"] == before["per_seed"] and after["notes"] == []
     # a single model built again differently (e.g. on another machine): the sweep's table says so, as the suite's
@@ -224,8 +235,15 @@ def test_a_single_model_trained_again_for_rows_recorded_without_digests_is_check
     recorded Single row; the same metrics record its digest (and restore the row's lost logits), others warn and
     the table says so."""
     key = f"{tiny_task.name}-{tiny_task.fingerprint()}"
-    first = suite.run(
-        tiny_task, [0], tmp_path / "out", tmp_path / "cache", progress=False, rows=["Single"], latency_repeats=0
+    first = runner.run(
+        tiny_task,
+        suite.TABLE,
+        [0],
+        tmp_path / "out",
+        tmp_path / "cache",
+        progress=False,
+        rows=["Single"],
+        latency_repeats=0,
     )
     first_logits = torch.load(tmp_path / "cache" / key / "seed0" / "logits" / "Single.pt")
     rows = ["Single", "Taylor"]
@@ -242,14 +260,18 @@ def test_a_single_model_trained_again_for_rows_recorded_without_digests_is_check
         (old / "results.json").write_text(json.dumps(results))
         if tamper:
             with pytest.warns(UserWarning, match=r"measures differently from the recorded row \(id.nll"):
-                after = suite.run(tiny_task, [0], tmp_path / "o", cache, progress=False, rows=rows, latency_repeats=0)
+                after = runner.run(
+                    tiny_task, suite.TABLE, [0], tmp_path / "o", cache, progress=False, rows=rows, latency_repeats=0
+                )
             assert records.rebuilt_differently(old) == ["single"]
             assert any("Seed 0: single trained again" in note for note in after["notes"])
             assert not (old / "logits" / "Single.pt").exists()  # not the recorded row's logits
         else:
             with warnings.catch_warnings():
                 warnings.filterwarnings("error", message=".*(measures differently|cannot be checked)")
-                after = suite.run(tiny_task, [0], tmp_path / "o", cache, progress=False, rows=rows, latency_repeats=0)
+                after = runner.run(
+                    tiny_task, suite.TABLE, [0], tmp_path / "o", cache, progress=False, rows=rows, latency_repeats=0
+                )
             assert records.rebuilt_differently(old) == []
             restored = torch.load(old / "logits" / "Single.pt")
             assert torch.equal(restored["test"], first_logits["test"])
@@ -273,7 +295,7 @@ def test_every_run_of_the_records_queue_is_a_valid_bench_command():
         args = build_parser().parse_args([word.replace("$R", "benchmarks/records") for word in words[1:]])
         assert args.records == Path("benchmarks/records") and args.seeds, words
         if args.rows:
-            suite._check_rows(args.rows)  # an unknown row is refused by name
+            suite.TABLE.check(args.rows)  # an unknown row is refused by name
 
 
 def test_metrics_agree_only_when_every_shared_one_is_within_the_tolerance(tmp_path):
@@ -312,7 +334,16 @@ def test_a_single_model_rebuilt_with_other_weights_is_measured_once_and_the_tabl
     """Rows recorded on another kind of machine, whose single model trains to other weights here: the rows built
     now use this build, so it is measured as the Single row once and the note says how far apart the two are."""
     key = f"{tiny_task.name}-{tiny_task.fingerprint()}"
-    suite.run(tiny_task, [0], tmp_path / "out", tmp_path / "cache", progress=False, rows=["Single"], latency_repeats=0)
+    runner.run(
+        tiny_task,
+        suite.TABLE,
+        [0],
+        tmp_path / "out",
+        tmp_path / "cache",
+        progress=False,
+        rows=["Single"],
+        latency_repeats=0,
+    )
     seed = tmp_path / "elsewhere" / key / "seed0"
     records.copy_records(tmp_path / "cache" / key, tmp_path / "elsewhere" / key, overwrite=False)
     digests = json.loads((seed / records.DIGESTS).read_text())
@@ -323,8 +354,15 @@ def test_a_single_model_rebuilt_with_other_weights_is_measured_once_and_the_tabl
 
     def run():
         rows = ["Single", "Taylor"]
-        return suite.run(
-            tiny_task, [0], tmp_path / "o", tmp_path / "elsewhere", progress=False, rows=rows, latency_repeats=0
+        return runner.run(
+            tiny_task,
+            suite.TABLE,
+            [0],
+            tmp_path / "o",
+            tmp_path / "elsewhere",
+            progress=False,
+            rows=rows,
+            latency_repeats=0,
         )
 
     with pytest.warns(UserWarning, match="differ from the digest recorded"):
@@ -342,8 +380,9 @@ def test_a_single_model_rebuilt_with_other_weights_is_measured_once_and_the_tabl
     (seed / "results.json").write_text(json.dumps({"Single": recorded["Single"]}))  # Taylor's row built again,
     for pruned in (seed / "models").glob("taylor*"):  # from the single model loaded from the cache
         shutil.rmtree(pruned)
-    measured, measure = [], suite.measure  # which is not measured again
-    monkeypatch.setattr(suite, "measure", lambda *a, **k: measured.append(a[0]) or measure(*a, **k))
+    measured, measure = [], suite.measure  # which is not measured again (rows, or the rebuilt single model)
+    for module in (suite, compare):
+        monkeypatch.setattr(module, "measure", lambda *a, **k: measured.append(a[0]) or measure(*a, **k))
     with pytest.warns(UserWarning, match="differ from the digest recorded"):
         assert run()["notes"] == after["notes"]
     assert len(measured) == 1  # the Taylor row only

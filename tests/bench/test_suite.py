@@ -2,12 +2,13 @@
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 import torch
 from conftest import MODELS, make_inputs
 
-from hydra_ensembles.bench import suite
+from hydra_ensembles.bench import runner, suite
 from hydra_ensembles.bench.tasks import Task
 from hydra_ensembles.training import TEXT_RECIPE
 
@@ -44,8 +45,8 @@ def tiny_task():
 
 def test_every_row_is_built_evaluated_tabled_and_cached(tiny_task, tmp_path, monkeypatch):
     rows = suite.ALL_ROWS
-    summary = suite.run(
-        tiny_task, [0], tmp_path / "out", tmp_path / "cache", command="pytest", progress=False, rows=rows
+    summary = runner.run(
+        tiny_task, suite.TABLE, [0], tmp_path / "out", tmp_path / "cache", command="pytest", progress=False, rows=rows
     )
     assert list(summary["rows"]) == list(rows)
     table = (tmp_path / "out" / "table.md").read_text()
@@ -78,33 +79,34 @@ def test_every_row_is_built_evaluated_tabled_and_cached(tiny_task, tmp_path, mon
     assert "val_nll" in single["epochs"][0] and saved["per_seed"]["0"]["Single"]["_measured"]["machine"]
     # a second run trains nothing: every model and result comes from the cache
     monkeypatch.setattr(suite, "finetune", lambda *a, **k: pytest.fail("retrained a cached model"))
-    again = suite.run(tiny_task, [0], tmp_path / "out2", tmp_path / "cache", progress=False, rows=rows)
+    again = runner.run(tiny_task, suite.TABLE, [0], tmp_path / "out2", tmp_path / "cache", progress=False, rows=rows)
     assert again["rows"]["Single"]["id.acc"] == summary["rows"]["Single"]["id.acc"]
 
 
-def test_an_interrupted_seed_resumes_at_the_missing_rows(tiny_task, tmp_path, monkeypatch):
-    original = suite._Builder.row
+def test_an_interrupted_seed_resumes_at_the_missing_rows(tiny_task, tmp_path):
+    built = []
 
-    def dies_at_taylor(self, name):
-        if name == "Taylor":
-            raise KeyboardInterrupt("killed")
-        return original(self, name)
+    def table(dies_at=None):  # the suite's rows, each saying when it is built; one may be killed
+        def row(name, build):
+            def logged(pieces):
+                if name == dies_at:
+                    raise KeyboardInterrupt("killed")
+                return built.append(name) or build(pieces)
 
-    monkeypatch.setattr(suite._Builder, "row", dies_at_taylor)
+            return logged
+
+        return replace(suite.TABLE, rows={name: row(name, build) for name, build in suite.TABLE.rows.items()})
+
     with pytest.raises(KeyboardInterrupt):
-        suite.run_seed(tiny_task, 0, tmp_path / "seed0", progress=False)
+        runner.run_seed(tiny_task, table(dies_at="Taylor"), 0, tmp_path / "seed0", progress=False)
     done = json.loads((tmp_path / "seed0" / "results.json").read_text())
     assert set(done) == set(suite.ROWS[: suite.ROWS.index("Taylor")])
-    monkeypatch.setattr(suite._Builder, "row", original)
-    built = []
-    monkeypatch.setattr(suite._Builder, "row", lambda self, name: built.append(name) or original(self, name))
-    results = suite.run_seed(tiny_task, 0, tmp_path / "seed0", progress=False)
+    built.clear()
+    results = runner.run_seed(tiny_task, table(), 0, tmp_path / "seed0", progress=False)
     assert built == list(suite.ROWS[suite.ROWS.index("Taylor") :]) and list(results) == list(suite.ROWS)
 
 
 def test_the_cache_key_changes_with_any_setting_or_split(tiny_task):
-    from dataclasses import replace
-
     key = tiny_task.fingerprint()
     assert key == replace(tiny_task).fingerprint()  # deterministic
     assert key != replace(tiny_task, recipe=tiny_task.recipe.with_(lr=2e-3)).fingerprint()
@@ -117,8 +119,6 @@ def test_the_cache_key_changes_with_any_setting_or_split(tiny_task):
 
 
 def test_head_sweep_measures_each_budget_zero_shot_and_fine_tuned(tiny_task, tmp_path):
-    from dataclasses import replace
-
     task = replace(tiny_task, circuit_pool=6)  # the circuit must rank 2 heads x 3 layers
     summary = suite.head_sweep(task, [0], [1, 2], tmp_path / "out", tmp_path / "cache", progress=False)
     rows = summary["rows"]
@@ -141,10 +141,10 @@ def test_a_table_rendered_from_records_says_where_its_rows_were_measured():
         0: {"Single": {"_measured": {"machine": "AMD"}}, "Taylor": {}},  # Taylor recorded before rows kept machines
         1: {"Single": {"_measured": {"machine": "Intel"}}, "Taylor": {"_measured": {"machine": "Intel"}}},
     }
-    machines = suite.measured_on(per_seed)
+    machines = runner.measured_on(per_seed)
     assert machines == {"AMD": 1, "not recorded": 1, "Intel": 2}
     assert suite.measured_on_lines({"machine": "Intel", "measured_on": machines}) == [
         "Rows (seed, row) measured on: AMD (1); Intel (2); not recorded (1)  "  # in table.json's (sorted) order
     ]
-    only_here = {"machine": "Intel", "measured_on": suite.measured_on({1: per_seed[1]})}
+    only_here = {"machine": "Intel", "measured_on": runner.measured_on({1: per_seed[1]})}
     assert suite.measured_on_lines(only_here) == []  # every row measured where the table is rendered: said once

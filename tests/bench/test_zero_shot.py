@@ -4,9 +4,10 @@ the seeds change only the rows that sample members."""
 import json
 
 import torch
-from conftest import WordTokenizer, tiny_clip
+from conftest import build_clip_tokenizer, tiny_clip
 
-from hydra_ensembles.bench import zero_shot
+from hydra_ensembles.bench import runner, zero_shot
+from hydra_ensembles.evaluation import compare
 from hydra_ensembles.predictors import TwoTowerModel
 
 CLASSES = ["cat", "dog", "small red car", "tree"]
@@ -23,7 +24,7 @@ def tiny_task() -> zero_shot.ZeroShotTask:
     return zero_shot.ZeroShotTask(
         name="tiny-zero-shot",
         two_tower=lambda path, progress: TwoTowerModel.from_clip(tiny_clip(seed=3, dropout=0.3)),
-        tokenizer=lambda path: WordTokenizer(),
+        tokenizer=lambda path: build_clip_tokenizer(),
         classes=CLASSES,
         templates=TEMPLATES,
         test=_images(1),
@@ -42,9 +43,8 @@ def tiny_task() -> zero_shot.ZeroShotTask:
 
 def test_every_zero_shot_row_is_built_evaluated_and_cached(tmp_path, monkeypatch):
     task = tiny_task()
-    summary = zero_shot.run(
-        task, [0, 1], tmp_path / "out", tmp_path / "cache", command="pytest", latency_repeats=2, progress=False
-    )
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    summary = runner.run(task, zero_shot.TABLE, [0, 1], out, cache, "pytest", latency_repeats=2, progress=False)
     assert list(summary["rows"]) == list(zero_shot.ROWS)
     table = (tmp_path / "out" / "table.md").read_text()
     assert all(f"| {row} |" in table for row in zero_shot.ROWS) and "a tiny test task" in table
@@ -60,8 +60,9 @@ def test_every_zero_shot_row_is_built_evaluated_and_cached(tmp_path, monkeypatch
     }
     assert per_seed[0]["Hydra (Circ), image tower only"]["heads"].startswith("9+12")
     assert set(summary["latency"]) == set(zero_shot.ROWS)
+    assert all(result["_measured"]["machine"] for result in per_seed[1].values())  # where, as the suite's rows
     assert json.loads((tmp_path / "out" / "table.json").read_text())["seeds"] == [0, 1]
     monkeypatch.setattr(zero_shot, "extract_joint_circuit", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
-    monkeypatch.setattr(zero_shot, "measure", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
-    again = zero_shot.run(task, [0, 1], tmp_path / "out", tmp_path / "cache", latency_repeats=0, progress=False)
+    monkeypatch.setattr(compare, "measure", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
+    again = runner.run(task, zero_shot.TABLE, [0, 1], out, cache, latency_repeats=0, progress=False)
     assert again["per_seed"][1] == json.loads(json.dumps(per_seed[1]))  # everything from the cache

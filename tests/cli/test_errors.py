@@ -9,6 +9,9 @@ import torch
 import transformers as T
 from cli_support import hydra_ens, text_encoder, text_files
 
+import hydra_ensembles as he
+from hydra_ensembles.predictors import copy_preprocessor
+
 
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory, text_encoder, text_files):
@@ -17,6 +20,17 @@ def classifier(tmp_path_factory, text_encoder, text_files):
         "finetune", "--model", str(text_encoder), "--data", str(text_files["train"]), "--epochs", "1", "--out", str(out)
     )
     return out / "model"
+
+
+@pytest.fixture(scope="module")
+def ensemble(tmp_path_factory, classifier):
+    """A fused ensemble of 3 members of the classifier, saved as `fuse` saves one (with its tokenizer)."""
+    model = he.load_model(classifier)
+    members = he.build_members(model, he.sample_members(torch.rand(2, 4), num_members=3, budget=1, seed=0))
+    out = tmp_path_factory.mktemp("ens") / "ensemble"
+    he.HydraEnsemble.fuse(members).save_pretrained(out)
+    copy_preprocessor(classifier, out)
+    return out
 
 
 def fails(*args: str) -> str:
@@ -167,3 +181,38 @@ def test_a_head_with_classes_the_data_never_shows_is_warned_about(tmp_path, clas
     assert warning in result.stdout
     assert "(1 epoch, lr" in result.stdout and "1 epochs" not in result.stdout
     assert "kept epoch 1 of 1: the last (no --val to choose on)" in result.stdout
+
+
+def test_a_command_that_takes_one_model_says_what_it_was_given(tmp_path, ensemble, text_files):
+    data, given = str(text_files["val"]), ["--model", str(ensemble)]
+    message = fails("amp", *given, "--data", data, "--delta-e", "0.01", "--out", str(tmp_path / "o"))
+    assert "amp takes one model; --model" in message and "is a fused ensemble of 3 members" in message
+    assert "model_type" not in message and not (tmp_path / "o").exists()  # refused before anything was written
+    for command, extra in (
+        ("scores", ["--data", data]),
+        ("circuit", ["--data", data]),
+        ("members", ["--scores", data]),
+        ("distill", ["--teacher", str(ensemble), "--data", data]),
+        ("finetune", ["--data", data]),
+    ):
+        message = fails(command, *given, *extra, "--out", str(tmp_path / "o"))
+        assert f"{command} takes one model" in message and "a fused ensemble of 3 members" in message, message
+    message = fails("fuse", "--members", str(ensemble), "--out", str(tmp_path / "o"))
+    assert "not a members directory" in message and "it is a fused ensemble of 3 members" in message
+    (tmp_path / "members").mkdir()
+    (tmp_path / "members" / "members.json").write_text('{"members": []}')
+    message = fails("predict", "--model", str(tmp_path / "members"), "--inputs", data, "--threshold", "0")
+    assert "is a members directory (models not yet fused)" in message and "hydra-ens fuse --members" in message
+
+
+def test_classes_on_a_text_classifier_name_the_real_problem_first(classifier, text_files):
+    message = fails("predict", "--model", str(classifier), "--classes", "a,b", "--inputs", str(text_files["new"]))
+    assert "one model (BertForSequenceClassification), a classifier of its own classes" in message
+    assert "--classes (zero-shot class names) is for two-tower models" in message and "calibration" not in message
+
+
+def test_distill_refuses_a_teacher_of_one_member(tmp_path, classifier, text_files):
+    given = ["--model", str(classifier), "--data", str(text_files["train"]), "--out", str(tmp_path / "o")]
+    message = fails("distill", "--teacher", str(classifier), *given)
+    assert "is one model (BertForSequenceClassification): a one-member teacher has no model uncertainty" in message
+    assert "Pass an ensemble: a Hydra Ensemble (hydra-ens fuse)" in message

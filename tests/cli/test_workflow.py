@@ -20,8 +20,8 @@ from tolerances import CONTRACT
 
 import hydra_ensembles as he
 from hydra_ensembles import metrics
-from hydra_ensembles.cli.common import RECORD
 from hydra_ensembles.cli.predict import id_threshold
+from hydra_ensembles.cli.step import RECORD
 from hydra_ensembles.data.files import label_ids, read_examples, text_batches
 from hydra_ensembles.evaluation.ood import OOD_SCORES
 from hydra_ensembles.outputs import collect_member_logits

@@ -1,4 +1,5 @@
-"""Run by tests under `torchrun --nproc-per-node N`: circuit extraction or fine-tuning on a tiny BERT.
+"""Run by tests under `torchrun --nproc-per-node N`: circuit extraction or fine-tuning on a tiny BERT (the circuit
+on `circuit_support`'s model and data, where heads change S and removals do not tie).
 
 python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/worker.py circuit OUT METHOD
 python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/worker.py finetune OUT
@@ -11,6 +12,8 @@ import safetensors.torch
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
+sys.path.insert(0, str(Path(__file__).parents[1] / "importance"))
+from circuit_support import circuit_data, circuit_model  # noqa: E402
 from conftest import MODELS, make_inputs  # noqa: E402
 
 import hydra_ensembles as he  # noqa: E402
@@ -18,17 +21,12 @@ from hydra_ensembles.distributed import init_from_env, is_main, world_size  # no
 from hydra_ensembles.training import TEXT_RECIPE, finetune  # noqa: E402
 
 
-def circuit_data():
-    id_batches = [make_inputs("bert", seed=s) | {"labels": torch.tensor([0, 1, 2, 1])} for s in (1, 2)]
-    return id_batches, [make_inputs("bert", seed=s) for s in (3, 4)]
-
-
 def training_data():
     return [make_inputs("bert", seed=s) | {"labels": torch.tensor([0, 1, 2, 1])} for s in (5, 6, 7)]
 
 
 def run_circuit(method: str) -> he.Circuit:
-    return he.extract_circuit(MODELS["bert"](), *circuit_data(), "avg", budget=4, method=method, progress=False)
+    return he.extract_circuit(circuit_model(), *circuit_data(), "avg", budget=4, method=method, progress=False)
 
 
 def run_finetune() -> torch.nn.Module:

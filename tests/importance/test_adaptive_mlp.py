@@ -202,3 +202,15 @@ def test_adaptive_pruning_with_and_without_the_shortcut_agree():
     ]
     assert runs[0].sizes == runs[1].sizes and runs[0].kept == runs[1].kept
     assert runs[0].entropies == pytest.approx(runs[1].entropies, abs=1e-6)
+
+
+def test_auto_loss_is_cross_entropy_with_labels_and_entropy_without():
+    """Neuron importance and the criterion share Taylor importance's "auto" rule."""
+    model = MODELS["bert"]()
+    labelled = [make_inputs("bert", seed=s) | {"labels": torch.tensor([0, 1, 2, 1])} for s in (1, 2)]
+    unlabelled = [{k: v for k, v in batch.items() if k != "labels"} for batch in labelled]
+    for batches, loss in ((labelled, "cross_entropy"), (unlabelled, "entropy")):
+        auto, named = (he.neuron_scores(model, batches, loss=name, progress=False) for name in ("auto", loss))
+        assert all(torch.equal(a, n) for a, n in zip(auto, named))
+        assert criterion_value(model, batches, "auto") == criterion_value(model, batches, loss)
+    assert criterion_value(model, labelled, "cross_entropy") != criterion_value(model, labelled, "entropy")

@@ -119,3 +119,34 @@ def test_bad_input_is_rejected():
         he.taylor_head_scores(model, _loader("bert"), sequential_budget=HEADS, progress=False)
     with pytest.raises(TypeError, match="dict batches"):
         he.taylor_head_scores(model, [torch.zeros(2, 3)], progress=False)
+
+
+class _Margin(he.importance.TaylorLoss):
+    """A loss a user might add: the mean gap between the two largest logits (label-free)."""
+
+    needs_labels = False
+
+    def __call__(self, output, labels, *, classifier, temperature):
+        top_two = output.float().topk(2, dim=-1).values  # (B, 2)
+        return (top_two[:, 0] - top_two[:, 1]).mean()
+
+
+def test_a_registered_loss_reaches_head_and_neuron_scores_and_the_cli(monkeypatch):
+    from hydra_ensembles.cli import build_parser
+    from hydra_ensembles.importance import losses
+
+    monkeypatch.setitem(losses.TAYLOR_LOSSES, "margin", _Margin())
+    model, batches = MODELS["bert"](), _loader("bert", labels=False)
+    scores = he.taylor_head_scores(model, batches, loss="margin", progress=False)
+    expected = _literal_scores(
+        model, lambda output, labels: _Margin()(output, labels, classifier=True, temperature=1), batches
+    )
+    torch.testing.assert_close(scores, expected, rtol=TAYLOR_RTOL, atol=0)
+    assert len(he.neuron_scores(model, batches, loss="margin", progress=False)) == LAYERS
+    parser = build_parser()  # the choices are read from the registry when the parser is built
+    for command in (
+        ["scores", "--model", "m", "--data", "d"],
+        ["amp", "--model", "m", "--data", "d", "--delta-e", "1"],
+    ):
+        assert parser.parse_args([*command, "--out", "o", "--loss", "margin"]).loss == "margin"
+    assert losses.needs_labels("margin") is False and losses.needs_labels("auto") is None

@@ -1,11 +1,12 @@
 """Zero-shot two-tower ensembles on tiny random `CLIPModel` configs: the fused ensemble equals its members run one
 by one (both towers pruned, unequal heads per member, or one tower only), class embeddings follow their
-definition, and the predictor saves, reloads and plugs into temperature scaling and evaluation."""
+definition, and the predictor saves, reloads and plugs into temperature scaling and evaluation. Prompts go through a
+real CLIPTokenizer over a tiny vocabulary (conftest.build_clip_tokenizer)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import HEADS, LAYERS, WordTokenizer, random_head_maps, tiny_clip
+from conftest import HEADS, LAYERS, random_head_maps, tiny_clip
 from tolerances import CONTRACT
 
 from hydra_ensembles.evaluation.report import classification_metrics
@@ -25,35 +26,39 @@ CLASSES = ["cat", "dog", "small red car", "tree"]
 TEMPLATES = ["a photo of a {}.", "a drawing of the {}"]
 
 
+def _tokens(tokenizer, texts):
+    return tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
+
+
 def _images(seed=1, batch=5):
     return {"pixel_values": torch.randn(batch, 3, 16, 16, generator=torch.Generator().manual_seed(seed))}
 
 
 @pytest.mark.parametrize("towers", ["both", "image", "text"])
-def test_fused_zero_shot_ensemble_equals_its_members_one_by_one(towers):
+def test_fused_zero_shot_ensemble_equals_its_members_one_by_one(towers, clip_tokenizer):
     two_tower = TwoTowerModel.from_clip(tiny_clip())
     image_maps = random_head_maps(3, seed=4, min_heads=1) if towers in ("both", "image") else None
     text_maps = random_head_maps(3, seed=5, min_heads=1) if towers in ("both", "text") else None
-    tokenizer = WordTokenizer()
+    tokenizer = clip_tokenizer
     ensemble = zero_shot_ensemble(two_tower, CLASSES, tokenizer, TEMPLATES, image_maps, text_maps)
     inputs = _images()
     with torch.no_grad():
         fused = ensemble(**inputs).member_logits
-        prompts = [tokenizer(class_prompts(CLASSES, TEMPLATES))]
+        prompts = [_tokens(tokenizer, class_prompts(CLASSES, TEMPLATES))]
         expected = member_logits_one_by_one(two_tower, inputs, prompts, len(CLASSES), image_maps, text_maps)
     assert fused.shape == (5, 3, 4) and ensemble.num_members == 3
     assert (fused - expected).abs().max().item() <= CONTRACT * two_tower.logit_scale
     assert (expected[:, 0] - expected[:, 1]).abs().max().item() > 100 * CONTRACT  # members differ
 
 
-def test_class_embeddings_and_logits_follow_the_definition():
+def test_class_embeddings_and_logits_follow_the_definition(clip_tokenizer):
     """Single model, by hand: CLIPModel's own image and text features, normalised, averaged over templates."""
     clip = tiny_clip()
-    two_tower, tokenizer = TwoTowerModel.from_clip(clip), WordTokenizer()
+    two_tower, tokenizer = TwoTowerModel.from_clip(clip), clip_tokenizer
     single = zero_shot_ensemble(two_tower, CLASSES, tokenizer, TEMPLATES)
     inputs = _images()
     with torch.no_grad():
-        text = clip.get_text_features(**tokenizer(class_prompts(CLASSES, TEMPLATES))).pooler_output  # (C*T, P)
+        text = clip.get_text_features(**_tokens(tokenizer, class_prompts(CLASSES, TEMPLATES))).pooler_output  # (C*T, P)
         per_class = F.normalize(F.normalize(text, dim=-1).view(4, 2, -1).mean(dim=1), dim=-1)
         image = F.normalize(clip.get_image_features(**inputs).pooler_output, dim=-1)
         expected = clip.logit_scale.exp() * image @ per_class.T
@@ -66,11 +71,11 @@ def test_class_embeddings_and_logits_follow_the_definition():
     with pytest.raises(ValueError, match="same number of members"):
         zero_shot_ensemble(two_tower, CLASSES, tokenizer, TEMPLATES, random_head_maps(3), random_head_maps(2))
     with pytest.raises(ValueError, match="do not split evenly"):
-        class_embeddings(two_tower.text, [tokenizer(["a", "b", "c"])], 2)
+        class_embeddings(two_tower.text, [_tokens(tokenizer, ["a", "b", "c"])], 2)
 
 
-def test_zero_shot_ensemble_saves_reloads_and_works_with_the_evaluation_stack(tmp_path):
-    two_tower, tokenizer = TwoTowerModel.from_clip(tiny_clip()), WordTokenizer()
+def test_zero_shot_ensemble_saves_reloads_and_works_with_the_evaluation_stack(tmp_path, clip_tokenizer):
+    two_tower, tokenizer = TwoTowerModel.from_clip(tiny_clip()), clip_tokenizer
     ensemble = zero_shot_ensemble(
         two_tower, CLASSES, tokenizer, TEMPLATES, random_head_maps(3, seed=2, min_heads=1), random_head_maps(3, seed=3)
     )
@@ -103,7 +108,7 @@ def test_zero_shot_ensemble_saves_reloads_and_works_with_the_evaluation_stack(tm
 def _circuit_data(tokenizer):
     labelled = [_images(seed=s, batch=6) | {"labels": torch.tensor([0, 1, 2, 3, 1, 2])} for s in (11, 12)]
     ood = [{"pixel_values": 3 * torch.rand(6, 3, 16, 16, generator=torch.Generator().manual_seed(13))}]
-    return labelled, ood, [tokenizer(class_prompts(CLASSES, TEMPLATES))]
+    return labelled, ood, [_tokens(tokenizer, class_prompts(CLASSES, TEMPLATES))]
 
 
 def _literal_score(clip, tower, layer, head, removed, labelled, ood, prompts, criterion):
@@ -122,11 +127,11 @@ def _literal_score(clip, tower, layer, head, removed, labelled, ood, prompts, cr
     return criterion(logits[: len(labels)], labels, logits[len(labels) :])
 
 
-def test_joint_fast_circuit_equals_the_reference_and_the_literal_definition(tmp_path):
+def test_joint_fast_circuit_equals_the_reference_and_the_literal_definition(tmp_path, clip_tokenizer):
     from hydra_ensembles.importance import JointCircuit, extract_joint_circuit
     from hydra_ensembles.importance.circuit import CRITERIA
 
-    clip, tokenizer = tiny_clip(seed=3), WordTokenizer()
+    clip, tokenizer = tiny_clip(seed=3), clip_tokenizer
     two_tower = TwoTowerModel.from_clip(clip)
     labelled, ood, prompts = _circuit_data(tokenizer)
     args = (two_tower, labelled, ood, prompts, len(CLASSES), "avg", 6)
@@ -153,11 +158,11 @@ def test_joint_fast_circuit_equals_the_reference_and_the_literal_definition(tmp_
         extract_joint_circuit(*args, method="screen", progress=False)
 
 
-def test_members_sampled_from_a_joint_circuit_fuse_per_tower_and_equal_the_members_one_by_one():
+def test_members_sampled_from_a_joint_circuit_fuse_per_tower_and_equal_the_members_one_by_one(clip_tokenizer):
     from hydra_ensembles import sample_members
     from hydra_ensembles.importance import extract_joint_circuit
 
-    two_tower, tokenizer = TwoTowerModel.from_clip(tiny_clip(seed=3)), WordTokenizer()
+    two_tower, tokenizer = TwoTowerModel.from_clip(tiny_clip(seed=3)), clip_tokenizer
     labelled, ood, prompts = _circuit_data(tokenizer)
     circuit = extract_joint_circuit(two_tower, labelled, ood, prompts, len(CLASSES), "avg", 8, progress=False)
     members = sample_members(circuit, num_members=3, budget=4, pool=8, seed=0)
@@ -171,12 +176,12 @@ def test_members_sampled_from_a_joint_circuit_fuse_per_tower_and_equal_the_membe
     assert (fused - expected).abs().max().item() <= CONTRACT * two_tower.logit_scale
 
 
-def test_taylor_scores_of_the_image_tower_read_the_zero_shot_logits():
+def test_taylor_scores_of_the_image_tower_read_the_zero_shot_logits(clip_tokenizer):
     """Taylor on the vision tower only (§C.3): the loss is the zero-shot cross-entropy; checked against the
     saliency |w dL/dw| of CLIPModel's own vision q/k/v weights, head by head."""
     from hydra_ensembles import taylor_head_scores
 
-    clip, tokenizer = tiny_clip(seed=5), WordTokenizer()
+    clip, tokenizer = tiny_clip(seed=5), clip_tokenizer
     single = zero_shot_ensemble(TwoTowerModel.from_clip(clip), CLASSES, tokenizer, TEMPLATES)
     data = [_images(seed=s, batch=6) | {"labels": torch.tensor([0, 1, 2, 3, 1, 2])} for s in (21, 22)]
     got = taylor_head_scores(clip.vision_model, data, loss="cross_entropy", readout=single.readout(), progress=False)
@@ -199,15 +204,15 @@ def test_taylor_scores_of_the_image_tower_read_the_zero_shot_logits():
         assert torch.allclose(got[layer], expected, rtol=1e-4, atol=1e-9)
 
 
-def test_class_embeddings_are_computed_without_dropout_whatever_the_mode():
+def test_class_embeddings_are_computed_without_dropout_whatever_the_mode(clip_tokenizer):
     """A tower left in training mode (a wrapper's evaluation restores the mode it found) must not put dropout
     noise into the class embeddings: they are computed in eval mode and the mode is given back."""
-    two_tower, tokenizer = TwoTowerModel.from_clip(tiny_clip(seed=2, dropout=0.5)), WordTokenizer()
+    two_tower, tokenizer = TwoTowerModel.from_clip(tiny_clip(seed=2, dropout=0.5)), clip_tokenizer
     reference = zero_shot_ensemble(two_tower.eval(), CLASSES, tokenizer, TEMPLATES).embeddings
     for _ in range(2):
         two_tower.train()
         assert torch.equal(zero_shot_ensemble(two_tower, CLASSES, tokenizer, TEMPLATES).embeddings, reference)
     two_tower.train()
-    prompts = [tokenizer(class_prompts(CLASSES, TEMPLATES))]
+    prompts = [_tokens(tokenizer, class_prompts(CLASSES, TEMPLATES))]
     assert torch.equal(class_embeddings(two_tower.text, prompts, len(CLASSES)), reference)
     assert two_tower.text.training  # given back in the mode it came in

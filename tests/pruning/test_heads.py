@@ -4,8 +4,18 @@ import copy
 
 import pytest
 import torch
-from conftest import CONTRACT_MODELS, HEADS, LAYERS, MODELS, make_inputs, output, perturb
-from tolerances import CONTRACT
+from conftest import (
+    CONTRACT_MODELS,
+    HEADS,
+    LAYERS,
+    MODELS,
+    at_trained_scale,
+    make_inputs,
+    output,
+    perturb,
+    smallest_head_effect,
+)
+from tolerances import CONTRACT, DEFECT
 
 import hydra_ensembles as he
 
@@ -15,13 +25,25 @@ PLAN = {0: [1, 3], 1: [0, 1, 2, 3], 2: [2]}  # two heads, a whole layer, one hea
 @pytest.mark.parametrize("name", CONTRACT_MODELS)
 def test_pruned_model_equals_ablated_original(name):
     """Contract 2, with padded inputs, a layer emptied entirely and a layer left with one head."""
-    model, inputs = MODELS[name](), make_inputs(name)
+    model, inputs = at_trained_scale(name), make_inputs(name)
     plan = {0: [0, 1, 3], 1: [0, 1, 2, 3], 2: [2]}
     with he.ablate_heads(model, plan):
         ablated = output(model, inputs)
     pruned = he.prune_heads(copy.deepcopy(model), plan)
     assert (output(pruned, inputs) - ablated).abs().max().item() <= CONTRACT  # contract 2 (tests/tolerances.py)
-    assert not torch.allclose(output(model, inputs), ablated)  # the heads did matter
+    assert smallest_head_effect(pruned, inputs) >= DEFECT  # one head too many pruned would show
+    assert _smallest_unpruning_effect(model, plan, inputs, ablated) >= DEFECT  # one head too few pruned would show
+
+
+def _smallest_unpruning_effect(model, plan, inputs, ablated) -> float:
+    """min over the plan's heads of max |output change| when that head is left on and the rest ablated."""
+    effects = []
+    for layer, heads in plan.items():
+        for head in heads:
+            fewer = {other: [h for h in hs if (other, h) != (layer, head)] for other, hs in plan.items()}
+            with he.ablate_heads(model, fewer):
+                effects.append((output(model, inputs) - ablated).abs().max().item())
+    return min(effects)
 
 
 def test_head_map_follows_pruning_in_original_numbering():

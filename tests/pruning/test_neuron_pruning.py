@@ -5,8 +5,17 @@ import copy
 
 import pytest
 import torch
-from conftest import CONTRACT_MODELS, MODELS, fused_output, make_inputs, output, perturb, random_head_maps
-from tolerances import CONTRACT
+from conftest import (
+    CONTRACT_MODELS,
+    MODELS,
+    at_trained_scale,
+    fused_output,
+    make_inputs,
+    output,
+    perturb,
+    random_head_maps,
+)
+from tolerances import CONTRACT, DEFECT
 
 import hydra_ensembles as he
 
@@ -15,17 +24,29 @@ PLAN = {0: [0, 5, 36], 2: list(range(30))}  # MLP width 37 in the tiny configs
 
 @pytest.mark.parametrize("name", CONTRACT_MODELS)
 def test_pruned_neurons_equal_zeroed_neurons(name):
-    model, inputs = MODELS[name](), make_inputs(name)
+    model, inputs = at_trained_scale(name), make_inputs(name)
     with he.ablate_neurons(model, PLAN):
         zeroed = output(model, inputs)
     restored = output(model, inputs)
-    pruned = he.prune_neurons(MODELS[name](), PLAN)
+    pruned = he.prune_neurons(at_trained_scale(name), PLAN)
     assert (output(pruned, inputs) - zeroed).abs().max().item() <= CONTRACT
-    assert (output(MODELS[name](), inputs) - restored).abs().max().item() == 0  # ablation was undone
-    width = len(he.kept_neurons(MODELS[name]())[1])  # 37, or 64 for DINOv2 (mlp_ratio 2)
+    assert (output(at_trained_scale(name), inputs) - restored).abs().max().item() == 0  # ablation was undone
+    assert _smallest_neuron_effect(model, inputs) >= DEFECT  # one neuron pruned too many or too few would show
+    width = len(he.kept_neurons(model)[1])  # 37, or 64 for DINOv2 (mlp_ratio 2)
     assert he.kept_neurons(pruned)[2] == list(range(30, width)) and he.kept_neurons(pruned)[1] == list(range(width))
     block = he.get_adapter(pruned).block(he.get_adapter(pruned).layers(pruned)[2])
     assert block.mlp_in.out_features == block.mlp_out.in_features == width - 30
+
+
+def _smallest_neuron_effect(model, inputs) -> float:
+    """min over PLAN's neurons of max |output change| when that one neuron is zeroed."""
+    full = output(model, inputs)
+    effects = []
+    for layer, neurons in PLAN.items():
+        for neuron in neurons:
+            with he.ablate_neurons(model, {layer: [neuron]}):
+                effects.append((output(model, inputs) - full).abs().max().item())
+    return min(effects)
 
 
 def test_neurons_and_heads_save_reload_and_fuse(tmp_path):

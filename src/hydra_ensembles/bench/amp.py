@@ -1,27 +1,20 @@
-"""Paper 002's experiments on a benchmark task's fine-tuned single model, and the ensemble-for-free table
-(issue 13). One seed, from the suite's cached Single model of the task (`bench.suite`):
+"""Paper 002's experiments on a benchmark task's fine-tuned single model (the suite's cached Single model of each
+seed), and the ensemble-for-free table (issue 13). The tables (`TABLES`):
 
-sweep      Algorithm 1 at each delta-E with the label-free entropy criterion: kept MLP sizes, parameters, FLOPs
-           and the evaluation suite's metrics, before and after recovery (the shape of Table 7).
-free       the base of the ensemble: the smallest delta-E whose fused 3-member Hydra Ensemble costs at most
-           `flops_target` x Single's FLOPs (a cost rule: FLOPs on a few validation inputs, no labels), on the
-           sweep's grid refined by bisection between the grid's last delta-E over the target and its first
-           within. Then Single, AMP single (that base, recovered), Hydra (Taylor) and Hydra (Circ) on the
-           unpruned base (the suite's own rows) and on the AMP base (the same recipe: sequential Taylor
-           scores, exact circuits, fine-tuned members, merged MLP), with latency timed interleaved in one run.
-curve      Single, Hydra (Taylor) on the unpruned base, and AMP single and Hydra (Taylor) on every base of the
-           sweep (recovered; the free base's delta-E included): the ensemble's quality against its cost, for when
-           the free base's ensemble misses the bar (circuit rows are left out: an exact search per base is hours).
-criteria   neurons ranked by cross-entropy, the prediction entropy or the [CLS] similarity entropy (Table 5
-           swaps only the importance criterion: Algorithm 1's search stays on the prediction entropy), each at
-           the delta-E that keeps the free base's MLP neuron count (found by bisection).
-baselines  at that count with a uniform width: random neurons, L2 magnitude, Taylor (the entropy criterion), next
-           to the adaptive result (Tables 3 and 6), before and after recovery.
+free       Single and Hydra (Taylor) / Hydra (Circ) on the unpruned base and on the AMP base: the smallest delta-E
+           whose fused Hydra costs <= `flops_target` x Single's FLOPs (counted on validation inputs, no labels), on
+           the sweep's grid refined by bisection; latency timed interleaved in one run.
+sweep      Algorithm 1 at each delta-E with the label-free entropy criterion, before and after recovery (Table 7).
+curve      Single and Hydra (Taylor) on the unpruned base and on every base of the sweep: quality against cost
+           (no circuit rows: an exact search per base is hours).
+criteria   neurons ranked by cross-entropy, prediction entropy or [CLS] similarity entropy (Table 5; the search
+           stays on the prediction entropy), each at the delta-E that keeps the free base's MLP neuron count.
+baselines  that count at a uniform width: random, L2, Taylor neurons, next to the adaptive result (Tables 3, 6).
 
-Recovery is Eq. 8 (MSE on the last layer's features against the unpruned model) on the training inputs, labels
-unused. The pruning set is the first `pruning_examples` training examples. Everything is cached under
-`<suite seed cache>/<AMP_CACHE>/`, so a run resumes where it stopped; a model is built only when a result needs
-it and is not recorded, so the records alone (`bench.records`) render every table on a fresh machine.
+Recovery is Eq. 8 (MSE on the last layer's features against the unpruned model, labels unused) on the training
+inputs; the pruning set is the first `pruning_examples` training examples. All five are one `bench.runner` table
+(`table`): AMP's own rows recorded in `<seed cache>/<AMP_CACHE>/`, the suite's rows on a base in the base's
+directory, so the records alone (`bench.records`) render every table.
 """
 
 from __future__ import annotations
@@ -32,7 +25,6 @@ import json
 import math
 import os
 import shutil
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -41,9 +33,8 @@ from torch import Tensor, nn
 
 from ..adapters import get_adapter
 from ..cost import count_flops, format_latency
-from ..data.loaders import rebatch
-from ..evaluation.report import measure
-from ..evaluation.tables import CONVENTIONS, aggregate, latency_over_seeds, render, table_lines
+from ..evaluation.compare import Built
+from ..evaluation.tables import CONVENTIONS, aggregate, render, table_lines
 from ..fusion import HydraEnsemble
 from ..importance import (
     adaptive_mlp_pruning,
@@ -53,20 +44,20 @@ from ..importance import (
     random_neuron_scores,
     uniform_sizes,
 )
-from ..io import read_json_record, row_file, torch_save_atomic, write_json_atomic
+from ..io import read_json_record, torch_save_atomic, write_json_atomic
 from ..members import build_members
 from ..predictors import load_predictor, save_predictor
 from ..pruning import kept_neurons
 from ..training import AMP_RECOVERY, TrainConfig, recover
-from .records import DIGESTS, check_digest, rebuilt_notes, recorded_latency
-from .suite import _Builder, run_record, run_seed, time_predictors
+from . import runner, suite
+from .records import DIGESTS, check_digest, rebuilt_notes
 from .tasks import Task
 
 DELTAS = (0.01, 0.02, 0.03, 0.05, 0.1, 0.2)
 CRITERIA = ("entropy", "cross_entropy", "similarity")
 BASELINES = ("random", "l2", "taylor")
 HYDRA_ROWS = ("Single", "Hydra (Taylor)", "Hydra (Circ)")
-CURVE_ROWS = ("Single", "Hydra (Taylor)")  # on each base: no circuit rows (an exact search per base is hours)
+CURVE_ROWS = ("Single", "Hydra (Taylor)")
 TABLES = (
     ("free", "Ensemble for free: Hydra Ensembles on an AMP base"),
     ("sweep", "delta-E sweep, entropy criterion (Table 7's shape)"),
@@ -82,15 +73,11 @@ AMP_CACHE = "amp-v2"
 SIMILARITY_TEMPERATURE = {"image-dinov2": 1 / 20}
 LATENCY_BATCH = 32  # the bar of issue 13: latency on the CPU at batch 32
 REFINE_STEPS = 3  # bisection steps of the cost rule between two grid delta-Es
-FREE_NAMES = {  # the suite's rows on the AMP base, as the free table names them
-    "Single": "AMP single",
-    "Hydra (Taylor)": "Hydra (Taylor) on AMP",
-    "Hydra (Circ)": "Hydra (Circ) on AMP",
-}
+FREE_NAMES = {"Single": "AMP single", "Hydra (Taylor)": "Hydra (Taylor) on AMP", "Hydra (Circ)": "Hydra (Circ) on AMP"}
 
 
 class AmpSeed:
-    """The pruned, recovered and ensembled models of one seed, each built once and cached."""
+    """The pruned and recovered models of one seed, each built once (only when a result needs it) and cached."""
 
     def __init__(
         self,
@@ -104,26 +91,15 @@ class AmpSeed:
         self.task, self.seed, self.progress, self.recovery = task, seed, progress, recovery
         self.seed_cache, self.cache = seed_cache, seed_cache / AMP_CACHE
         self.pruning = _first_examples(task.train, pruning_examples)
-        # the inputs FLOPs are counted on: validation ones, as the cost rule that picks the AMP base counts them
-        self.probe = {k: v[:8] for k, v in task.val[0].items() if k != "labels"}
-        self.suite = _Builder(task, seed, seed_cache, progress)
-        settings = {"recovery": recovery.key(), "pruning_examples": pruning_examples}
-        _check_settings(self.cache / "settings.json", settings)
-
-    # Models are built only when a result is not recorded yet, so that a seed whose records are all there (e.g.
-    # on a fresh machine, `bench.records`) is rendered without training anything.
+        self.probe = {k: v[:8] for k, v in task.val[0].items() if k != "labels"}  # the cost rule's FLOPs inputs
+        self.suite = suite.Pieces(runner.SeedRun(task, seed, seed_cache, progress))
+        _check_settings(
+            self.cache / "settings.json", {"recovery": recovery.key(), "pruning_examples": pruning_examples}
+        )
 
     @functools.cached_property
     def single(self) -> nn.Module:
-        """The suite's Single model of the seed (trained, or loaded from the cache)."""
         return self.suite.single()
-
-    @functools.cached_property
-    def shape(self) -> dict:
-        """The single model's heads per layer, layers and MLP widths, as the suite records them."""
-        return self.suite.shape
-
-    # ---- models ----
 
     def scores(self, criterion: str) -> list[Tensor]:
         """Neuron importance of the single model under `criterion` ("random", "l2" or a Taylor loss)."""
@@ -143,37 +119,27 @@ class AmpSeed:
         return torch.load(path)
 
     def adaptive(self, delta: float, criterion: str = "entropy") -> nn.Module:
-        """The model Algorithm 1 prunes at `delta`, its neurons ranked by `criterion` and its sizes searched on
-        the prediction entropy (built once, cached)."""
+        """Algorithm 1's model at `delta`: neurons ranked by `criterion`, sizes searched on the prediction entropy."""
         return load_predictor(self._adaptive_dir(delta, criterion))
 
     def search(self, delta: float, criterion: str = "entropy") -> dict:
-        """Algorithm 1's record at `delta` (sizes, baseline, entropies), without loading the model (a record:
-        `searches/`; the search runs when it is missing)."""
+        """Algorithm 1's record at `delta` (sizes, baseline, entropies) in `searches/`, searched when missing."""
         path = self.cache / "searches" / f"adaptive-{criterion}-dE{delta:.6g}.json"
         if not path.exists():
             self._adaptive_dir(delta, criterion)
         return json.loads(path.read_text())
 
     def _adaptive_dir(self, delta: float, criterion: str) -> Path:
-        """Where the model pruned at `delta` is cached; built on first use, with its search record (written
-        last: a run stopped in between builds it again)."""
+        """The model pruned at `delta`, built with its search record (written last: a stopped run builds again)."""
         path = self.cache / "models" / f"adaptive-{criterion}-dE{delta:.6g}"
         record = self.cache / "searches" / f"{path.name}.json"
-        if (path / "search.json").exists() and not record.exists():  # where caches before records kept it
-            write_json_atomic(record, json.loads((path / "search.json").read_text()))
         if not path.exists() or not record.exists():
-            pruned, record_ = adaptive_mlp_pruning(
-                self.single,
-                self.pruning,
-                delta,
-                loss="entropy",  # Algorithm 1's criterion E; `criterion` ranks the neurons
-                scores=self.scores(criterion),
-                progress=False,
+            pruned, found = adaptive_mlp_pruning(
+                self.single, self.pruning, delta, loss="entropy", scores=self.scores(criterion), progress=False
             )
             save_predictor(pruned, path)
-            search = {"delta_e": delta, "sizes": record_.sizes, "baseline": record_.baseline}
-            write_json_atomic(record, search | {"entropies": record_.entropies})
+            search = {"delta_e": delta, "sizes": found.sizes, "baseline": found.baseline}
+            write_json_atomic(record, search | {"entropies": found.entropies})
         return path
 
     def uniform(self, criterion: str, total: int) -> nn.Module:
@@ -185,38 +151,56 @@ class AmpSeed:
         return load_predictor(path)
 
     def recovered(self, name: str, pruned: Callable[[], nn.Module]) -> nn.Module:
-        """The model `pruned()` builds, after recovery by feature distillation from the single model (Eq. 8),
-        cached by `name`."""
-        path = self.cache / "models" / f"{name}-recovered"
+        """`pruned()` after recovery by feature distillation from the single model (Eq. 8), cached by `name`."""
+        path, checkpoints = self.cache / "models" / f"{name}-recovered", self.cache / "checkpoints" / name
         if not path.exists():
             student = copy.deepcopy(pruned())
-            recover(
-                student,
-                self.single,
-                self.task.train,
-                self.recovery.with_(seed=self.seed),
-                checkpoint_dir=self.cache / "checkpoints" / name,
-                progress=self.progress,
-            )
+            recovery = self.recovery.with_(seed=self.seed)
+            recover(student, self.single, self.task.train, recovery, checkpoint_dir=checkpoints, progress=self.progress)
             save_predictor(student, path)
-            shutil.rmtree(self.cache / "checkpoints" / name, ignore_errors=True)  # resumable no more: ~4x the model
+            shutil.rmtree(checkpoints, ignore_errors=True)  # resumable no more: ~4x the model
         recovered = load_predictor(path)
         check_digest(self.cache, f"{name}-recovered", recovered)  # recorded, or compared with the record
         return recovered
 
     def base_dir(self, delta: float) -> Path:
-        """The directory of the ensembles built on the AMP base of `delta` (its suite rows' cache)."""
         return self.cache / _slug(base_name(delta))
 
     def recovered_base(self, delta: float) -> nn.Module:
-        """The AMP base of `delta`: Algorithm 1's model, recovered (the sweep's recovered model of that delta-E, the
-        same name)."""
+        """The AMP base of `delta`: the sweep's recovered model of that delta-E."""
         return self.recovered(_slug(base_name(delta)), lambda: self.adaptive(delta))
 
+    def on_base(self, delta: float, rows: Sequence[str]) -> dict[str, dict]:
+        """The suite's `rows` on the AMP base of `delta`, measured (or read back) in its directory."""
+        base = functools.partial(self.recovered_base, delta)
+        return runner.run_seed(self.task, suite.TABLE, self.seed, self.base_dir(delta), rows, self.progress, base)
+
+    def free_models(self, delta: float) -> runner.Models:
+        """The free table's models, each built (or read from the cache) when called: Single first, then the Hydra
+        rows on the unpruned base, AMP single and the Hydra rows on the AMP base of `delta`."""
+        base = functools.partial(self.recovered_base, delta)
+        on_task = (self.task, suite.TABLE, self.seed, self.seed_cache)
+        on_amp = (self.task, suite.TABLE, self.seed, self.base_dir(delta))
+        models = {row: functools.partial(runner.predictor, *on_task, row, False) for row in HYDRA_ROWS}
+        return models | {
+            FREE_NAMES[row]: functools.partial(runner.predictor, *on_amp, row, False, base) for row in HYDRA_ROWS
+        }
+
+    def row(self, model: Callable[[], nn.Module]) -> runner.Build:
+        """A row: `model()`, with its heads and MLP neurons as the tables label them."""
+
+        def build(pieces: AmpSeed) -> Built:
+            built = model()
+            sizes = [len(k) for k in kept_neurons(built).values()]
+            heads = f"{self.suite.shape['heads']}; MLP {sum(sizes)}/{sum(self.suite.shape['widths'])}"
+            return Built(built, {"heads": heads, "mlp_sizes": sizes})
+
+        return build
+
     def matched_delta(self, criterion: str, total: int, start: float, tries: int = 8, tolerance: float = 0.03) -> float:
-        """The delta-E at which Algorithm 1 with `criterion` keeps about `total` MLP neurons (within
-        `tolerance`): from `start`, steps of x4 until the count is bracketed, then bisection in log(delta-E) (the
-        kept count falls as delta-E grows). Returns the closest delta-E tried."""
+        """The delta-E at which Algorithm 1 with `criterion` keeps about `total` MLP neurons (within `tolerance`):
+        from `start`, steps of x4 until the count is bracketed, then bisection in log(delta-E) (the count falls as
+        delta-E grows). Returns the closest delta-E tried."""
         low, high, delta = None, None, start
         best, best_gap = start, math.inf
         for _ in range(tries):
@@ -226,17 +210,13 @@ class AmpSeed:
                 best, best_gap = delta, gap
             if gap <= tolerance:
                 break
-            if kept > total:
-                low = delta
-            else:
-                high = delta
+            low, high = (delta, high) if kept > total else (low, delta)
             delta = float(f"{math.sqrt(low * high) if low and high else (low * 4 if low else high / 4):.3g}")
         return best
 
     def hydra_flops(self, pruned: nn.Module) -> float:
-        """FLOPs of a fused Hydra Ensemble of the task's members on `pruned`, relative to Single: each member keeps
-        the task's heads per layer (which heads does not change the count; member m keeps heads m, m+1, ..., so
-        that no two are the same), the merged MLP."""
+        """FLOPs of a fused Hydra Ensemble of the task's members on `pruned` (merged MLP) relative to Single. Which
+        heads each member keeps does not change the count; member m keeps heads m, m+1, ..., so no two are equal."""
         adapter = get_adapter(pruned)
         heads, drop = adapter.num_heads(pruned), self.task.prune_per_layer
         head_maps = [
@@ -247,22 +227,19 @@ class AmpSeed:
         return count_flops(ensemble, self.probe) / count_flops(self.single, self.probe)
 
     def recorded_hydra_flops(self, delta: float) -> float:
-        """`hydra_flops` of the model Algorithm 1 prunes at `delta`, recorded in `hydra_flops.json`."""
-        path = self.cache / "hydra_flops.json"
+        path, key = self.cache / "hydra_flops.json", f"{delta:.6g}"
         ratios = read_json_record(path)
-        if f"{delta:.6g}" not in ratios:
-            ratios[f"{delta:.6g}"] = self.hydra_flops(self.adaptive(delta))
+        if key not in ratios:
+            ratios[key] = self.hydra_flops(self.adaptive(delta))
             write_json_atomic(path, ratios)
-        return ratios[f"{delta:.6g}"]
+        return ratios[key]
 
     def free_delta(
         self, deltas: Sequence[float], target: float, refine: int = REFINE_STEPS
     ) -> tuple[float, dict[float, float]]:
-        """The smallest delta-E whose Hydra Ensemble costs <= `target` x Single's FLOPs, and every ratio computed.
-
-        First the sweep's grid; when the first delta-E within the target has a grid neighbour below it that is
-        over, `refine` bisection steps (in log delta-E, 3 significant digits) narrow the gap, so the base uses
-        the budget instead of landing far under it. None within: the largest delta-E."""
+        """The smallest delta-E whose Hydra Ensemble costs <= `target` x Single's FLOPs, and every ratio computed:
+        the grid first, then `refine` bisection steps (log delta-E, 3 significant digits) between the grid's last
+        delta-E over the target and its first within, so the base uses the budget. None within: the largest."""
         ratios = {delta: self.recorded_hydra_flops(delta) for delta in sorted(deltas)}
         within = [delta for delta, ratio in ratios.items() if ratio <= target]
         if not within:
@@ -277,45 +254,19 @@ class AmpSeed:
             low, high = (low, middle) if ratios[middle] <= target else (middle, high)
         return high, dict(sorted(ratios.items()))
 
-    # ---- measurement ----
-
-    def measured(self, name: str, model: Callable[[], nn.Module]) -> dict:
-        """The suite's metrics of the model `model()` builds, its MLP sizes, its heads and MLP neurons as the
-        tables label them, and the seconds it took (as the suite's rows record them); recorded in results.json by
-        `name` (the model is built only when not recorded)."""
-        record = self.cache / "results.json"
-        results = read_json_record(record)
-        if name not in results:
-            started = time.perf_counter()
-            built = model()
-            sizes = [len(k) for k in kept_neurons(built).values()]
-            results[name] = measure(
-                built, self.task.test, self.task.near, self.task.far, row_file(self.cache / "logits", name)
-            ) | {
-                "heads": f"{self.shape['heads']}; MLP {sum(sizes)}/{sum(self.shape['widths'])}",
-                "mlp_sizes": sizes,
-                "_seconds": round(time.perf_counter() - started, 1),  # building it (pruning, recovery) and measuring
-            }
-            write_json_atomic(record, results)
-        return results[name]
-
 
 def _check_settings(path: Path, settings: dict) -> None:
-    """Record the settings that a seed's cached scores, recovered models and rows depend on, the first time; later,
-    refuse other settings instead of mixing their rows with the recorded ones."""
-    asked = _flat(json.loads(json.dumps(settings)))  # as JSON holds them (tuples become lists)
-    recorded = _flat(read_json_record(path))
+    """Record the settings a seed's scores, recovered models and rows depend on the first time; later, refuse
+    other settings instead of mixing their rows with the recorded ones."""
+    asked, recorded = _flat(json.loads(json.dumps(settings))), _flat(read_json_record(path))  # tuples as lists
     if not recorded:
         write_json_atomic(path, settings)
     elif recorded != asked:
-        differ = [
-            f"{k} {recorded.get(k)} recorded, {asked.get(k)} asked"
-            for k in sorted(asked.keys() | recorded.keys())
-            if asked.get(k) != recorded.get(k)
-        ]
+        keys = sorted(k for k in asked.keys() | recorded.keys() if asked.get(k) != recorded.get(k))
+        differ = "; ".join(f"{k} {recorded.get(k)} recorded, {asked.get(k)} asked" for k in keys)
         raise ValueError(
-            f"{path.parent} holds models and rows made with other settings ({'; '.join(differ)}): run with the "
-            "recorded settings, or give this run its own --cache (and --records directory)."
+            f"{path.parent} holds models and rows made with other settings ({differ}): run with the recorded "
+            "settings, or give this run its own --cache (and --records directory)."
         )
 
 
@@ -327,73 +278,104 @@ def _flat(settings: Mapping, prefix: str = "") -> dict:
     return flat
 
 
-def amp_seed(
-    task: Task,
-    seed: int,
-    seed_cache: Path,
+def table(
     deltas: Sequence[float] = DELTAS,
     flops_target: float = 1.0,
     recovery: TrainConfig = AMP_RECOVERY,
     pruning_examples: int = 256,
-    progress: bool = True,
     tables: Sequence[str] = TABLE_NAMES,
-) -> dict:
-    """The `tables` of one seed ({"free", "sweep", "curve", "criteria", "baselines"}: {row: results}, built in
-    that order, the ensemble-for-free table first) and {"free_delta", "hydra_flops", "sizes": {row: MLP sizes}}.
-    Every delta-E of the sweep is pruned (not recovered) whatever the tables: the free base's cost rule needs
-    them."""
-    amp = AmpSeed(task, seed, seed_cache, recovery, pruning_examples, progress)
-    delta, ratios = amp.free_delta(deltas, flops_target)
-    sizes = {"unpruned": amp.shape["widths"]}
-    sizes |= {base_name(d): amp.search(d)["sizes"] for d in sorted({*deltas, delta})}
-    total = sum(sizes[base_name(delta)])
-    result: dict = {"free_delta": delta, "hydra_flops": {f"{d:g}": r for d, r in ratios.items()}, "sizes": sizes}
+    progress: bool = True,
+) -> runner.Table:
+    """The AMP tables (some of TABLE_NAMES) as one table of the runner: its rows are AMP's own (named per seed by
+    the cost rule), its summary holds every table of every seed, and its latency is the free table's. Every delta-E
+    of the sweep is pruned whatever the tables: the cost rule needs them."""
+    unknown = sorted(set(tables) - set(TABLE_NAMES))
+    if unknown or not tables:
+        raise ValueError(f"tables must be some of {list(TABLE_NAMES)}, got {list(tables)}.")
 
-    def both(name: str, pruned: Callable[[], nn.Module]) -> dict[str, dict]:
-        rows = {
-            name: amp.measured(name, pruned),
-            f"{name}, recovered": amp.measured(f"{name}, recovered", lambda: amp.recovered(_slug(name), pruned)),
+    def pieces(run: runner.SeedRun) -> AmpSeed:
+        return AmpSeed(run.task, run.seed, run.cache, recovery, pruning_examples, run.progress)
+
+    def pruned(amp: AmpSeed) -> dict[str, dict[str, Callable[[], nn.Module]]]:
+        """{table: {row: the pruned model}} of the sweep, criteria and baselines tables asked for."""
+        delta, _ = amp.free_delta(deltas, flops_target)
+        total = sum(amp.search(delta)["sizes"])
+        plans = {"sweep": lambda: {base_name(d): functools.partial(amp.adaptive, d) for d in deltas}}
+        plans["criteria"] = lambda: {
+            f"AMP ({c}, dE={d:g})": functools.partial(amp.adaptive, d, c)
+            for c in CRITERIA
+            for d in [delta if c == "entropy" else amp.matched_delta(c, total, start=delta)]
         }
-        sizes[name] = rows[name]["mlp_sizes"]
-        return rows
-
-    unpruned = amp.measured("Single", lambda: amp.single)
-    if "free" in tables:
-        print(f"[seed {seed}] ensembles on the AMP base (delta-E {delta:g})", flush=True)
-        free = run_seed(task, seed, seed_cache, progress, rows=HYDRA_ROWS)
-        on_amp = run_seed(
-            task, seed, amp.base_dir(delta), progress, rows=HYDRA_ROWS, base=lambda: amp.recovered_base(delta)
+        plans["baselines"] = lambda: (
+            {base_name(delta): functools.partial(amp.adaptive, delta)}
+            | {f"Uniform ({c})": functools.partial(amp.uniform, c, total) for c in BASELINES}
         )
-        result["free"] = free | {FREE_NAMES[row]: results for row, results in on_amp.items()}
-    if "sweep" in tables:
-        result["sweep"] = {"Single": unpruned}
-        for d in deltas:
-            print(f"[seed {seed}] AMP delta-E {d:g}", flush=True)
-            result["sweep"] |= both(base_name(d), lambda d=d: amp.adaptive(d))
-    if "curve" in tables:
-        result["curve"] = run_seed(task, seed, seed_cache, progress, rows=CURVE_ROWS)  # the unpruned end
-        for d in sorted({*deltas, delta}):
-            print(f"[seed {seed}] Hydra (Taylor) on AMP dE={d:g}", flush=True)
-            on_base = run_seed(  # at the free delta-E, the free table's own directory: its rows are reused
-                task, seed, amp.base_dir(d), progress, rows=CURVE_ROWS, base=lambda d=d: amp.recovered_base(d)
-            )
-            result["curve"] |= {
-                f"AMP single, dE={d:g}": on_base["Single"],
-                f"Hydra (Taylor) on AMP, dE={d:g}": on_base["Hydra (Taylor)"],
-            }
-    if "criteria" in tables:
-        result["criteria"] = {"Single": unpruned}
-        for criterion in CRITERIA:
-            matched = delta if criterion == "entropy" else amp.matched_delta(criterion, total, start=delta)
-            print(f"[seed {seed}] criterion {criterion}: delta-E {matched:g}", flush=True)
-            name = f"AMP ({criterion}, dE={matched:g})"
-            result["criteria"] |= both(name, lambda m=matched, c=criterion: amp.adaptive(m, c))
-    if "baselines" in tables:
-        result["baselines"] = {"Single": unpruned} | both(base_name(delta), lambda: amp.adaptive(delta))
-        for criterion in BASELINES:
-            print(f"[seed {seed}] uniform width, {criterion}", flush=True)
-            result["baselines"] |= both(f"Uniform ({criterion})", lambda c=criterion: amp.uniform(c, total))
-    return result
+        return {name: plan() for name, plan in plans.items() if name in tables}
+
+    def rows(amp: AmpSeed) -> dict[str, runner.Build]:
+        builds = {"Single": amp.row(lambda: amp.single)}
+        for name, model in (row for plan in pruned(amp).values() for row in plan.items()):
+            recovered = functools.partial(amp.recovered, _slug(name), model)
+            builds |= {name: amp.row(model), f"{name}, recovered": amp.row(recovered)}
+        return builds
+
+    def seed_tables(amp: AmpSeed, measured: Mapping[str, dict]) -> dict:
+        """One seed's tables ({table: {row: result}}, the free table first) and {"free_delta", "hydra_flops",
+        "sizes": {row: MLP sizes}}: AMP's rows `measured` by the runner, the suite's rows on each base."""
+        delta, ratios = amp.free_delta(deltas, flops_target)
+        points = sorted({*deltas, delta})
+        sizes = {"unpruned": amp.suite.shape["widths"]} | {base_name(d): amp.search(d)["sizes"] for d in points}
+        built: dict[str, dict] = {}
+        on_task = functools.partial(runner.run_seed, amp.task, suite.TABLE, amp.seed, amp.seed_cache)
+        if "free" in tables:
+            print(f"[seed {amp.seed}] ensembles on the AMP base (delta-E {delta:g})", flush=True)
+            built["free"] = on_task(HYDRA_ROWS, progress)
+            built["free"] |= {FREE_NAMES[row]: result for row, result in amp.on_base(delta, HYDRA_ROWS).items()}
+        if "curve" in tables:
+            built["curve"] = on_task(CURVE_ROWS, progress)
+            for d in points:  # at the free delta-E, the free table's own directory: its rows are reused
+                on_base = amp.on_base(d, CURVE_ROWS)
+                built["curve"][f"AMP single, dE={d:g}"] = on_base["Single"]
+                built["curve"][f"Hydra (Taylor) on AMP, dE={d:g}"] = on_base["Hydra (Taylor)"]
+        for name, plan in pruned(amp).items():
+            built[name] = {"Single": measured["Single"]}
+            built[name] |= {row: measured[row] for model in plan for row in (model, f"{model}, recovered")}
+            sizes |= {model: measured[model]["mlp_sizes"] for model in plan}
+        result = {"free_delta": delta, "hydra_flops": {f"{d:g}": r for d, r in ratios.items()}, "sizes": sizes}
+        return result | {name: built[name] for name in TABLE_NAMES if name in built}
+
+    def summarize(task: Task, summary: dict, seed_dirs: dict[int, Path]) -> dict:
+        per_seed = {
+            seed: seed_tables(pieces(runner.SeedRun(task, seed, folder, progress)), summary["per_seed"][seed])
+            for seed, folder in seed_dirs.items()
+        }
+        settings = {"deltas": list(deltas), "flops_target": flops_target, "recovery": recovery.key()}
+        return dict(zip(("compute_s", "rows_without_time"), recorded_compute(per_seed))) | {
+            "settings": settings | {"pruning_examples": pruning_examples},
+            "tables": {
+                name: aggregate({s: r[name] for s, r in per_seed.items()}) for name in TABLE_NAMES if name in tables
+            },
+            "per_seed": per_seed,
+            "notes": [
+                note for seed, folder in seed_dirs.items() for note in rebuilt_notes(seed, *_model_folders(folder))
+            ],
+        }
+
+    def timed(amp: AmpSeed) -> tuple[str, runner.Models]:
+        delta, _ = amp.free_delta(deltas, flops_target)
+        return f"{AMP_CACHE}/latency-dE{delta:g}.json", amp.free_models(delta)
+
+    return runner.Table(
+        rows=rows,
+        pieces=pieces,
+        markdown=markdown,
+        output="amp",
+        record=f"{AMP_CACHE}/results.json",
+        logits=f"{AMP_CACHE}/logits",
+        summarize=summarize,
+        timed=timed,
+        latency_batch=LATENCY_BATCH,
+    )
 
 
 def free_predictors(
@@ -404,23 +386,9 @@ def free_predictors(
     recovery: TrainConfig = AMP_RECOVERY,
     pruning_examples: int = 256,
 ) -> dict[str, nn.Module]:
-    """The free table's predictors of one seed, from its cache (built there by `amp_seed`, or again from its
-    records): Single first, then the Hydra rows on the unpruned base, AMP single and the Hydra rows on the AMP
-    base of `delta`."""
+    """The free table's predictors of one seed, from its cache (or built again from its records)."""
     amp = AmpSeed(task, seed, seed_cache, recovery, pruning_examples, progress=False)
-    unpruned = _Builder(task, seed, seed_cache, progress=False)
-    on_amp = _Builder(task, seed, amp.base_dir(delta), progress=False, base=lambda: amp.recovered_base(delta))
-    predictors = {row: unpruned.row(row)[0] for row in HYDRA_ROWS}
-    return predictors | {FREE_NAMES[row]: on_amp.row(row)[0] for row in HYDRA_ROWS}
-
-
-def free_latency(
-    task: Task, seed: int, seed_cache: Path, delta: float, repeats: int = 7, batch: int = LATENCY_BATCH, **amp
-) -> dict[str, dict]:
-    """Latency of the free table's rows relative to Single, timed interleaved on the first `batch` test examples
-    (one batch). `amp`: `free_predictors`' recovery and pruning_examples."""
-    predictors = free_predictors(task, seed, seed_cache, delta, **amp)
-    return time_predictors(predictors, rebatch(task.test, batch)[0], repeats)
+    return {row: model() for row, model in amp.free_models(delta).items()}
 
 
 def experiment(
@@ -438,68 +406,19 @@ def experiment(
     tables: Sequence[str] = TABLE_NAMES,
     latency_seeds: Sequence[int] | None = None,
 ) -> dict:
-    """`amp_seed` for every seed, aggregated; writes amp.md and amp.json to `out_dir`. `tables`: which of
-    TABLE_NAMES to build. When the free table is one of them, its rows' latency is timed on the models of
-    `latency_seeds` (default: the first seed; timing a seed needs its models, which a machine that has only the
-    records must train again), each seed's rows interleaved in one run."""
-    unknown = sorted(set(tables) - set(TABLE_NAMES))
-    if unknown or not tables:
-        raise ValueError(f"tables must be some of {list(TABLE_NAMES)}, got {list(tables)}.")
-    latency_seeds = list(seeds[:1] if latency_seeds is None else latency_seeds)
-    if not set(latency_seeds) <= set(seeds) or not latency_seeds:
-        raise ValueError(f"latency_seeds must be some of the seeds {list(seeds)}, got {latency_seeds}.")
-    tables = [name for name in TABLE_NAMES if name in tables]
-    started = time.perf_counter()
-    out_dir, cache = Path(out_dir), Path(cache_dir) / f"{task.name}-{task.fingerprint()}"
-    per_seed = {
-        seed: amp_seed(
-            task, seed, cache / f"seed{seed}", deltas, flops_target, recovery, pruning_examples, progress, tables
-        )
-        for seed in seeds
-    }
-    summary = run_record(task.name, command, seeds) | {
-        "settings": {
-            "deltas": list(deltas),
-            "flops_target": flops_target,
-            "recovery": recovery.key(),
-            "pruning_examples": pruning_examples,
-        },
-        "tables": {name: aggregate({s: r[name] for s, r in per_seed.items()}) for name in tables},
-        "per_seed": per_seed,
-        "notes": [note for s in seeds for note in rebuilt_notes(s, *_model_folders(cache / f"seed{s}"))],
-    }
-    if latency_repeats and "free" in tables:
-        per_seed_latency, summary["latency_timed"] = {}, {}
-        for seed in latency_seeds:
-            delta = per_seed[seed]["free_delta"]
-            per_seed_latency[seed], summary["latency_timed"][seed] = recorded_latency(
-                cache / f"seed{seed}" / AMP_CACHE / f"latency-dE{delta:g}.json",
-                list(per_seed[seed]["free"]),
-                lambda seed=seed, delta=delta: free_latency(
-                    task,
-                    seed,
-                    cache / f"seed{seed}",
-                    delta,
-                    latency_repeats,
-                    recovery=recovery,
-                    pruning_examples=pruning_examples,
-                ),
-            )
-        summary["latency_per_seed"] = per_seed_latency
-        summary["latency"] = latency_over_seeds(per_seed_latency)
-        summary["latency_batch"] = min(LATENCY_BATCH, sum(len(b["labels"]) for b in task.test))
-    summary["wall_time_s"] = round(time.perf_counter() - started, 1)
-    summary["compute_s"], summary["rows_without_time"] = recorded_compute(per_seed)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out_dir / "amp.json", summary)
-    (out_dir / "amp.md").write_text(markdown(summary))
-    return summary
+    """`table` run for every seed; writes amp.md and amp.json to `out_dir`. The free table's latency is timed on
+    the models of `latency_seeds` (default: the first seed; timing needs the models, which a machine with only the
+    records trains again), each seed's rows interleaved."""
+    amp = table(deltas, flops_target, recovery, pruning_examples, tables, progress)
+    repeats = latency_repeats if "free" in tables else 0
+    return runner.run(
+        task, amp, seeds, out_dir, cache_dir, command, None, repeats, progress, latency_seeds=latency_seeds
+    )
 
 
 def recorded_compute(per_seed: Mapping[int, Mapping[str, object]]) -> tuple[float, int]:
     """The seconds recorded with the rows of the tables built, over every run that built them (a row that several
-    tables show, e.g. the free base's Hydra (Taylor) in the free table and the curve, counted once), and how many
-    of those rows carry no time (AMP rows recorded before they kept it)."""
+    tables show counted once), and how many rows carry no time (AMP rows recorded before they kept it)."""
     rows = {
         (seed, json.dumps(row, sort_keys=True)): row
         for seed, result in per_seed.items()
@@ -511,7 +430,7 @@ def recorded_compute(per_seed: Mapping[int, Mapping[str, object]]) -> tuple[floa
 
 
 def markdown(summary: dict) -> str:
-    seeds = summary["seeds"]
+    seeds, per_seed = summary["seeds"], summary["per_seed"]
     lines = [
         f"# {summary['task']}: adaptive MLP pruning (paper 002) and Hydra Ensembles on it",
         "",
@@ -530,11 +449,8 @@ def markdown(summary: dict) -> str:
         latency = summary.get("latency") if name == "free" else None
         lines += [f"## {title}", "", *table_lines(summary["tables"][name], latency), ""]
         if name == "free":
-            chosen = {s: r["free_delta"] for s, r in summary["per_seed"].items()}
-            ratios = {
-                s: ", ".join(f"{d}: {x:.2f}" for d, x in r["hydra_flops"].items())
-                for s, r in summary["per_seed"].items()
-            }
+            chosen = {s: r["free_delta"] for s, r in per_seed.items()}
+            ratios = {s: ", ".join(f"{d}: {x:.2f}" for d, x in r["hydra_flops"].items()) for s, r in per_seed.items()}
             lines += [
                 f"AMP base: delta-E {chosen} per seed, the smallest whose fused {len(HYDRA_ROWS)}-member Hydra "
                 f"costs <= {summary['settings']['flops_target']}x Single's FLOPs on the grid "
@@ -547,11 +463,10 @@ def markdown(summary: dict) -> str:
     missing = [name for name in TABLE_NAMES if name not in summary["tables"]]
     if missing:
         lines += [f"Not built in this run: {', '.join(missing)} (`--tables`).", ""]
+    first = per_seed[seeds[0]]["sizes"]
     lines += ["## Kept MLP sizes per block (first seed)", ""]
-    first = summary["per_seed"][seeds[0]]["sizes"]
     lines += render(["Model", "MLP hidden size per block"], [[k, str(v)] for k, v in first.items()], "markdown")
-    lines += ["", CONVENTIONS, ""]
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", CONVENTIONS, ""]) + "\n"
 
 
 def compute_note(summary: dict) -> str:
@@ -563,15 +478,15 @@ def compute_note(summary: dict) -> str:
 
 def latency_note(summary: dict) -> str:
     """Which seeds' models the free table's latency column timed, how, when and where."""
-    timed = summary["latency_timed"]
-    where = "; ".join(sorted({f"{t['date']} on {t['machine']}" for t in timed.values()}))
+    timed = summary["latency_per_seed"]
+    where = "; ".join(sorted({f"{t['timed']['date']} on {t['timed']['machine']}" for t in timed.values()}))
     batch = f"one batch of {summary['latency_batch']} test examples"
     if len(timed) == 1:
         seed = next(iter(timed))
         return f"Latency: seed {seed}'s models on {batch}, timed interleaved (median and range over rounds), {where}."
     per_seed = "; ".join(
         f"seed {seed}: " + ", ".join(f"{row} {format_latency(stats)}" for row, stats in rows.items() if row != "Single")
-        for seed, rows in summary["latency_per_seed"].items()
+        for seed, rows in ((seed, t["rows"]) for seed, t in timed.items())
     )
     return (
         f"Latency: each seed's models on {batch}, timed interleaved; the column is the mean ± std over seeds "
@@ -591,15 +506,14 @@ def _first_examples(batches: list, count: int) -> list:
 
 
 def _model_folders(seed_cache: Path) -> list[Path]:
-    """The folders whose models an AMP table of a seed is built on, each with its digest file: the seed's (the
-    single model), the AMP models' and every AMP base's (the members trained on it)."""
+    """The folders (each with its digest file) whose models a seed's AMP tables use: the seed's (the single
+    model), the AMP models' and every AMP base's (the members trained on it)."""
     amp_cache = seed_cache / AMP_CACHE
     return [seed_cache, amp_cache, *(path.parent for path in sorted(amp_cache.glob(f"*/{DIGESTS}")))]
 
 
 def base_name(delta: float) -> str:
-    """The row name of Algorithm 1's model at `delta` (the sweep's), which also names its recovered model and the
-    directory of the ensembles built on it."""
+    """The row name of Algorithm 1's model at `delta`, which also names its recovered model and base directory."""
     return f"AMP dE={delta:g}"
 
 

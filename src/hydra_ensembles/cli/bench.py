@@ -37,12 +37,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..adapters import get_adapter
-from ..bench import amp, distillation, zero_shot
+from ..bench import amp, cache_dir, distillation, runner, suite, zero_shot
 from ..bench.records import copy_records
-from ..bench.suite import ALL_ROWS, ROWS, head_sweep
-from ..bench.suite import run as run_suite
 from ..bench.tasks import TASKS, Task
-from ..io import cache_dir
 
 EXAMPLE = """hydra-ens bench text --quick                 # one seed, small splits (about 10 minutes)
 hydra-ens bench image --seeds 0 1 2 --out benchmarks/results/image-fmnist
@@ -59,9 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rows",
         nargs="+",
-        choices=ALL_ROWS,
+        choices=suite.ALL_ROWS,
         metavar="ROW",
-        help=f"default: the main table {list(ROWS)}; also available: {list(ALL_ROWS[len(ROWS) :])}",
+        help=f"default: the main table {list(suite.ROWS)}; also available: {list(suite.REVIEW_ROWS)}",
     )
     parser.add_argument(
         "--head-sweep",
@@ -140,11 +137,11 @@ def run(args: argparse.Namespace) -> int:
         if not go_on:
             return 0
         if args.head_sweep:
-            summary = head_sweep(task, seeds, args.head_sweep, out, cache, command=command, progress=not args.quiet)
+            summary = suite.head_sweep(task, seeds, args.head_sweep, out, cache, command, progress=not args.quiet)
             print((out / "sweep.md").read_text())
             print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
             return 0
-        summary = run_suite(task, seeds, out, cache, command=command, progress=not args.quiet, rows=args.rows or ROWS)
+        summary = runner.run(task, suite.TABLE, seeds, out, cache, command, args.rows, progress=not args.quiet)
     print((out / "table.md").read_text())
     print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
     return 0
@@ -262,7 +259,7 @@ def _zero_shot(args: argparse.Namespace) -> int:
     out = args.out or Path("benchmarks") / "results" / (args.task + ("-quick" if args.quick else ""))
     cache = (args.cache or cache_dir() / "bench") / ("quick" if args.quick else "full")
     command = "hydra-ens " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    summary = zero_shot.run(task, seeds, out, cache, command=command, progress=not args.quiet)
+    summary = runner.run(task, zero_shot.TABLE, seeds, out, cache, command, progress=not args.quiet)
     print((out / "table.md").read_text())
     print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
     return 0

@@ -14,25 +14,20 @@ import argparse
 
 from ..importance import extract_circuit, extract_joint_circuit
 from ..importance.circuit import CRITERIA, METHODS
-from ..importance.circuit.search import say_ties
-from ..predictors import TwoTowerModel, ZeroShotEnsemble
+from ..importance.circuit.record import say_ties
+from ..predictors import TwoTowerModel, ZeroShotEnsemble, model_config
+from ..predictors.classifier import prompt_tokenizer
 from ..predictors.clip_zero_shot import prompt_batches
 from .common import (
-    CommandError,
     add_data_options,
-    add_output_options,
     add_zero_shot_options,
-    check_model_dir,
+    check_one_model,
+    classifier_at,
     data_settings,
-    fingerprint_path,
-    is_two_tower,
-    load_predictor,
-    model_config,
-    prompt_tokenizer,
     read_data,
-    start_step,
     zero_shot_options,
 )
+from .step import add_output_options, check_model_dir, fingerprint_path, start_step
 
 EXAMPLE = """hydra-ens circuit --model my-classifier --data val.csv --ood ood-val.txt --budget 48 --out circuit
 hydra-ens circuit --model clip-dir --classes "cat,dog,car" --data val-photos/ --ood ood-photos/ --out circuit"""
@@ -86,6 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     model_dir = check_model_dir(args.model)
+    check_one_model(model_dir, "circuit")
     settings = {
         "model": fingerprint_path(model_dir, "--model"),
         "data": fingerprint_path(args.data, "--data"),
@@ -97,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     out = start_step(args, "circuit", settings, "circuit.json")
     if out is None:
         return 0
-    model = load_predictor(model_dir, zero_shot=zero_shot_options(args))
+    model = classifier_at(model_dir, zero_shot=zero_shot_options(args))
     config = model_config(model)
     id_data = read_data(args, args.data, model_dir, config, labelled=True, flag="--data")
     if CRITERIA[args.criterion].needs_ood and not args.ood:
@@ -127,12 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _joint(args, out, model_dir, model, id_data, ood_data, state) -> int:
-    """A joint circuit of a two-tower model (its checkpoint, not a saved ensemble of pruned members)."""
-    if not is_two_tower(model_dir):
-        raise CommandError(
-            f"--model {str(model_dir)!r} is a zero-shot ensemble of pruned members; extract circuits from the "
-            "two-tower checkpoint it was made from."
-        )
+    """A joint circuit of a two-tower model (its checkpoint: `check_one_model` refused a saved ensemble)."""
     towers = tuple(args.towers.split(","))
     two_tower = TwoTowerModel(model.image, model.text, model.logit_scale)  # the checkpoint's own, unpruned towers
     prompts = prompt_batches(prompt_tokenizer(model_dir), model.classes, model.templates, two_tower.text)

@@ -14,12 +14,11 @@ import argparse
 import time
 from pathlib import Path
 
+from ..bench import cache_dir, runner, suite
 from ..bench.suite import ROWS
-from ..bench.suite import run as run_suite
 from ..bench.tasks import TEXT_SIZES, text_task
 from ..evaluation.tables import COLUMNS, table_lines
-from ..io import cache_dir
-from .common import check_model_dir
+from .step import check_model_dir
 
 EXAMPLE = """hydra-ens demo                                  # report in ./hydra-demo
 hydra-ens demo --out report --rows Single "Temp. scaling" "Hydra (Taylor)" "Hydra (Circ)\""""
@@ -61,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     )
     task = text_task(args.size, args.model)
     cache = args.cache or cache_dir() / "demo"
-    summary = run_suite(task, [0], args.out, cache, command="hydra-ens demo", progress=not args.quiet, rows=args.rows)
+    summary = runner.run(task, suite.TABLE, [0], args.out, cache, "hydra-ens demo", args.rows, progress=not args.quiet)
     (args.out / "README.md").write_text(report_readme(summary))
     print()
     print(terminal_table(summary["rows"], summary.get("latency")))

@@ -1,7 +1,7 @@
 """Hydra distillation (paper 001): compress any saved ensemble into one student with a shared body and one head
 per member, so it keeps the members' disagreement; also writes the knowledge-distillation (KD) student.
 
---teacher: any saved predictor that returns member logits (a Hydra Ensemble, a deep ensemble, MC dropout).
+--teacher: any saved ensemble, a predictor of more than one member (a Hydra Ensemble, a deep ensemble, MC dropout).
 --model: the student's starting point, a classifier over the same classes read by the same preprocessor (e.g.
 the fine-tuned single model, or the teacher's base checkpoint). Phase 1 trains it as one head on the ensemble
 mean (the KD student); phase 2 grows one head per member — a copy of the last --head-layers layers and the
@@ -14,27 +14,18 @@ from __future__ import annotations
 
 import argparse
 import shutil
+from pathlib import Path
+
+from torch import nn
 
 from ..cost import count_parameters
 from ..distill import attach_teacher, distill
 from ..fusion import HydraEnsemble
+from ..predictors import class_names, copy_preprocessor, describe_saved, load_preprocessor, num_members
 from ..pruning import load_model
 from ..training import IMAGE_RECIPE, TEXT_RECIPE
-from .common import (
-    CommandError,
-    add_data_options,
-    add_output_options,
-    check_model_dir,
-    check_supported,
-    class_names,
-    copy_preprocessor,
-    data_settings,
-    fingerprint_path,
-    load_predictor,
-    load_preprocessor,
-    read_data,
-    start_step,
-)
+from .common import CommandError, add_data_options, check_one_model, classifier_at, data_settings, read_data
+from .step import add_output_options, check_model_dir, fingerprint_path, start_step
 
 EXAMPLE = """hydra-ens distill --teacher hydra/ensemble --model single/model --data train.csv --val val.csv --out st
 hydra-ens evaluate --model single/model --model st/hydra --model st/kd --data test.csv --out report"""
@@ -61,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     model_dir = check_model_dir(args.model, "--model")
-    check_supported(model_dir)
+    check_one_model(model_dir, "distill")
+    teacher_dir = check_model_dir(args.teacher, "--teacher")
     kind, _ = load_preprocessor(model_dir)
     recipe = {"text": TEXT_RECIPE, "image": IMAGE_RECIPE}[kind].with_(monitor="nll", seed=args.seed)
     recipe = recipe.with_(**{k: v for k, v in {"epochs": args.epochs, "lr": args.lr}.items() if v is not None})
@@ -82,13 +74,7 @@ def run(args: argparse.Namespace) -> int:
     out = start_step(args, "distill", settings)
     if out is None:
         return 0
-    teacher = load_predictor(args.teacher, "--teacher")
-    student_model = load_model(model_dir)
-    if class_names(teacher) != class_names(student_model):
-        raise CommandError(
-            f"the teacher predicts {class_names(teacher)} but --model {str(model_dir)!r} predicts "
-            f"{class_names(student_model)}: the student must classify the same classes, in the same order."
-        )
+    teacher, student_model = _teacher_and_student(teacher_dir, model_dir)
     transfer = read_data(args, args.data, model_dir, student_model.config, labelled=False, flag="--data").batches
     val = (
         read_data(args, args.val, model_dir, student_model.config, labelled=True, flag="--val").batches
@@ -125,3 +111,21 @@ def run(args: argparse.Namespace) -> int:
         {"model_dir": "hydra", "members": members, "temperature": args.temperature, "head_layers": args.head_layers}
     )
     return 0
+
+
+def _teacher_and_student(teacher_dir: Path, model_dir: Path) -> tuple[nn.Module, nn.Module]:
+    """The teacher (an ensemble: its members' disagreement is what the student keeps) and the student's starting
+    model, refused unless they classify the same classes."""
+    teacher = classifier_at(teacher_dir, "--teacher")
+    if num_members(teacher) == 1:
+        raise CommandError(
+            f"--teacher {str(teacher_dir)!r} is {describe_saved(teacher_dir)}: a one-member teacher has no model "
+            "uncertainty to keep. Pass an ensemble: a Hydra Ensemble (hydra-ens fuse), a deep ensemble or MC dropout."
+        )
+    student = load_model(model_dir)
+    if class_names(teacher) != class_names(student):
+        raise CommandError(
+            f"the teacher predicts {class_names(teacher)} but --model {str(model_dir)!r} predicts "
+            f"{class_names(student)}: the student must classify the same classes, in the same order."
+        )
+    return teacher, student

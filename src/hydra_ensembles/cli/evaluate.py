@@ -3,44 +3,35 @@
 Every --model (an HF classifier, or a saved Hydra Ensemble) is run on the labelled --data and every OOD set.
 OOD detection follows OpenOOD: OOD is the positive class, the score is one minus the maximum softmax probability
 of the ensemble's prediction (the mean of member softmaxes). Writes report.md (the table), metrics.json (every
-number), reliability.png and ood_scores.png; each model's logits are kept in logits/, so an interrupted run
-resumes at the next model.
+number), reliability.png and ood_scores.png; each model's result is recorded in results.json and its logits kept
+in logits/ as it is measured (`evaluation.compare`), so an interrupted run resumes at the next model.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
-from ..cost import machine, predictor_latency
 from ..evaluation import plots
-from ..evaluation.report import measure
+from ..evaluation.compare import Built, Data, compare, machine, row_file, time_rows
 from ..evaluation.tables import CONVENTIONS, aggregate, per_set_lines, table_lines
 from ..fusion import HydraEnsemble
-from ..io import row_file, write_json_atomic
+from ..io import write_json_atomic
 from ..outputs import labels_of
-from ..predictors import ZeroShotEnsemble
+from ..predictors import ZeroShotEnsemble, base_model, class_names, model_config
 from ..pruning import kept_heads
 from .common import (
     CommandError,
     add_data_options,
-    add_output_options,
     add_zero_shot_options,
-    base_model,
-    check_model_dir,
-    class_names,
+    classifier_at,
     data_settings,
-    fingerprint_path,
-    is_ensemble,
-    load_predictor,
-    model_config,
     named_sources,
     read_data,
-    start_step,
     zero_shot_options,
 )
+from .step import add_output_options, check_model_dir, fingerprint_path, start_step
 
 EXAMPLE = """hydra-ens evaluate --model single=my-classifier --model hydra=hydra --data test.csv \\
     --near other-topics.csv --far reviews.txt --out report"""
@@ -86,43 +77,15 @@ def run(args: argparse.Namespace) -> int:
     out = start_step(args, "evaluate", settings, "report.md")
     if out is None:
         return 0
-    results, logits, labels, classes, predictors, first_batches = {}, {}, None, None, {}, {}
-    for name, path in models.items():
-        model_dir = check_model_dir(path, f"--model {name}")
-        model = load_predictor(model_dir, f"--model {name}", zero_shot=zero_shot_options(args))
-        config = model_config(model)
-        if classes is not None and class_names(model) != classes:
-            raise CommandError(
-                f"--model {name} predicts classes {class_names(model)}, the first model {classes}: compare models "
-                "of one task."
-            )
-        classes = class_names(model)
-        test = read_data(args, args.data, model_dir, config, labelled=True, flag="--data").batches
-        groups = {
-            group: {
-                n: read_data(args, p, model_dir, config, labelled=False, flag=f"--{group}").batches
-                for n, p in s.items()
-            }
-            for group, s in sets.items()
-        }
-        cached, result_file = row_file(out.path / "logits", name), row_file(out.path / "logits", name, ".json")
-        if result_file.is_file() and cached.is_file():
-            results[name] = json.loads(result_file.read_text())
-            print(f"{name}: measured before ({cached})")
-        else:
-            print(f"{name}: {'Hydra Ensemble' if is_ensemble(model_dir) else type(model).__name__} from {model_dir}")
-            results[name] = measure(
-                model, test, groups["near"], groups["far"], cached, ood=groups["ood"], progress=not args.quiet
-            )
-            results[name]["heads"] = _heads(model)
-            write_json_atomic(result_file, results[name])
-        logits[name] = torch.load(cached)
-        labels = labels_of(test)
-        predictors[name], first_batches[name] = model, test[0]
+    built = _built(args, models, sets)
+    builds = {name: (lambda name=name: built[name]) for name in built}
+    results = compare(builds, None, out.path / "results.json", out.path / "logits", progress=not args.quiet)
+    logits = {name: torch.load(row_file(out.path / "logits", name)) for name in results}
+    labels = labels_of(next(iter(built.values())).data.test)
     latency = None
     if args.latency_repeats:
-        print(f"timing {len(predictors)} models, interleaved, {args.latency_repeats} rounds", flush=True)
-        latency = predictor_latency(predictors, first_batches, args.latency_repeats)
+        batches = {name: row.data.test[0] for name, row in built.items()}
+        latency = time_rows({name: row.predictor for name, row in built.items()}, batches, args.latency_repeats)
     rows = aggregate({0: results})
     lines = [
         "# Evaluation",
@@ -149,6 +112,34 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(lines))
     print(f"wrote {out.path}/report.md, metrics.json, reliability.png, ood_scores.png")
     return 0
+
+
+def _built(args: argparse.Namespace, models: dict[str, str], sets: dict[str, dict[str, str]]) -> dict[str, Built]:
+    """Every --model loaded, with the data read its own way (its tokenizer or image processor); all must predict
+    the same classes."""
+    built, classes = {}, None
+    for name, path in models.items():
+        model_dir = check_model_dir(path, f"--model {name}")
+        model = classifier_at(model_dir, f"--model {name}", zero_shot=zero_shot_options(args))
+        config = model_config(model)
+        if classes is not None and class_names(model) != classes:
+            raise CommandError(
+                f"--model {name} predicts classes {class_names(model)}, the first model {classes}: compare models "
+                "of one task."
+            )
+        classes = class_names(model)
+        test = read_data(args, args.data, model_dir, config, labelled=True, flag="--data").batches
+        read = {
+            group: {
+                n: read_data(args, p, model_dir, config, labelled=False, flag=f"--{group}").batches
+                for n, p in s.items()
+            }
+            for group, s in sets.items()
+        }
+        kind = "Hydra Ensemble" if isinstance(model, HydraEnsemble) else type(model).__name__
+        print(f"{name}: {kind} from {model_dir}")
+        built[name] = Built(model, {"heads": _heads(model)}, Data(test, read["near"], read["far"], read["ood"]))
+    return built
 
 
 def _heads(model) -> str:

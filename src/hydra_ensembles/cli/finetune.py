@@ -19,25 +19,14 @@ from pathlib import Path
 import torch
 import transformers
 
-from ..data.files import label_ids
+from ..data.files import label_ids, read_source
+from ..predictors import copy_preprocessor, load_preprocessor
 from ..pruning import load_model, save_model
 from ..training import IMAGE_RECIPE, TEXT_RECIPE, finetune
 from ..training.recipes import MONITORS, PRECISIONS
-from .common import (
-    CommandError,
-    add_data_options,
-    add_output_options,
-    check_model_dir,
-    check_supported,
-    copy_preprocessor,
-    data_settings,
-    fingerprint_path,
-    load_preprocessor,
-    read_data,
-    read_source,
-    start_step,
-)
-from .members import MEMBERS_FILE, member_dirs
+from .common import CommandError, add_data_options, check_one_model, data_settings, read_data
+from .members import member_dirs
+from .step import MEMBERS_FILE, add_output_options, check_model_dir, fingerprint_path, start_step
 
 EXAMPLE = """hydra-ens finetune --model base-encoder --data train.csv --val val.csv --epochs 4 --lr 3e-4 --out single
 hydra-ens finetune --model members --data train.csv --epochs 1 --lr 1e-4 --freeze-embeddings --out members-tuned"""
@@ -76,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     source = Path(args.model)
     members = (source / MEMBERS_FILE).is_file()
     sources = member_dirs(source, "--model") if members else [check_model_dir(source)]
-    check_supported(sources[0])
+    check_one_model(sources[0], "finetune", takes="one model or a members directory")
     kind, _ = load_preprocessor(sources[0])
     recipe = RECIPES[args.recipe or kind]
     overrides = {
@@ -102,7 +91,9 @@ def run(args: argparse.Namespace) -> int:
     out = start_step(args, "finetune", settings)
     if out is None:
         return 0
-    train_examples = read_source(args, args.data, kind, labelled=True, flag="--data")
+    train_examples = read_source(
+        args.data, kind, text_column=args.text_column, label_column=args.label_column, labelled=True, flag="--data"
+    )
     histories = {}
     for index, model_dir in enumerate(sources):
         name = f"member{index}" if members else "model"

@@ -13,18 +13,11 @@ import argparse
 
 from ..cost import count_parameters
 from ..fusion import HydraEnsemble, fusion_deviation
+from ..predictors import copy_preprocessor
 from ..pruning import load_model
-from .common import (
-    CommandError,
-    add_data_options,
-    add_output_options,
-    copy_preprocessor,
-    data_settings,
-    fingerprint_path,
-    read_data,
-    start_step,
-)
+from .common import CommandError, add_data_options, data_settings, read_data
 from .members import member_dirs
+from .step import add_output_options, fingerprint_path, start_step
 
 EXAMPLE = """hydra-ens fuse --members members-tuned --data val.csv --out hydra      # merged MLP, deviation measured
 hydra-ens fuse --members members-tuned --mlp stack --out hydra-stack     # each member's own MLP: exact"""

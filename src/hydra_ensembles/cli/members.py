@@ -22,30 +22,17 @@ from pathlib import Path
 import safetensors.torch
 
 from ..importance import Circuit, JointCircuit
-from ..io import read_json_record
+from ..io import read_json_record, write_json_atomic
 from ..members import build_members, sample_members
-from ..predictors import TwoTowerModel, zero_shot_ensemble
+from ..predictors import TwoTowerModel, copy_preprocessor, describe_saved, saved_kind, zero_shot_ensemble
+from ..predictors.classifier import prompt_tokenizer
 from ..predictors.clip_zero_shot import DEFAULT_TEMPLATES
 from ..pruning import save_model
-from .common import (
-    RECORD,
-    CommandError,
-    add_output_options,
-    add_zero_shot_options,
-    check_model_dir,
-    copy_preprocessor,
-    fingerprint_path,
-    is_two_tower,
-    load_predictor,
-    prompt_tokenizer,
-    start_step,
-    zero_shot_options,
-)
+from .common import CommandError, add_zero_shot_options, check_one_model, classifier_at, zero_shot_options
+from .step import MEMBERS_FILE, RECORD, add_output_options, check_model_dir, fingerprint_path, start_step
 
 EXAMPLE = """hydra-ens members --model my-classifier --scores scores --num-members 3 --budget 6 --pool 8 --out members
 hydra-ens members --model my-classifier --circuit circuit --budget 24 --pool 48 --out members-circ"""
-
-MEMBERS_FILE = "members.json"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     model_dir = check_model_dir(args.model)
+    check_one_model(model_dir, "members")
     source_path = _source_file(args.scores or args.circuit, "scores.safetensors" if args.scores else "circuit.json")
     settings = {
         "model": fingerprint_path(model_dir, "--model"),
@@ -85,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.circuit and "image" in json.loads(source_path.read_text())["kept"]:
         return _zero_shot_members(args, out, model_dir, source_path)
-    model = load_predictor(model_dir)
+    model = classifier_at(model_dir)
     source = safetensors.torch.load_file(source_path)["scores"] if args.scores else Circuit.load(source_path)
     head_maps = _sample(args, source)
     write_members(out.path, model_dir, head_maps, {"source": "scores" if args.scores else "circuit"})
@@ -103,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _zero_shot_members(args: argparse.Namespace, out, model_dir: Path, source_path: Path) -> int:
     """Members from a joint circuit of a two-tower model: the zero-shot ensemble, written to out/model."""
-    if not is_two_tower(model_dir):
+    if saved_kind(model_dir) != TwoTowerModel.kind:
         raise CommandError(
             f"--circuit {str(source_path)!r} is a joint (two-tower) circuit; --model must be the "
             "two-tower checkpoint it was extracted from."
@@ -146,8 +134,6 @@ def _sample(args: argparse.Namespace, source) -> list:
 
 
 def write_members(path: Path, base: Path, head_maps: list[dict], extra: dict) -> None:
-    from ..io import write_json_atomic
-
     write_json_atomic(
         path / MEMBERS_FILE,
         {
@@ -164,14 +150,21 @@ def member_dirs(path: str | Path, flag: str) -> list[Path]:
     path = Path(path)
     index = path / MEMBERS_FILE
     if not index.is_file():
-        raise CommandError(
-            f"{flag} {str(path)!r} is not a members directory (no {MEMBERS_FILE}); make one with hydra-ens members."
-        )
+        raise CommandError(f"{flag} {str(path)!r} is not a members directory (no {MEMBERS_FILE}){_what_it_is(path)}.")
     names = json.loads(index.read_text())["members"]
     missing = [name for name in names if not (path / name / "config.json").is_file()]
     if missing:
         raise CommandError(f"{flag} {str(path)!r} lacks member(s) {missing}: rerun the command that wrote it.")
     return [path / name for name in names]
+
+
+def _what_it_is(path: Path) -> str:
+    """What a directory that is not a members directory holds instead, and what to do about it."""
+    try:
+        saved = describe_saved(check_model_dir(path))
+    except (CommandError, ValueError):
+        return "; make one with hydra-ens members"
+    return f": it is {saved}; hydra-ens members makes a members directory from one model"
 
 
 def _source_file(path: str, name: str) -> Path:

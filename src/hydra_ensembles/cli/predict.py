@@ -17,18 +17,17 @@ import torch
 
 from ..evaluation.ood import OOD_SCORES
 from ..outputs import collect_member_logits
+from ..predictors import class_names, model_config
 from ..uncertainty import ensemble_probs, mutual_information
 from .common import (
     CommandError,
     add_data_options,
     add_zero_shot_options,
-    check_model_dir,
-    class_names,
-    load_predictor,
-    model_config,
+    classifier_at,
     read_data,
     zero_shot_options,
 )
+from .step import check_model_dir
 
 EXAMPLE = """hydra-ens predict --model hydra --inputs new-articles.txt --calibration val.csv
 hydra-ens predict --model hydra --inputs photos/ --calibration val-photos/ --format jsonl --output p.jsonl
@@ -49,43 +48,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    model_dir = check_model_dir(args.model)
+    model = classifier_at(model_dir, zero_shot=zero_shot_options(args))  # first: what it is decides what applies
     if (args.calibration is None) == (args.threshold is None):
         raise CommandError("give either --calibration (ID validation inputs) or --threshold, exactly one of them.")
     if not 0 < args.tpr <= 1:
         raise CommandError(f"--tpr must be in (0, 1], got {args.tpr}.")
-    model_dir = check_model_dir(args.model)
-    model = load_predictor(model_dir, zero_shot=zero_shot_options(args))
-    config = model_config(model)
-    score_fn = OOD_SCORES[args.score]
-    progress = not args.quiet
-    if args.calibration is not None:
-        calibration = read_data(args, args.calibration, model_dir, config, labelled=False, flag="--calibration")
-        id_scores = score_fn(collect_member_logits(model, calibration.batches, progress))
-        threshold, accepted = id_threshold(id_scores, args.tpr)
-        origin = (
-            f"chosen on {len(id_scores)} ID calibration inputs to accept {args.tpr:.1%} of them "
-            f"(accepts {accepted:.1%})"
-        )
-    else:
-        threshold, origin = args.threshold, "given by --threshold"
-    data = read_data(args, args.inputs, model_dir, config, labelled=False, flag="--inputs")
-    member_logits = collect_member_logits(model, data.batches, progress).double()  # (N, M, C), as evaluation
-    probs = ensemble_probs(member_logits)
-    confidence, predicted = probs.max(dim=-1)
-    mi = mutual_information(member_logits)
-    scores = score_fn(member_logits)
-    names = class_names(model)
-    rows = [
-        {
-            "input": data.examples.names[i],
-            "prediction": names[predicted[i]],
-            "probability": round(confidence[i].item(), 4),
-            "mutual_information": round(mi[i].item(), 4),
-            "ood_score": round(scores[i].item(), 4),
-            "ood": bool(scores[i].item() > threshold),
-        }
-        for i in range(len(probs))
-    ]
+    threshold, origin = _threshold(args, model, model_dir)
+    data = read_data(args, args.inputs, model_dir, model_config(model), labelled=False, flag="--inputs")
+    member_logits = collect_member_logits(model, data.batches, not args.quiet).double()  # (N, M, C), as evaluation
+    rows = predictions(member_logits, OOD_SCORES[args.score], threshold, class_names(model), data.examples.names)
     header = (
         f"OOD flag: {args.score} score > {threshold:.4f} (threshold {origin}); "
         f"{sum(r['ood'] for r in rows)} of {len(rows)} inputs flagged; members: {member_logits.shape[1]}"
@@ -103,6 +75,38 @@ def run(args: argparse.Namespace) -> int:
             stream.close()
             print(f"wrote {len(rows)} predictions to {args.output}", file=sys.stderr)
     return 0
+
+
+def _threshold(args: argparse.Namespace, model, model_dir) -> tuple[float, str]:
+    """The OOD threshold, and where it came from: --threshold, or chosen on the --calibration inputs."""
+    if args.calibration is None:
+        return args.threshold, "given by --threshold"
+    calibration = read_data(
+        args, args.calibration, model_dir, model_config(model), labelled=False, flag="--calibration"
+    )
+    id_scores = OOD_SCORES[args.score](collect_member_logits(model, calibration.batches, not args.quiet))
+    threshold, accepted = id_threshold(id_scores, args.tpr)
+    return threshold, (
+        f"chosen on {len(id_scores)} ID calibration inputs to accept {args.tpr:.1%} of them (accepts {accepted:.1%})"
+    )
+
+
+def predictions(member_logits: torch.Tensor, score_fn, threshold: float, names: list[str], inputs: list[str]) -> list:
+    """One row per input: predicted class, its probability, mutual information, OOD score and flag.
+    member_logits (N, M, C)."""
+    confidence, predicted = ensemble_probs(member_logits).max(dim=-1)
+    mi, scores = mutual_information(member_logits), score_fn(member_logits)
+    return [
+        {
+            "input": inputs[i],
+            "prediction": names[predicted[i]],
+            "probability": round(confidence[i].item(), 4),
+            "mutual_information": round(mi[i].item(), 4),
+            "ood_score": round(scores[i].item(), 4),
+            "ood": bool(scores[i].item() > threshold),
+        }
+        for i in range(len(member_logits))
+    ]
 
 
 def id_threshold(id_scores: torch.Tensor, tpr: float) -> tuple[float, float]:

@@ -13,18 +13,10 @@ import safetensors.torch
 
 from ..evaluation import plots
 from ..importance import taylor_head_scores
+from ..importance.losses import loss_choices, needs_labels
 from ..io import write_json_atomic
-from .common import (
-    add_data_options,
-    add_output_options,
-    check_model_dir,
-    data_settings,
-    fingerprint_path,
-    load_predictor,
-    model_config,
-    read_data,
-    start_step,
-)
+from .common import add_data_options, check_one_model, classifier_at, data_settings, read_data
+from .step import add_output_options, check_model_dir, fingerprint_path, start_step
 
 EXAMPLE = """hydra-ens scores --model my-classifier --data val.csv --out scores
 hydra-ens scores --model my-classifier --data val.csv --sequential 4 --out scores-seq   # prune 4 per layer, rescore"""
@@ -35,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="calibration data: CSV / JSONL / .txt, or an image folder")
     parser.add_argument(
         "--loss",
-        choices=("auto", "cross_entropy", "entropy", "similarity"),
+        choices=loss_choices(),
         default="auto",
         help="auto: cross-entropy when the data has labels, entropy otherwise; similarity: Eq. 5-7 of paper 002 "
         "on the [CLS] token (label-free)",
@@ -63,6 +55,7 @@ def _budget(text: str) -> int | list[int]:
 
 def run(args: argparse.Namespace) -> int:
     model_dir = check_model_dir(args.model)
+    check_one_model(model_dir, "scores")
     settings = {
         "model": fingerprint_path(model_dir, "--model"),
         "data": fingerprint_path(args.data, "--data"),
@@ -73,9 +66,9 @@ def run(args: argparse.Namespace) -> int:
     out = start_step(args, "scores", settings, "scores.safetensors")
     if out is None:
         return 0
-    model = load_predictor(model_dir)
-    labelled = {"auto": None, "cross_entropy": True}.get(args.loss, False)
-    data = read_data(args, args.data, model_dir, model_config(model), labelled=labelled, flag="--data")
+    model = classifier_at(model_dir)
+    labelled = needs_labels(args.loss)
+    data = read_data(args, args.data, model_dir, model.config, labelled=labelled, flag="--data")
     scores = taylor_head_scores(
         model, data.batches, loss=args.loss, sequential_budget=args.sequential, progress=not args.quiet
     )

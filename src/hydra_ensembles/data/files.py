@@ -61,6 +61,43 @@ def read_examples(
     return examples
 
 
+def read_source(
+    path: str | os.PathLike,
+    kind: str,
+    *,
+    text_column: str = "text",
+    label_column: str = "label",
+    labelled: bool | None = None,
+    flag: str = "data",
+) -> Examples:
+    """`read_examples`, checked against what the model reads (`kind`: "text" or "image"); errors name the source
+    by `flag` (the command-line flag that gave it).
+
+    labelled: True requires labels, False ignores them, None takes them when the source has them.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{flag} {str(path)!r} does not exist.")
+    if labelled and path.is_file() and path.suffix.lower() == ".txt":
+        raise ValueError(
+            f"{flag} {str(path)!r} is plain text without labels; give a CSV or JSONL file with a {label_column!r} "
+            "column."
+        )
+    column = label_column if labelled is not False and path.is_file() else None
+    try:
+        examples = read_examples(path, text_column, column, labels_optional=labelled is None)
+    except ValueError as error:
+        raise ValueError(f"{flag}: {error}") from None
+    if examples.kind != kind:
+        hint = "a CSV / JSONL / .txt file" if kind == "text" else "a folder of images"
+        raise ValueError(f"{flag} {str(path)!r} holds {examples.kind} data but the model reads {kind}s: give {hint}.")
+    if labelled and examples.labels is None:
+        raise ValueError(f"{flag} {str(path)!r} has no labels: give a folder with one sub-folder per class.")
+    if labelled is False:
+        examples.labels = None
+    return examples
+
+
 def read_texts(
     path: str | os.PathLike, text_column: str = "text", label_column: str | None = None, labels_optional: bool = False
 ) -> Examples:
@@ -182,6 +219,42 @@ def label_ids(
         f"label(s) {unknown[:5]} are not classes of the model, whose classes are {sorted(label2id, key=label2id.get)}"
         f"; use those names or integer ids 0..{num_labels - 1}."
     )
+
+
+@dataclass
+class Encoded:
+    """One data source, read and encoded for one model: `batches` are dicts of model inputs (+ labels)."""
+
+    examples: Examples
+    batches: list[dict[str, torch.Tensor]]
+
+
+def read_encoded(
+    path: str | os.PathLike,
+    kind: str,
+    preprocessor,
+    config: Any,
+    *,
+    labelled: bool | None = None,
+    flag: str = "data",
+    text_column: str = "text",
+    label_column: str = "label",
+    batch_size: int = 16,
+    max_length: int = 128,
+) -> Encoded:
+    """`read_source`, encoded: texts through a tokenizer, images through an image processor (to as many channels
+    as `config.num_channels`), with label ids by `config.label2id` when the examples have labels."""
+    examples = read_source(path, kind, text_column=text_column, label_column=label_column, labelled=labelled, flag=flag)
+    labels = None
+    if examples.labels is not None:
+        try:
+            labels = label_ids(examples.labels, config.label2id, config.num_labels)
+        except ValueError as error:
+            raise ValueError(f"{flag} {str(path)!r}: {error}") from None
+    if kind == "text":
+        return Encoded(examples, text_batches(preprocessor, examples.inputs, labels, batch_size, max_length))
+    channels = getattr(config, "num_channels", 3)
+    return Encoded(examples, image_batches(preprocessor, examples.inputs, labels, batch_size, channels))
 
 
 def text_batches(

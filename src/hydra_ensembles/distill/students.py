@@ -17,7 +17,6 @@ from torch import Tensor, nn
 from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ..outputs import PredictorOutput
 
-KIND = "multi_head_mlp"  # its `kind` in predictor.json
 WEIGHTS_NAME = "model.safetensors"
 
 
@@ -31,6 +30,8 @@ class MultiHeadMLP(nn.Module):
     Shapes: inputs (B, D) -> member_logits (B, M, C), C = outputs; with regression=True, member_gaussians
     (B, M, 2): each head's mean and log-variance (paper 001 §2, Regression).
     """
+
+    kind = "multi_head_mlp"  # its name among the saved predictors, written in predictor.json
 
     def __init__(
         self,
@@ -100,12 +101,12 @@ class MultiHeadMLP(nn.Module):
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """predictor.json (its kind and settings) and model.safetensors, atomically; read back by
-        `hydra_ensembles.load_predictor`."""
+        `hydra_ensembles.predictors.load_predictor`."""
 
         def write(tmp: Path) -> None:
             state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
             safetensors.torch.save_file(state, tmp / WEIGHTS_NAME, metadata={"format": "pt"})
-            write_json_atomic(tmp / PREDICTOR_FILE, {"kind": KIND, "settings": self.settings})
+            write_json_atomic(tmp / PREDICTOR_FILE, {"kind": self.kind, "settings": self.settings})
 
         return save_dir_atomic(path, write)
 
@@ -113,11 +114,16 @@ class MultiHeadMLP(nn.Module):
     def from_pretrained(cls, path: str | os.PathLike) -> MultiHeadMLP:
         path = Path(path)
         record = json.loads((path / PREDICTOR_FILE).read_text())
-        if record.get("kind") != KIND:
-            raise ValueError(f"{str(path)!r} holds a {record.get('kind')!r}, not a {KIND}.")
+        if record.get("kind") != cls.kind:
+            raise ValueError(f"{str(path)!r} holds a {record.get('kind')!r}, not a {cls.kind}.")
         model = cls(**record["settings"])
         model.load_state_dict(safetensors.torch.load_file(path / WEIGHTS_NAME))
         return model.eval()
+
+    @classmethod
+    def describe(cls, path: Path) -> str:
+        heads = json.loads((path / PREDICTOR_FILE).read_text())["settings"]["heads"]
+        return f"a multi-head MLP student with {heads} head{'s' if heads != 1 else ''}"
 
 
 def _relu_linear(a: int, b: int) -> nn.Sequential:

@@ -42,6 +42,8 @@ FORMAT_VERSION = 1
 class HydraEnsemble(nn.Module):
     """M pruned members of one pretrained HF model, fused. Build with `HydraEnsemble.fuse(members)`."""
 
+    kind = "hydra_ensemble"  # its name among the saved predictors (`hydra_ensembles.predictors.load_predictor`)
+
     def __init__(
         self,
         adapter: Adapter,
@@ -279,6 +281,12 @@ class HydraEnsemble(nn.Module):
         return cls(
             adapter, model_class, config, outer, layers, head_maps, saved["mlp"], saved["fingerprint"], averaged
         ).eval()
+
+    @classmethod
+    def describe(cls, path: Path) -> str:
+        """What the ensemble saved at `path` is, from its config alone: "a fused ensemble of 3 members"."""
+        members = len(json.loads((path / CONFIG_NAME).read_text())["head_maps"])
+        return f"a fused ensemble of {members} member{'s' if members != 1 else ''}"
 
     def _saved_config(self) -> dict[str, Any]:
         parameters = self.outer.shared.parameter_names() + self.outer.member.parameter_names()

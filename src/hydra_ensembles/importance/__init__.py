@@ -13,6 +13,7 @@ from .circuit import (
     extract_joint_circuit,
     register_criterion,
 )
+from .losses import TaylorLoss, register_taylor_loss
 from .neurons import (
     AdaptivePruning,
     adaptive_mlp_pruning,
@@ -44,5 +45,7 @@ __all__ = [
     "extract_circuit",
     "extract_joint_circuit",
     "register_criterion",
+    "register_taylor_loss",
     "taylor_head_scores",
+    "TaylorLoss",
 ]

@@ -5,16 +5,22 @@ With labels: cross-entropy. Without labels: the information entropy of the model
 §3.3) — of the softmax over classes for a classifier, or, for an encoder without a classifier, of the softmax
 over in-batch cosine similarities of its pooled embeddings (Eq. 5-7). "similarity" applies Eq. 5-7 to the last
 layer's [CLS] token of any model, a classifier included (the criterion paper 002 uses for its encoders).
+
+Head importance (`taylor.py`) and neuron importance (`neurons.py`) share the choice of loss (`choose_loss`, with
+its "auto" rule) and the pass that weighs each batch's loss by its share of the examples (`weighted_losses`).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..adapters import get_adapter
+from ..data.loaders import Batch, batch_size, split_batch, to_device
 from ..uncertainty import entropy
 
 
@@ -87,17 +93,60 @@ TAYLOR_LOSSES: dict[str, TaylorLoss] = {
 
 
 def register_taylor_loss(name: str, loss: TaylorLoss) -> None:
-    """Make `loss` available as `taylor_head_scores(..., loss=name)`."""
+    """Make `loss` available as `taylor_head_scores(..., loss=name)`, `neuron_scores`, `adaptive_mlp_pruning` and
+    the CLI's `--loss` (whose choices are `loss_choices()` when its parser is built)."""
     TAYLOR_LOSSES[name] = loss
+
+
+def loss_choices() -> list[str]:
+    """Every name `loss=` takes: "auto" and the registered losses."""
+    return ["auto", *TAYLOR_LOSSES]
+
+
+def needs_labels(name: str) -> bool | None:
+    """Whether loss `name` reads labels; None for "auto" (it uses them when every batch has them)."""
+    return None if name == "auto" else taylor_loss(name).needs_labels
 
 
 def taylor_loss(name: str) -> TaylorLoss:
     if name not in TAYLOR_LOSSES:
-        raise ValueError(f"loss must be 'auto' or one of {sorted(TAYLOR_LOSSES)}, got {name!r}.")
+        raise ValueError(f"loss must be one of {loss_choices()}, got {name!r}.")
     return TAYLOR_LOSSES[name]
 
 
-def loss_input(loss: TaylorLoss, adapter: Any, model: nn.Module, inputs: dict[str, Any]) -> Tensor:
+def choose_loss(name: str, classifier: bool, batches: list[Batch]) -> str:
+    """`name`, with "auto" made cross-entropy when the model is a classifier (or reads out logits) and every batch
+    has labels, the label-free entropy otherwise. An unknown name fails here, before any work."""
+    if name == "auto":
+        labelled = all(batch.get("labels") is not None for batch in batches)
+        name = "cross_entropy" if classifier and labelled else "entropy"
+    taylor_loss(name)
+    return name
+
+
+def weighted_losses(
+    name: str,
+    model: nn.Module,
+    batches: list[Batch],
+    *,
+    classifier: bool,
+    temperature: float,
+    readout: Callable[[Tensor], Tensor] | None = None,
+) -> Iterator[tuple[Tensor, float]]:
+    """(batch mean of loss `name`, the batch's share of the examples) for each batch: sum(loss * share) is the
+    mean over every example whatever the batching, and so is its gradient. Computed under the caller's grad
+    mode, model mode and hooks; `readout` maps the model's output to logits first (as `taylor_head_scores`)."""
+    adapter, loss = get_adapter(model), taylor_loss(name)
+    device = next(model.parameters()).device
+    total = sum(batch_size(split_batch(adapter, batch)[0]) for batch in batches)
+    for batch in batches:
+        inputs, labels = split_batch(adapter, batch)
+        output = _loss_input(loss, adapter, model, to_device(inputs, device))
+        output = readout(output) if readout is not None else output
+        yield loss(output, labels, classifier=classifier, temperature=temperature), batch_size(inputs) / total
+
+
+def _loss_input(loss: TaylorLoss, adapter: Any, model: nn.Module, inputs: dict[str, Any]) -> Tensor:
     """What `loss` reads from one forward pass of `model` (an HF model with its adapter): the model's output
     (logits or pooled embedding), or the last layer's [CLS] token features (B, d)."""
     if loss.reads == "cls":

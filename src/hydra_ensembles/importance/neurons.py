@@ -35,10 +35,10 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..adapters import get_adapter
-from ..data.loaders import Batch, batch_size, materialize, split_batch, to_device
+from ..data.loaders import Batch, materialize, split_batch, to_device
 from ..pruning import NeuronMap, ablate_neurons, kept_neurons, prune_neurons
 from .gradients import gradients_for
-from .losses import loss_input, taylor_loss
+from .losses import choose_loss, weighted_losses
 
 
 def neuron_scores(
@@ -49,24 +49,19 @@ def neuron_scores(
     `taylor_head_scores`."""
     adapter = get_adapter(model)
     batches = materialize(loader, "pruning loader")
-    loss = _resolve(loss, model, batches)
+    classifier = adapter.is_classifier(model)
+    loss = choose_loss(loss, classifier, batches)
     blocks = [adapter.block(layer) for layer in adapter.layers(model)]
     sums = [torch.zeros(b.mlp_out.in_features, dtype=torch.float64) for b in blocks]
-    total = sum(batch_size(split_batch(adapter, batch)[0]) for batch in batches)
-    device = next(model.parameters()).device
-    activations: list[Tensor] = []
-    criterion, classifier = taylor_loss(loss), adapter.is_classifier(model)
+    activations: list[Tensor] = []  # one batch's, filled by the hooks during its forward pass
     hooks = [b.mlp_out.register_forward_pre_hook(lambda _, args: activations.append(args[0])) for b in blocks]
     try:
         # gradients through the first MLP linears make every activation h part of the graph
-        with gradients_for(model, [b.mlp_in.weight for b in blocks]):
-            for batch in tqdm(batches, desc="neuron scores", disable=not progress, leave=False):
-                inputs, labels = split_batch(adapter, batch)
-                activations.clear()
-                with torch.enable_grad():
-                    output = loss_input(criterion, adapter, model, to_device(inputs, device))
-                    value = criterion(output, labels, classifier=classifier, temperature=temperature)
-                    grads = torch.autograd.grad(value * batch_size(inputs) / total, activations)
+        with gradients_for(model, [b.mlp_in.weight for b in blocks]), torch.enable_grad():
+            values = weighted_losses(loss, model, batches, classifier=classifier, temperature=temperature)
+            bar = tqdm(values, desc="neuron scores", total=len(batches), disable=not progress, leave=False)
+            for value, share in bar:
+                grads = torch.autograd.grad(value * share, activations)
                 if len(activations) != len(blocks):
                     raise ValueError(
                         f"expected one MLP activation per block, got {len(activations)} for {len(blocks)} blocks: "
@@ -75,6 +70,7 @@ def neuron_scores(
                 for acc, h, g in zip(sums, activations, grads):
                     per_token = (h.detach() * g).double().reshape(h.shape[0], -1, h.shape[-1])  # (B, N, F)
                     acc += per_token.sum(dim=1).abs().sum(dim=0).cpu()  # Eq. 4 per sequence, summed over the set
+                activations.clear()
     finally:
         for hook in hooks:
             hook.remove()
@@ -83,23 +79,16 @@ def neuron_scores(
 
 def criterion_value(model: nn.Module, batches: list[Batch], loss: str, temperature: float = 1 / 15) -> float:
     """The criterion E over the pruning set: the batch-size-weighted mean of the loss, in eval mode."""
-    adapter = get_adapter(model)
-    device = next(model.parameters()).device
-    total = sum(batch_size(split_batch(adapter, batch)[0]) for batch in batches)
-    criterion, classifier = taylor_loss(loss), adapter.is_classifier(model)
+    classifier = get_adapter(model).is_classifier(model)
+    loss = choose_loss(loss, classifier, batches)
     was_training = model.training
     model.eval()
-    value = 0.0
     try:
         with torch.no_grad():
-            for batch in batches:
-                inputs, labels = split_batch(adapter, batch)
-                output = loss_input(criterion, adapter, model, to_device(inputs, device))
-                part = criterion(output, labels, classifier=classifier, temperature=temperature)
-                value += part.item() * batch_size(inputs) / total
+            values = weighted_losses(loss, model, batches, classifier=classifier, temperature=temperature)
+            return sum(value.item() * share for value, share in values)
     finally:
         model.train(was_training)
-    return value
 
 
 def binary_search_size(
@@ -162,7 +151,7 @@ def adaptive_mlp_pruning(
     computed once (the same values; False runs the whole model for every size, as Algorithm 1 is written).
     """
     batches = materialize(loader, "pruning loader")
-    loss = _resolve(loss, model, batches)
+    loss = choose_loss(loss, get_adapter(model).is_classifier(model), batches)  # one criterion for all sizes
     if delta_e <= 0:
         raise ValueError(f"delta_e must be > 0 (the entropy increase a block may cause), got {delta_e}.")
     scores = (
@@ -324,11 +313,3 @@ def _ranked(model: nn.Module, scores: list[Tensor]) -> dict[int, list[int]]:
         layer: [kept[layer][i] for i in torch.argsort(scores[layer], descending=True, stable=True).tolist()]
         for layer in kept
     }
-
-
-def _resolve(loss: str, model: nn.Module, batches: list[Batch]) -> str:
-    if loss == "auto":
-        labelled = all(batch.get("labels") is not None for batch in batches)
-        loss = "cross_entropy" if get_adapter(model).is_classifier(model) and labelled else "entropy"
-    taylor_loss(loss)  # an unknown name fails here
-    return loss

@@ -20,10 +20,10 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..adapters import get_adapter
-from ..data.loaders import Batch, batch_size, materialize, split_batch, to_device
+from ..data.loaders import Batch, materialize
 from ..pruning import kept_heads, per_layer, prune_heads
 from .gradients import gradients_for
-from .losses import loss_input, taylor_loss
+from .losses import choose_loss, weighted_losses
 
 
 def taylor_head_scores(
@@ -59,12 +59,9 @@ def taylor_head_scores(
     """
     adapter = get_adapter(model)
     batches = materialize(loader, "calibration loader")
-    if loss == "auto":
-        labelled = all(batch.get("labels") is not None for batch in batches)
-        loss = "cross_entropy" if (adapter.is_classifier(model) or readout) and labelled else "entropy"
-    taylor_loss(loss)  # an unknown name fails here, before any work
+    classifier = adapter.is_classifier(model) or readout is not None
+    settings = (choose_loss(loss, classifier, batches), classifier, temperature, readout, progress)
     num_layers = adapter.num_layers(model)
-    settings = (loss, temperature, readout, progress)
     if sequential_budget is None:
         return _scores(model, batches, range(num_layers), *settings, "Taylor scores")
     budgets = per_layer(sequential_budget, num_layers, "sequential_budget")
@@ -89,6 +86,7 @@ def _scores(
     batches: list[Batch],
     layers: Iterable[int],
     loss: str,
+    classifier: bool,
     temperature: float,
     readout: Callable[[Tensor], Tensor] | None,
     progress: bool,
@@ -100,17 +98,10 @@ def _scores(
     blocks = {layer: adapter.block(adapter.layers(model)[layer]) for layer in layers}
     weights = [linear.weight for b in blocks.values() for linear in (b.query, b.key, b.value)]
     grads = [torch.zeros_like(w, dtype=torch.float32) for w in weights]
-    total = sum(batch_size(split_batch(adapter, batch)[0]) for batch in batches)
-    device = next(model.parameters()).device
-    classifier, criterion = adapter.is_classifier(model) or readout is not None, taylor_loss(loss)
     with gradients_for(model, weights):
-        for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
-            inputs, labels = split_batch(adapter, batch)
-            output = loss_input(criterion, adapter, model, to_device(inputs, device))
-            output = readout(output) if readout is not None else output
-            weight = batch_size(inputs) / total
-            value = criterion(output, labels, classifier=classifier, temperature=temperature)
-            for acc, g in zip(grads, torch.autograd.grad(value * weight, weights)):
+        values = weighted_losses(loss, model, batches, classifier=classifier, temperature=temperature, readout=readout)
+        for value, share in tqdm(values, desc=desc, total=len(batches), disable=not progress, leave=False):
+            for acc, g in zip(grads, torch.autograd.grad(value * share, weights)):
                 acc += g.float()
     return _per_head(model, layers, weights, grads)
 

@@ -18,7 +18,6 @@ import torch
 from torch import Tensor
 
 from ..importance.circuit import Circuit, JointCircuit
-from ..importance.circuit.joint import split_heads
 from ..pruning import HeadMap, per_layer
 
 
@@ -155,10 +154,7 @@ def _from_circuit(
         _check_enough(math.comb(pool, budget), num_members, f"budget {budget} and pool {pool}")
 
     def draw(generator: torch.Generator) -> HeadMap:
-        pruned = {circuit.removed[i] for i in _draw(pool, budget, generator)}
-        if isinstance(circuit, JointCircuit):
-            return split_heads(circuit.kept, pruned)
-        return {layer: [h for h in heads if (layer, h) not in pruned] for layer, heads in circuit.kept.items()}
+        return circuit.without(circuit.removed[i] for i in _draw(pool, budget, generator))
 
     return _draw_members(draw, num_members, seed, allow_identical)
 

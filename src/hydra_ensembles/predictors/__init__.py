@@ -2,27 +2,51 @@
 
 The Hydra Ensemble itself is built by `hydra_ensembles.fusion`; here are the baselines it is compared with
 (`baselines/`), temperature scaling on top of any predictor, zero-shot two-tower (CLIP-style) ensembles
-(`clip_zero_shot.py`), and one saver and loader for every kind.
+(`clip_zero_shot.py`), one saver and loader for every kind (`load.py`: each kind saves and loads itself and is
+found by name), and a saved predictor put to work as a classifier (`classifier.py`).
 """
 
 from .baselines import DeepEnsemble, MCDropout, lora_ensemble, reset_classifier, shared_backbone_ensemble
+from .classifier import class_names, copy_preprocessor, load_classifier, load_preprocessor, model_config
 from .clip_zero_shot import Tower, TwoTowerModel, ZeroShotEnsemble, class_prompts, zero_shot_ensemble
-from .load import load_predictor, save_predictor
+from .load import (
+    PREDICTOR_KINDS,
+    base_model,
+    check_supported,
+    describe_saved,
+    load_predictor,
+    num_members,
+    register_predictor,
+    save_predictor,
+    saved_kind,
+)
 from .temperature import TemperatureScaled, fit_temperature
 
 __all__ = [
+    "PREDICTOR_KINDS",
     "DeepEnsemble",
     "MCDropout",
     "TemperatureScaled",
     "Tower",
     "TwoTowerModel",
     "ZeroShotEnsemble",
+    "base_model",
+    "check_supported",
+    "class_names",
     "class_prompts",
-    "zero_shot_ensemble",
+    "copy_preprocessor",
+    "describe_saved",
     "fit_temperature",
+    "load_classifier",
     "load_predictor",
+    "load_preprocessor",
     "lora_ensemble",
+    "model_config",
+    "num_members",
+    "register_predictor",
     "reset_classifier",
     "save_predictor",
+    "saved_kind",
     "shared_backbone_ensemble",
+    "zero_shot_ensemble",
 ]

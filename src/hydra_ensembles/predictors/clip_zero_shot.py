@@ -35,10 +35,9 @@ from ..fusion import HydraEnsemble
 from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ..members import build_members
 from ..outputs import PredictorOutput
-from ..pruning import HeadMap, kept_heads, load_model, save_model
+from ..pruning import HeadMap, kept_heads
+from .load import TWO_TOWER_FILE, load_predictor, register_predictor, save_predictor
 
-KIND = "zero_shot"
-TWO_TOWER_FILE = "two_tower.json"
 DEFAULT_TEMPLATES = ("a photo of a {}.",)
 
 
@@ -64,8 +63,12 @@ class Tower(nn.Module):
         return F.normalize(self.projection(pooled), dim=-1)
 
 
+@register_predictor
 class TwoTowerModel(nn.Module):
-    """An image tower, a text tower and the logit scale (CLIP's exp(logit_scale), e.g. 100)."""
+    """An image tower, a text tower and the logit scale (CLIP's exp(logit_scale), e.g. 100). Not a predictor by
+    itself: `zero_shot_ensemble` makes one that classifies given classes."""
+
+    kind = "two_tower"
 
     def __init__(self, image: Tower, text: Tower, logit_scale: float):
         super().__init__()
@@ -86,8 +89,8 @@ class TwoTowerModel(nn.Module):
         """image/ and text/ (HF checkpoints), projections.safetensors, two_tower.json; atomically."""
 
         def write(tmp: Path) -> None:
-            save_model(self.image.encoder, tmp / "image")
-            save_model(self.text.encoder, tmp / "text")
+            save_predictor(self.image.encoder, tmp / "image")
+            save_predictor(self.text.encoder, tmp / "text")
             _save_projections(tmp, self.image.projection, self.text.projection)
             write_json_atomic(tmp / TWO_TOWER_FILE, {"logit_scale": self.logit_scale})
 
@@ -100,7 +103,7 @@ class TwoTowerModel(nn.Module):
         if (path / TWO_TOWER_FILE).is_file():
             record = json.loads((path / TWO_TOWER_FILE).read_text())
             image, text = _load_projections(path)
-            towers = Tower(load_model(path / "image"), image), Tower(load_model(path / "text"), text)
+            towers = Tower(load_predictor(path / "image"), image), Tower(load_predictor(path / "text"), text)
             return cls(*towers, record["logit_scale"]).eval()
         config = transformers.AutoConfig.from_pretrained(path)
         if config.model_type != "clip":
@@ -109,6 +112,10 @@ class TwoTowerModel(nn.Module):
                 f"({TWO_TOWER_FILE}) or an HF CLIPModel directory."
             )
         return cls.from_clip(transformers.CLIPModel.from_pretrained(path).eval()).eval()
+
+    @classmethod
+    def describe(cls, path: Path) -> str:
+        return "a two-tower (CLIP-style) model"
 
 
 def class_prompts(classes: Sequence[str], templates: Sequence[str] = DEFAULT_TEMPLATES) -> list[str]:
@@ -136,12 +143,15 @@ def class_embeddings(text: Tower, prompts: Sequence[dict], num_classes: int) -> 
     return F.normalize(per_class, dim=-1).transpose(0, 1).contiguous()
 
 
+@register_predictor
 class ZeroShotEnsemble(nn.Module):
     """M two-tower members classifying zero-shot: `forward(pixel_values=...)` returns member logits (B, M, C).
 
     image: the image tower (a plain encoder, or its members fused); text: the text tower likewise, kept to
     recompute the class embeddings for other classes (`set_classes`). M = 1 for the unpruned model.
     """
+
+    kind = "zero_shot"
 
     def __init__(
         self,
@@ -212,13 +222,10 @@ class ZeroShotEnsemble(nn.Module):
 
         def write(tmp: Path) -> None:
             for name, tower in (("image", self.image), ("text", self.text)):
-                if isinstance(tower.encoder, HydraEnsemble):
-                    tower.encoder.save_pretrained(tmp / name)
-                else:
-                    save_model(tower.encoder, tmp / name)
+                save_predictor(tower.encoder, tmp / name)
             _save_projections(tmp, self.image.projection, self.text.projection)
             safetensors.torch.save_file({"embeddings": self.embeddings.contiguous()}, str(tmp / "classes.safetensors"))
-            record = {"kind": KIND, "logit_scale": self.logit_scale, "classes": self.classes}
+            record = {"kind": self.kind, "logit_scale": self.logit_scale, "classes": self.classes}
             write_json_atomic(tmp / PREDICTOR_FILE, record | {"templates": self.templates})
 
         return save_dir_atomic(path, write)
@@ -230,10 +237,15 @@ class ZeroShotEnsemble(nn.Module):
         image, text = _load_projections(path)
         embeddings = safetensors.torch.load_file(str(path / "classes.safetensors"))["embeddings"]
         towers = [
-            Tower(_load_encoder(path / name), projection) for name, projection in (("image", image), ("text", text))
+            Tower(load_predictor(path / name), projection) for name, projection in (("image", image), ("text", text))
         ]
         model = cls(*towers, record["logit_scale"], record["classes"], record["templates"], embeddings)
         return model.eval()
+
+    @classmethod
+    def describe(cls, path: Path) -> str:
+        classes = json.loads((path / PREDICTOR_FILE).read_text())["classes"]
+        return f"a zero-shot two-tower ensemble over {len(classes)} classes"
 
 
 def zero_shot_ensemble(
@@ -330,9 +342,3 @@ def _load_projections(path: Path) -> tuple[nn.Linear, nn.Linear]:
         linear.load_state_dict({"weight": weight} | ({"bias": bias} if bias is not None else {}))
         projections.append(linear)
     return projections[0], projections[1]
-
-
-def _load_encoder(path: Path) -> nn.Module:
-    from ..fusion.ensemble import CONFIG_NAME
-
-    return HydraEnsemble.from_pretrained(path) if (path / CONFIG_NAME).is_file() else load_model(path)

@@ -1,12 +1,13 @@
-"""One loader for every saved predictor, one saver for every predictor.
+"""One saver and one loader for every predictor: each kind names itself (`kind`), saves and loads itself
+(`save_pretrained` / `from_pretrained`) and says what a saved one is (`describe`), and is found by its name in
+`PREDICTOR_KINDS` (`register_predictor` adds one).
 
 What a directory holds tells its kind:
-    hydra_config.json          a Hydra Ensemble (`HydraEnsemble.save_pretrained`)
-    predictor.json             a wrapper: {"kind": "deep_ensemble" | "mc_dropout" | "temperature", ...} with its
-                               models in sub-directories (`member0/`, ... or `model/`); a distillation student
-                               for tabular data, {"kind": "multi_head_mlp"} with model.safetensors; or a
-                               zero-shot two-tower ensemble, {"kind": "zero_shot"} with `image/` and `text/`
-    config.json                a Hugging Face model, pruned or not (`save_model`; its structure is replayed)
+    predictor.json      {"kind": ...}: a wrapper (temperature, MC dropout), a deep ensemble, an MLP student, or a
+                        zero-shot two-tower ensemble, with its models in sub-directories or model.safetensors
+    hydra_config.json   "hydra_ensemble" (`HydraEnsemble.save_pretrained`; also a distilled transformer student)
+    two_tower.json      "two_tower" (`TwoTowerModel.save_pretrained`), as is an HF CLIPModel checkpoint
+    config.json         "hf_model": a Hugging Face model, pruned or not (`save_model`; its structure is replayed)
 """
 
 from __future__ import annotations
@@ -14,63 +15,154 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import ClassVar, Protocol
 
+import torch
+import transformers
 from torch import nn
 
+from ..adapters import UnsupportedModelError, adapter_for_class
 from ..distill import MultiHeadMLP
-from ..distill.students import KIND as MLP_KIND
 from ..fusion import HydraEnsemble
 from ..fusion.ensemble import CONFIG_NAME as HYDRA_CONFIG
-from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
+from ..io import PREDICTOR_FILE
 from ..pruning import load_model, save_model
-from .baselines.deep_ensemble import DeepEnsemble
-from .baselines.mc_dropout import MCDropout
-from .clip_zero_shot import KIND as ZERO_SHOT_KIND
-from .clip_zero_shot import ZeroShotEnsemble
-from .temperature import TemperatureScaled
+
+TWO_TOWER_FILE = "two_tower.json"
+
+
+class SavedPredictor(Protocol):
+    """What a predictor kind declares to be saved and loaded by name."""
+
+    kind: ClassVar[str]
+
+    def save_pretrained(self, path: str | os.PathLike) -> Path: ...
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> nn.Module: ...
+
+    @classmethod
+    def describe(cls, path: Path) -> str:
+        """What the predictor saved at `path` is, e.g. "a fused ensemble of 3 members", from its records alone."""
+
+
+class HFModel:
+    """The kind of a plain Hugging Face model, pruned or not: HF's classes are not ours, so this stands for them
+    (`save_predictor` saves one with `save_model`, which is atomic and records the pruned structure)."""
+
+    kind = "hf_model"
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> nn.Module:
+        return load_model(path)
+
+    @classmethod
+    def describe(cls, path: Path) -> str:
+        config = json.loads((path / "config.json").read_text())
+        return f"one model ({(config.get('architectures') or [config.get('model_type')])[0]})"
+
+
+class Wrapper(nn.Module):
+    """A predictor built on other models (temperature scaling, MC dropout, a deep ensemble): `base` is the model
+    whose config names its classes."""
+
+    @property
+    def base(self) -> nn.Module:
+        raise NotImplementedError
+
+
+PREDICTOR_KINDS: dict[str, type[SavedPredictor]] = {
+    HFModel.kind: HFModel,
+    HydraEnsemble.kind: HydraEnsemble,
+    MultiHeadMLP.kind: MultiHeadMLP,
+}
+
+
+def register_predictor(cls: type[SavedPredictor]) -> type[SavedPredictor]:
+    """Make `load_predictor` read a saved `cls` by its `kind` (usable as a class decorator)."""
+    PREDICTOR_KINDS[cls.kind] = cls
+    return cls
+
+
+def saved_kind(path: str | os.PathLike) -> str:
+    """The kind saved at `path`: predictor.json names it; the formats that do not are told by their files."""
+    path = Path(path)
+    if (path / HYDRA_CONFIG).is_file():
+        return HydraEnsemble.kind
+    if (path / PREDICTOR_FILE).is_file():
+        return str(json.loads((path / PREDICTOR_FILE).read_text()).get("kind"))
+    if (path / TWO_TOWER_FILE).is_file() or _is_clip(path):
+        return "two_tower"
+    if (path / "config.json").is_file():
+        return HFModel.kind
+    raise FileNotFoundError(
+        f"{str(path)!r} holds no saved predictor (it is not a model directory): it has neither {PREDICTOR_FILE} "
+        f"(its kind), {HYDRA_CONFIG} (a Hydra Ensemble), {TWO_TOWER_FILE} (a two-tower model) nor config.json (a "
+        "Hugging Face checkpoint)."
+    )
+
+
+def predictor_kind(path: str | os.PathLike) -> type[SavedPredictor]:
+    """The registered kind saved at `path`."""
+    kind = saved_kind(path)
+    if kind not in PREDICTOR_KINDS:
+        raise ValueError(
+            f"{str(Path(path))!r} holds a predictor of unknown kind {kind!r} ({PREDICTOR_FILE}); known kinds: "
+            f"{sorted(PREDICTOR_KINDS)} (`register_predictor` adds one)."
+        )
+    return PREDICTOR_KINDS[kind]
+
+
+def describe_saved(path: str | os.PathLike) -> str:
+    """What is saved at `path`, in a few words ("a fused ensemble of 3 members"), without reading its weights."""
+    return predictor_kind(path).describe(Path(path))
+
+
+def load_predictor(path: str | os.PathLike) -> nn.Module:
+    """The predictor saved at `path` (any registered kind), in eval mode."""
+    return predictor_kind(path).from_pretrained(path).eval()
 
 
 def save_predictor(model: nn.Module, path: str | os.PathLike) -> Path:
     """Save any predictor atomically so that `load_predictor(path)` returns an equal one."""
-    if isinstance(model, HydraEnsemble | DeepEnsemble | MultiHeadMLP | ZeroShotEnsemble):
-        return model.save_pretrained(path)
-    if isinstance(model, TemperatureScaled | MCDropout):
-        record = (
-            {"kind": "temperature", "temperature": model.temperature}
-            if isinstance(model, TemperatureScaled)
-            else {"kind": "mc_dropout", "samples": model.samples, "seed": model.seed}
-        )
-
-        def write(tmp: Path) -> None:
-            save_predictor(model.model, tmp / "model")
-            write_json_atomic(tmp / PREDICTOR_FILE, record)
-
-        return save_dir_atomic(path, write)
-    return save_model(model, path)
+    if isinstance(model, transformers.PreTrainedModel):
+        return save_model(model, path)
+    if not isinstance(model, tuple(PREDICTOR_KINDS.values())):
+        raise TypeError(f"no saved kind for a {type(model).__name__}; known kinds: {sorted(PREDICTOR_KINDS)}.")
+    return model.save_pretrained(path)
 
 
-def load_predictor(path: str | os.PathLike) -> nn.Module:
-    """The predictor saved at `path` (any kind above), in eval mode."""
+def base_model(model: nn.Module) -> nn.Module:
+    """The HF model, Hydra Ensemble or zero-shot ensemble that a wrapper predictor is built on (else `model`)."""
+    while isinstance(model, Wrapper):
+        model = model.base
+    return model
+
+
+def num_members(model: nn.Module) -> int:
+    """M, the members whose outputs a predictor returns (1 for a plain model)."""
+    return 1 if isinstance(model, transformers.PreTrainedModel) else model.num_members
+
+
+def check_supported(path: str | os.PathLike) -> None:
+    """Refuse a Hugging Face checkpoint whose architecture has no adapter, from its config alone (before any
+    other work)."""
     path = Path(path)
-    if (path / HYDRA_CONFIG).is_file():
-        return HydraEnsemble.from_pretrained(path)
-    if (path / PREDICTOR_FILE).is_file():
-        record = json.loads((path / PREDICTOR_FILE).read_text())
-        kind = record.get("kind")
-        if kind == "deep_ensemble":
-            models = [load_model(path / f"member{i}") for i in range(record["members"])]
-            return DeepEnsemble(models, record.get("stored_parameters")).eval()
-        if kind == MLP_KIND:
-            return MultiHeadMLP.from_pretrained(path)
-        if kind == ZERO_SHOT_KIND:
-            return ZeroShotEnsemble.from_pretrained(path)
-        if kind == "temperature":
-            return TemperatureScaled(load_predictor(path / "model"), record["temperature"]).eval()
-        if kind == "mc_dropout":
-            return MCDropout(load_predictor(path / "model"), record["samples"], record["seed"]).eval()
-        raise ValueError(f"{str(path)!r} holds a predictor of unknown kind {kind!r} ({PREDICTOR_FILE}).")
-    if (path / "config.json").is_file():
-        return load_model(path)
-    raise FileNotFoundError(
-        f"{str(path)!r} holds no saved predictor: expected {HYDRA_CONFIG}, {PREDICTOR_FILE} or config.json."
-    )
+    config = transformers.AutoConfig.from_pretrained(path)
+    named = [getattr(transformers, name, None) for name in getattr(config, "architectures", None) or []]
+    classes = [cls for cls in named if cls is not None]
+    if not classes:
+        with torch.device("meta"):  # the base model's class, without allocating its weights
+            classes = [type(transformers.AutoModel.from_config(config))]
+    try:
+        adapter_for_class(classes[0], config.model_type)
+    except UnsupportedModelError as error:
+        raise UnsupportedModelError(f"{str(path)!r}: {error}") from None
+
+
+def _is_clip(path: Path) -> bool:
+    """An HF CLIPModel checkpoint (both towers, not one tower alone)."""
+    if not (path / "config.json").is_file():
+        return False
+    config = json.loads((path / "config.json").read_text())
+    return config.get("model_type") == "clip" and "CLIPModel" in config.get("architectures", ["CLIPModel"])

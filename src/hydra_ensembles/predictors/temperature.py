@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
 import warnings
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ..outputs import PredictorOutput, member_logits_of
 from ..uncertainty import ensemble_probs
+from .load import Wrapper, describe_saved, load_predictor, num_members, register_predictor, save_predictor
 
 
 def fit_temperature(member_logits: Tensor, labels: Tensor, max_iter: int = 100) -> float:
@@ -42,8 +47,11 @@ def fit_temperature(member_logits: Tensor, labels: Tensor, max_iter: int = 100) 
     return float(log_t.detach().exp())
 
 
-class TemperatureScaled(nn.Module):
+@register_predictor
+class TemperatureScaled(Wrapper):
     """Any predictor with its member logits divided by a fitted temperature. Returns member_logits (B, M, C)."""
+
+    kind = "temperature"
 
     def __init__(self, model: nn.Module, temperature: float):
         super().__init__()
@@ -52,5 +60,31 @@ class TemperatureScaled(nn.Module):
         self.model = model
         self.temperature = temperature
 
+    @property
+    def base(self) -> nn.Module:
+        return self.model
+
+    @property
+    def num_members(self) -> int:
+        return num_members(self.model)
+
     def forward(self, **inputs) -> PredictorOutput:
         return PredictorOutput(member_logits=member_logits_of(self.model(**inputs)) / self.temperature)
+
+    def save_pretrained(self, path: str | os.PathLike) -> Path:
+        """model/ (the predictor it scales) and predictor.json (kind, temperature), atomically."""
+
+        def write(tmp: Path) -> None:
+            save_predictor(self.model, tmp / "model")
+            write_json_atomic(tmp / PREDICTOR_FILE, {"kind": self.kind, "temperature": self.temperature})
+
+        return save_dir_atomic(path, write)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> TemperatureScaled:
+        record = json.loads((Path(path) / PREDICTOR_FILE).read_text())
+        return cls(load_predictor(Path(path) / "model"), record["temperature"]).eval()
+
+    @classmethod
+    def describe(cls, path: Path) -> str:
+        return f"{describe_saved(path / 'model')}, temperature-scaled"

@@ -7,7 +7,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ...io import cache_dir
+from .. import cache_dir
 
 
 class DataFetchError(RuntimeError):

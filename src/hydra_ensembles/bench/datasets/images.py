@@ -1,9 +1,6 @@
-"""Real image data sets that work offline (see ../shared/DATA.md), all as grey 28x28 float tensors in [0, 1].
-
-Fashion-MNIST is the ID data of the image benchmark; MNIST (5k), scikit-learn's digits (upsampled from 8x8)
-and solar-cell electroluminescence images (downsampled from 300x300) are OOD test sets; crops of
-scikit-learn's two sample photographs are the OOD validation set.
-"""
+"""Real image data sets that work offline (../shared/DATA.md), as grey 28x28 float tensors in [0, 1]: Fashion-MNIST
+(the image benchmark's ID data), MNIST, scikit-learn's digits and solar cells (OOD test sets), and crops of
+scikit-learn's sample photographs (OOD validation)."""
 
 from __future__ import annotations
 
@@ -18,18 +15,7 @@ from torch import Tensor
 
 from .debian import debian_package
 
-FASHION_CLASSES = (
-    "T-shirt/top",
-    "Trouser",
-    "Pullover",
-    "Dress",
-    "Coat",
-    "Sandal",
-    "Shirt",
-    "Sneaker",
-    "Bag",
-    "Ankle boot",
-)
+FASHION_CLASSES = tuple("T-shirt/top|Trouser|Pullover|Dress|Coat|Sandal|Shirt|Sneaker|Bag|Ankle boot".split("|"))
 SIZE = 28
 
 

@@ -15,7 +15,7 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-from ...io import cache_dir
+from .. import cache_dir
 from .debian import DataFetchError, debian_package
 
 TOPICS = ("business", "entertainment", "politics", "sports", "tech")
@@ -69,8 +69,8 @@ def load_reuters() -> list[str]:
 
 
 def load_python_docs(count: int = 200) -> list[str]:
-    """Paragraphs of the Python standard library's module docstrings: English text far from news and reviews,
-    always available offline. Used here as the OOD *validation* set for circuit extraction."""
+    """Paragraphs of the standard library's module docstrings: English far from news and reviews, always offline
+    (the OOD validation set of circuit extraction)."""
     names = sorted(
         m
         for m in (
@@ -107,10 +107,9 @@ VADER_SDIST = "vaderSentiment==3.3.2"
 
 
 def load_sentiment(domain: str) -> list[tuple[str, str, int]]:
-    """Sentences rated on one human sentiment scale (Hutto & Gilbert, ICWSM 2014; about 20 raters, -4..+4):
-    10,605 movie, 3,708 Amazon, 5,190 NYT and 4,200 tweet sentences. Returns (group id, text, label) with label
-    1 for a positive mean rating and 0 for a negative one (neutral, 0.0, dropped); the group id names the review
-    or article a sentence comes from (the id before '_'), so splits can keep a review on one side."""
+    """Sentences rated on one human sentiment scale (Hutto & Gilbert, ICWSM 2014; -4..+4): 10,605 movie, 3,708
+    Amazon, 5,190 NYT and 4,200 tweet sentences, as (group id: the review or article, text, label: 1 for a positive
+    mean rating, 0 for a negative one; neutral ones dropped)."""
     if domain not in SENTIMENT_DOMAINS:
         raise ValueError(f"unknown sentiment domain {domain!r}; choose from {sorted(SENTIMENT_DOMAINS)}.")
     with tarfile.open(_vader_sdist()) as sdist:

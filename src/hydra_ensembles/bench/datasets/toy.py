@@ -46,9 +46,8 @@ def spiral_ood(count: int = 600, seed: int = 0) -> Tensor:
 
 
 def diabetes_splits(seed: int = 0) -> tuple[Splits, float]:
-    """scikit-learn's bundled diabetes regression set (442 patients, 10 features, disease progression), split
-    60 / 20 / 20 at random from `seed`, inputs and targets standardised on the training split. Also returns the
-    targets' training std, to report NLL in the original units (NLL + log std)."""
+    """scikit-learn's bundled diabetes regression set (442 patients, 10 features), split 60 / 20 / 20 at random,
+    standardised on the training split; and the targets' training std (NLL in the original units: + log std)."""
     from sklearn.datasets import load_diabetes  # the `data` extra: bundled with scikit-learn, no download
 
     x, y = load_diabetes(return_X_y=True)

@@ -1,9 +1,13 @@
 """Circuits: greedy extraction of the heads a validation score needs (paper 000, §D.1.2, Algorithm 1).
 
 criteria.py  the score S to keep high (acc, ood, avg; a registry)
-search.py    the greedy loop, its search methods (fast, reference, lazy, screen; a registry), `Circuit`
+record.py    what an extraction leaves: removal order, S, ties; JSON save/load (`Circuit`'s and `JointCircuit`'s)
 scoring.py   candidate scorers: the literal reference and the prefix-cached, candidate-batched fast one
+search.py    the greedy loop, its search methods (fast, reference, lazy, screen, multi; a registry), `Circuit`
 joint.py     joint circuits over both towers of a two-tower model, scored zero-shot (§D.3), `JointCircuit`
+
+Imports run one way, down this list's layers: joint -> search -> (record | scoring) -> criteria
+(an import-linter contract in pyproject.toml keeps it so).
 """
 
 from .criteria import (

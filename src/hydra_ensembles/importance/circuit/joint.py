@@ -15,86 +15,57 @@ text tower unpruned, §E.3.2).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ...data.loaders import Batch, materialize
-from ...io import tensor_digest, weights_digest, write_json_atomic
+from ...io import tensor_digest, weights_digest
 from ...outputs import labels_of
 from ...pruning import HeadMap, kept_heads
 from .criteria import CRITERIA
-from .search import METHODS, greedy_removal, say_ties, search_name, tie_note
+from .record import CircuitRecord, head_map_from_json, say_ties
+from .search import METHODS, greedy_removal, search_name
 
 TOWERS = ("image", "text")
 JointHead = tuple[str, int, int]
 
 
 @dataclass
-class JointCircuit:
+class JointCircuit(CircuitRecord):
     """The outcome of a joint circuit extraction: heads (tower, layer, head) in removal order, least useful
-    first; S after each removal and before any; each tower's head map when extraction started; ties as
-    `Circuit.ties`."""
+    first; `kept` holds each tower's head map when extraction started. The other fields are `CircuitRecord`'s."""
 
-    criterion: str
+    head_order: ClassVar[str] = "(tower, layer, head)"
+
     removed: list[JointHead]
-    scores: list[float]
-    baseline: float
     kept: dict[str, HeadMap]
-    search: str = "exact"
-    ties: list[int | None] = field(default_factory=list)
-
-    def tie_note(self) -> str:
-        """How many removals were ties decided by (tower, layer, head) order, as a sentence; "" when none were."""
-        return tie_note(self.ties, "(tower, layer, head)")
 
     def head_maps(self, budget: int | None = None) -> dict[str, HeadMap]:
         """Each tower's kept heads after removing the first `budget` heads of the ranking (all by default)."""
-        budget = len(self.removed) if budget is None else budget
-        if not 0 <= budget <= len(self.removed):
-            raise ValueError(f"budget must be in 0..{len(self.removed)} (the heads this circuit ranked), got {budget}.")
-        return split_heads(self.kept, self.removed[:budget])
+        return self.without(self.first_removed(budget))
 
-    def to_dict(self) -> dict:
-        data = asdict(self)
-        data["removed"] = [list(x) for x in self.removed]
-        data["kept"] = {tower: {str(k): v for k, v in kept.items()} for tower, kept in self.kept.items()}
-        return data
+    def without(self, removed: Iterable[JointHead]) -> dict[str, HeadMap]:
+        """Each tower's head map once `removed` (tower, layer, head) are gone."""
+        gone = set(removed)
+        return {
+            tower: {layer: [h for h in heads if (tower, layer, h) not in gone] for layer, heads in tower_kept.items()}
+            for tower, tower_kept in self.kept.items()
+        }
 
-    @classmethod
-    def from_dict(cls, data: dict) -> JointCircuit:
-        return cls(
-            criterion=data["criterion"],
-            removed=[(str(tower), int(layer), int(head)) for tower, layer, head in data["removed"]],
-            scores=[float(s) for s in data["scores"]],
-            baseline=float(data["baseline"]),
-            kept={t: {int(k): [int(h) for h in v] for k, v in kept.items()} for t, kept in data["kept"].items()},
-            search=data.get("search", "exact"),
-            ties=list(data.get("ties", [None] * len(data["removed"]))),
-        )
+    @staticmethod
+    def _head(values: list) -> JointHead:
+        tower, layer, head = values
+        return str(tower), int(layer), int(head)
 
-    def save(self, path: str | os.PathLike) -> None:
-        write_json_atomic(path, self.to_dict())
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> JointCircuit:
-        return cls.from_dict(json.loads(Path(path).read_text()))
-
-
-def split_heads(kept: dict[str, HeadMap], removed: Iterable[JointHead]) -> dict[str, HeadMap]:
-    """Each tower's head map once `removed` (tower, layer, head) are gone."""
-    gone = set(removed)
-    return {
-        tower: {layer: [h for h in heads if (tower, layer, h) not in gone] for layer, heads in tower_kept.items()}
-        for tower, tower_kept in kept.items()
-    }
+    @staticmethod
+    def _kept(data: dict) -> dict[str, HeadMap]:
+        return {tower: head_map_from_json(kept) for tower, kept in data.items()}
 
 
 class JointScorer:
@@ -229,7 +200,7 @@ def extract_joint_circuit(
     removed, scores, baseline, ties = greedy_removal(
         candidates, scorer, budget, search_method, top, identity, state_path, progress, f"joint circuit ({criterion}"
     )
-    circuit = JointCircuit(criterion, list(removed), scores, baseline, kept, search, ties)
+    circuit = JointCircuit(criterion, list(removed), scores, baseline, kept, search=search, ties=ties)
     if progress:
         say_ties(circuit, "joint circuit search")
     return circuit

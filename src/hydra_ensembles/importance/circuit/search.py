@@ -25,9 +25,9 @@ import os
 import time
 from abc import ABC
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -40,10 +40,8 @@ from ...distributed import barrier, gather_dict, is_main, shard, world_size
 from ...io import tensor_digest, weights_digest, write_json_atomic
 from ...pruning import HeadMap, kept_heads
 from .criteria import CRITERIA, CircuitCriterion
+from .record import CircuitRecord, head_map_from_json, say_ties
 from .scoring import CandidateScorer, FastScorer, Head, ReferenceScorer
-
-if TYPE_CHECKING:
-    from .joint import JointCircuit
 
 STATE_VERSION = 1
 # the whole search in bf16 against fp32, measured on this project's 2-core Xeon (AMX): 1.6x on MiniLM, 2.0x on
@@ -64,41 +62,27 @@ AUTO_FALLBACKS = (
 
 
 @dataclass
-class Circuit:
-    """The outcome of a circuit extraction.
+class Circuit(CircuitRecord):
+    """The outcome of a circuit extraction over one model's heads (layer, head); the fields it shares with
+    `JointCircuit` are `CircuitRecord`'s.
 
-    removed: heads (layer, head) in removal order, least useful for the criterion first.
-    scores: S after each removal (the winning candidate's score at that step).
-    baseline: S of the model before any removal.
-    kept: the model's head map when extraction started (all heads for an unpruned model).
-    search: "exact" (Algorithm 1's own ranking: method "fast" or "reference" in fp32), else the approximation
-        used, e.g. "multi-4-bf16" (method, `top`, precision).
+    num_heads: heads per layer of the unpruned model.
     note: why that search (method "auto": the exact search's estimated time against the time budget).
-    ties: for each removal, how many other candidates scored at its step left exactly the same S (with "multi",
-        those removed in the same step too): where > 0, (layer, head) order placed it. "lazy" and "screen" score a
-        shortlist, so theirs are lower bounds. None where unknown (saved by a version that did not record ties).
     """
 
-    criterion: str
-    removed: list[tuple[int, int]]
-    scores: list[float]
-    baseline: float
+    head_order: ClassVar[str] = "(layer, head)"
+
+    removed: list[Head]
     kept: HeadMap
     num_heads: int
-    search: str = "exact"
     note: str = ""
-    ties: list[int | None] = field(default_factory=list)
-
-    def tie_note(self) -> str:
-        """How many removals were ties decided by (layer, head) order, as a sentence; "" when none were."""
-        return tie_note(self.ties)
 
     def head_map(self, budget: int | None = None) -> HeadMap:
         """Kept heads after removing the first `budget` heads of the ranking (all of it by default)."""
-        budget = len(self.removed) if budget is None else budget
-        if not 0 <= budget <= len(self.removed):
-            raise ValueError(f"budget must be in 0..{len(self.removed)} (the heads this circuit ranked), got {budget}.")
-        gone = set(self.removed[:budget])
+        return self.without(self.first_removed(budget))
+
+    def without(self, removed: Iterable[Head]) -> HeadMap:
+        gone = set(removed)
         return {layer: [h for h in heads if (layer, h) not in gone] for layer, heads in self.kept.items()}
 
     def removal_steps(self) -> Tensor:
@@ -109,51 +93,14 @@ class Circuit:
             steps[layer, head] = step
         return steps
 
-    def to_dict(self) -> dict:
-        data = asdict(self)
-        data["removed"] = [list(x) for x in self.removed]
-        data["kept"] = {str(k): v for k, v in self.kept.items()}
-        return data
+    @staticmethod
+    def _head(values: list) -> Head:
+        layer, head = values
+        return int(layer), int(head)
 
-    @classmethod
-    def from_dict(cls, data: dict) -> Circuit:
-        return cls(
-            criterion=data["criterion"],
-            removed=[(int(layer), int(head)) for layer, head in data["removed"]],
-            scores=[float(s) for s in data["scores"]],
-            baseline=float(data["baseline"]),
-            kept={int(k): [int(h) for h in v] for k, v in data["kept"].items()},
-            num_heads=int(data["num_heads"]),
-            search=data.get("search", "exact"),
-            note=data.get("note", ""),
-            ties=list(data.get("ties", [None] * len(data["removed"]))),
-        )
-
-    def save(self, path: str | os.PathLike) -> None:
-        write_json_atomic(path, self.to_dict())
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> Circuit:
-        return cls.from_dict(json.loads(Path(path).read_text()))
-
-
-TIES_ADVICE = "the circuit data does not tell those heads apart (more or harder examples would)"
-
-
-def tie_note(ties: list[int | None], order: str = "(layer, head)") -> str:
-    """ "k of n removals tied ..." for a circuit's `ties`, or "" when no removal tied."""
-    tied = sum(1 for t in ties if t)
-    if not tied:
-        return ""
-    known = sum(1 for t in ties if t is not None)
-    return f"{tied} of {known} removals tied with another candidate's S (decided by {order} order)"
-
-
-def say_ties(circuit: Circuit | JointCircuit, search: str = "circuit search") -> None:
-    """Print `circuit`'s tie note and what would break the ties (main process only; nothing when none tied)."""
-    note = circuit.tie_note()
-    if note and is_main():
-        tqdm.write(f"{search}: {note}: {TIES_ADVICE}")
+    @staticmethod
+    def _kept(data: dict) -> HeadMap:
+        return head_map_from_json(data)
 
 
 # ---- the extraction ----

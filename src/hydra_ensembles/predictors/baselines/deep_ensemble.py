@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,12 +13,16 @@ from torch import nn
 from ...adapters import get_adapter
 from ...io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ...outputs import PredictorOutput
-from ...pruning import save_model
+from ...pruning import load_model, save_model
+from ..load import Wrapper, register_predictor
 
 
-class DeepEnsemble(nn.Module):
+@register_predictor
+class DeepEnsemble(Wrapper):
     """Independently trained models, run one after another. `stored_parameters` (if set) overrides the
     parameter count, for ensembles that share weights on disk (LoRA)."""
+
+    kind = "deep_ensemble"
 
     def __init__(self, models: Sequence[nn.Module], stored_parameters: int | None = None):
         super().__init__()
@@ -26,6 +31,15 @@ class DeepEnsemble(nn.Module):
         self.models = nn.ModuleList(models)
         self.stored_parameters = stored_parameters
 
+    @property
+    def base(self) -> nn.Module:
+        """The first member: every member names the same classes."""
+        return self.models[0]
+
+    @property
+    def num_members(self) -> int:
+        return len(self.models)
+
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """member0/, member1/, ... (HF checkpoints) and predictor.json, atomically; read back by
         `hydra_ensembles.predictors.load_predictor`."""
@@ -33,10 +47,21 @@ class DeepEnsemble(nn.Module):
         def write(tmp: Path) -> None:
             for index, model in enumerate(self.models):
                 save_model(model, tmp / f"member{index}")
-            record = {"kind": "deep_ensemble", "members": len(self.models), "stored_parameters": self.stored_parameters}
+            record = {"kind": self.kind, "members": len(self.models), "stored_parameters": self.stored_parameters}
             write_json_atomic(tmp / PREDICTOR_FILE, record)
 
         return save_dir_atomic(path, write)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> DeepEnsemble:
+        path = Path(path)
+        record = json.loads((path / PREDICTOR_FILE).read_text())
+        models = [load_model(path / f"member{i}") for i in range(record["members"])]
+        return cls(models, record.get("stored_parameters")).eval()
+
+    @classmethod
+    def describe(cls, path: Path) -> str:
+        return f"a deep ensemble of {json.loads((path / PREDICTOR_FILE).read_text())['members']} models"
 
     def forward(self, **inputs) -> PredictorOutput:
         inputs = {k: v for k, v in inputs.items() if k != "labels"}

@@ -1,0 +1,225 @@
+"""The benchmark's one loop: for each seed, for each row of a `Table`, skip what the seed's records hold, else build,
+measure, keep the logits and record (`evaluation.compare`); then aggregate over seeds, time the rows and render.
+
+- A task (`tasks.Task`, `zero_shot.ZeroShotTask`) gives `name`, `fingerprint()`, `test`, `near`, `far`, `notes`.
+- A `Table` declares its rows as data: `rows` maps a row name to `build(pieces) -> compare.Built`, where `pieces`
+  is what `Table.pieces(SeedRun)` returns for the seed: the trained models, scores and circuits its rows share.
+  `pieces` is called only when a row is not recorded yet, so a table renders from its records without a model.
+  Rows that depend on the seed (AMP's: named by the delta-E the seed's cost rule picks) are `rows(pieces) ->
+  {name: build}`: such a table's pieces are made for every seed, so they must be cheap until a model is asked for.
+- `SeedRun(task, seed, cache, progress, base)`: `cache` is the seed's directory (`seed_dir`:
+  `<cache_dir>/<task>-<fingerprint>/seed<k>/`); `base`, if given, builds the model every row starts from instead
+  of the task's (e.g. AMP's pruned single model; `cache` is then that base's own directory).
+- Records, in the seed's directory: `Table.record` ({row: metrics, params, flops, the row's `Built.recorded`,
+  `_seconds`, `_measured` {machine, date}}), member logits in `Table.logits/<row>.pt`, and, in each timed seed's
+  (`latency_seeds`, default the first), `latency.json` (`records.recorded_latency`: rows timed interleaved once,
+  read back after; `Table.timed(pieces)` names another record and set of models).
+- Rendering: `run` builds the summary (`run_record`, the task's notes and those of models rebuilt differently
+  (`records.rebuilt_notes`), rows aggregated over seeds, `per_seed`, `measured_on`, latency, times), adds
+  `Table.summarize(task, summary, seed_dirs)` (which may replace any of these: AMP's holds several tables),
+  the latency over the timed seeds, writes `<out>/<Table.output>.json`, `Table.markdown(summary)` as `.md`, and
+  calls `Table.figures(task, summary, first seed's dir, out)`. Render again by running again: recorded
+  rows are read back in the table's order (the json's keys are sorted).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..data.loaders import rebatch
+from ..evaluation.compare import Built, Data, compare, machine, time_rows
+from ..evaluation.tables import aggregate, latency_over_seeds
+from ..io import write_json_atomic
+from ..version import __version__
+from .records import rebuilt_notes, recorded_latency
+
+Build = Callable[[Any], Built]
+Models = Mapping[str, Callable[[], nn.Module]]
+
+
+@dataclass
+class SeedRun:
+    """What a table's `pieces` are built from: one seed of one task, its cache directory, and the model the rows
+    start from when not the task's (`base`)."""
+
+    task: Any
+    seed: int
+    cache: Path
+    progress: bool = True
+    base: Callable[[], nn.Module] | None = None
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table's rows as data and how it renders; see the module docstring."""
+
+    rows: Mapping[str, Build] | Callable[[Any], Mapping[str, Build]]  # or per seed, from its pieces
+    pieces: Callable[[SeedRun], Any]
+    markdown: Callable[[dict], str]
+    default: Sequence[str] | None = None  # the rows run when none are named (default: all)
+    first: str = "Single"  # every ratio (FLOPs, latency) is relative to it: always run
+    output: str = "table"
+    record: str = "results.json"
+    logits: str = "logits"
+    summarize: Callable[[Any, dict, dict[int, Path]], dict] = lambda task, summary, seed_dirs: {}
+    figures: Callable[[Any, dict, Path, Path], None] | None = None
+    timed: Callable[[Any], tuple[str, Models]] | None = None  # (latency record, models) of a seed; default: rows
+    latency_batch: int | None = None  # examples timed; default: the first test batch
+
+    def check(self, rows: Sequence[str] | None, known: Mapping[str, Build] | None = None) -> list[str] | None:
+        """`rows` (default: `default`) in the order of the table's rows (`known` for one seed's), refusing an
+        unknown row by name; None for rows that depend on the seed, until `known`."""
+        known = self.rows if known is None else known
+        if not isinstance(known, Mapping):
+            return None if rows is None else list(rows)
+        rows = list(self.default or known) if rows is None else list(rows)
+        unknown = [row for row in rows if row not in known]
+        if unknown:
+            raise ValueError(f"unknown row(s) {unknown}; choose from {list(known)}.")
+        if self.first not in rows:
+            raise ValueError(f"rows must include {self.first!r}: every cost ratio is relative to it.")
+        return [row for row in known if row in rows]
+
+    def known(self, pieces: Callable[[], Any]) -> Mapping[str, Build]:
+        """The rows of the seed whose `pieces` these are."""
+        return self.rows if isinstance(self.rows, Mapping) else self.rows(pieces())
+
+
+def seed_dir(cache_dir: str | os.PathLike, task: Any, seed: int) -> Path:
+    """The cache directory of one seed of `task`: keyed by its fingerprint, so a changed recipe starts afresh."""
+    return Path(cache_dir) / f"{task.name}-{task.fingerprint()}" / f"seed{seed}"
+
+
+def run(
+    task: Any,
+    table: Table,
+    seeds: Sequence[int],
+    out_dir: str | os.PathLike,
+    cache_dir: str | os.PathLike,
+    command: str = "",
+    rows: Sequence[str] | None = None,
+    latency_repeats: int = 7,
+    progress: bool = True,
+    base: Callable[[], nn.Module] | None = None,
+    latency_seeds: Sequence[int] | None = None,
+) -> dict:
+    """Run `rows` of `table` for every seed, reusing the cache, and render; returns the summary. Latency relative
+    to the first row is timed on the models of `latency_seeds` (default: the first seed), every row interleaved
+    with the others over `latency_repeats` rounds on one test batch (0: not timed), and recorded; over several
+    seeds, the column is the mean ± std of each seed's median."""
+    started, rows, out_dir = time.perf_counter(), table.check(rows), Path(out_dir)
+    latency_seeds = list(seeds[:1] if latency_seeds is None else latency_seeds)
+    if not latency_seeds or not set(latency_seeds) <= set(seeds):
+        raise ValueError(f"latency_seeds must be some of the seeds {list(seeds)}, got {latency_seeds}.")
+    seed_dirs = {seed: seed_dir(cache_dir, task, seed) for seed in seeds}
+    per_seed = {seed: run_seed(task, table, seed, seed_dirs[seed], rows, progress, base) for seed in seeds}
+    summary = run_record(task.name, command, seeds) | {
+        "task_fingerprint": task.fingerprint(),
+        "notes": [*task.notes, *(n for seed, folder in seed_dirs.items() for n in rebuilt_notes(seed, folder))],
+        "ood_sets": [*task.near, *task.far],
+        "rows": aggregate(per_seed),
+        "per_seed": per_seed,
+        "measured_on": measured_on(per_seed),
+    }
+    summary["compute_s"] = round(sum(r.get("_seconds", 0) for s in per_seed.values() for r in s.values()), 1)
+    summary |= table.summarize(task, summary, seed_dirs)
+    if latency_repeats:
+        batch = rebatch(task.test, table.latency_batch)[0] if table.latency_batch else task.test[0]
+        timed = {s: _latency(task, table, s, seed_dirs[s], rows, latency_repeats, base, batch) for s in latency_seeds}
+        summary["latency"] = latency_over_seeds({seed: latency for seed, (latency, _) in timed.items()})
+        summary["latency_timed"] = timed[latency_seeds[0]][1]
+        summary["latency_per_seed"] = {seed: {"rows": stats, "timed": when} for seed, (stats, when) in timed.items()}
+        summary["latency_batch"] = len(next(iter(batch.values())))
+    summary["wall_time_s"] = round(time.perf_counter() - started, 1)
+    write_json_atomic(out_dir / f"{table.output}.json", summary)
+    (out_dir / f"{table.output}.md").write_text(table.markdown(summary))
+    if table.figures:
+        table.figures(task, summary, seed_dirs[seeds[0]], out_dir)
+    return summary
+
+
+def run_seed(
+    task: Any,
+    table: Table,
+    seed: int,
+    cache: Path,
+    rows: Sequence[str] | None = None,
+    progress: bool = True,
+    base: Callable[[], nn.Module] | None = None,
+) -> dict[str, dict]:
+    """{row: result} of one seed, in the table's order: recorded rows read back, the others built and measured."""
+    cache.mkdir(parents=True, exist_ok=True)
+    pieces = _pieces(task, table, seed, cache, progress, base)
+    known = table.known(pieces)
+    builds = {row: (lambda row=row: known[row](pieces())) for row in table.check(rows, known)}
+    return compare(builds, Data(task.test, task.near, task.far), cache / table.record, cache / table.logits)
+
+
+def predictor(
+    task: Any,
+    table: Table,
+    seed: int,
+    cache: Path,
+    row: str,
+    progress: bool = True,
+    base: Callable[[], nn.Module] | None = None,
+) -> nn.Module:
+    """The predictor of one row for one seed, from (or into) the seed's cache: what other experiments build on
+    (e.g. the teachers that distillation compresses)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    pieces = _pieces(task, table, seed, cache, progress, base)
+    known = table.known(pieces)
+    table.check([row, table.first], known)
+    return known[row](pieces()).predictor
+
+
+def _pieces(task, table, seed, cache, progress, base) -> Callable[[], Any]:
+    """The seed's pieces, made on first use: a seed whose rows are all recorded loads nothing."""
+    return functools.cache(lambda: table.pieces(SeedRun(task, seed, cache, progress, base)))
+
+
+def _latency(task, table, seed, cache, rows, repeats, base, batch) -> tuple[dict[str, dict], dict]:
+    """`recorded_latency` of one seed's timed models: `Table.timed`'s, or its rows' in `latency.json`."""
+    pieces = _pieces(task, table, seed, cache, False, base)
+    if table.timed is not None:
+        record, models = table.timed(pieces())
+    else:
+        known = table.known(pieces)
+        record = "latency.json"
+        models = {row: (lambda row=row: known[row](pieces()).predictor) for row in table.check(rows, known)}
+
+    def time_now() -> dict[str, dict]:
+        return time_rows({row: model() for row, model in models.items()}, dict.fromkeys(models, batch), repeats)
+
+    return recorded_latency(cache / record, list(models), time_now)
+
+
+def run_record(task: str, command: str, seeds: Sequence[int]) -> dict:
+    """What every benchmark table records about its run: the task, the command, the seeds, the machine and the
+    library version."""
+    return {
+        "task": task,
+        "command": command,
+        "seeds": list(seeds),
+        "machine": machine(),
+        "library_version": __version__,
+    }
+
+
+def measured_on(per_seed: Mapping[int, Mapping[str, dict]]) -> dict[str, int]:
+    """{machine: how many (seed, row) results were measured on it}, sorted: a table rendered from records says
+    where its rows ran, not only where it was rendered ("not recorded" for results older than `_measured`)."""
+    machines: dict[str, int] = {}
+    for results in per_seed.values():
+        for result in results.values():
+            where = result.get("_measured", {}).get("machine", "not recorded")
+            machines[where] = machines.get(where, 0) + 1
+    return dict(sorted(machines.items()))

@@ -1,0 +1,122 @@
+"""The step record: the output directory of a command records what it was given and what it produced, so a rerun
+of the same command is a no-op, an interrupted one resumes, and a later step can take the directory as --model."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from ..io import write_json_atomic
+from ..predictors import saved_kind
+from ..version import __version__
+from .common import CommandError
+
+RECORD = "hydra-ens.json"  # in every output directory: the command, its settings, and what it produced
+MEMBERS_FILE = "members.json"  # in a members directory (of `members` or `finetune`): its member checkpoints
+
+
+def check_model_dir(path: str | os.PathLike, what: str = "--model") -> Path:
+    """The saved predictor at `path`; the output directory of `finetune` or `fuse` stands for the model in it."""
+    path = Path(path)
+    if not path.exists():
+        raise CommandError(f"{what} {str(path)!r} does not exist.")
+    if not path.is_dir():
+        raise CommandError(f"{what} {str(path)!r} is a file; give the model's directory.")
+    if (path / RECORD).is_file():
+        path = path / (json.loads((path / RECORD).read_text()).get("results", {}).get("model_dir") or "")
+    if (path / MEMBERS_FILE).is_file():
+        raise CommandError(
+            f"{what} {str(path)!r} is a members directory (models not yet fused): fuse them into one model first "
+            f"(hydra-ens fuse --members {str(path)!r} --out DIR)."
+        )
+    try:
+        saved_kind(path)
+    except FileNotFoundError as error:
+        raise CommandError(f"{what} {error}") from None
+    return path
+
+
+def fingerprint_path(path: str | os.PathLike, flag: str) -> dict:
+    """Where an input lives and a digest of its contents' sizes and times: a changed input redoes the step."""
+    if not Path(path).exists():
+        raise CommandError(f"{flag} {str(path)!r} does not exist.")
+    path = Path(path).resolve()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    digest = hashlib.sha256()
+    for file in files:
+        stat = file.stat()
+        digest.update(
+            f"{file.relative_to(path) if path.is_dir() else file.name}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+        )
+    return {"path": str(path), "digest": digest.hexdigest()[:16]}
+
+
+def add_output_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument(
+        "--force", action="store_true", help="start over, replacing what --out holds (a finished or interrupted run)"
+    )
+
+
+def start_step(args: argparse.Namespace, command: str, settings: dict, result: str = "") -> Output | None:
+    """The output directory of a step, or None (having said so) when this very step already finished there.
+
+    `result` names what the step wrote (shown in the message); a finished `evaluate` shows its report again."""
+    out = Output(args.out, command, settings, args.force)
+    if not out.done():
+        return out
+    if (out.path / result).is_file() and result.endswith(".md"):
+        print((out.path / result).read_text())
+    print(f"already done: {out.path / result if result else out.path} (pass --force to redo)")
+    return None
+
+
+class Output:
+    """An output directory and its record, written when a step starts and again when it finishes.
+
+    The same step run again: a no-op when it finished, a resume when it was interrupted. A different step: refused
+    when the directory holds a finished result (unless `force`), started afresh when it holds only the unfinished
+    part of one (an interrupted run, or one stopped by bad input)."""
+
+    def __init__(self, path: str | os.PathLike, command: str, settings: dict, force: bool = False):
+        self.path, self.command, self.started = Path(path), command, time.perf_counter()
+        self.settings = json.loads(json.dumps(settings, default=str))
+        record = self.path / RECORD
+        if self.path.exists() and not self.path.is_dir():
+            raise CommandError(f"--out {str(self.path)!r} is a file; give a directory.")
+        previous = json.loads(record.read_text()) if record.is_file() else None
+        same = previous is not None and (previous.get("command"), previous.get("settings")) == (command, self.settings)
+        if previous is not None and (force or not (same or previous.get("finished"))):
+            shutil.rmtree(self.path)  # --force, or the unfinished part of a different run: nothing finished is lost
+            previous = None
+        if previous is not None and not same:
+            raise CommandError(
+                f"--out {str(self.path)!r} holds the result of a different run ({previous.get('command')}); "
+                "choose another --out, or pass --force to replace it."
+            )
+        self.previous = previous
+        self.path.mkdir(parents=True, exist_ok=True)
+        if previous is None:
+            self._record(finished=False)
+
+    def done(self) -> bool:
+        return self.previous is not None and self.previous.get("finished", False)
+
+    def finish(self, results: dict | None = None) -> None:
+        self._record(finished=True, results=results or {})
+
+    def _record(self, finished: bool, results: dict | None = None) -> None:
+        record = {
+            "command": self.command,
+            "settings": self.settings,
+            "finished": finished,
+            "library_version": __version__,
+        }
+        if finished:
+            record |= {"wall_time_s": round(time.perf_counter() - self.started, 1), "results": results}
+        write_json_atomic(self.path / RECORD, record)

