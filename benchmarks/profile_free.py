@@ -25,7 +25,7 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the profiler's start/stop line
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile
 
-from hydra_ensembles.bench import cache_dir
+from hydra_ensembles.bench import cache_dir, runner
 from hydra_ensembles.bench.amp import LATENCY_BATCH, free_predictors
 from hydra_ensembles.bench.tasks import TASKS
 from hydra_ensembles.cli.bench import AMP
@@ -99,7 +99,7 @@ def main() -> None:
     if delta is None:
         summary = json.loads(Path(f"benchmarks/results/{args.experiment}/amp.json").read_text())
         delta = summary["per_seed"][str(args.seed)]["free_delta"]
-    seed_cache = cache_dir() / "bench" / "full" / f"{task.name}-{task.fingerprint()}" / f"seed{args.seed}"
+    seed_cache = runner.seed_dir(cache_dir() / "bench" / "full", task, args.seed)
     predictors = free_predictors(task, args.seed, seed_cache, delta)
     batch = rebatch(task.test, LATENCY_BATCH)[0]
     inputs = {k: v for k, v in batch.items() if k != "labels"}

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 import transformers as T
-from cli_support import hydra_ens, text_encoder, text_files
+from cli_support import clip_model, hydra_ens, text_encoder, text_files
 
 import hydra_ensembles as he
 from hydra_ensembles.predictors import copy_preprocessor
@@ -208,7 +208,8 @@ def test_a_command_that_takes_one_model_says_what_it_was_given(tmp_path, ensembl
 def test_classes_on_a_text_classifier_name_the_real_problem_first(classifier, text_files):
     message = fails("predict", "--model", str(classifier), "--classes", "a,b", "--inputs", str(text_files["new"]))
     assert "one model (BertForSequenceClassification), a classifier of its own classes" in message
-    assert "--classes (zero-shot class names) is for two-tower models" in message and "calibration" not in message
+    assert "--classes (zero-shot class names, `classes` in Python) is for two-tower models" in message
+    assert "calibration" not in message
 
 
 def test_distill_refuses_a_teacher_of_one_member(tmp_path, classifier, text_files):
@@ -216,3 +217,11 @@ def test_distill_refuses_a_teacher_of_one_member(tmp_path, classifier, text_file
     message = fails("distill", "--teacher", str(classifier), *given)
     assert "is one model (BertForSequenceClassification): a one-member teacher has no model uncertainty" in message
     assert "Pass an ensemble: a Hydra Ensemble (hydra-ens fuse)" in message
+
+
+def test_a_two_tower_model_is_refused_where_a_classifier_of_its_own_classes_is_needed(tmp_path, clip_model, text_files):
+    data = str(text_files["val"])
+    for command, extra in (("amp", ["--delta-e", "0.01"]), ("scores", []), ("distill", ["--teacher", str(clip_model)])):
+        message = fails(command, "--model", str(clip_model), "--data", data, *extra, "--out", str(tmp_path / "o"))
+        assert f"{command} takes a classifier with its own classes" in message and "two-tower" in message, message
+        assert "model_type" not in message and not (tmp_path / "o").exists()

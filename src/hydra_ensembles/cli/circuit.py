@@ -15,6 +15,7 @@ import argparse
 from ..importance import extract_circuit, extract_joint_circuit
 from ..importance.circuit import CRITERIA, METHODS
 from ..importance.circuit.record import say_ties
+from ..io import without_late_defaults
 from ..predictors import TwoTowerModel, ZeroShotEnsemble, model_config
 from ..predictors.classifier import prompt_tokenizer
 from ..predictors.clip_zero_shot import prompt_batches
@@ -68,6 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bf16: score candidates under bfloat16 autocast (faster on CPUs with AMX or AVX512-BF16; approximate)",
     )
     parser.add_argument(
+        "--tie-break",
+        choices=("score", "order"),
+        default="score",
+        help="how candidates that leave the same S are ordered: score (default: by the criterion's continuous "
+        "secondary score, e.g. ID NLL for acc), or order (Algorithm 1 literally: (layer, head) order)",
+    )
+    parser.add_argument(
         "--towers",
         choices=("image,text", "image"),
         default="image,text",
@@ -81,12 +89,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     model_dir = check_model_dir(args.model)
-    check_one_model(model_dir, "circuit")
+    check_one_model(model_dir, "circuit", two_tower=True)
     settings = {
         "model": fingerprint_path(model_dir, "--model"),
         "data": fingerprint_path(args.data, "--data"),
         "ood": fingerprint_path(args.ood, "--ood") if args.ood else None,
         **{k: getattr(args, k) for k in ("criterion", "budget", "method", "time_budget", "top", "precision", "towers")},
+        # steps recorded before the flag ranked by "order": they stay valid for it
+        **without_late_defaults({"tie_break": args.tie_break}, {"tie_break": "order"}),
         "zero_shot": vars(zero_shot_options(args)),
         **data_settings(args),
     }
@@ -114,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         time_budget=60 * args.time_budget,
         top=args.top,
         precision=args.precision,
+        tie_break=args.tie_break,
         state_path=state,
         progress=not args.quiet,
     )
@@ -139,6 +150,7 @@ def _joint(args, out, model_dir, model, id_data, ood_data, state) -> int:
         method="fast" if args.method == "auto" else args.method,  # joint circuits: exact unless told otherwise
         top=args.top,
         precision=args.precision,
+        tie_break=args.tie_break,
         state_path=state,
         progress=not args.quiet,
     )

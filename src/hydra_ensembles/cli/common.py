@@ -17,8 +17,6 @@ from ..predictors import check_supported, describe_saved, load_classifier, load_
 from ..predictors.clip_zero_shot import DEFAULT_TEMPLATES, TwoTowerModel
 from ..predictors.load import HFModel
 
-ONE_MODEL = (HFModel.kind, TwoTowerModel.kind)  # the saved kinds a command that takes one model accepts
-
 
 class CommandError(Exception):
     """Bad input the user can fix: printed as one line, exit code 2."""
@@ -27,11 +25,18 @@ class CommandError(Exception):
 # ---- models ----
 
 
-def check_one_model(path: Path, command: str, what: str = "--model", takes: str = "one model") -> None:
-    """Refuse an ensemble or wrapper where `command` takes one model (and an architecture without an adapter),
-    saying what it was given."""
+def check_one_model(
+    path: Path, command: str, what: str = "--model", takes: str = "one model", two_tower: bool = False
+) -> None:
+    """Refuse an ensemble or wrapper where `command` takes one model, a two-tower model unless `two_tower` (the
+    commands that take one: circuit, members), and an architecture without an adapter, saying what it was given."""
     kind = saved_kind(path)
-    if kind not in ONE_MODEL:
+    if kind == TwoTowerModel.kind and not two_tower:
+        raise CommandError(
+            f"{command} takes a classifier with its own classes; {what} {str(path)!r} is {describe_saved(path)}: "
+            "two-tower models classify zero-shot, which hydra-ens circuit and members take (with --classes)."
+        )
+    if kind not in (HFModel.kind, TwoTowerModel.kind):
         raise CommandError(
             f"{command} takes {takes}; {what} {str(path)!r} is {describe_saved(path)}: give one model (a Hugging "
             "Face checkpoint, such as the model hydra-ens finetune writes, or the one the ensemble was built from)."

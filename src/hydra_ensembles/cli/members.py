@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     model_dir = check_model_dir(args.model)
-    check_one_model(model_dir, "members")
+    check_one_model(model_dir, "members", two_tower=True)
     source_path = _source_file(args.scores or args.circuit, "scores.safetensors" if args.scores else "circuit.json")
     settings = {
         "model": fingerprint_path(model_dir, "--model"),

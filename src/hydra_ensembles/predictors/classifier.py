@@ -41,8 +41,8 @@ def load_classifier(
     if isinstance(model, TwoTowerModel):
         if not classes:
             raise ValueError(
-                f"{str(path)!r} is a two-tower model: it classifies zero-shot, so name the classes with --classes "
-                "'cat,dog,car' (and optionally --templates 'a photo of a {}.|a drawing of a {}.')."
+                f"{str(path)!r} is a two-tower model: it classifies zero-shot, so name the classes (`classes`; "
+                "--classes 'cat,dog,car' on the command line, and optionally --templates 'a photo of a {}.')."
             )
         return zero_shot_ensemble(model, classes, prompt_tokenizer(path), templates or DEFAULT_TEMPLATES)
     inner = base_model(model)
@@ -55,12 +55,12 @@ def load_classifier(
     if not isinstance(inner, HydraEnsemble) and not get_adapter(inner).is_classifier(inner):
         raise ValueError(
             f"{str(path)!r} is a {type(inner).__name__}, which has no classifier; fine-tune it first "
-            "(hydra-ens finetune gives it a classification head from your labelled data)."
+            "(`finetune`, or hydra-ens finetune, gives it a classification head from your labelled data)."
         )
     if classes:
         raise ValueError(
             f"{str(path)!r} is {describe_saved(path)}, a classifier of its own classes {class_names(model)}: "
-            "--classes (zero-shot class names) is for two-tower models."
+            "--classes (zero-shot class names, `classes` in Python) is for two-tower models."
         )
     return model
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar, Protocol
 
@@ -47,8 +48,9 @@ class SavedPredictor(Protocol):
 
 
 class HFModel:
-    """The kind of a plain Hugging Face model, pruned or not: HF's classes are not ours, so this stands for them
-    (`save_predictor` saves one with `save_model`, which is atomic and records the pruned structure)."""
+    """The kind of a plain Hugging Face model, pruned or not: HF's classes are not ours, so this stands for them.
+    It has no `save_pretrained` of its own: `save_predictor` saves an HF model with `save_model`, which is atomic
+    and records the pruned structure that `load_model` replays."""
 
     kind = "hf_model"
 
@@ -62,13 +64,13 @@ class HFModel:
         return f"one model ({(config.get('architectures') or [config.get('model_type')])[0]})"
 
 
-class Wrapper(nn.Module):
-    """A predictor built on other models (temperature scaling, MC dropout, a deep ensemble): `base` is the model
-    whose config names its classes."""
+class Wrapper(nn.Module, ABC):
+    """A predictor built on other models (temperature scaling, MC dropout, a deep ensemble)."""
 
     @property
+    @abstractmethod
     def base(self) -> nn.Module:
-        raise NotImplementedError
+        """The model whose config names the classes (the first member of a deep ensemble)."""
 
 
 PREDICTOR_KINDS: dict[str, type[SavedPredictor]] = {
