@@ -65,7 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     task = TASKS[args.task]("full")
     seed_cache = runner.seed_dir(cache_dir() / "bench" / "full", task, args.seed)
-    model = runner.predictor(task, suite.TABLE, args.seed, seed_cache, "Single", progress=False)
+    model = runner.predictor(task, suite.TABLE, args.seed, seed_cache, row="Single", progress=False)
     layers = he.get_adapter(model).num_layers(model)
     budget = args.budget or max(task.circuit_pool, task.prune_per_layer * layers)
     id_data, ood_data = task.circuit_id, task.circuit_ood

@@ -133,10 +133,12 @@ def test_latency_on_several_seeds_is_the_mean_of_each_seeds_median():
     assert table_lines(rows, both)[-1].endswith("| 0.87 ± 0.07 |")
     assert table_lines(rows, timed[0])[-1].endswith("| 0.94 (0.90-1.00) |")
     when = {"date": "2026-11-23", "machine": "cpu"}
-    summary = {"latency_per_seed": {s: {"rows": rows, "timed": when} for s, rows in timed.items()}, "latency_batch": 32}
+    summary = {"latency_per_seed": timed, "latency_timed": dict.fromkeys(timed, when), "latency_batch": 32}
     note = amp.latency_note(summary)
     assert "mean ± std over seeds [0, 1]" in note and "seed 1: Hydra 0.80 (0.70-0.90)" in note
     assert "Single" not in note and "2026-11-23 on cpu" in note
+    one = amp.latency_note({"latency_per_seed": {1: timed[1]}, "latency_timed": when, "latency_batch": 32})
+    assert one.startswith("Latency: seed 1's models on one batch of 32") and "2026-11-23 on cpu" in one
 
 
 def _run_result() -> dict:

@@ -295,7 +295,7 @@ def test_every_run_of_the_records_queue_is_a_valid_bench_command():
         args = build_parser().parse_args([word.replace("$R", "benchmarks/records") for word in words[1:]])
         assert args.records == Path("benchmarks/records") and args.seeds, words
         if args.rows:
-            suite.TABLE.check(args.rows)  # an unknown row is refused by name
+            suite.TABLE.ordered_rows(args.rows, suite.BUILDS)  # an unknown row is refused by name
 
 
 def test_metrics_agree_only_when_every_shared_one_is_within_the_tolerance(tmp_path):

@@ -56,7 +56,7 @@ def table(built: list[str], dies_at: str | None = None) -> runner.Table:
         return build
 
     rows = {name: row(name, scale) for name, scale in (("Single", 1), ("Second", 2), ("Third", 3))}
-    return runner.Table(rows=rows, pieces=Pieces, markdown=lambda summary: f"# {summary['task']}\n")
+    return runner.Table(rows=runner.fixed(rows), pieces=Pieces, markdown=lambda summary: f"# {summary['task']}\n")
 
 
 @pytest.fixture(autouse=True)
@@ -73,13 +73,24 @@ def test_a_recorded_row_is_read_back_never_built(tmp_path):
         raise AssertionError("built a recorded row")
 
     recorded = runner.Table(
-        rows=dict.fromkeys(["Single", "Second", "Third"], fails),
+        rows=runner.fixed(dict.fromkeys(["Single", "Second", "Third"], fails)),
         pieces=lambda run: pytest.fail("made the pieces of a seed whose rows are all recorded"),
         markdown=lambda summary: "",
     )
     again = runner.run(TinyTask(), recorded, [0, 1], tmp_path / "out", tmp_path / "cache", latency_repeats=2)
     assert again["per_seed"] == first["per_seed"] and again["latency"] == first["latency"]
     assert list(again["rows"]) == ["Single", "Second", "Third"]  # the table's order, not the record's (sorted)
+
+
+def test_latency_on_several_seeds_says_when_and_where_each_was_timed(tmp_path):
+    one = runner.run(TinyTask(), table([]), [0, 1], tmp_path / "out", tmp_path / "cache", latency_repeats=1)
+    assert set(one["latency_timed"]) == {"date", "machine"} and list(one["latency_per_seed"]) == [0]
+    both = runner.run(
+        TinyTask(), table([]), [0, 1], tmp_path / "out", tmp_path / "cache", latency_repeats=1, latency_seeds=[0, 1]
+    )
+    assert list(both["latency_timed"]) == [0, 1] and list(both["latency_per_seed"]) == [0, 1]
+    assert both["latency_timed"][0] == one["latency_timed"]  # seed 0's timing read back from its record
+    assert set(both["latency_per_seed"][1]) == {"Single", "Second", "Third"}
 
 
 def test_a_seed_stopped_midway_resumes_at_its_first_missing_row(tmp_path):
@@ -116,7 +127,7 @@ def test_an_unknown_row_is_refused_by_name_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="rows must include 'Single'"):
         runner.run_seed(TinyTask(), tiny, 0, tmp_path / "seed0", rows=["Second"])
     with pytest.raises(ValueError, match=r"unknown row\(s\) \['CircMax'\]"):
-        runner.predictor(TinyTask(), suite.TABLE, 0, tmp_path / "seed0", "CircMax")
+        runner.predictor(TinyTask(), suite.TABLE, 0, tmp_path / "seed0", row="CircMax")
     assert Pieces.made == [] and not (tmp_path / "cache").exists()
 
 
@@ -138,7 +149,7 @@ def test_a_committed_table_renders_again_from_its_committed_records(tmp_path, mo
     key = f"{task.name}-{task.fingerprint()}"
     records.copy_records(BENCHMARKS / "records" / key, tmp_path / "cache" / key, overwrite=False)
     monkeypatch.setattr(suite.Pieces, "__init__", lambda self, run: pytest.fail("built a piece to render"))
-    runner.run(task, suite.TABLE, seeds, tmp_path / "out", tmp_path / "cache", run["command"], progress=False)
+    runner.run(task, suite.TABLE, seeds, tmp_path / "out", tmp_path / "cache", command=run["command"], progress=False)
 
     def this_run(line: str) -> str:
         line = re.sub(r"^Machine \(this run\): .*", "Machine (this run): <here>", line)

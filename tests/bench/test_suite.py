@@ -6,10 +6,11 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import MODELS, make_inputs
+from conftest import HEADS, MODELS, make_inputs
 
 from hydra_ensembles.bench import runner, suite
 from hydra_ensembles.bench.tasks import Task
+from hydra_ensembles.members import head_map_overlap
 from hydra_ensembles.training import TEXT_RECIPE
 
 
@@ -66,7 +67,7 @@ def test_every_row_is_built_evaluated_tabled_and_cached(tiny_task, tmp_path, mon
     assert hydra["averaged"] > 0 and stacked["averaged"] == 0  # fine-tuned apart: the merged MLP is averaged
     assert "| Hydra (Circ) | " in table.split("Members' disagreement")[1]  # one by one vs after fusion
     search = saved["circuit_search"]["0"]  # and how many removals tied: on the tiny task's 8 + 8 examples, all
-    assert re.fullmatch(r"exact — (\d+) of \1 removals tied with another candidate's S \(decided by .*\)", search)
+    assert re.fullmatch(r'exact — (\d+) of \1 removals tied \(tie rule "order": S alone; .*\)', search)
     assert f"- Circuit search (CircAvg ranking): seed 0: {search}." in table
     for name in ("reliability.png", "ood_scores.png", "head_importance.png"):
         assert (tmp_path / "out" / name).stat().st_size > 5000
@@ -95,7 +96,7 @@ def test_an_interrupted_seed_resumes_at_the_missing_rows(tiny_task, tmp_path):
 
             return logged
 
-        return replace(suite.TABLE, rows={name: row(name, build) for name, build in suite.TABLE.rows.items()})
+        return replace(suite.TABLE, rows=runner.fixed({name: row(name, build) for name, build in suite.BUILDS.items()}))
 
     with pytest.raises(KeyboardInterrupt):
         runner.run_seed(tiny_task, table(dies_at="Taylor"), 0, tmp_path / "seed0", progress=False)
@@ -148,3 +149,24 @@ def test_a_table_rendered_from_records_says_where_its_rows_were_measured():
     ]
     only_here = {"machine": "Intel", "measured_on": runner.measured_on({1: per_seed[1]})}
     assert suite.measured_on_lines(only_here) == []  # every row measured where the table is rendered: said once
+
+
+def test_hydra_rows_record_their_members_overlap_and_the_table_lists_it(tiny_task, tmp_path):
+    rows = ["Single", "Hydra (Taylor)", "Hydra (Circ)"]
+    summary = runner.run(tiny_task, suite.TABLE, [0], tmp_path / "out", tmp_path / "cache", progress=False, rows=rows)
+    results, table = summary["per_seed"][0], (tmp_path / "out" / "table.md").read_text()
+    block = table.split("Members of each Hydra row (mean over seeds)")[1]
+    for row in rows[1:]:
+        overlap = head_map_overlap(results[row]["head_maps"], HEADS).mean
+        assert results[row]["overlap"] == overlap and 0 <= overlap < 1  # distinct members
+        disagreement, mi = (summary["rows"][row][k]["mean"] for k in ("id.disagreement", "id.mi"))
+        assert f"| {row} | {overlap:.2f} | {100 * disagreement:.1f} % | {mi:.4f} |" in block
+    assert "overlap" not in results["Single"] and "| Single |" not in block
+    for result in results.values():  # records made before rows recorded their overlap: the table as it was
+        result.pop("overlap", None)
+    assert "Members of each Hydra row" not in suite.markdown(summary)
+    results["Hydra (Circ)"]["overlap"] = 0.25  # on one seed of two
+    summary["per_seed"][1] = {row: results[row] | {"overlap": 0.5} for row in ("Single", "Hydra (Taylor)")}
+    lines = suite.members_lines(summary)
+    assert any(line.startswith("| Hydra (Circ) | 0.25 |") for line in lines)  # seed 1 did not run it
+    assert any(line.startswith("| Hydra (Taylor) | 0.50 (1 of 2 seeds) |") for line in lines)

@@ -44,7 +44,7 @@ def tiny_task() -> zero_shot.ZeroShotTask:
 def test_every_zero_shot_row_is_built_evaluated_and_cached(tmp_path, monkeypatch):
     task = tiny_task()
     out, cache = tmp_path / "out", tmp_path / "cache"
-    summary = runner.run(task, zero_shot.TABLE, [0, 1], out, cache, "pytest", latency_repeats=2, progress=False)
+    summary = runner.run(task, zero_shot.TABLE, [0, 1], out, cache, command="pytest", latency_repeats=2, progress=False)
     assert list(summary["rows"]) == list(zero_shot.ROWS)
     table = (tmp_path / "out" / "table.md").read_text()
     assert all(f"| {row} |" in table for row in zero_shot.ROWS) and "a tiny test task" in table

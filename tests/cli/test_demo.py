@@ -13,6 +13,7 @@ def test_demo_pipeline_on_a_tiny_configuration(tmp_path, text_encoder):
     first = hydra_ens(*args, "--out", str(tmp_path / "report"), timeout=900)
     for row in ("Single", "Hydra (Taylor)", "Hydra (Circ)"):
         assert f"] {row}" in first.stdout  # built and measured
+    assert "Hydra (Circ)'s circuit: " in first.stdout and 'removals tied (tie rule "score"' in first.stdout
     report = tmp_path / "report"
     for name in ("README.md", "table.md", "table.json", "reliability.png", "ood_scores.png", "head_importance.png"):
         assert (report / name).stat().st_size > 0, name

@@ -4,6 +4,7 @@ in-process on the same files (a command must do exactly what its Python counterp
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import safetensors.torch
@@ -20,11 +21,13 @@ from tolerances import CONTRACT
 
 import hydra_ensembles as he
 from hydra_ensembles import metrics
+from hydra_ensembles import training as ft
 from hydra_ensembles.cli.predict import id_threshold
 from hydra_ensembles.cli.step import RECORD
 from hydra_ensembles.data.files import label_ids, read_examples, text_batches
 from hydra_ensembles.evaluation.ood import OOD_SCORES
 from hydra_ensembles.outputs import collect_member_logits
+from hydra_ensembles.predictors import load_predictor
 from hydra_ensembles.training import TEXT_RECIPE
 from hydra_ensembles.training.loop import _improves
 
@@ -307,6 +310,32 @@ def test_fused_ensemble_equals_its_fine_tuned_members_run_one_by_one(flow):
     assert not torch.allclose(collect_member_logits(untuned, test)[:, 0], one_by_one[:, 0])  # tuning changed it
 
 
+def test_fuse_then_fine_tune_as_one_module_equals_the_library_and_its_rebuilt_members(flow, tmp_path):
+    root, d, f, runs = flow
+    out = tmp_path / "hydra-tuned"
+    run = hydra_ens("fuse", "--members", d["members"], "--finetune-train", f["train"], "--finetune-val", f["val"],
+                    "--epochs", "2", "--lr", "1e-3", "--out", str(out))  # fmt: skip
+    assert "exact by construction" in run.stdout and "fine-tuning the fused ensemble as one module" in run.stdout
+    assert "kept epoch" in run.stdout and not (out / "checkpoints").exists()
+    record = json.loads((out / RECORD).read_text())["results"]
+    assert record["averaged_tensors"] == 0 and 1 <= len(record["finetune"]["epochs"]) <= 2
+    members = [he.load_model(root / "members" / f"member{i}") for i in range(3)]
+    library = he.HydraEnsemble.fuse(members)
+    recipe = TEXT_RECIPE.with_(epochs=2, lr=1e-3, seed=0)
+    ft.finetune_fused(
+        library, batches(f["train"], library), recipe, val_loader=batches(f["val"], library), progress=False
+    )
+    test = batches(f["test"], library, "review")
+    saved = collect_member_logits(load_predictor(out / "ensemble"), test)
+    torch.testing.assert_close(saved, collect_member_logits(library, test), atol=CONTRACT, rtol=0)
+    rebuilt = torch.cat([collect_member_logits(m, test) for m in library.unfuse(members)], dim=1)
+    torch.testing.assert_close(saved, rebuilt, atol=CONTRACT, rtol=0)  # still exactly an ensemble of its members
+    untuned = torch.cat([collect_member_logits(m, test) for m in members], dim=1)
+    assert (saved - untuned).abs().max() > 100 * CONTRACT  # fine-tuning moved them
+    bad = hydra_ens("fuse", "--members", d["members"], "--epochs", "2", "--out", str(tmp_path / "bad"), check=False)
+    assert bad.returncode == 2 and "add --finetune-train" in bad.stderr
+
+
 def test_evaluate_reports_the_metrics_of_each_model(flow):
     root, d, f, runs = flow
     saved = json.loads((root / "report" / "metrics.json").read_text())["results"]
@@ -325,6 +354,23 @@ def test_evaluate_reports_the_metrics_of_each_model(flow):
     assert "| single |" in report and "| hydra |" in report
     for name in ("reliability.png", "ood_scores.png"):
         assert (root / "report" / name).stat().st_size > 0
+
+
+def test_evaluate_resumes_and_measures_again_a_model_recorded_without_its_logits(flow, tmp_path):
+    """A stopped evaluate resumes from results.json; a model recorded there whose logits file is missing (a stop
+    between the two saves) is measured again, where the report would crash loading it."""
+    root, d, f, runs = flow
+    out = tmp_path / "report"
+    shutil.copytree(d["report"], out)
+    (out / RECORD).write_text(json.dumps(json.loads((out / RECORD).read_text()) | {"finished": False}))
+    recorded = json.loads((out / "results.json").read_text())
+    (out / "results.json").write_text(json.dumps({name: r | {"read": "back"} for name, r in recorded.items()}))
+    (out / "logits" / "hydra.pt").unlink()
+    models = ["--model", f"single={d['single']}", "--model", f"hydra={d['hydra']}"]
+    hydra_ens("evaluate", *models, "--data", f["test"], "--text-column", "review", "--ood", f["ood"], "--out", str(out))
+    results = json.loads((out / "metrics.json").read_text())["results"]
+    assert results["single"]["read"] == "back" and "read" not in results["hydra"]  # only hydra measured again
+    assert (out / "logits" / "hydra.pt").exists() and results["hydra"]["metrics"] == recorded["hydra"]["metrics"]
 
 
 def test_predict_flags_ood_above_the_threshold_chosen_at_the_stated_tpr(flow):

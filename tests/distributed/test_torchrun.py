@@ -26,13 +26,18 @@ def torchrun(*args: str) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
-@pytest.mark.parametrize("method", ["fast", "reference", "auto"])  # auto: every rank must choose the same
-def test_two_process_circuit_extraction_equals_one_process(method, tmp_path):
-    torchrun("circuit", str(tmp_path / "circuit.json"), method)
+@pytest.mark.parametrize(
+    "method, data",
+    # auto: every rank must choose the same; "tied": S ties everywhere, the gathered secondary scores decide
+    [("fast", "circuit"), ("reference", "circuit"), ("auto", "circuit"), ("fast", "tied")],
+)
+def test_two_process_circuit_extraction_equals_one_process(method, data, tmp_path):
+    torchrun("circuit", str(tmp_path / "circuit.json"), method, data)
     two = he.Circuit.load(tmp_path / "circuit.json")
-    one = run_circuit(method)
-    # heads change S and no removal ties: a rank that scored or reported the wrong heads would change the order
-    assert one.removed != CANDIDATES[:4] and one.ties == [0, 0, 0, 0]
+    one = run_circuit(method, data)
+    # no removal ties (under "tied", not on S and the secondary score together): a rank that scored or reported the
+    # wrong heads, or dropped the secondary score, would change the order (to index order, under "tied")
+    assert one.removed != CANDIDATES[:4] and one.ties == [0, 0, 0, 0] and two.tie_break == "score"
     assert two.removed == one.removed and two.ties == one.ties
     # S is made of counts (accuracy, ranked ID/OOD pairs): the same counts give the same S up to float64 division
     assert two.scores == pytest.approx(one.scores, abs=1e-12)

@@ -1,7 +1,8 @@
 """Run by tests under `torchrun --nproc-per-node N`: circuit extraction or fine-tuning on a tiny BERT (the circuit
-on `circuit_support`'s model and data, where heads change S and removals do not tie).
+on `circuit_support`'s model and data, where heads change S and removals do not tie; or, with DATA "tied", on
+its `tied_data`, where every removal ties on S and the secondary score decides).
 
-python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/worker.py circuit OUT METHOD
+python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/worker.py circuit OUT METHOD DATA
 python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/worker.py finetune OUT
 """
 
@@ -13,7 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 sys.path.insert(0, str(Path(__file__).parents[1] / "importance"))
-from circuit_support import circuit_data, circuit_model  # noqa: E402
+from circuit_support import circuit_data, circuit_model, tied_data  # noqa: E402
 from conftest import MODELS, make_inputs  # noqa: E402
 
 import hydra_ensembles as he  # noqa: E402
@@ -25,8 +26,9 @@ def training_data():
     return [make_inputs("bert", seed=s) | {"labels": torch.tensor([0, 1, 2, 1])} for s in (5, 6, 7)]
 
 
-def run_circuit(method: str) -> he.Circuit:
-    return he.extract_circuit(circuit_model(), *circuit_data(), "avg", budget=4, method=method, progress=False)
+def run_circuit(method: str, data: str = "circuit") -> he.Circuit:
+    model, batches = (circuit_model(), circuit_data()) if data == "circuit" else (MODELS["bert"](), tied_data())
+    return he.extract_circuit(model, *batches, "avg", budget=4, method=method, progress=False)
 
 
 def run_finetune() -> torch.nn.Module:
@@ -42,7 +44,7 @@ def run_finetune() -> torch.nn.Module:
 if __name__ == "__main__":
     task, out = sys.argv[1], sys.argv[2]
     assert init_from_env("gloo") and world_size() == 2
-    result = run_circuit(sys.argv[3]) if task == "circuit" else run_finetune()
+    result = run_circuit(*sys.argv[3:5]) if task == "circuit" else run_finetune()
     if is_main():
         if task == "circuit":
             result.save(out)

@@ -2,10 +2,11 @@
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
-from circuit_support import CANDIDATES, circuit_data, circuit_model
+from circuit_support import CANDIDATES, circuit_data, circuit_model, tied_data
 from conftest import HEADS, LAYERS, MODELS, make_inputs
 from sklearn.metrics import roc_auc_score
 
@@ -13,16 +14,11 @@ import hydra_ensembles as he
 from hydra_ensembles.importance import circuit as circuit_module
 
 
-def _data(name="bert"):
-    """The tiny model's 8 ID / 8 OOD examples: nearly every removal ties (for the tests that need ties, or none)."""
-    id_batches = [make_inputs(name, seed=s) | {"labels": torch.tensor([0, 1, 2, 1])} for s in (1, 2)]
-    ood_batches = [make_inputs(name, seed=s) for s in (3, 4)]
-    return id_batches, ood_batches
-
-
-def _score(model, id_batches, ood_batches, criterion):
+def _score(model, id_batches, ood_batches, criterion, rule=None):
     """S by hand: sklearn AUROC with ID as the positive class and MSP as the score (the same number as OpenOOD's
-    OOD-positive, 1 - MSP convention)."""
+    OOD-positive, 1 - MSP convention). With a tie `rule`, what candidates are compared by: (S,) for "order",
+    (S, secondary) for "score", the secondary by hand: minus the ID NLL (acc), mean MSP ID - mean MSP OOD (ood),
+    their mean (avg)."""
     with torch.no_grad():
 
         def logits(batches):
@@ -33,7 +29,13 @@ def _score(model, id_batches, ood_batches, criterion):
     acc = (id_logits.argmax(-1) == labels).double().mean().item()
     msp = torch.cat([id_logits, ood_logits]).double().softmax(-1).amax(-1)
     auroc = roc_auc_score([1] * len(id_logits) + [0] * len(ood_logits), msp.numpy())
-    return {"acc": acc, "ood": auroc, "avg": (acc + auroc) / 2}[criterion]
+    s = {"acc": acc, "ood": auroc, "avg": (acc + auroc) / 2}[criterion]
+    if rule is None:
+        return s
+    nll = torch.nn.functional.cross_entropy(id_logits.double(), labels).item()
+    gap = (msp[: len(id_logits)].mean() - msp[len(id_logits) :].mean()).item()
+    secondary = {"acc": -nll, "ood": gap, "avg": (gap - nll) / 2}[criterion]
+    return {"order": (s,), "score": (s, secondary)}[rule]
 
 
 def test_ood_criterion_ranks_very_confident_inputs_without_ties():
@@ -43,9 +45,9 @@ def test_ood_criterion_ranks_very_confident_inputs_without_ties():
     assert circuit_module.CRITERIA["ood"](id_logits, torch.tensor([1, 0]), ood_logits) == 1.0
 
 
-def _literal_scores(model, id_batches, ood_batches, criterion, removed, candidates=None):
+def _literal_scores(model, id_batches, ood_batches, criterion, removed, candidates=None, rule=None):
     """S with `removed` and each candidate (default: every head not removed) turned off by zeroing its W_o column
-    block by hand: {candidate: S}, in index order."""
+    block by hand: {candidate: S} (with a tie `rule`: {candidate: what `_score` compares}), in index order."""
     dh = 32 // HEADS
     weights = [model.bert.encoder.layer[i].attention.output.dense.weight for i in range(LAYERS)]
     scores = {}
@@ -54,35 +56,39 @@ def _literal_scores(model, id_batches, ood_batches, criterion, removed, candidat
         with torch.no_grad():
             for i, j in [*removed, head]:
                 weights[i][:, j * dh : (j + 1) * dh] = 0
-        scores[head] = _score(model, id_batches, ood_batches, criterion)
+        scores[head] = _score(model, id_batches, ood_batches, criterion, rule)
         with torch.no_grad():
             for w, original in zip(weights, saved):
                 w.copy_(original)
     return scores
 
 
-def _literal(model, id_batches, ood_batches, criterion, budget):
-    """Algorithm 1 written out independently, the first best candidate winning: (removal order, S after each
-    removal, how many other candidates left the winner's S at its step)."""
+def _literal(model, id_batches, ood_batches, criterion, budget, rule="order"):
+    """Algorithm 1 written out independently, the first best candidate winning (by S under "order", by
+    (S, secondary) under "score"): (removal order, S after each removal, how many other candidates were equal
+    to the winner at its step)."""
     removed, scores, ties = [], [], []
     for _ in range(budget):
-        step = _literal_scores(model, id_batches, ood_batches, criterion, removed)
+        step = _literal_scores(model, id_batches, ood_batches, criterion, removed, rule=rule)
         best = max(step, key=step.get)  # the first of equal maxima, in index order
         removed.append(best)
-        scores.append(step[best])
+        scores.append(step[best][0])
         ties.append(sum(s == step[best] for head, s in step.items() if head != best))
     return removed, scores, ties
 
 
+@pytest.mark.parametrize("rule", ["score", "order"])
 @pytest.mark.parametrize("method", ["reference", "fast"])
 @pytest.mark.parametrize("criterion", ["acc", "ood", "avg"])
-def test_ranking_matches_a_literal_loop(criterion, method):
+def test_ranking_matches_a_literal_loop(criterion, method, rule):
     model, (id_batches, ood_batches) = circuit_model(), circuit_data()
-    circuit = he.extract_circuit(model, id_batches, ood_batches, criterion, budget=4, method=method, progress=False)
-    removed, scores, ties = _literal(model, id_batches, ood_batches, criterion, budget=4)
+    circuit = he.extract_circuit(
+        model, id_batches, ood_batches, criterion, budget=4, method=method, tie_break=rule, progress=False
+    )
+    removed, scores, ties = _literal(model, id_batches, ood_batches, criterion, budget=4, rule=rule)
     # the heads change S and no winner ties: the order is the scores', which a scorer blind to heads cannot match
     assert removed != CANDIDATES[:4] and ties == [0, 0, 0, 0]
-    assert circuit.removed == removed and circuit.ties == ties
+    assert circuit.removed == removed and circuit.ties == ties and circuit.tie_break == rule
     # S counts (correct predictions, ranked ID/OOD pairs): logits equal up to float32 rounding (~1e-7, far below
     # the gaps between these 48 MSPs) give equal counts, so only float64 division rounding remains
     assert circuit.scores == pytest.approx(scores, abs=1e-12)
@@ -93,7 +99,7 @@ def test_ranking_matches_a_literal_loop(criterion, method):
 
 
 def test_extraction_leaves_the_model_unchanged():
-    model, (id_batches, ood_batches) = MODELS["vit"](), _data("vit")
+    model, (id_batches, ood_batches) = MODELS["vit"](), tied_data("vit")
     id_batches = [b | {"labels": torch.tensor([0, 1, 2, 3])} for b in id_batches]
     before = {k: v.clone() for k, v in model.state_dict().items()}
     he.extract_circuit(model, id_batches, ood_batches, "avg", budget=2, progress=False)
@@ -143,7 +149,7 @@ def _bar_counts(text: str) -> list[tuple[int, int]]:
 
 @pytest.mark.parametrize("method, per_step", [("fast", [12, 11, 10]), ("lazy", [12, 2, 2]), ("screen", [2, 2, 2])])
 def test_progress_covers_the_whole_extraction_from_the_start(capsys, tmp_path, method, per_step):
-    model, (id_batches, ood_batches) = MODELS["bert"](), _data()
+    model, (id_batches, ood_batches) = MODELS["bert"](), tied_data()
     state = tmp_path / "state.json"
     he.extract_circuit(model, id_batches, ood_batches, "avg", 1, method=method, top=2, state_path=state)
     assert _bar_counts(capsys.readouterr().err)[-1] == (per_step[0], per_step[0])
@@ -154,17 +160,21 @@ def test_progress_covers_the_whole_extraction_from_the_start(capsys, tmp_path, m
 
 
 def test_a_state_from_another_run_is_refused(tmp_path):
-    model, (id_batches, ood_batches) = MODELS["bert"](), _data()
+    model, (id_batches, ood_batches) = MODELS["bert"](), tied_data()
     state = tmp_path / "state.json"
     he.extract_circuit(model, id_batches, ood_batches, "acc", budget=1, state_path=state, progress=False)
     with pytest.raises(ValueError, match="different criterion"):
         he.extract_circuit(model, id_batches, ood_batches, "avg", budget=1, state_path=state, progress=False)
     with pytest.raises(ValueError, match="different data"):
         he.extract_circuit(model, id_batches[:1], ood_batches, "acc", budget=1, state_path=state, progress=False)
+    with pytest.raises(ValueError, match="different tie_break"):  # written under "score", the default
+        he.extract_circuit(
+            model, id_batches, ood_batches, "acc", 2, tie_break="order", state_path=state, progress=False
+        )
 
 
 def test_circuit_round_trips_through_json(tmp_path):
-    model, (id_batches, ood_batches) = MODELS["bert"](), _data()
+    model, (id_batches, ood_batches) = MODELS["bert"](), tied_data()
     circuit = he.extract_circuit(model, id_batches, ood_batches, "ood", budget=2, progress=False)
     circuit.save(tmp_path / "c.json")
     assert he.Circuit.load(tmp_path / "c.json") == circuit
@@ -206,7 +216,7 @@ def test_both_circuit_records_load_files_saved_before_ties_were_recorded(tmp_pat
     ],
 )
 def test_bad_input_is_rejected(kwargs, error, message):
-    id_batches, ood_batches = _data()
+    id_batches, ood_batches = tied_data()
     args = dict(id_loader=id_batches, ood_loader=ood_batches, criterion="avg", budget=2, progress=False) | kwargs
     if args["id_loader"] == "unlabelled":
         args["id_loader"] = ood_batches
@@ -215,7 +225,7 @@ def test_bad_input_is_rejected(kwargs, error, message):
 
 
 def test_acc_criterion_needs_no_ood_data_and_encoders_are_refused():
-    id_batches, _ = _data()
+    id_batches, _ = tied_data()
     circuit = he.extract_circuit(MODELS["bert"](), id_batches, None, "acc", budget=1, progress=False)
     assert len(circuit.removed) == 1
     with pytest.raises(ValueError, match="needs a classifier"):
@@ -307,7 +317,7 @@ def test_first_order_estimates_track_the_surrogate():
     """The screen's estimate is the first-order change of the surrogate: check it against the real change."""
     from hydra_ensembles.importance.circuit.scoring import FastScorer
 
-    model, (id_batches, ood_batches) = MODELS["bert"](), _data()
+    model, (id_batches, ood_batches) = MODELS["bert"](), tied_data()
     criterion = circuit_module.CRITERIA["avg"]
     scorer = FastScorer(model, id_batches, ood_batches, criterion)
     estimates = scorer.first_order([])
@@ -347,7 +357,7 @@ def test_multi_removes_the_best_scoring_heads_of_each_step_at_once():
 
 
 def test_bf16_search_is_labelled_approximate_and_ranks_distinct_heads(tmp_path):
-    model, (id_batches, ood_batches) = MODELS["bert"](), _data()
+    model, (id_batches, ood_batches) = MODELS["bert"](), tied_data()
     circuit = he.extract_circuit(model, id_batches, ood_batches, "avg", 5, precision="bf16", progress=False)
     assert circuit.search == "fast-bf16" and len(set(circuit.removed)) == 5
     circuit.save(tmp_path / "c.json")
@@ -399,9 +409,10 @@ def test_each_removal_records_how_many_candidates_tied_with_it(tmp_path, capsys)
     from hydra_ensembles.importance.circuit.criteria import CRITERIA
     from hydra_ensembles.importance.circuit.scoring import ReferenceScorer
 
-    model, (id_batches, ood_batches) = MODELS["bert"](), _data()
+    model, (id_batches, ood_batches) = MODELS["bert"](), tied_data()
     state = tmp_path / "state.json"
-    circuit = he.extract_circuit(model, id_batches, ood_batches, "acc", 4, state_path=state, progress=False)
+    order = {"tie_break": "order", "progress": False}
+    circuit = he.extract_circuit(model, id_batches, ood_batches, "acc", 4, state_path=state, **order)
     # the literal loop's scores at every step: how many other candidates left the winner's S
     scorer = ReferenceScorer(model, id_batches, ood_batches, CRITERIA["acc"], batch_size=16)
     heads = [(layer, h) for layer in range(LAYERS) for h in range(HEADS)]
@@ -411,20 +422,117 @@ def test_each_removal_records_how_many_candidates_tied_with_it(tmp_path, capsys)
         scores = scorer.score(circuit.removed[:step], left, lambda n: None)
         expected.append(sum(scores[head] == scores[best] for head in left if head != best))
     assert circuit.ties == expected and any(expected)  # accuracy on 8 examples: ties are the rule
-    multi = he.extract_circuit(model, id_batches, ood_batches, "acc", 4, method="multi", top=2, progress=False)
+    multi = he.extract_circuit(model, id_batches, ood_batches, "acc", 4, method="multi", top=2, **order)
     for step in (0, 2):  # two removals per step: each counts the other candidates of its step, removed or not
         left = [head for head in heads if head not in multi.removed[:step]]
         scores = scorer.score(multi.removed[:step], left, lambda n: None)
         for best in multi.removed[step : step + 2]:
             assert multi.ties[multi.removed.index(best)] == sum(scores[h] == scores[best] for h in left if h != best)
     assert circuit.tie_note().startswith(f"{sum(map(bool, expected))} of 4 removals tied")
-    # a state saved before ties were recorded resumes with them unknown
+    # a state saved before ties and tie rules were recorded resumes with ties unknown, under "order" only
     saved = json.loads(state.read_text())
     saved["removed"], saved["scores"] = saved["removed"][:2], saved["scores"][:2]
-    del saved["ties"]
+    saved["known"] = [[*head, s] for head, (s,) in saved["known"]]  # as saved then: [layer, head, S]
+    del saved["ties"], saved["tie_break"]
     state.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="different tie_break"):
+        he.extract_circuit(model, id_batches, ood_batches, "acc", 4, state_path=state, progress=False)
     capsys.readouterr()
-    resumed = he.extract_circuit(model, id_batches, ood_batches, "acc", 4, state_path=state)
+    resumed = he.extract_circuit(model, id_batches, ood_batches, "acc", 4, state_path=state, tie_break="order")
     assert resumed.removed == circuit.removed and resumed.ties == [None, None, *expected[2:]]
     tied = sum(1 for t in expected[2:] if t)  # the search says so at its end, counting only the steps it knows
     assert f"circuit search: {tied} of 2 removals tied" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("criterion", ["acc", "ood", "avg"])
+@pytest.mark.parametrize("rule", ["score", "order"])
+def test_fast_equals_reference_and_a_literal_loop_where_the_tie_rule_decides(rule, criterion):
+    """On `tied_data` the removals tie on S: the rule decides them, step by step the same in every exact search."""
+    model, (id_batches, ood_batches) = MODELS["bert"](), tied_data()
+    removed, scores, ties = _literal(model, id_batches, ood_batches, criterion, 4, rule)
+    for method in ("reference", "fast"):
+        circuit = he.extract_circuit(
+            model, id_batches, ood_batches, criterion, 4, method=method, tie_break=rule, progress=False
+        )
+        assert circuit.removed == removed and circuit.ties == ties and circuit.tie_break == rule
+        assert circuit.scores == pytest.approx(scores, abs=1e-12)  # counts, as in test_ranking_matches...
+    assert (removed == CANDIDATES[:4]) == (rule == "order")  # "order": the first 4 of the tied candidates
+
+
+def test_on_data_where_every_candidate_ties_order_is_index_order_and_the_secondary_score_decides(tmp_path, capsys):
+    model, (id_batches, ood_batches) = MODELS["bert"](), tied_data()
+    args = (model, id_batches, ood_batches, "acc", 8)
+    order = he.extract_circuit(*args, tie_break="order", progress=False)
+    score = he.extract_circuit(*args, progress=False)  # the default
+    assert order.removed == CANDIDATES[:8] and order.tied() == 8  # every removal tied: index order
+    assert score.removed != CANDIDATES[:8] and score.tie_break == "score"
+    assert score.tied() <= 1  # measured 0 of 8: the NLL tells every candidate apart
+    assert score.tie_note().startswith("0 of 8 removals tied") and 'tie rule "score"' in score.tie_note()
+    assert 'tie rule "order"' in order.tie_note()
+    score.save(tmp_path / "c.json")
+    assert he.Circuit.load(tmp_path / "c.json") == score
+    he.extract_circuit(*args, tie_break="score")
+    assert "circuit search: 0 of 8 removals tied" in capsys.readouterr().out  # said, without advice
+    with pytest.raises(ValueError, match="tie_break must be one of"):
+        he.extract_circuit(*args, tie_break="random", progress=False)
+
+
+@pytest.mark.parametrize("method, top", [("lazy", 12), ("screen", 12), ("multi", 1)])
+def test_approximate_searches_score_exactly_under_the_tie_rule(method, top):
+    """Each approximate search with a shortlist of every head (or one removal per step) is the exact search,
+    under the rule "score" too: they compare candidates by (S, secondary) as the exact search does."""
+    model, (id_batches, ood_batches) = MODELS["bert"](), tied_data()
+    exact = he.extract_circuit(model, id_batches, ood_batches, "acc", 4, progress=False)
+    same = he.extract_circuit(model, id_batches, ood_batches, "acc", 4, method=method, top=top, progress=False)
+    assert same.removed == exact.removed != CANDIDATES[:4] and same.ties == exact.ties
+    assert same.tie_break == "score"
+
+
+def test_a_criterion_without_a_secondary_score_falls_back_to_order_and_says_so(capsys):
+    model, (id_batches, ood_batches) = MODELS["bert"](), tied_data()
+    he.register_criterion("plain", _Interrupting(fail_at=-1))  # S_avg, no secondary score
+    circuit = he.extract_circuit(model, id_batches, ood_batches, "plain", 2)
+    assert circuit.tie_break == "order" and "has no secondary score" in circuit.note
+    assert "criterion 'plain' has no secondary score" in capsys.readouterr().out
+    order = he.extract_circuit(model, id_batches, ood_batches, "avg", 2, tie_break="order", progress=False)
+    assert circuit.removed == order.removed
+
+
+RECORDED = sorted(Path(__file__).parents[2].glob("benchmarks/records/*/seed0/circuit_avg.json"))
+
+
+@pytest.mark.skipif(not RECORDED, reason="no recorded circuits in this checkout")
+def test_circuits_saved_before_tie_rules_load_as_order_with_the_same_head_maps():
+    for path in RECORDED:
+        saved = json.loads(path.read_text())
+        assert "tie_break" not in saved  # saved before the rule was recorded
+        circuit = he.Circuit.load(path)
+        assert circuit.tie_break == "order"
+        assert circuit.tie_note() == "" or 'tie rule "order"' in circuit.tie_note()
+        budget = len(saved["removed"]) // 2
+        gone = {tuple(head) for head in saved["removed"][:budget]}
+        expected = {
+            int(layer): [h for h in heads if (int(layer), h) not in gone] for layer, heads in saved["kept"].items()
+        }
+        assert circuit.head_map(budget) == expected and circuit.head_map() == circuit.without(circuit.removed)
+
+
+@pytest.mark.parametrize("rule", ["score", "order"])
+def test_joint_circuits_apply_the_tie_rule_in_fast_and_reference_alike(rule):
+    from conftest import build_clip_tokenizer, tiny_clip
+
+    from hydra_ensembles.importance import JointCircuit, extract_joint_circuit
+    from hydra_ensembles.predictors import TwoTowerModel, class_prompts
+
+    tokenizer = build_clip_tokenizer()
+    prompts = [tokenizer(class_prompts(["cat", "dog", "car"], ["a {}", "the {}"]), padding=True, return_tensors="pt")]
+    images = [{"pixel_values": torch.randn(6, 3, 16, 16, generator=torch.Generator().manual_seed(s))} for s in (1, 2)]
+    labelled = [images[0] | {"labels": torch.tensor([0, 1, 2, 0, 1, 2])}]
+    args = (TwoTowerModel.from_clip(tiny_clip(seed=3)), labelled, images[1:], prompts, 3, "acc", 5)
+    fast = extract_joint_circuit(*args, tie_break=rule, batch_size=4, progress=False)
+    reference = extract_joint_circuit(*args, method="reference", tie_break=rule, progress=False)
+    assert fast.removed == reference.removed and fast.ties == reference.ties and fast.tie_break == rule
+    assert JointCircuit.from_dict(fast.to_dict()) == fast
+    # accuracy on 6 examples: every removal ties on S (index order); the NLL decided all of them (measured)
+    assert fast.tied() == (5 if rule == "order" else 0)
+    assert (fast.removed[:2] == [("image", 0, 0), ("image", 0, 1)]) == (rule == "order")

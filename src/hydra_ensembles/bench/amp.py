@@ -13,7 +13,7 @@ baselines  that count at a uniform width: random, L2, Taylor neurons, next to th
 
 Recovery is Eq. 8 (MSE on the last layer's features against the unpruned model, labels unused) on the training
 inputs; the pruning set is the first `pruning_examples` training examples. All five are one `bench.runner` table
-(`table`): AMP's own rows recorded in `<seed cache>/<AMP_CACHE>/`, the suite's rows on a base in the base's
+(`AmpTable`): AMP's own rows recorded in `<seed cache>/<AMP_CACHE>/`, the suite's rows on a base in the base's
 directory, so the records alone (`bench.records`) render every table.
 """
 
@@ -26,6 +26,7 @@ import math
 import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -173,29 +174,18 @@ class AmpSeed:
     def on_base(self, delta: float, rows: Sequence[str]) -> dict[str, dict]:
         """The suite's `rows` on the AMP base of `delta`, measured (or read back) in its directory."""
         base = functools.partial(self.recovered_base, delta)
-        return runner.run_seed(self.task, suite.TABLE, self.seed, self.base_dir(delta), rows, self.progress, base)
+        folder = self.base_dir(delta)
+        return runner.run_seed(self.task, suite.TABLE, self.seed, folder, rows=rows, progress=self.progress, base=base)
 
     def free_models(self, delta: float) -> runner.Models:
         """The free table's models, each built (or read from the cache) when called: Single first, then the Hydra
         rows on the unpruned base, AMP single and the Hydra rows on the AMP base of `delta`."""
         base = functools.partial(self.recovered_base, delta)
-        on_task = (self.task, suite.TABLE, self.seed, self.seed_cache)
-        on_amp = (self.task, suite.TABLE, self.seed, self.base_dir(delta))
-        models = {row: functools.partial(runner.predictor, *on_task, row, False) for row in HYDRA_ROWS}
+        on_task = functools.partial(runner.predictor, self.task, suite.TABLE, self.seed, progress=False)
+        models = {row: functools.partial(on_task, self.seed_cache, row=row) for row in HYDRA_ROWS}
         return models | {
-            FREE_NAMES[row]: functools.partial(runner.predictor, *on_amp, row, False, base) for row in HYDRA_ROWS
+            FREE_NAMES[r]: functools.partial(on_task, self.base_dir(delta), row=r, base=base) for r in HYDRA_ROWS
         }
-
-    def row(self, model: Callable[[], nn.Module]) -> runner.Build:
-        """A row: `model()`, with its heads and MLP neurons as the tables label them."""
-
-        def build(pieces: AmpSeed) -> Built:
-            built = model()
-            sizes = [len(k) for k in kept_neurons(built).values()]
-            heads = f"{self.suite.shape['heads']}; MLP {sum(sizes)}/{sum(self.suite.shape['widths'])}"
-            return Built(built, {"heads": heads, "mlp_sizes": sizes})
-
-        return build
 
     def matched_delta(self, criterion: str, total: int, start: float, tries: int = 8, tolerance: float = 0.03) -> float:
         """The delta-E at which Algorithm 1 with `criterion` keeps about `total` MLP neurons (within `tolerance`):
@@ -278,104 +268,120 @@ def _flat(settings: Mapping, prefix: str = "") -> dict:
     return flat
 
 
-def table(
-    deltas: Sequence[float] = DELTAS,
-    flops_target: float = 1.0,
-    recovery: TrainConfig = AMP_RECOVERY,
-    pruning_examples: int = 256,
-    tables: Sequence[str] = TABLE_NAMES,
-    progress: bool = True,
-) -> runner.Table:
-    """The AMP tables (some of TABLE_NAMES) as one table of the runner: its rows are AMP's own (named per seed by
-    the cost rule), its summary holds every table of every seed, and its latency is the free table's. Every delta-E
-    of the sweep is pruned whatever the tables: the cost rule needs them."""
-    unknown = sorted(set(tables) - set(TABLE_NAMES))
-    if unknown or not tables:
-        raise ValueError(f"tables must be some of {list(TABLE_NAMES)}, got {list(tables)}.")
+@dataclass(frozen=True)
+class AmpTable:
+    """The AMP tables (some of TABLE_NAMES) as one table of the runner (`table()`): its rows are AMP's own (named
+    per seed by the cost rule), its summary holds every table of every seed, and its latency is the free table's.
+    Every delta-E of the sweep is pruned whatever the tables: the cost rule needs them."""
 
-    def pieces(run: runner.SeedRun) -> AmpSeed:
-        return AmpSeed(run.task, run.seed, run.cache, recovery, pruning_examples, run.progress)
+    deltas: Sequence[float] = DELTAS
+    flops_target: float = 1.0
+    recovery: TrainConfig = AMP_RECOVERY
+    pruning_examples: int = 256
+    tables: Sequence[str] = TABLE_NAMES
+    progress: bool = True
 
-    def pruned(amp: AmpSeed) -> dict[str, dict[str, Callable[[], nn.Module]]]:
-        """{table: {row: the pruned model}} of the sweep, criteria and baselines tables asked for."""
-        delta, _ = amp.free_delta(deltas, flops_target)
-        total = sum(amp.search(delta)["sizes"])
-        plans = {"sweep": lambda: {base_name(d): functools.partial(amp.adaptive, d) for d in deltas}}
+    def table(self) -> runner.Table:
+        unknown = sorted(set(self.tables) - set(TABLE_NAMES))
+        if unknown or not self.tables:
+            raise ValueError(f"tables must be some of {list(TABLE_NAMES)}, got {list(self.tables)}.")
+        return runner.Table(
+            self.rows,
+            self.pieces,
+            markdown,
+            output="amp",
+            record=f"{AMP_CACHE}/results.json",
+            logits=f"{AMP_CACHE}/logits",
+            summarize=self.summarize,
+            timed=self.timed,
+            latency_batch=LATENCY_BATCH,
+        )
+
+    def pieces(self, run: runner.SeedRun) -> AmpSeed:
+        return AmpSeed(run.task, run.seed, run.cache, self.recovery, self.pruning_examples, run.progress)
+
+    def pruned(self, amp: AmpSeed) -> dict[str, dict[str, Callable[[AmpSeed], nn.Module]]]:
+        """{table: {row: the pruned model of a seed's pieces}} of the sweep, criteria and baselines tables asked
+        for; the rows are named by `amp`'s cost rule."""
+        delta, _ = amp.free_delta(self.deltas, self.flops_target)
+        total, adaptive = sum(amp.search(delta)["sizes"]), AmpSeed.adaptive
+        plans = {"sweep": lambda: {base_name(d): functools.partial(adaptive, delta=d) for d in self.deltas}}
         plans["criteria"] = lambda: {
-            f"AMP ({c}, dE={d:g})": functools.partial(amp.adaptive, d, c)
+            f"AMP ({c}, dE={d:g})": functools.partial(adaptive, delta=d, criterion=c)
             for c in CRITERIA
             for d in [delta if c == "entropy" else amp.matched_delta(c, total, start=delta)]
         }
         plans["baselines"] = lambda: (
-            {base_name(delta): functools.partial(amp.adaptive, delta)}
-            | {f"Uniform ({c})": functools.partial(amp.uniform, c, total) for c in BASELINES}
+            {base_name(delta): functools.partial(adaptive, delta=delta)}
+            | {f"Uniform ({c})": functools.partial(AmpSeed.uniform, criterion=c, total=total) for c in BASELINES}
         )
-        return {name: plan() for name, plan in plans.items() if name in tables}
+        return {name: plan() for name, plan in plans.items() if name in self.tables}
 
-    def rows(amp: AmpSeed) -> dict[str, runner.Build]:
-        builds = {"Single": amp.row(lambda: amp.single)}
-        for name, model in (row for plan in pruned(amp).values() for row in plan.items()):
-            recovered = functools.partial(amp.recovered, _slug(name), model)
-            builds |= {name: amp.row(model), f"{name}, recovered": amp.row(recovered)}
+    def rows(self, pieces: Callable[[], AmpSeed]) -> dict[str, runner.Build]:
+        builds = {"Single": _row(lambda amp: amp.single)}
+        for name, model in (row for plan in self.pruned(pieces()).values() for row in plan.items()):
+            builds |= {name: _row(model), f"{name}, recovered": _row(functools.partial(_recovered, name, model))}
         return builds
 
-    def seed_tables(amp: AmpSeed, measured: Mapping[str, dict]) -> dict:
+    def seed_tables(self, amp: AmpSeed, measured: Mapping[str, dict]) -> dict:
         """One seed's tables ({table: {row: result}}, the free table first) and {"free_delta", "hydra_flops",
         "sizes": {row: MLP sizes}}: AMP's rows `measured` by the runner, the suite's rows on each base."""
-        delta, ratios = amp.free_delta(deltas, flops_target)
-        points = sorted({*deltas, delta})
+        delta, ratios = amp.free_delta(self.deltas, self.flops_target)
+        points = sorted({*self.deltas, delta})
         sizes = {"unpruned": amp.suite.shape["widths"]} | {base_name(d): amp.search(d)["sizes"] for d in points}
         built: dict[str, dict] = {}
         on_task = functools.partial(runner.run_seed, amp.task, suite.TABLE, amp.seed, amp.seed_cache)
-        if "free" in tables:
+        if "free" in self.tables:
             print(f"[seed {amp.seed}] ensembles on the AMP base (delta-E {delta:g})", flush=True)
-            built["free"] = on_task(HYDRA_ROWS, progress)
+            built["free"] = on_task(rows=HYDRA_ROWS, progress=self.progress)
             built["free"] |= {FREE_NAMES[row]: result for row, result in amp.on_base(delta, HYDRA_ROWS).items()}
-        if "curve" in tables:
-            built["curve"] = on_task(CURVE_ROWS, progress)
+        if "curve" in self.tables:
+            built["curve"] = on_task(rows=CURVE_ROWS, progress=self.progress)
             for d in points:  # at the free delta-E, the free table's own directory: its rows are reused
                 on_base = amp.on_base(d, CURVE_ROWS)
                 built["curve"][f"AMP single, dE={d:g}"] = on_base["Single"]
                 built["curve"][f"Hydra (Taylor) on AMP, dE={d:g}"] = on_base["Hydra (Taylor)"]
-        for name, plan in pruned(amp).items():
+        for name, plan in self.pruned(amp).items():
             built[name] = {"Single": measured["Single"]}
             built[name] |= {row: measured[row] for model in plan for row in (model, f"{model}, recovered")}
             sizes |= {model: measured[model]["mlp_sizes"] for model in plan}
         result = {"free_delta": delta, "hydra_flops": {f"{d:g}": r for d, r in ratios.items()}, "sizes": sizes}
         return result | {name: built[name] for name in TABLE_NAMES if name in built}
 
-    def summarize(task: Task, summary: dict, seed_dirs: dict[int, Path]) -> dict:
-        per_seed = {
-            seed: seed_tables(pieces(runner.SeedRun(task, seed, folder, progress)), summary["per_seed"][seed])
-            for seed, folder in seed_dirs.items()
-        }
-        settings = {"deltas": list(deltas), "flops_target": flops_target, "recovery": recovery.key()}
+    def summarize(self, task: Task, summary: dict, seed_dirs: dict[int, Path]) -> dict:
+        pieces = {s: self.pieces(runner.SeedRun(task, s, folder, self.progress)) for s, folder in seed_dirs.items()}
+        per_seed = {seed: self.seed_tables(amp, summary["per_seed"][seed]) for seed, amp in pieces.items()}
+        settings = {"deltas": list(self.deltas), "flops_target": self.flops_target, "recovery": self.recovery.key()}
+        tables = [name for name in TABLE_NAMES if name in self.tables]
         return dict(zip(("compute_s", "rows_without_time"), recorded_compute(per_seed))) | {
-            "settings": settings | {"pruning_examples": pruning_examples},
-            "tables": {
-                name: aggregate({s: r[name] for s, r in per_seed.items()}) for name in TABLE_NAMES if name in tables
-            },
+            "settings": settings | {"pruning_examples": self.pruning_examples},
+            "tables": {name: aggregate({s: r[name] for s, r in per_seed.items()}) for name in tables},
             "per_seed": per_seed,
             "notes": [
                 note for seed, folder in seed_dirs.items() for note in rebuilt_notes(seed, *_model_folders(folder))
             ],
         }
 
-    def timed(amp: AmpSeed) -> tuple[str, runner.Models]:
-        delta, _ = amp.free_delta(deltas, flops_target)
+    def timed(self, amp: AmpSeed) -> tuple[str, runner.Models]:
+        delta, _ = amp.free_delta(self.deltas, self.flops_target)
         return f"{AMP_CACHE}/latency-dE{delta:g}.json", amp.free_models(delta)
 
-    return runner.Table(
-        rows=rows,
-        pieces=pieces,
-        markdown=markdown,
-        output="amp",
-        record=f"{AMP_CACHE}/results.json",
-        logits=f"{AMP_CACHE}/logits",
-        summarize=summarize,
-        timed=timed,
-        latency_batch=LATENCY_BATCH,
-    )
+
+def _row(model: Callable[[AmpSeed], nn.Module]) -> runner.Build:
+    """A row: `model(amp)` of the seed's pieces, with its heads and MLP neurons as the tables label them."""
+
+    def build(amp: AmpSeed) -> Built:
+        built = model(amp)
+        sizes = [len(k) for k in kept_neurons(built).values()]
+        heads = f"{amp.suite.shape['heads']}; MLP {sum(sizes)}/{sum(amp.suite.shape['widths'])}"
+        return Built(built, {"heads": heads, "mlp_sizes": sizes})
+
+    return build
+
+
+def _recovered(name: str, pruned: Callable[[AmpSeed], nn.Module], amp: AmpSeed) -> nn.Module:
+    """The row `name`'s model `pruned` of `amp`, recovered (`AmpSeed.recovered`)."""
+    return amp.recovered(_slug(name), lambda: pruned(amp))
 
 
 def free_predictors(
@@ -409,10 +415,18 @@ def experiment(
     """`table` run for every seed; writes amp.md and amp.json to `out_dir`. The free table's latency is timed on
     the models of `latency_seeds` (default: the first seed; timing needs the models, which a machine with only the
     records trains again), each seed's rows interleaved."""
-    amp = table(deltas, flops_target, recovery, pruning_examples, tables, progress)
+    amp = AmpTable(deltas, flops_target, recovery, pruning_examples, tables, progress).table()
     repeats = latency_repeats if "free" in tables else 0
     return runner.run(
-        task, amp, seeds, out_dir, cache_dir, command, None, repeats, progress, latency_seeds=latency_seeds
+        task,
+        amp,
+        seeds,
+        out_dir,
+        cache_dir,
+        command=command,
+        latency_repeats=repeats,
+        progress=progress,
+        latency_seeds=latency_seeds,
     )
 
 
@@ -478,15 +492,16 @@ def compute_note(summary: dict) -> str:
 
 def latency_note(summary: dict) -> str:
     """Which seeds' models the free table's latency column timed, how, when and where."""
-    timed = summary["latency_per_seed"]
-    where = "; ".join(sorted({f"{t['timed']['date']} on {t['timed']['machine']}" for t in timed.values()}))
+    timed, when = summary["latency_per_seed"], summary["latency_timed"]
+    whens = when.values() if len(timed) > 1 else [when]  # {seed: when} when several seeds were timed
+    where = "; ".join(sorted({f"{t['date']} on {t['machine']}" for t in whens}))
     batch = f"one batch of {summary['latency_batch']} test examples"
     if len(timed) == 1:
         seed = next(iter(timed))
         return f"Latency: seed {seed}'s models on {batch}, timed interleaved (median and range over rounds), {where}."
     per_seed = "; ".join(
         f"seed {seed}: " + ", ".join(f"{row} {format_latency(stats)}" for row, stats in rows.items() if row != "Single")
-        for seed, rows in ((seed, t["rows"]) for seed, t in timed.items())
+        for seed, rows in timed.items()
     )
     return (
         f"Latency: each seed's models on {batch}, timed interleaved; the column is the mean ± std over seeds "

@@ -218,10 +218,12 @@ def benchmark_seed(
 ) -> dict[str, dict]:
     """One seed: Single, each teacher of `TEACHERS` (the suite's rows, from its cache), its KD student and its
     Hydra student (body: the first L - head_layers layers, run once). Trained students are cached."""
-    predictors = {"Single": runner.predictor(task, suite.TABLE, seed, cache, "Single", progress)}
+    predictors = {"Single": runner.predictor(task, suite.TABLE, seed, cache, row="Single", progress=progress)}
     temperature: dict[str, float] = {}
     for teacher_row in TEACHERS:
-        teacher = predictors[teacher_row] = runner.predictor(task, suite.TABLE, seed, cache, teacher_row, progress)
+        teacher = predictors[teacher_row] = runner.predictor(
+            task, suite.TABLE, seed, cache, row=teacher_row, progress=progress
+        )
         slug = "".join(c for c in teacher_row.lower().replace(" ", "-") if c not in "()")
         students = distil_both(
             teacher,

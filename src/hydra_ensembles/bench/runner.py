@@ -1,24 +1,27 @@
 """The benchmark's one loop: for each seed, for each row of a `Table`, skip what the seed's records hold, else build,
 measure, keep the logits and record (`evaluation.compare`); then aggregate over seeds, time the rows and render.
 
-- A task (`tasks.Task`, `zero_shot.ZeroShotTask`) gives `name`, `fingerprint()`, `test`, `near`, `far`, `notes`.
-- A `Table` declares its rows as data: `rows` maps a row name to `build(pieces) -> compare.Built`, where `pieces`
-  is what `Table.pieces(SeedRun)` returns for the seed: the trained models, scores and circuits its rows share.
-  `pieces` is called only when a row is not recorded yet, so a table renders from its records without a model.
-  Rows that depend on the seed (AMP's: named by the delta-E the seed's cost rule picks) are `rows(pieces) ->
-  {name: build}`: such a table's pieces are made for every seed, so they must be cheap until a model is asked for.
+- A task (`BenchTask`: `tasks.Task`, `zero_shot.ZeroShotTask`) gives `name`, `fingerprint()`, `test`, `near`, `far`,
+  `notes`.
+- A `Table` declares its rows as data: `rows(pieces)` maps a row name to `build(pieces()) -> compare.Built`, where
+  `pieces()` makes, on first call, what `Table.pieces(SeedRun)` returns for the seed: the trained models, scores and
+  circuits its rows share. `pieces()` is called only when a row is not recorded yet, so a table renders from its
+  records without a model. Most tables' rows do not depend on the seed (`fixed(rows)` never calls `pieces`); AMP's
+  are named by the delta-E the seed's cost rule picks, so its pieces are made for every seed and must be cheap until
+  a model is asked for.
 - `SeedRun(task, seed, cache, progress, base)`: `cache` is the seed's directory (`seed_dir`:
   `<cache_dir>/<task>-<fingerprint>/seed<k>/`); `base`, if given, builds the model every row starts from instead
   of the task's (e.g. AMP's pruned single model; `cache` is then that base's own directory).
-- Records, in the seed's directory: `Table.record` ({row: metrics, params, flops, the row's `Built.recorded`,
+- Records, in the seed's directory: `Table.record` ({row: metrics, params, flops, the row's `Built.extra`,
   `_seconds`, `_measured` {machine, date}}), member logits in `Table.logits/<row>.pt`, and, in each timed seed's
   (`latency_seeds`, default the first), `latency.json` (`records.recorded_latency`: rows timed interleaved once,
   read back after; `Table.timed(pieces)` names another record and set of models).
 - Rendering: `run` builds the summary (`run_record`, the task's notes and those of models rebuilt differently
   (`records.rebuilt_notes`), rows aggregated over seeds, `per_seed`, `measured_on`, latency, times), adds
   `Table.summarize(task, summary, seed_dirs)` (which may replace any of these: AMP's holds several tables),
-  the latency over the timed seeds, writes `<out>/<Table.output>.json`, `Table.markdown(summary)` as `.md`, and
-  calls `Table.figures(task, summary, first seed's dir, out)`. Render again by running again: recorded
+  the latency over the timed seeds (`latency`; `latency_per_seed` {seed: rows}; `latency_timed`: when and where,
+  {seed: that} when several seeds were timed), writes `<out>/<Table.output>.json`, `Table.markdown(summary)` as
+  `.md`, and calls `Table.figures(task, summary, first seed's dir, out)`. Render again by running again: recorded
   rows are read back in the table's order (the json's keys are sorted).
 """
 
@@ -30,11 +33,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from torch import nn
 
-from ..data.loaders import rebatch
+from ..data.loaders import Batch, rebatch
 from ..evaluation.compare import Built, Data, compare, machine, time_rows
 from ..evaluation.tables import aggregate, latency_over_seeds
 from ..io import write_json_atomic
@@ -42,7 +45,20 @@ from ..version import __version__
 from .records import rebuilt_notes, recorded_latency
 
 Build = Callable[[Any], Built]
+Rows = Callable[[Callable[[], Any]], Mapping[str, Build]]  # (the seed's pieces, made on call) -> {row: build}
 Models = Mapping[str, Callable[[], nn.Module]]
+
+
+class BenchTask(Protocol):
+    """What the runner reads of a task: its name and cache key, its data and the notes its tables carry."""
+
+    name: str
+    test: list[Batch]
+    near: Mapping[str, list[Batch]]
+    far: Mapping[str, list[Batch]]
+    notes: list[str]
+
+    def fingerprint(self) -> str: ...
 
 
 @dataclass
@@ -50,7 +66,7 @@ class SeedRun:
     """What a table's `pieces` are built from: one seed of one task, its cache directory, and the model the rows
     start from when not the task's (`base`)."""
 
-    task: Any
+    task: BenchTask
     seed: int
     cache: Path
     progress: bool = True
@@ -61,7 +77,7 @@ class SeedRun:
 class Table:
     """A table's rows as data and how it renders; see the module docstring."""
 
-    rows: Mapping[str, Build] | Callable[[Any], Mapping[str, Build]]  # or per seed, from its pieces
+    rows: Rows
     pieces: Callable[[SeedRun], Any]
     markdown: Callable[[dict], str]
     default: Sequence[str] | None = None  # the rows run when none are named (default: all)
@@ -69,17 +85,14 @@ class Table:
     output: str = "table"
     record: str = "results.json"
     logits: str = "logits"
-    summarize: Callable[[Any, dict, dict[int, Path]], dict] = lambda task, summary, seed_dirs: {}
-    figures: Callable[[Any, dict, Path, Path], None] | None = None
+    summarize: Callable[[BenchTask, dict, dict[int, Path]], dict] = lambda task, summary, seed_dirs: {}
+    figures: Callable[[BenchTask, dict, Path, Path], None] | None = None
     timed: Callable[[Any], tuple[str, Models]] | None = None  # (latency record, models) of a seed; default: rows
     latency_batch: int | None = None  # examples timed; default: the first test batch
 
-    def check(self, rows: Sequence[str] | None, known: Mapping[str, Build] | None = None) -> list[str] | None:
-        """`rows` (default: `default`) in the order of the table's rows (`known` for one seed's), refusing an
-        unknown row by name; None for rows that depend on the seed, until `known`."""
-        known = self.rows if known is None else known
-        if not isinstance(known, Mapping):
-            return None if rows is None else list(rows)
+    def ordered_rows(self, rows: Sequence[str] | None, known: Mapping[str, Build]) -> list[str]:
+        """`rows` (default: `default`, else all) in the order of the seed's rows `known`, refusing an unknown row
+        by name."""
         rows = list(self.default or known) if rows is None else list(rows)
         unknown = [row for row in rows if row not in known]
         if unknown:
@@ -88,22 +101,24 @@ class Table:
             raise ValueError(f"rows must include {self.first!r}: every cost ratio is relative to it.")
         return [row for row in known if row in rows]
 
-    def known(self, pieces: Callable[[], Any]) -> Mapping[str, Build]:
-        """The rows of the seed whose `pieces` these are."""
-        return self.rows if isinstance(self.rows, Mapping) else self.rows(pieces())
+
+def fixed(rows: Mapping[str, Build]) -> Rows:
+    """The rows of a table whose rows are the same for every seed: its pieces are not made to name them."""
+    return lambda pieces: rows
 
 
-def seed_dir(cache_dir: str | os.PathLike, task: Any, seed: int) -> Path:
+def seed_dir(cache_dir: str | os.PathLike, task: BenchTask, seed: int) -> Path:
     """The cache directory of one seed of `task`: keyed by its fingerprint, so a changed recipe starts afresh."""
     return Path(cache_dir) / f"{task.name}-{task.fingerprint()}" / f"seed{seed}"
 
 
 def run(
-    task: Any,
+    task: BenchTask,
     table: Table,
     seeds: Sequence[int],
     out_dir: str | os.PathLike,
     cache_dir: str | os.PathLike,
+    *,
     command: str = "",
     rows: Sequence[str] | None = None,
     latency_repeats: int = 7,
@@ -115,12 +130,12 @@ def run(
     to the first row is timed on the models of `latency_seeds` (default: the first seed), every row interleaved
     with the others over `latency_repeats` rounds on one test batch (0: not timed), and recorded; over several
     seeds, the column is the mean ± std of each seed's median."""
-    started, rows, out_dir = time.perf_counter(), table.check(rows), Path(out_dir)
+    started, out_dir = time.perf_counter(), Path(out_dir)
     latency_seeds = list(seeds[:1] if latency_seeds is None else latency_seeds)
     if not latency_seeds or not set(latency_seeds) <= set(seeds):
         raise ValueError(f"latency_seeds must be some of the seeds {list(seeds)}, got {latency_seeds}.")
     seed_dirs = {seed: seed_dir(cache_dir, task, seed) for seed in seeds}
-    per_seed = {seed: run_seed(task, table, seed, seed_dirs[seed], rows, progress, base) for seed in seeds}
+    per_seed = {s: run_seed(task, table, s, seed_dirs[s], rows=rows, progress=progress, base=base) for s in seeds}
     summary = run_record(task.name, command, seeds) | {
         "task_fingerprint": task.fingerprint(),
         "notes": [*task.notes, *(n for seed, folder in seed_dirs.items() for n in rebuilt_notes(seed, folder))],
@@ -133,10 +148,12 @@ def run(
     summary |= table.summarize(task, summary, seed_dirs)
     if latency_repeats:
         batch = rebatch(task.test, table.latency_batch)[0] if table.latency_batch else task.test[0]
-        timed = {s: _latency(task, table, s, seed_dirs[s], rows, latency_repeats, base, batch) for s in latency_seeds}
-        summary["latency"] = latency_over_seeds({seed: latency for seed, (latency, _) in timed.items()})
-        summary["latency_timed"] = timed[latency_seeds[0]][1]
-        summary["latency_per_seed"] = {seed: {"rows": stats, "timed": when} for seed, (stats, when) in timed.items()}
+        runs = {s: SeedRun(task, s, seed_dirs[s], False, base) for s in latency_seeds}
+        timed = {s: _latency(table, run, rows, latency_repeats, batch) for s, run in runs.items()}
+        summary["latency_per_seed"] = {seed: stats for seed, (stats, _) in timed.items()}
+        summary["latency"] = latency_over_seeds(summary["latency_per_seed"])
+        at = {seed: when for seed, (_, when) in timed.items()}  # {date, machine}; one seed's alone (the suite's)
+        summary["latency_timed"] = at if len(at) > 1 else at[latency_seeds[0]]
         summary["latency_batch"] = len(next(iter(batch.values())))
     summary["wall_time_s"] = round(time.perf_counter() - started, 1)
     write_json_atomic(out_dir / f"{table.output}.json", summary)
@@ -147,59 +164,63 @@ def run(
 
 
 def run_seed(
-    task: Any,
+    task: BenchTask,
     table: Table,
     seed: int,
     cache: Path,
+    *,
     rows: Sequence[str] | None = None,
     progress: bool = True,
     base: Callable[[], nn.Module] | None = None,
 ) -> dict[str, dict]:
     """{row: result} of one seed, in the table's order: recorded rows read back, the others built and measured."""
+    pieces = _pieces(table, SeedRun(task, seed, cache, progress, base))
+    known = table.rows(pieces)
+    builds = {row: (lambda row=row: known[row](pieces())) for row in table.ordered_rows(rows, known)}
     cache.mkdir(parents=True, exist_ok=True)
-    pieces = _pieces(task, table, seed, cache, progress, base)
-    known = table.known(pieces)
-    builds = {row: (lambda row=row: known[row](pieces())) for row in table.check(rows, known)}
     return compare(builds, Data(task.test, task.near, task.far), cache / table.record, cache / table.logits)
 
 
 def predictor(
-    task: Any,
+    task: BenchTask,
     table: Table,
     seed: int,
     cache: Path,
+    *,
     row: str,
     progress: bool = True,
     base: Callable[[], nn.Module] | None = None,
 ) -> nn.Module:
     """The predictor of one row for one seed, from (or into) the seed's cache: what other experiments build on
     (e.g. the teachers that distillation compresses)."""
+    pieces = _pieces(table, SeedRun(task, seed, cache, progress, base))
+    known = table.rows(pieces)
+    table.ordered_rows([row, table.first], known)
     cache.mkdir(parents=True, exist_ok=True)
-    pieces = _pieces(task, table, seed, cache, progress, base)
-    known = table.known(pieces)
-    table.check([row, table.first], known)
     return known[row](pieces()).predictor
 
 
-def _pieces(task, table, seed, cache, progress, base) -> Callable[[], Any]:
+def _pieces(table: Table, run: SeedRun) -> Callable[[], Any]:
     """The seed's pieces, made on first use: a seed whose rows are all recorded loads nothing."""
-    return functools.cache(lambda: table.pieces(SeedRun(task, seed, cache, progress, base)))
+    return functools.cache(lambda: table.pieces(run))
 
 
-def _latency(task, table, seed, cache, rows, repeats, base, batch) -> tuple[dict[str, dict], dict]:
-    """`recorded_latency` of one seed's timed models: `Table.timed`'s, or its rows' in `latency.json`."""
-    pieces = _pieces(task, table, seed, cache, False, base)
+def _latency(
+    table: Table, run: SeedRun, rows: Sequence[str] | None, repeats: int, batch: Batch
+) -> tuple[dict[str, dict], dict]:
+    """`recorded_latency` of one seed's timed models (`run`): `Table.timed`'s, or its rows' in `latency.json`."""
+    pieces = _pieces(table, run)
     if table.timed is not None:
         record, models = table.timed(pieces())
     else:
-        known = table.known(pieces)
+        known = table.rows(pieces)
         record = "latency.json"
-        models = {row: (lambda row=row: known[row](pieces()).predictor) for row in table.check(rows, known)}
+        models = {row: (lambda row=row: known[row](pieces()).predictor) for row in table.ordered_rows(rows, known)}
 
     def time_now() -> dict[str, dict]:
         return time_rows({row: model() for row, model in models.items()}, dict.fromkeys(models, batch), repeats)
 
-    return recorded_latency(cache / record, list(models), time_now)
+    return recorded_latency(run.cache / record, list(models), time_now)
 
 
 def run_record(task: str, command: str, seeds: Sequence[int]) -> dict:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -29,7 +30,7 @@ from ..evaluation.tables import COLUMNS, CONVENTIONS, mean_std, per_set_lines, r
 from ..fusion import HydraEnsemble
 from ..importance import Circuit, extract_circuit, taylor_head_scores
 from ..io import read_json_record, torch_save_atomic, write_json_atomic
-from ..members import build_members, sample_members
+from ..members import build_members, head_map_overlap, sample_members
 from ..outputs import collect_member_logits, labels_of
 from ..predictors import (
     DeepEnsemble,
@@ -156,6 +157,7 @@ class Pieces:
                 method=task.circuit_method,
                 top=task.circuit_top,
                 precision=task.circuit_precision,
+                tie_break=task.circuit_tie_break,
                 state_path=state,
                 progress=self.progress,
             )
@@ -253,9 +255,7 @@ def _hydra_taylor(p: Pieces, mlp: str) -> Built:
         p.taylor_scores(), num_members=task.members, budget=task.prune_per_layer, pool=task.taylor_pool, seed=p.seed
     )
     heads = f"{p.heads - task.prune_per_layer}x{task.members}"
-    return _fused(
-        p.fine_tuned_members("hydra-taylor", head_maps), mlp, {"heads": heads, "head_maps": _recorded(head_maps)}
-    )
+    return _fused(p.fine_tuned_members("hydra-taylor", head_maps), mlp, {"heads": heads, **_members(head_maps, p)})
 
 
 def _hydra_circ(p: Pieces, mlp: str, fine_tune: bool = True) -> Built:
@@ -263,7 +263,7 @@ def _hydra_circ(p: Pieces, mlp: str, fine_tune: bool = True) -> Built:
     budget = task.prune_per_layer * p.layers
     head_maps = sample_members(circuit, num_members=task.members, budget=budget, pool=task.circuit_pool, seed=p.seed)
     heads = f"{p.heads - task.prune_per_layer}x{task.members} (avg)"
-    recorded = {"heads": heads, "head_maps": _recorded(head_maps), "circuit_search": _search(circuit)}
+    recorded = {"heads": heads, **_members(head_maps, p), "circuit_search": _search(circuit)}
     return _fused(p.fine_tuned_members("hydra-circ", head_maps, fine_tune), mlp, recorded)
 
 
@@ -300,6 +300,11 @@ def _search(circuit: Circuit) -> str:
     """How a circuit was ranked, as the tables say it: the search, why it is an approximation, and its ties."""
     said = circuit.search + (f" ({circuit.note})" if circuit.note else "")
     return said + (f" — {circuit.tie_note()}" if circuit.tie_note() else "")
+
+
+def _members(head_maps: Sequence[Mapping[int, Sequence[int]]], p: Pieces) -> dict:
+    """What a Hydra row records of its members: their head maps and the mean pairwise Jaccard of their pruned heads."""
+    return {"head_maps": _recorded(head_maps), "overlap": head_map_overlap(head_maps, p.heads).mean}
 
 
 def _recorded(head_maps: Sequence[Mapping[int, Sequence[int]]]) -> list[dict[str, list[int]]]:
@@ -358,6 +363,28 @@ def disagreement_lines(rows: Mapping[str, dict]) -> list[str]:
     return ["", said, "", *render(header, body, "markdown")] if pairs else []
 
 
+def members_lines(summary: dict) -> list[str]:
+    """Each Hydra row's members, mean over seeds: the overlap of their pruned heads, their disagreement and mutual
+    information on the test set. Only rows that recorded their overlap (none recorded before it was): older tables
+    render as they were."""
+    body = []
+    for row, stats in summary["rows"].items():
+        ran = [results[row] for results in summary["per_seed"].values() if row in results]
+        overlaps = [result["overlap"] for result in ran if "overlap" in result]
+        if not overlaps:
+            continue
+        partly = f" ({len(overlaps)} of {len(ran)} seeds)" if len(overlaps) < len(ran) else ""
+        disagreement, mi = stats.get("id.disagreement"), stats.get("id.mi")
+        measured = [f"{100 * disagreement['mean']:.1f} %" if disagreement else "–", f"{mi['mean']:.4f}" if mi else "–"]
+        body.append([row, f"{statistics.fmean(overlaps):.2f}{partly}", *measured])
+    said = (
+        "Members of each Hydra row (mean over seeds): overlap, the mean pairwise Jaccard index of the heads they prune "
+        "(1: identical members, 0: no head pruned by two); disagreement, the fraction of member pairs whose top-1 "
+        "classes differ on the test set; MI, the mean mutual information (nats):"
+    )
+    return ["", said, "", *render(["Hydra row", "overlap", "disagreement", "MI"], body, "markdown")] if body else []
+
+
 def measured_on_lines(summary: dict) -> list[str]:
     """Where the rows were measured, when that is not only the machine of this run."""
     machines = summary.get("measured_on", {})
@@ -396,11 +423,11 @@ def markdown(summary: dict) -> str:
         lines.append(f"- Circuit search (CircAvg ranking): {searches}.")
     lines += ["", "Per OOD set (AUROC %, mean over seeds):", ""]
     lines += per_set_lines(summary["per_seed"], summary.get("ood_sets"))
-    return "\n".join(lines + disagreement_lines(summary["rows"])) + "\n"
+    return "\n".join(lines + disagreement_lines(summary["rows"]) + members_lines(summary)) + "\n"
 
 
 TABLE = Table(
-    rows=BUILDS,
+    rows=runner.fixed(BUILDS),
     pieces=Pieces,
     markdown=markdown,
     default=ROWS,
@@ -430,7 +457,7 @@ def head_sweep(
                 tuned = partial(pruned, budget=budget, fine_tune=stage == "fine-tuned")
                 rows[f"{method}, {budget} pruned/layer, {stage}"] = partial(_sweep_row, tuned, budget)
     table = Table(
-        rows=rows,
+        rows=runner.fixed(rows),
         pieces=Pieces,
         markdown=sweep_markdown,
         output="sweep",
@@ -442,7 +469,7 @@ def head_sweep(
         },
         figures=lambda task, summary, seed_cache, out: plots.sweep_figure(summary, out / "head_sweep.png"),
     )
-    return runner.run(task, table, seeds, out_dir, cache_dir, command, latency_repeats=0, progress=progress)
+    return runner.run(task, table, seeds, out_dir, cache_dir, command=command, latency_repeats=0, progress=progress)
 
 
 def _sweep_row(pruned: Callable[[Pieces], nn.Module], budget: int, p: Pieces) -> Built:

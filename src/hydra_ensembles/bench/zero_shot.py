@@ -22,7 +22,7 @@ from ..members import sample_members
 from ..outputs import collect_member_logits, labels_of
 from ..predictors import TemperatureScaled, TwoTowerModel, fit_temperature, zero_shot_ensemble
 from ..predictors.clip_zero_shot import prompt_batches
-from .runner import SeedRun, Table
+from .runner import SeedRun, Table, fixed
 
 Batches = list[dict[str, Tensor]]
 
@@ -69,12 +69,13 @@ def _batch_shapes(batches: Batches) -> tuple:
 
 
 class _Pieces:
-    """The model, its tokenizer, Taylor scores and circuits: shared by all seeds, cached beside their folders."""
+    """The model, its tokenizer, Taylor scores and circuits: shared by all seeds, cached in the task's directory
+    (`task_dir`, the seeds' folders' parent)."""
 
     def __init__(self, run: SeedRun):
-        self.task, self.seed, self.cache, self.progress = run.task, run.seed, run.cache.parent, run.progress
-        self.model = self.task.two_tower(self.cache / "two_tower", self.progress)
-        self.tokenizer = self.task.tokenizer(self.cache / "two_tower")
+        self.task, self.seed, self.task_dir, self.progress = run.task, run.seed, run.cache.parent, run.progress
+        self.model = self.task.two_tower(self.task_dir / "two_tower", self.progress)
+        self.tokenizer = self.task.tokenizer(self.task_dir / "two_tower")
 
     def ensemble(self, image_maps=None, text_maps=None) -> nn.Module:
         task = self.task
@@ -88,7 +89,7 @@ class _Pieces:
         """`members` members, each pruning `taylor_per_layer` heads per image layer drawn from the `pool` least
         useful by sequential Taylor scores of the zero-shot cross-entropy (image tower only: the towers' scores
         differ in scale, §C.3)."""
-        path, per_layer = self.cache / "taylor_scores_sequential.pt", self.task.taylor_per_layer
+        path, per_layer = self.task_dir / "taylor_scores_sequential.pt", self.task.taylor_per_layer
         if not path.exists():
             image, readout = self.model.image.encoder, self.ensemble().readout()
             scores = taylor_head_scores(
@@ -106,7 +107,7 @@ class _Pieces:
     def circuit(self, towers: Sequence[str]) -> JointCircuit:
         """The exact joint circuit (S_avg, §D.3) of `towers`, its first `pool` heads ranked."""
         name, task = "circuit_" + "_".join(towers), self.task
-        if not (self.cache / f"{name}.json").exists():
+        if not (self.task_dir / f"{name}.json").exists():
             prompts = prompt_batches(self.tokenizer, task.classes, task.templates, self.model.text)
             circuit = extract_joint_circuit(
                 self.model,
@@ -117,11 +118,12 @@ class _Pieces:
                 "avg",
                 task.pool,
                 towers=towers,
-                state_path=self.cache / f"{name}_state.json",
+                tie_break="order",  # the rule its recorded circuits were ranked by
+                state_path=self.task_dir / f"{name}_state.json",
                 progress=self.progress,
             )
-            circuit.save(self.cache / f"{name}.json")
-        return JointCircuit.load(self.cache / f"{name}.json")
+            circuit.save(self.task_dir / f"{name}.json")
+        return JointCircuit.load(self.task_dir / f"{name}.json")
 
     def circ_avg(self) -> nn.Module:
         maps = self.circuit(("image", "text")).head_maps(self.task.budget)
@@ -235,4 +237,4 @@ def fmnist_task(size: str = "full") -> ZeroShotTask:
 
 
 TASKS = {"zero-shot": fmnist_task}
-TABLE = Table(rows={row: _row(build) for row, build in ROWS.items()}, pieces=_Pieces, markdown=markdown)
+TABLE = Table(rows=fixed({row: _row(build) for row, build in ROWS.items()}), pieces=_Pieces, markdown=markdown)

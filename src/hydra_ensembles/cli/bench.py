@@ -141,7 +141,9 @@ def run(args: argparse.Namespace) -> int:
             print((out / "sweep.md").read_text())
             print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
             return 0
-        summary = runner.run(task, suite.TABLE, seeds, out, cache, command, args.rows, progress=not args.quiet)
+        summary = runner.run(
+            task, suite.TABLE, seeds, out, cache, command=command, rows=args.rows, progress=not args.quiet
+        )
     print((out / "table.md").read_text())
     print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
     return 0
@@ -259,7 +261,7 @@ def _zero_shot(args: argparse.Namespace) -> int:
     out = args.out or Path("benchmarks") / "results" / (args.task + ("-quick" if args.quick else ""))
     cache = (args.cache or cache_dir() / "bench") / ("quick" if args.quick else "full")
     command = "hydra-ens " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    summary = runner.run(task, zero_shot.TABLE, seeds, out, cache, command, progress=not args.quiet)
+    summary = runner.run(task, zero_shot.TABLE, seeds, out, cache, command=command, progress=not args.quiet)
     print((out / "table.md").read_text())
     print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
     return 0

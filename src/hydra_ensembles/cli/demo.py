@@ -60,11 +60,15 @@ def run(args: argparse.Namespace) -> int:
     )
     task = text_task(args.size, args.model)
     cache = args.cache or cache_dir() / "demo"
-    summary = runner.run(task, suite.TABLE, [0], args.out, cache, "hydra-ens demo", args.rows, progress=not args.quiet)
+    summary = runner.run(
+        task, suite.TABLE, [0], args.out, cache, command="hydra-ens demo", rows=args.rows, progress=not args.quiet
+    )
     (args.out / "README.md").write_text(report_readme(summary))
     print()
     print(terminal_table(summary["rows"], summary.get("latency")))
     print()
+    for search in summary.get("circuit_search", {}).values():  # how many removals the data left undecided
+        print(f"Hydra (Circ)'s circuit: {search}")
     print(f"Report: {args.out}/README.md (table.md, reliability.png, ood_scores.png, head_importance.png)")
     print(f"Wall time: {time.perf_counter() - started:.0f} s (trained models cached in {cache})")
     return 0

@@ -79,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     built = _built(args, models, sets)
     builds = {name: (lambda name=name: built[name]) for name in built}
-    results = compare(builds, None, out.path / "results.json", out.path / "logits", progress=not args.quiet)
+    results = compare(
+        builds, None, out.path / "results.json", out.path / "logits", progress=not args.quiet, require_logits=True
+    )
     logits = {name: torch.load(row_file(out.path / "logits", name)) for name in results}
     labels = labels_of(next(iter(built.values())).data.test)
     latency = None

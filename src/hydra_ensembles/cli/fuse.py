@@ -5,22 +5,36 @@ for members pruned from one model and not fine-tuned, an approximation for membe
 needs --data to measure how far the fused model is from its members. --mlp stack keeps each member's own
 (exactly the members run one by one). Writes <out>/ensemble/ (hydra_config.json + model.safetensors + the
 preprocessor files), which every later step takes as --model.
+
+--finetune-train fuses first and then fine-tunes the fused ensemble as one module (paper 000, Fig. 1): each
+member's cross-entropy on its own logits, summed, so the merged MLP, norms and embeddings are trained for all
+members at once and each member's heads and classifier for it alone. Give it the pruned members (from `members`,
+not fine-tuned): they share their MLPs exactly, so the fused model is exact before training and stays an exact
+ensemble of its members after. A checkpoint is written every epoch under <out>/checkpoints/: run the same
+command again to resume.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 
 from ..cost import count_parameters
 from ..fusion import HydraEnsemble, fusion_deviation
-from ..predictors import copy_preprocessor
+from ..predictors import copy_preprocessor, load_preprocessor
 from ..pruning import load_model
+from ..training import AUGMENTATIONS, TrainConfig, finetune_fused
+from ..training.recipes import MONITORS, PRECISIONS
 from .common import CommandError, add_data_options, data_settings, read_data
+from .finetune import RECIPES, kept_epoch_line
 from .members import member_dirs
-from .step import add_output_options, fingerprint_path, start_step
+from .step import Output, add_output_options, fingerprint_path, start_step
 
 EXAMPLE = """hydra-ens fuse --members members-tuned --data val.csv --out hydra      # merged MLP, deviation measured
-hydra-ens fuse --members members-tuned --mlp stack --out hydra-stack     # each member's own MLP: exact"""
+hydra-ens fuse --members members-tuned --mlp stack --out hydra-stack     # each member's own MLP: exact
+hydra-ens fuse --members members --finetune-train train.csv --finetune-val val.csv --out hydra  # fuse, then tune"""
+# the fine-tuning flags whose default is the recipe's (None: not given)
+RECIPE_FLAGS = ("epochs", "lr", "monitor", "patience", "precision", "augment")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,8 +54,64 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allow-identical", action="store_true", help="fuse identical members (refused by default: no diversity)"
     )
+    add_finetune_options(parser)
     add_output_options(parser)
     add_data_options(parser)
+
+
+def _recipe_defaults(field: str) -> str:
+    return ", ".join(f"{kind} {getattr(recipe, field)}" for kind, recipe in sorted(RECIPES.items()))
+
+
+def add_finetune_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "fine-tune the fused ensemble as one module (each member's cross-entropy summed; give pruned members)"
+    )
+    group.add_argument("--finetune-train", metavar="FILE", help="labelled training data: fine-tune after fusing")
+    group.add_argument(
+        "--finetune-val",
+        metavar="FILE",
+        help="labelled validation data: keeps the ensemble's best epoch (see --monitor), stops after --patience",
+    )
+    group.add_argument("--recipe", choices=sorted(RECIPES), help="default: by what the model reads (text or image)")
+    group.add_argument("--epochs", type=int, help=f"default: the recipe's ({_recipe_defaults('epochs')})")
+    group.add_argument("--lr", type=float, help=f"default: the recipe's ({_recipe_defaults('lr')})")
+    group.add_argument(
+        "--monitor",
+        choices=MONITORS,
+        help=f"with --finetune-val, what picks the kept epoch, on the ensemble's probabilities: acc, acc_nll (ties "
+        f"to the lower NLL), nll (default: the recipe's: {_recipe_defaults('monitor')})",
+    )
+    group.add_argument(
+        "--patience",
+        type=int,
+        help=f"with --finetune-val, stop after this many epochs without improvement (default: the recipe's: "
+        f"{_recipe_defaults('patience')}; None: run every epoch)",
+    )
+    group.add_argument("--precision", choices=PRECISIONS, help="bf16: mixed precision (default: fp32)")
+    group.add_argument(
+        "--augment",
+        choices=sorted(AUGMENTATIONS),
+        help="images: augment every training batch (crop_flip: random resized crop, area 8-100%%, aspect 3/4-4/3, "
+        "and horizontal flip; default: none)",
+    )
+    group.add_argument("--seed", type=int, default=0, help="batch order and augmentation seed (default: 0)")
+
+
+def finetune_recipe(args: argparse.Namespace, kind: str) -> TrainConfig:
+    """The recipe for the fused ensemble: `--recipe` (default: by `kind`) with the flags given."""
+    recipe = RECIPES[args.recipe or kind]
+    overrides = {name: getattr(args, name) for name in RECIPE_FLAGS if getattr(args, name) is not None}
+    recipe = recipe.with_(**overrides, seed=args.seed)
+    return recipe if args.finetune_val else recipe.with_(patience=None)  # early stopping needs validation data
+
+
+def check_finetune_flags(args: argparse.Namespace, kind: str) -> None:
+    given = [f"--{name}" for name in ("finetune_val", "recipe", *RECIPE_FLAGS) if getattr(args, name) is not None]
+    if given and not args.finetune_train:
+        raise CommandError(f"{', '.join(given)} set(s) how to fine-tune the fused ensemble: add --finetune-train FILE.")
+    if args.augment and (args.recipe or kind) != "image":
+        raise CommandError(f"--augment {args.augment} transforms images; these members read {kind}: leave it out.")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,6 +124,15 @@ def run(args: argparse.Namespace) -> int:
         "allow_identical": args.allow_identical,
         **data_settings(args),
     }
+    kind, _ = load_preprocessor(dirs[0])
+    check_finetune_flags(args, kind)
+    recipe = finetune_recipe(args, kind) if args.finetune_train else None
+    if recipe is not None:  # only then: a plain fuse keeps the settings (and the finished outputs) it had
+        settings["finetune"] = {
+            "train": fingerprint_path(args.finetune_train, "--finetune-train"),
+            "val": fingerprint_path(args.finetune_val, "--finetune-val") if args.finetune_val else None,
+            "recipe": recipe.key(),
+        }
     out = start_step(args, "fuse", settings, "ensemble")
     if out is None:
         return 0
@@ -74,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
     if args.data:
         data = read_data(args, args.data, dirs[0], members[0].config, labelled=False, flag="--data")
         deviation = fusion_deviation(ensemble, members, data.batches, max_examples=args.sample)
+    history = _finetune(args, out, ensemble, dirs[0], recipe) if recipe is not None else None
     target = out.path / "ensemble"
     ensemble.save_pretrained(target)
     copy_preprocessor(dirs[0], target)
@@ -85,12 +165,49 @@ def run(args: argparse.Namespace) -> int:
             "parameters": params,
             "averaged_tensors": len(ensemble.averaged),
             "deviation": deviation,
+            **({"finetune": history} if history is not None else {}),
         }
     )
     print(f"fused {len(members)} members ({args.mlp} MLPs, {params / 1e6:.2f} M parameters) -> {target}")
     print(f"  {ensemble.extra_repr()}")
-    print(f"  {describe(ensemble, deviation)}")
+    print(f"  {describe(ensemble, deviation)}" + (" (before fine-tuning)" if history is not None else ""))
     return 0
+
+
+def _finetune(args: argparse.Namespace, out: Output, ensemble: HydraEnsemble, model_dir, recipe: TrainConfig) -> dict:
+    """Fine-tune the fused ensemble as one module, in place; prints and returns its epochs and the kept one."""
+    if not ensemble.is_classifier:
+        raise CommandError(
+            "--finetune-train trains the members' classifiers, and these members have none (pruned from an "
+            "encoder): fine-tune the encoder into a classifier first (hydra-ens finetune), then prune members from it."
+        )
+    config = ensemble.model_config
+    train = read_data(args, args.finetune_train, model_dir, config, labelled=True, flag="--finetune-train").batches
+    val = None
+    if args.finetune_val:
+        val = read_data(args, args.finetune_val, model_dir, config, labelled=True, flag="--finetune-val").batches
+    checkpoints = out.path / "checkpoints"
+    if (checkpoints / "checkpoint.pt").exists():
+        print(f"resuming from {checkpoints}")
+    epochs = f"{recipe.epochs} epoch{'s' if recipe.epochs != 1 else ''}"
+    print(f"fine-tuning the fused ensemble as one module ({epochs}, lr {recipe.lr:g}, members' losses summed)")
+    try:
+        finetune_fused(
+            ensemble,
+            train,
+            recipe,
+            val_loader=val,
+            checkpoint_dir=checkpoints,
+            progress=not args.quiet,
+        )
+    except ValueError as error:
+        raise CommandError(f"--finetune-train: {error}") from None
+    for record in ensemble.training_history:
+        print("  " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
+    kept = kept_epoch_line(ensemble.training_history, ensemble.kept_epoch, recipe, val is not None)
+    print("  " + kept.replace("--val", "--finetune-val"))
+    shutil.rmtree(checkpoints, ignore_errors=True)
+    return {"epochs": ensemble.training_history, "kept_epoch": ensemble.kept_epoch}
 
 
 def describe(ensemble: HydraEnsemble, deviation: dict | None) -> str:

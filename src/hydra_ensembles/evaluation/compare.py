@@ -2,11 +2,12 @@
 benchmark table (`bench.runner`).
 
 A row is a name and a build function returning `Built`: the predictor, what its result records beside the metrics
-(e.g. its heads), and, if it reads the data its own way (its own tokenizer), its own `Data`. `compare` measures
-each row (`report.measure`), keeps its member logits (B, M, C) in `<logits>/<row>.pt` (`row_file`) and records its
-result in the `record` file as soon as it is measured, with the seconds it took and where and when it was
-measured (`_measured`). A row found in the record is not built again: an interrupted comparison resumes at the
-next row, and a table renders from its records without a model.
+(`extra`, e.g. its heads), and, if it reads the data its own way (its own tokenizer), its own `Data`. `compare`
+measures each row (`report.measure`), keeps its member logits (B, M, C) in `<logits_dir>/<row>.pt` (`row_file`) and
+records its result in the `record_path` file as soon as it is measured, with the seconds it took and where and when
+it was measured (`_measured`). A row found in the record is not built again (with `require_logits`, only if its
+logits are there too: `hydra-ens evaluate` plots them; benchmark records often travel without them): an interrupted
+comparison resumes at the next row, and a table renders from its records without a model.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from .report import measure
 
 @dataclass
 class Data:
-    """What rows are measured on: labelled test batches, and OOD sets by name (near, far, or neither: `ood`)."""
+    """What rows are measured on. A batch is a dict of tensors, the model's inputs with a batch dimension first
+    (`input_ids`, `attention_mask`, ... or `pixel_values`); the test batches also hold the labels, under "labels"
+    (B,). OOD sets, by name (near, far, or neither: `ood`), are unlabelled."""
 
     test: list[Batch]
     near: Mapping[str, list[Batch]] = field(default_factory=dict)
@@ -40,26 +43,29 @@ class Data:
 
 @dataclass
 class Built:
-    """A row's predictor, what its result records beside the metrics, and its own encoding of the data if any."""
+    """A row's predictor, what its result records beside the metrics (`extra`), and its own encoding of the data if
+    any."""
 
     predictor: nn.Module
-    recorded: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
     data: Data | None = None
 
 
 def compare(
     rows: Mapping[str, Callable[[], Built]],
     data: Data | None,
-    record: str | os.PathLike,
-    logits: str | os.PathLike,
+    record_path: str | os.PathLike,
+    logits_dir: str | os.PathLike,
     progress: bool = False,
+    *,
+    require_logits: bool = False,
 ) -> dict[str, dict]:
-    """{row: result} of every row, in order: read from `record` when recorded there, else built, measured and
-    recorded (`data`: the rows' data, unless a row brings its own). A result is `report.measure`'s, the row's
-    `Built.recorded`, `_seconds` and `_measured` ({machine, date})."""
-    results = read_json_record(record)
+    """{row: result} of every row, in order: read from `record_path` when recorded there (and, if `require_logits`,
+    its logits are in `logits_dir`), else built, measured and recorded (`data`: the rows' data, unless a row brings
+    its own). A result is `report.measure`'s, the row's `Built.extra`, `_seconds` and `_measured` ({machine, date})."""
+    results = read_json_record(record_path)
     for number, (name, build) in enumerate(rows.items(), start=1):
-        if name in results:
+        if name in results and (not require_logits or row_file(logits_dir, name).exists()):
             continue
         print(f"[{number}/{len(rows)}] {name}", flush=True)
         started = time.perf_counter()
@@ -67,10 +73,10 @@ def compare(
         on = built.data or data
         if on is None:
             raise ValueError(f"row {name!r} was given no data: pass `data` or build it with `Built(data=...)`.")
-        measured = measure(built.predictor, on.test, on.near, on.far, row_file(logits, name), on.ood, progress)
-        results[name] = measured | built.recorded | {"_seconds": round(time.perf_counter() - started, 1)}
+        measured = measure(built.predictor, on.test, on.near, on.far, row_file(logits_dir, name), on.ood, progress)
+        results[name] = measured | built.extra | {"_seconds": round(time.perf_counter() - started, 1)}
         results[name]["_measured"] = measured_here()
-        write_json_atomic(record, results)
+        write_json_atomic(record_path, results)
     return {name: results[name] for name in rows}
 
 
@@ -80,10 +86,10 @@ def time_rows(predictors: Mapping[str, nn.Module], batches: Mapping[str, Batch],
     return predictor_latency(predictors, batches, repeats)
 
 
-def row_file(folder: str | os.PathLike, row: str, suffix: str = ".pt") -> Path:
-    """The file in `folder` that holds what the row `row` saved (its logits): the row's name, with each "/" (as in
+def row_file(folder: str | os.PathLike, row: str) -> Path:
+    """The file in `folder` that holds the logits of the row `row`: the row's name, with each "/" (as in
     "pruned/layer") written " per " so that it stays one file."""
-    return Path(folder) / f"{row.replace('/', ' per ')}{suffix}"
+    return Path(folder) / f"{row.replace('/', ' per ')}.pt"
 
 
 def measured_here() -> dict[str, str]:

@@ -23,7 +23,7 @@ import torch
 import transformers
 from torch import Tensor, nn
 
-from ..adapters import Adapter, adapter_by_name, get_adapter
+from ..adapters import Adapter, Block, adapter_by_name, get_adapter
 from ..data.loaders import Batch, split_batch
 from ..io import reading_dir, save_dir_atomic, write_json_atomic
 from ..outputs import PredictorOutput
@@ -98,7 +98,8 @@ class HydraEnsemble(nn.Module):
             members: M >= 1 models of one class, pruned from one checkpoint, with the same classifier shape.
             mlp: "average" averages the members' MLPs, layer norms and embeddings (the paper's merged MLP; exact
                 when members share them, as zero-shot members do; an approximation once members were fine-tuned
-                apart: `ensemble.averaged` names what was averaged, `fusion_deviation` measures the effect);
+                apart: `ensemble.averaged` names what was averaged, `fusion_deviation` measures the effect; fusing
+                the pruned members and then fine-tuning the fused ensemble, `training.finetune_fused`, stays exact);
                 "stack" keeps each member's own (exact for separately fine-tuned members). Tensors identical
                 across members are stored once either way.
             allow_identical: fuse members with the same heads and weights (refused by default: no diversity).
@@ -158,6 +159,33 @@ class HydraEnsemble(nn.Module):
             self.averaged,
         )
         return grown.train(self.training)
+
+    def unfuse(self, templates: Sequence[nn.Module]) -> list[nn.Module]:
+        """The members this ensemble runs, as HF models: copies of `templates` (the pruned members it was fused
+        from, or any models of the same class pruned to the same heads: they give the structure) holding this
+        ensemble's weights, a tensor the members share in every copy and a member's own in its copy. The inverse
+        of `fuse`: each copy run alone gives its member's logits here (up to float rounding), also after the
+        fused ensemble was trained (`training.finetune_fused`), which is how a member is taken out of it."""
+        if len(templates) != self.num_members:
+            raise ValueError(f"the ensemble has {self.num_members} members, got {len(templates)} templates.")
+        members = []
+        for m, template in enumerate(templates):
+            if kept_heads(template) != self.head_maps[m]:
+                raise ValueError(
+                    f"template {m} keeps other heads than member {m} ({kept_heads(template)} vs "
+                    f"{self.head_maps[m]}): pass the pruned members the ensemble was fused from."
+                )
+            member = copy.deepcopy(template)
+            with torch.no_grad():
+                for layer, hf_layer in zip(self.layers, self.adapter.layers(member)):
+                    _write_block(layer, m, self.adapter.block(hf_layer))
+                state = dict(member.named_parameters()) | dict(member.named_buffers())
+                for name, tensor in self.outer.shared.tensors().items():
+                    state[name].copy_(tensor)
+                for name, tensor in self.outer.member.tensors().items():
+                    state[name].copy_(tensor[m])
+            members.append(member.train(self.training))
+        return members
 
     # ---- running ----
 
@@ -391,6 +419,35 @@ def fusion_deviation(
     if worst["examples"] == 0:
         raise ValueError("the loader is empty: nothing to compare the fused ensemble with its members on.")
     return worst
+
+
+def _write_block(layer: FusedLayer, m: int, block: Block) -> None:
+    """Member m's slice of a fused layer into its HF layer `block` (the inverse of `FusedLayer.from_blocks`); a
+    tensor with one copy (G = 1) is the members' shared one."""
+
+    def own(tensor: Tensor) -> Tensor:
+        return tensor[m] if tensor.shape[0] > 1 else tensor[0]
+
+    rows, width = layer.head_counts[m] * layer.head_dim, layer.padded_heads * layer.head_dim
+    qkv_weight, qkv_bias = own(layer.qkv_weight), own(layer.qkv_bias)  # (d, 3*Hp*dh), (1, 3*Hp*dh)
+    for j, linear in enumerate((block.query, block.key, block.value)):
+        linear.weight[:rows].copy_(qkv_weight[:, j * width : j * width + rows].T)
+        if linear.bias is not None:
+            linear.bias[:rows].copy_(qkv_bias[0, j * width : j * width + rows])
+    block.output.weight[:, :rows].copy_(own(layer.o_weight)[:rows].T)
+    if block.output.bias is not None:
+        block.output.bias.copy_(own(layer.o_bias)[0])
+    for which in (1, 2):
+        norm = getattr(block, f"norm{which}")
+        norm.weight.copy_(own(getattr(layer, f"norm{which}_weight")))
+        norm.bias.copy_(own(getattr(layer, f"norm{which}_bias")))
+    block.mlp_in.weight.copy_(own(layer.mlp_in_weight).T)
+    block.mlp_in.bias.copy_(own(layer.mlp_in_bias)[0])
+    block.mlp_out.weight.copy_(own(layer.mlp_out_weight).T)
+    block.mlp_out.bias.copy_(own(layer.mlp_out_bias)[0])
+    if block.scale1 is not None:
+        block.scale1.copy_(own(layer.scale1))
+        block.scale2.copy_(own(layer.scale2))
 
 
 def _member_output(adapter: Adapter, member: nn.Module, inputs: dict) -> Tensor:

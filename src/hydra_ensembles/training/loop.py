@@ -30,6 +30,7 @@ from ..io import torch_save_atomic
 from ..metrics import accuracy, gaussian_mixture_nll, nll
 from ..outputs import collect_member_logits, labels_of, member_outputs_of
 from ..uncertainty import ensemble_probs
+from .augment import AUGMENTATIONS
 from .losses import CrossEntropy, FeatureMSE, Forward
 from .recipes import AMP_RECOVERY, OPTIMIZERS, TEXT_RECIPE, TrainConfig, lr_factor
 
@@ -67,7 +68,8 @@ def train(
             with it resumes and ends with the same weights as an uninterrupted one. A checkpoint written under
             another config or loss is refused.
 
-    Batches are reshuffled every epoch from `config.seed`, and dropout is seeded per epoch. `model.training_history`
+    Batches are reshuffled every epoch from `config.seed`, and dropout is seeded per epoch; with `config.augment`,
+    every training batch is augmented (`training.augment`) with draws seeded per epoch too. `model.training_history`
     lists every epoch; `model.kept_epoch` is the epoch whose weights were returned.
     """
     adapter, is_hf = _family(model)
@@ -78,6 +80,7 @@ def train(
     if val_batches is not None and config.monitor == "acc" and getattr(model, "regression", False):
         raise ValueError("a regressor has no accuracy to monitor: use monitor='nll'.")
     trainable = _select_trainable(model, adapter if is_hf else None, config)
+    augment = AUGMENTATIONS[config.augment] if config.augment is not None else None
     optimizer = OPTIMIZERS[config.optimizer](trainable, config)
     total = config.epochs * len(batches)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(config, total))
@@ -96,10 +99,12 @@ def train(
                 break
             model.train()
             torch.manual_seed(config.seed * 1000 + epoch)  # dropout masks
-            order = torch.randperm(len(batches), generator=torch.Generator().manual_seed(config.seed * 1000 + epoch))
+            draws = torch.Generator().manual_seed(config.seed * 1000 + epoch)  # batch order, then augmentation
+            order = torch.randperm(len(batches), generator=draws)
             losses = []
             for index in order.tolist():
-                batch = to_device(_my_rows(batches[index]), device)
+                batch = batches[index] if augment is None else augment(batches[index], draws)  # whole batch: as
+                batch = to_device(_my_rows(batch), device)  # one process would, under torchrun too
                 inputs, _ = split_batch(adapter, batch)
                 with torch.autocast(device.type, torch.bfloat16, enabled=config.precision == "bf16"):
                     value = loss(forward(runner, inputs), batch)
@@ -165,12 +170,9 @@ def finetune(
             "AutoModelForSequenceClassification / AutoModelForImageClassification (num_labels=...), or run "
             "`hydra-ens finetune`, which adds one."
         )
-    batches = materialize(train_loader, "training loader")
-    if any(batch.get("labels") is None for batch in batches):
-        raise ValueError("training batches need 'labels': give the loader a label column (the CLI's --label-column).")
     return train(
         model,
-        batches,
+        _labelled(train_loader),
         config,
         loss=CrossEntropy(config.label_smoothing),
         val_loader=val_loader,
@@ -178,6 +180,48 @@ def finetune(
         progress=progress,
         desc="fine-tuning",
     )
+
+
+def finetune_fused(
+    ensemble: nn.Module,
+    train_loader: Iterable[Batch],
+    config: TrainConfig = TEXT_RECIPE,
+    *,
+    val_loader: Iterable[Batch] | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> nn.Module:
+    """Fine-tune a fused ensemble (`HydraEnsemble`) as one module, in place (paper 000, Fig. 1: prune, fuse, then
+    fine-tune). The loss is each member's cross-entropy on its own logits of member_logits (B, M, C), summed over
+    members (`CrossEntropy`): a tensor the members share (the merged MLP, norms, embeddings) gets the sum of all
+    members' gradients, a member's own heads and classifier only its own. Fuse members that were pruned and not
+    fine-tuned: they share those tensors exactly, so the ensemble is exactly its members before training and
+    stays so (`HydraEnsemble.unfuse` returns them as HF models). With `val_loader`, the epoch kept is chosen on
+    the ensemble's validation NLL or accuracy (`config.monitor`). The fused layers have no dropout.
+
+    Returns the ensemble in eval mode (`training_history`, `kept_epoch` as `train`)."""
+    if not getattr(ensemble, "is_classifier", False) or not hasattr(ensemble, "num_members"):
+        raise ValueError(
+            f"finetune_fused trains a fused classifier ensemble (HydraEnsemble.fuse of classifiers); got a "
+            f"{type(ensemble).__name__}: fine-tune one HF classifier with training.finetune."
+        )
+    return train(
+        ensemble,
+        _labelled(train_loader),
+        config,
+        loss=CrossEntropy(config.label_smoothing),
+        val_loader=val_loader,
+        checkpoint_dir=checkpoint_dir,
+        progress=progress,
+        desc="fine-tuning the fused ensemble",
+    )
+
+
+def _labelled(loader: Iterable[Batch]) -> list[Batch]:
+    batches = materialize(loader, "training loader")
+    if any(batch.get("labels") is None for batch in batches):
+        raise ValueError("training batches need 'labels': give the loader a label column (the CLI's --label-column).")
+    return batches
 
 
 def last_hidden_states(model: nn.Module, inputs: dict[str, Any]) -> Tensor:

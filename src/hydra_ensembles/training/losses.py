@@ -20,8 +20,10 @@ Forward = Callable[[nn.Module, dict[str, Any]], Tensor]
 
 class CrossEntropy:
     """Mean cross-entropy with the batch's labels, optionally label-smoothed (fine-tuning). Logits (B, C); or
-    member logits (B, M, C) of M independent networks in one module (a `distill.MultiHeadMLP` with no shared
-    body): each member's own mean cross-entropy, summed over members, so each gets exactly its own gradient."""
+    member logits (B, M, C) of M networks in one module: each member's own mean cross-entropy, summed over
+    members, so each member's own parameters get exactly its own gradient (independent networks: a
+    `distill.MultiHeadMLP`) and parameters the members share the sum of theirs (a fused ensemble fine-tuned
+    as one module, `finetune_fused`). Not the cross-entropy of the mean logits, which would train one model."""
 
     name = "cross_entropy"
 

@@ -11,7 +11,8 @@ schedules a config names (registries, like the circuit criteria).
 - `IMAGE_RECIPE` (§C.1, §D.2 ViT): SGD with momentum 0.9, no weight decay, linear warm-up then cosine decay to
   a floor of 1e-5 x lr, label smoothing 0.1; "stop at validation convergence": the best validation NLL.
 Both take `train_last=k` to update only the last k blocks (plus the final norm and the head) — the paper's
-partial unfreezing — and `freeze_embeddings`.
+partial unfreezing — and `freeze_embeddings`; and `augment="crop_flip"` for images (`training.augment`: random
+resized crop and horizontal flip of every training batch; off by default).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 from ..io import without_late_defaults
+from .augment import AUGMENTATIONS
 
 # what picks the kept epoch on validation data: "nll" the lowest NLL, "acc" the highest accuracy (a tie keeps the
 # earlier epoch), "acc_nll" the highest accuracy with ties (within min_delta) going to the lower NLL
@@ -32,7 +34,7 @@ MONITORS = ("nll", "acc", "acc_nll")
 PRECISIONS = ("fp32", "bf16")
 # fields added after caches and checkpoints were keyed by the config: left out of its key while at their default,
 # so the models trained before them stay valid
-_LATE_FIELDS = {"precision": "fp32", "betas": (0.9, 0.999)}
+_LATE_FIELDS = {"precision": "fp32", "betas": (0.9, 0.999), "augment": None}
 
 
 @dataclass(frozen=True, repr=False)
@@ -40,7 +42,9 @@ class TrainConfig:
     """How to train. `warmup` is a fraction of all steps; `min_lr` a fraction of `lr` (cosine only);
     `optimizer` and `schedule` name entries of `OPTIMIZERS` and `SCHEDULES`. `precision="bf16"` runs the forward
     and the loss under bfloat16 autocast (mixed precision: the weights, their gradients and the optimiser stay
-    float32; 2.2x faster training steps for MPNet-base on a 2-core Xeon with AMX); validation stays float32."""
+    float32; 2.2x faster training steps for MPNet-base on a 2-core Xeon with AMX); validation stays float32.
+    `augment` names an entry of `augment.AUGMENTATIONS` applied to every training batch (not to validation), or
+    None: "crop_flip" is a random resized crop (area 8-100%, aspect ratio 3/4-4/3) and a horizontal flip."""
 
     epochs: int = 3
     lr: float = 5e-5
@@ -60,6 +64,7 @@ class TrainConfig:
     seed: int = 0
     precision: Literal["fp32", "bf16"] = "fp32"
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW's (beta1, beta2)
+    augment: str | None = None  # an entry of AUGMENTATIONS, applied to training batches
 
     def __post_init__(self):
         for name, registry in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES)):
@@ -69,6 +74,8 @@ class TrainConfig:
             raise ValueError(f"monitor must be one of {MONITORS}, got {self.monitor!r}.")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}.")
+        if self.augment is not None and self.augment not in AUGMENTATIONS:
+            raise ValueError(f"augment must be None or one of {sorted(AUGMENTATIONS)}, got {self.augment!r}.")
 
     def with_(self, **changes) -> TrainConfig:
         return replace(self, **changes)

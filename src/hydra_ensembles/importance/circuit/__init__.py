@@ -1,7 +1,7 @@
 """Circuits: greedy extraction of the heads a validation score needs (paper 000, §D.1.2, Algorithm 1).
 
-criteria.py  the score S to keep high (acc, ood, avg; a registry)
-record.py    what an extraction leaves: removal order, S, ties; JSON save/load (`Circuit`'s and `JointCircuit`'s)
+criteria.py  the score S to keep high (acc, ood, avg; a registry), its secondary score, the tie rules
+record.py    what an extraction leaves: removal order, S, ties and their rule; JSON (`Circuit`'s, `JointCircuit`'s)
 scoring.py   candidate scorers: the literal reference and the prefix-cached, candidate-batched fast one
 search.py    the greedy loop, its search methods (fast, reference, lazy, screen, multi; a registry), `Circuit`
 joint.py     joint circuits over both towers of a two-tower model, scored zero-shot (§D.3), `JointCircuit`
@@ -12,6 +12,7 @@ Imports run one way, down this list's layers: joint -> search -> (record | scori
 
 from .criteria import (
     CRITERIA,
+    TIE_BREAKS,
     AccuracyCriterion,
     AverageCriterion,
     CircuitCriterion,
@@ -24,6 +25,7 @@ from .search import METHODS, Circuit, SearchMethod, extract_circuit
 __all__ = [
     "CRITERIA",
     "METHODS",
+    "TIE_BREAKS",
     "AccuracyCriterion",
     "AverageCriterion",
     "Circuit",

@@ -23,14 +23,17 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from ...data.loaders import Batch, materialize
+from ...distributed import is_main
 from ...io import tensor_digest, weights_digest
 from ...outputs import labels_of
 from ...pruning import HeadMap, kept_heads
-from .criteria import CRITERIA
+from .criteria import CRITERIA, TIE_BREAKS
 from .record import CircuitRecord, head_map_from_json, say_ties
-from .search import METHODS, greedy_removal, search_name
+from .scoring import Value
+from .search import METHODS, greedy_removal, search_name, tie_rule
 
 TOWERS = ("image", "text")
 JointHead = tuple[str, int, int]
@@ -83,6 +86,7 @@ class JointScorer:
         scorer_class,
         batch_size: int = 64,
         precision: str = "fp32",
+        tie_break: str = "order",
     ):
         options = {"batch_size": batch_size, "precision": precision}
         self.scorers = {
@@ -91,10 +95,11 @@ class JointScorer:
         }
         self.projections = {"image": two_tower.image.projection, "text": two_tower.text.projection}
         self.logit_scale, self.num_classes, self.criterion = two_tower.logit_scale, num_classes, criterion
+        self.tie_break = TIE_BREAKS[tie_break]
         self.labels, self.num_id = labels_of(id_batches), self.scorers["image"].num_id
         self._current: dict[str, tuple[tuple, Tensor]] = {}  # tower -> (its removed heads, embeddings)
 
-    def score(self, removed: Sequence[JointHead], candidates: Sequence[JointHead], progress) -> dict[JointHead, float]:
+    def score(self, removed: Sequence[JointHead], candidates: Sequence[JointHead], progress) -> dict[JointHead, Value]:
         scores = {}
         for tower in TOWERS:
             heads = [(layer, h) for t, layer, h in candidates if t == tower]
@@ -102,11 +107,11 @@ class JointScorer:
                 continue
             current = {t: self._embeddings_now(t, removed) for t in TOWERS}
             for (layer, h), out in self.scorers[tower].outputs(_of(tower, removed), heads, progress).items():
-                scores[(tower, layer, h)] = self._criterion(current | {tower: self._embeddings(tower, out)})
+                scores[(tower, layer, h)] = self._value(current | {tower: self._embeddings(tower, out)})
         return scores
 
     def baseline(self, removed: Sequence[JointHead]) -> float:
-        return self._criterion({t: self._embeddings_now(t, removed) for t in TOWERS})
+        return self._value({t: self._embeddings_now(t, removed) for t in TOWERS})[0]
 
     def _embeddings_now(self, tower: str, removed: Sequence[JointHead]) -> Tensor:
         key = tuple(_of(tower, removed))
@@ -124,10 +129,11 @@ class JointScorer:
             z = F.normalize(z.view(self.num_classes, -1, z.shape[-1]).mean(dim=1), dim=-1)
         return z
 
-    def _criterion(self, embeddings: dict[str, Tensor]) -> float:
+    def _value(self, embeddings: dict[str, Tensor]) -> Value:
+        """(S, ...) of the zero-shot logits, as the tie rule compares them."""
         logits = self.logit_scale * embeddings["image"] @ embeddings["text"].T  # (N, C)
         ood = logits[self.num_id :] if len(logits) > self.num_id else None
-        return self.criterion(logits[: self.num_id], self.labels, ood)
+        return self.tie_break.value(self.criterion, logits[: self.num_id], self.labels, ood)
 
 
 def extract_joint_circuit(
@@ -144,6 +150,7 @@ def extract_joint_circuit(
     batch_size: int = 64,
     top: int = 8,
     precision: str = "fp32",
+    tie_break: str = "score",
     state_path: str | os.PathLike | None = None,
     progress: bool = True,
 ) -> JointCircuit:
@@ -157,7 +164,7 @@ def extract_joint_circuit(
         num_classes: C; the prompts are C x templates.
         budget: heads to remove (default: a fifth of the candidates, a pool of twice 10 % of the heads).
         towers: whose heads are candidates: both (§D.3) or ("image",) (§E.3.2).
-        method, batch_size, top, precision, state_path, progress: as in `extract_circuit` ("fast" and
+        method, batch_size, top, precision, tie_break, state_path, progress: as in `extract_circuit` ("fast" and
             "reference" are exact; "lazy" and "multi" approximate; "screen" is not available here).
     """
     if criterion not in CRITERIA:
@@ -169,6 +176,7 @@ def extract_joint_circuit(
     if not towers or any(t not in TOWERS for t in towers):
         raise ValueError(f"towers must be a non-empty subset of {TOWERS}, got {list(towers)}.")
     score_fn, search_method = CRITERIA[criterion], METHODS[method]
+    tie_break, tie_said = tie_rule(tie_break, score_fn, criterion)
     id_batches = materialize(id_loader, "id_loader")
     if any(batch.get("labels") is None for batch in id_batches):
         raise ValueError("id_loader batches need 'labels' (circuit scores use ID accuracy / MSP on labelled data).")
@@ -183,7 +191,16 @@ def extract_joint_circuit(
             f"{list(towers)}), got {budget}."
         )
     scorer = JointScorer(
-        two_tower, id_batches, ood_batches, prompts, num_classes, score_fn, search_method.scorer, batch_size, precision
+        two_tower,
+        id_batches,
+        ood_batches,
+        prompts,
+        num_classes,
+        score_fn,
+        search_method.scorer,
+        batch_size,
+        precision,
+        tie_break,
     )
     search = search_name(method, top, precision)
     identity = {
@@ -191,6 +208,7 @@ def extract_joint_circuit(
         "criterion": criterion,
         "towers": list(towers),
         "search": search,
+        "tie_break": tie_break,
         "logit_scale": two_tower.logit_scale,
         "model": weights_digest(two_tower),
         "data": tensor_digest(
@@ -200,7 +218,11 @@ def extract_joint_circuit(
     removed, scores, baseline, ties = greedy_removal(
         candidates, scorer, budget, search_method, top, identity, state_path, progress, f"joint circuit ({criterion}"
     )
-    circuit = JointCircuit(criterion, list(removed), scores, baseline, kept, search=search, ties=ties)
+    circuit = JointCircuit(
+        criterion, list(removed), scores, baseline, kept, search=search, tie_break=tie_break, ties=ties
+    )
+    if tie_said and progress and is_main():
+        tqdm.write(f"joint circuit search: {tie_said}")
     if progress:
         say_ties(circuit, "joint circuit search")
     return circuit

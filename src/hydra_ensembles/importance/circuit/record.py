@@ -1,7 +1,7 @@
 """What a circuit extraction leaves behind, shared by `Circuit` (one model's heads, `search.py`) and
 `JointCircuit` (both towers' heads, `joint.py`): the removal order, S after each removal and before any, the
-heads kept when extraction started, which search ranked them and how many removals were ties; saved as JSON
-(atomically) and loaded back, also from files written before `ties` was recorded.
+heads kept when extraction started, which search and tie rule ranked them and how many removals were ties;
+saved as JSON (atomically) and loaded back, also from files written before `ties` or `tie_break` was recorded.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from ...distributed import is_main
 from ...io import write_json_atomic
+from .criteria import TIE_BREAKS
 
 TIES_ADVICE = "the circuit data does not tell those heads apart (more or harder examples would)"
 
@@ -32,9 +33,13 @@ class CircuitRecord(ABC):
     kept: the head map(s) when extraction started (all heads for an unpruned model).
     search: "exact" (Algorithm 1's own ranking: method "fast" or "reference" in fp32), else the approximation
         used, e.g. "multi-4-bf16" (method, `top`, precision).
-    ties: for each removal, how many other candidates scored at its step left exactly the same S (with "multi",
-        those removed in the same step too): where > 0, candidate order placed it. "lazy" and "screen" score a
-        shortlist, so theirs are lower bounds. None where unknown (saved by a version that did not record ties).
+    tie_break: the tie rule candidates were compared by (`criteria.TIE_BREAKS`): "score" (S, then the
+        criterion's continuous secondary score) or "order" (S alone, Algorithm 1's literal rule; files saved before
+        the rule was recorded used it).
+    ties: for each removal, how many other candidates scored at its step were equal to it under `tie_break` (S,
+        and for "score" the secondary score too; with "multi", those removed in the same step count too): where
+        > 0, the data did not decide it and candidate order placed it. "lazy" and "screen" score a shortlist, so
+        theirs are lower bounds. None where unknown (saved by a version that did not record ties).
     """
 
     head_order: ClassVar[str]
@@ -46,15 +51,20 @@ class CircuitRecord(ABC):
     kept: dict
     _: KW_ONLY
     search: str = "exact"
+    tie_break: str = "order"
     ties: list[int | None] = field(default_factory=list)
 
+    def tied(self) -> int:
+        """Removals the data did not decide (tied with another candidate under `tie_break`)."""
+        return sum(1 for t in self.ties if t)
+
     def tie_note(self) -> str:
-        """ "k of n removals tied ..." decided by candidate order, as a sentence; "" when no removal tied."""
-        tied = sum(1 for t in self.ties if t)
-        if not tied:
-            return ""
+        """ "k of n removals tied ..." under which rule, as a sentence; "" when no removal's ties are known."""
         known = sum(1 for t in self.ties if t is not None)
-        return f"{tied} of {known} removals tied with another candidate's S (decided by {self.head_order} order)"
+        if not known:
+            return ""
+        rule = f'tie rule "{self.tie_break}": {TIE_BREAKS[self.tie_break].says}'
+        return f"{self.tied()} of {known} removals tied ({rule}; equal ones decided by {self.head_order} order)"
 
     def first_removed(self, budget: int | None = None) -> list[tuple]:
         """The first `budget` heads of the ranking (all of it by default)."""
@@ -107,10 +117,11 @@ def head_map_from_json(data: dict[str, list]) -> dict[int, list[int]]:
 
 
 def say_ties(circuit: CircuitRecord, search: str = "circuit search") -> None:
-    """Print `circuit`'s tie note and what would break the ties (main process only; nothing when none tied)."""
+    """Print `circuit`'s tie note and, when some removals tied, what would break the ties (main process only;
+    nothing when no removal's ties are known)."""
     note = circuit.tie_note()
     if note and is_main():
-        tqdm.write(f"{search}: {note}: {TIES_ADVICE}")
+        tqdm.write(f"{search}: {note}" + (f": {TIES_ADVICE}" if circuit.tied() else ""))
 
 
 def _string_keys(value: Any) -> Any:

@@ -14,7 +14,8 @@
   last, and the last layer computes only the token rows the classifier reads.
 
 The two agree up to float rounding (a different but equivalent order of operations, ~1e-7 in fp32), which
-can only change a score when two examples' maximum softmax probabilities lie that close.
+can only change a score when two examples' maximum softmax probabilities lie that close, or (tie rule "score")
+when two candidates' continuous secondary scores do.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from ...data.loaders import batch_size as examples_in
 from ...outputs import labels_of
 from ...pruning import ablate_heads, kept_heads, prune_heads
 from ..gradients import gradients_for
+from .criteria import TIE_BREAKS, CircuitCriterion
 
 Head = tuple[int, int]
-Criterion = Callable[[Tensor, Tensor, Tensor | None], float]
+Value = tuple[float, ...]  # what candidates are compared by: (S,) or (S, secondary), see `criteria.TieBreak`
 Progress = Callable[[int], object]
 PRECISIONS = ("fp32", "bf16")
 
@@ -44,24 +46,26 @@ class CandidateScorer(ABC):
     """Scores of candidate heads given the heads already removed.
 
     A scorer computes each candidate's model outputs over the ID then the OOD examples (`outputs`: logits, or
-    an encoder's pooled embeddings) and the criterion scores the logits. `criterion=None` gives a scorer of
-    outputs only (one tower of a joint circuit, `importance.circuit.joint`)."""
+    an encoder's pooled embeddings) and the criterion scores the logits, as the tie rule `tie_break` compares
+    them (`criteria.TIE_BREAKS`). `criterion=None` gives a scorer of outputs only (one tower of a joint
+    circuit, `importance.circuit.joint`)."""
 
     def __init__(
         self,
         model: nn.Module,
         id_batches: list[Batch],
         ood_batches: list[Batch],
-        criterion: Criterion | None,
+        criterion: CircuitCriterion | None,
         batch_size: int = 64,
         precision: str = "fp32",
+        tie_break: str = "order",
     ):
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}.")
         self.model = model
         self.adapter = get_adapter(model)
         self.id_batches, self.ood_batches = id_batches, ood_batches
-        self.criterion = criterion
+        self.criterion, self.tie_break = criterion, TIE_BREAKS[tie_break]
         self.batch_size = batch_size
         self.precision = precision
         self.labels = labels_of(id_batches) if criterion is not None else None
@@ -84,17 +88,17 @@ class CandidateScorer(ABC):
     def baseline_outputs(self, removed: Sequence[Head]) -> Tensor:
         """Model outputs (N_id + N_ood, K) with only `removed` turned off."""
 
-    def score(self, removed: Sequence[Head], candidates: Sequence[Head], progress: Progress) -> dict[Head, float]:
-        """S with `removed` and each candidate turned off, for every candidate."""
-        return {head: self._criterion(out) for head, out in self.outputs(removed, candidates, progress).items()}
+    def score(self, removed: Sequence[Head], candidates: Sequence[Head], progress: Progress) -> dict[Head, Value]:
+        """(S, ...) with `removed` and each candidate turned off, for every candidate (S first)."""
+        return {head: self._value(out) for head, out in self.outputs(removed, candidates, progress).items()}
 
     def baseline(self, removed: Sequence[Head]) -> float:
         """S with only `removed` turned off."""
-        return self._criterion(self.baseline_outputs(removed))
+        return self._value(self.baseline_outputs(removed))[0]
 
-    def _criterion(self, logits: Tensor) -> float:
+    def _value(self, logits: Tensor) -> Value:
         ood = logits[self.num_id :] if len(logits) > self.num_id else None
-        return self.criterion(logits[: self.num_id], self.labels, ood)
+        return self.tie_break.value(self.criterion, logits[: self.num_id], self.labels, ood)
 
 
 class ReferenceScorer(CandidateScorer):

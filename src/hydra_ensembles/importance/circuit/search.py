@@ -6,11 +6,13 @@ removed for good. After B steps the removal order ranks the heads from least to 
 
     S_acc = ID accuracy        S_ood = AUROC of MSP, ID vs OOD        S_avg = (S_acc + S_ood) / 2
 
-Ties are broken towards the candidate that comes first in (layer, head) order — the literal `S > best` of
-Algorithm 1 scanning candidates layer by layer, head by head. S counts examples, so on small or easy validation
-data many candidates can leave exactly the same S (on a fine-tuned MPNet-base on BBC News all 144 first-step
-candidates leave S = 1.0): the search records, for each removal, how many other candidates tied with it
-(`Circuit.ties`), and says how many removals that order decided.
+S counts examples, so on small or easy validation data many candidates can leave exactly the same S (on a
+fine-tuned MPNet-base on BBC News all 144 first-step candidates leave S = 1.0). Under the default tie rule
+`tie_break="score"` candidates are compared by (S, the criterion's continuous secondary score: minus the ID NLL,
+the mean MSP gap ID - OOD, or their mean; `criteria.py`); `tie_break="order"` compares S alone, the literal
+`S > best` of Algorithm 1. What is still equal goes to the candidate first in (layer, head) order. The search
+records, for each removal, how many other candidates tied with it under the rule used (`Circuit.ties`: removals
+the data could not decide), and says how many removals that order decided.
 
 `method="reference"` is the literal loop (the whole model once per candidate per step); the default
 `method="fast"` computes the same scores with prefix caching and batched candidates (see `scoring.py`). The
@@ -39,9 +41,9 @@ from ...data.loaders import batch_size as examples_in
 from ...distributed import barrier, gather_dict, is_main, shard, world_size
 from ...io import tensor_digest, weights_digest, write_json_atomic
 from ...pruning import HeadMap, kept_heads
-from .criteria import CRITERIA, CircuitCriterion
+from .criteria import CRITERIA, TIE_BREAKS, CircuitCriterion
 from .record import CircuitRecord, head_map_from_json, say_ties
-from .scoring import CandidateScorer, FastScorer, Head, ReferenceScorer
+from .scoring import CandidateScorer, FastScorer, Head, ReferenceScorer, Value
 
 STATE_VERSION = 1
 # the whole search in bf16 against fp32, measured on this project's 2-core Xeon (AMX): 1.6x on MiniLM, 2.0x on
@@ -119,7 +121,7 @@ class SearchMethod(ABC):
         self,
         remaining: list[Head],
         step: int,
-        known: dict[Head, float],
+        known: dict[Head, Value],
         scorer: CandidateScorer,
         removed: list[Head],
         top: int,
@@ -155,7 +157,7 @@ class Lazy(SearchMethod):
     exact = False
 
     def shortlist(self, remaining, step, known, scorer, removed, top):
-        return sorted(remaining, key=lambda head: -known[head])[:top] if known else remaining
+        return sorted(remaining, key=known.__getitem__, reverse=True)[:top] if known else remaining  # stable
 
     def evaluations(self, left: int, step: int, top: int) -> int:
         return min(top, left) if step > 0 else left
@@ -213,6 +215,7 @@ def extract_circuit(
     batch_size: int = 16,
     top: int = 8,
     precision: str = "fp32",
+    tie_break: str = "score",
     state_path: str | os.PathLike | None = None,
     progress: bool = True,
 ) -> Circuit:
@@ -239,8 +242,13 @@ def extract_circuit(
             candidate scored exactly, then the `top` best removed at once: `top` times fewer steps).
         precision: "fp32" (exact) or "bf16" (candidates scored under bfloat16 autocast: 1.6-2.0x faster end to end on
             a Xeon with AMX, an approximation: near-ties between candidates can resolve differently).
+        tie_break: how candidates that leave the same S are ordered: "score" (default: by the criterion's
+            continuous secondary score, e.g. minus the ID NLL for "acc"; a criterion without one falls back to
+            "order" and says so) or "order" (Algorithm 1's literal `S > best`: (layer, head) order). Every
+            method applies it; `Circuit.tie_break` records the rule used and `Circuit.ties` what it left undecided.
         state_path: a JSON file updated after every step; if it exists and was written for this model, data,
-            criterion and search, extraction resumes from it ("fast" and "reference" states are interchangeable).
+            criterion, search and tie rule, extraction resumes from it ("fast" and "reference" states are
+            interchangeable).
         progress: show a progress bar over all the candidate evaluations of the extraction (its total is known
             from the start, so the time estimate covers the whole run).
 
@@ -254,6 +262,7 @@ def extract_circuit(
     if method not in METHODS and method != "auto":
         raise ValueError(f"unknown method {method!r}; choose from {sorted(METHODS) + ['auto']}.")
     score_fn = CRITERIA[criterion]
+    tie_break, tie_said = tie_rule(tie_break, score_fn, criterion)
     if not adapter.is_classifier(model):
         raise ValueError(
             f"circuit extraction scores accuracy and MSP, which needs a classifier; {type(model).__name__} has none."
@@ -270,19 +279,23 @@ def extract_circuit(
             f"budget must be between 1 and {len(candidates) - 1} (the model has {len(candidates)} heads and a "
             f"circuit keeps at least one), got {budget}."
         )
-    note = ""
+    note = tie_said
+    if tie_said and progress and is_main():
+        tqdm.write(f"circuit search: {tie_said}")
     if method == "auto":
         estimate = estimate_exact_seconds(model, id_batches, ood_batches, budget, batch_size)
         # every rank must choose the same search: rank 0's estimate, shared by the ranks' shards of each step
         exact_seconds = gather_dict({"seconds": estimate} if is_main() else {})["seconds"] / world_size()
-        method, top, precision, note = auto_choice(exact_seconds, time_budget, top, precision)
+        method, top, precision, chose = auto_choice(exact_seconds, time_budget, top, precision)
+        note = "; ".join(filter(None, (chose, tie_said)))
         if progress and is_main():
-            tqdm.write(f"circuit search: {note}")
+            tqdm.write(f"circuit search: {chose}")
     search_method = METHODS[method]
     search_method.check(score_fn, criterion)
     search = search_name(method, top, precision)
-    identity = _identity(model, id_batches, ood_batches, criterion) | {"search": search}
-    scorer = search_method.scorer(model, id_batches, ood_batches, score_fn, batch_size=batch_size, precision=precision)
+    identity = _identity(model, id_batches, ood_batches, criterion) | {"search": search, "tie_break": tie_break}
+    options = {"batch_size": batch_size, "precision": precision, "tie_break": tie_break}
+    scorer = search_method.scorer(model, id_batches, ood_batches, score_fn, **options)
     removed, scores, baseline, ties = greedy_removal(
         candidates,
         scorer,
@@ -302,12 +315,26 @@ def extract_circuit(
         kept=kept,
         num_heads=adapter.num_heads(model),
         search=search,
+        tie_break=tie_break,
         note=note,
         ties=ties,
     )
     if progress:
         say_ties(circuit)
     return circuit
+
+
+def tie_rule(tie_break: str, criterion: CircuitCriterion, name: str) -> tuple[str, str]:
+    """(the tie rule to use, a note when it is not the one asked for): "score" falls back to "order" for a
+    criterion without a secondary score."""
+    if tie_break not in TIE_BREAKS:
+        raise ValueError(f"tie_break must be one of {sorted(TIE_BREAKS)}, got {tie_break!r}.")
+    if TIE_BREAKS[tie_break].applies_to(criterion):
+        return tie_break, ""
+    return "order", (
+        f"criterion {name!r} has no secondary score (CircuitCriterion.secondary): ties on S fall to candidate order "
+        '(tie_break "order")'
+    )
 
 
 def estimate_exact_seconds(
@@ -360,15 +387,15 @@ def greedy_removal(
     desc: str,
 ) -> tuple[list[tuple], list[float], float, list[int | None]]:
     """Algorithm 1's loop over any candidates (tuples of ints, or e.g. (tower, layer, head)), with any scorer
-    that has `score(removed, candidates, progress)` and `baseline(removed)`: (removal order, S after each
-    removal, S before any, ties of each removal as `Circuit.ties`). Resumes from and saves to `state_path`
-    (checked against `identity`)."""
+    that has `score(removed, candidates, progress)` (each candidate's (S, ...), compared as tuples, greatest
+    first, then by candidate order) and `baseline(removed)`: (removal order, S after each removal, S before any,
+    ties of each removal as `Circuit.ties`). Resumes from and saves to `state_path` (checked against `identity`)."""
     state = _load_state(state_path, identity)
     removed: list[tuple] = [tuple(x) for x in state.get("removed", [])][:budget]
     scores: list[float] = state.get("scores", [])[: len(removed)]
     ties: list[int | None] = state.get("ties", [])[: len(removed)]
     ties += [None] * (len(removed) - len(ties))  # states saved before ties were recorded
-    known = {tuple(entry[:-1]): entry[-1] for entry in state.get("known", [])}  # latest score of each head
+    known = dict(map(_known_entry, state.get("known", [])))  # latest (S, ...) of each head
     baseline = state["baseline"] if "baseline" in state else scorer.baseline([])
     order = {head: i for i, head in enumerate(candidates)}
 
@@ -391,16 +418,16 @@ def greedy_removal(
             remaining = [head for head in candidates if head not in removed]  # in candidate order
             remaining = search_method.shortlist(remaining, step, known, scorer, removed, top)  # sorts are stable
             remaining.sort(key=order.__getitem__)
-            step_scores = gather_dict(scorer.score(removed, shard(remaining), lambda n: bar.update(n * world_size())))
-            # best first; ties: the earlier candidate
-            ranked = sorted(remaining, key=lambda head: (-step_scores[head], order[head]))
-            known.update(step_scores)
+            # each rank scores a share; the gathered values carry the secondary score too
+            values = gather_dict(scorer.score(removed, shard(remaining), lambda n: bar.update(n * world_size())))
+            ranked = sorted(remaining, key=values.__getitem__, reverse=True)  # best first; stable: equal values
+            known.update(values)  # keep candidate order
             chosen = ranked[: min(per_step, budget - step)]
             for best in chosen:
                 removed.append(best)
-                scores.append(step_scores[best])
-                ties.append(sum(step_scores[head] == step_scores[best] for head in ranked if head != best))
-            bar.set_postfix(step=f"{len(removed)}/{budget}", removed=f"{best}", S=f"{step_scores[best]:.4f}")
+                scores.append(values[best][0])
+                ties.append(sum(values[head] == values[best] for head in ranked if head != best))
+            bar.set_postfix(step=f"{len(removed)}/{budget}", removed=f"{best}", S=f"{values[best][0]:.4f}")
             if state_path is not None and is_main():
                 write_json_atomic(
                     state_path,
@@ -410,7 +437,7 @@ def greedy_removal(
                         "scores": scores,
                         "ties": ties,
                         "baseline": baseline,
-                        "known": [[*head, s] for head, s in sorted(known.items())],
+                        "known": [[list(head), list(value)] for head, value in sorted(known.items())],
                     },
                 )
             barrier()
@@ -429,14 +456,21 @@ def _identity(model: nn.Module, id_batches: list[Batch], ood_batches: list[Batch
     }
 
 
+def _known_entry(entry: list) -> tuple[tuple, Value]:
+    """A head's latest value as saved: [head, value], or [*head, S] (states saved before tie rules)."""
+    if isinstance(entry[0], list):
+        return tuple(entry[0]), tuple(entry[1])
+    return tuple(entry[:-1]), (entry[-1],)
+
+
 def _load_state(path: str | os.PathLike | None, identity: dict) -> dict:
     if path is None or not Path(path).exists():
         return {}
-    state = json.loads(Path(path).read_text())
+    state = {"tie_break": "order"} | json.loads(Path(path).read_text())  # states saved before tie rules: "order"
     mismatched = [key for key in identity if state.get(key) != identity[key]]
     if mismatched:
         raise ValueError(
             f"the circuit state at {str(path)!r} was written for a different {', '.join(mismatched)} "
-            "(criterion, model weights or validation data); delete it or pass another state_path."
+            "(criterion, search, tie rule, model weights or validation data); delete it or pass another state_path."
         )
     return state

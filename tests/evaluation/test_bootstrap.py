@@ -1,0 +1,143 @@
+"""Paired bootstrap intervals of a difference between two rows: the point estimate against the metrics, a row
+against itself, a row better everywhere, the seed stage, determinism, edge cases and the rendered lines."""
+
+import statistics
+
+import pytest
+import torch
+
+from hydra_ensembles import metrics as M
+from hydra_ensembles.evaluation import difference_lines, paired_bootstrap
+from hydra_ensembles.evaluation.compare import row_file
+from hydra_ensembles.evaluation.ood import OOD_SCORES
+from hydra_ensembles.uncertainty import ensemble_probs
+
+
+def _run(seed, n=60, members=3, classes=4, tied=False):
+    """What `report.measure` saves for one row on one seed: test logits and OOD sets in each group."""
+    g = torch.Generator().manual_seed(seed)
+
+    def logits(count, shift=0.0):
+        x = torch.randn(count, members, classes, generator=g) * 2 + shift
+        return x.round().clamp(-1, 1) if tied else x  # logits in {-1, 0, 1}: many equal MSP scores (AUROC ties)
+
+    return {"test": logits(n, 1.0), "near": {"a": logits(30)}, "far": {"b": logits(20)}, "ood": {"c": logits(25)}}
+
+
+LABELS = torch.arange(60) % 4
+
+
+def _table_metrics(run, labels):
+    """NLL, ECE and all-OOD AUROC of one run, by the metric functions the tables use."""
+    probs = ensemble_probs(run["test"].double())
+    msp = OOD_SCORES["msp"]
+    sets = [scores for group in ("near", "far", "ood") for scores in run[group].values()]
+    aurocs = [
+        M.auroc(
+            torch.cat([msp(run["test"]), msp(s)]), torch.cat([torch.zeros(len(run["test"])), torch.ones(len(s))]).bool()
+        )
+        for s in sets
+    ]
+    return {"nll": M.nll(probs, labels), "ece": M.ece(probs, labels), "auroc_all": statistics.fmean(aurocs)}
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_point_estimate_is_the_difference_of_the_tables_metrics(tied):
+    a, b = [_run(s, tied=tied) for s in (0, 1, 2)], [_run(s, tied=tied) for s in (10, 11, 12)]
+    said = paired_bootstrap(a, b, LABELS, resamples=50)
+    for metric in ("nll", "ece", "auroc_all"):
+        expected = statistics.fmean(_table_metrics(x, LABELS)[metric] for x in a) - statistics.fmean(
+            _table_metrics(y, LABELS)[metric] for y in b
+        )
+        assert said[metric].point == pytest.approx(expected, abs=1e-12)
+        assert said[metric].low < said[metric].point < said[metric].high  # rows that differ at random
+
+
+def test_a_row_against_itself_differs_by_exactly_zero():
+    runs = [_run(s) for s in (0, 1, 2)]
+    for interval in paired_bootstrap(runs, runs, LABELS, resamples=200).values():
+        assert tuple(interval) == (0.0, 0.0, 0.0)  # paired: both rows see the same examples in every resample
+
+
+def _confident(target, count, noise_seed, classes=4):
+    """Logits (count, 2, classes) putting +3 on `target` (count,), with small noise: ~87 % confident."""
+    g = torch.Generator().manual_seed(noise_seed)
+    x = torch.randn(count, 2, classes, generator=g) * 0.1
+    x[torch.arange(count), :, target] += 3.0
+    return x
+
+
+def test_a_row_better_on_every_example_has_an_interval_clear_of_zero():
+    labels = torch.arange(40) % 4
+    a, b = [], []
+    for s in range(3):
+        uniform = torch.randn(30, 2, 4, generator=torch.Generator().manual_seed(s)) * 0.1  # OOD: A unsure
+        a.append({"test": _confident(labels, 40, s), "far": {"x": uniform}})  # right, ~87 % confident
+        b.append({"test": _confident((labels + 1) % 4, 40, s), "far": {"x": _confident(labels[:30], 30, s + 9)}})
+    said = paired_bootstrap(a, b, labels, resamples=300)
+    assert said["nll"].high < 0 and said["ece"].high < 0  # A - B: lower NLL and ECE on every resample
+    assert said["auroc_all"].low > 0  # and higher AUROC
+
+
+def test_the_seeds_are_resampled_too():
+    """Every example of a seed identical: resampling examples changes nothing, so the interval is the seeds'
+    spread alone. Differences +d and -d: the mean of 2 seeds drawn is -d, 0 or +d (1/4, 1/2, 1/4)."""
+    sure, unsure = torch.tensor([[[2.0, 0.0]]]).expand(5, 1, 2), torch.tensor([[[1.0, 0.0]]]).expand(5, 1, 2)
+    labels = torch.zeros(5, dtype=torch.long)
+    said = paired_bootstrap([{"test": sure}, {"test": unsure}], [{"test": unsure}, {"test": sure}], labels)
+    d = M.nll(unsure.softmax(-1)[:, 0], labels) - M.nll(sure.softmax(-1)[:, 0], labels)
+    assert said["nll"].point == pytest.approx(0.0, abs=1e-15)
+    assert said["nll"].low == pytest.approx(-d) and said["nll"].high == pytest.approx(d)
+    assert "auroc_all" not in said  # no OOD sets
+
+
+def test_the_examples_are_resampled_within_each_seed():
+    """Two identical seeds: resampling seeds changes nothing, so the interval is the examples' spread alone."""
+    said = paired_bootstrap([_run(0)] * 2, [_run(10)] * 2, LABELS, resamples=200)
+    assert all(interval.low < interval.point < interval.high for interval in said.values())
+    a, b = ({"test": r["test"], "far": {"b": r["far"]["b"][:1].expand(20, -1, -1)}} for r in (_run(0), _run(10)))
+    auroc = paired_bootstrap([a, a], [b, b], LABELS, resamples=200)["auroc_all"]  # OOD sets of copies: the ID side
+    assert auroc.low < auroc.point < auroc.high
+
+
+def test_the_interval_is_reproducible_by_seed():
+    a, b = [_run(s) for s in (0, 1)], [_run(s) for s in (5, 6)]
+    first, again = paired_bootstrap(a, b, LABELS, resamples=100, seed=3), paired_bootstrap(a, b, LABELS, 100, seed=3)
+    other = paired_bootstrap(a, b, LABELS, resamples=100, seed=4)
+    assert first == again and first != other and first["nll"].point == other["nll"].point
+
+
+def test_too_little_to_resample_is_refused_with_the_fix():
+    runs = [_run(0), _run(1)]
+    with pytest.raises(ValueError, match="at least 2 seeds, got 1: run the rows on more seeds"):
+        paired_bootstrap(runs[:1], runs[:1], LABELS)
+    one = [{"test": r["test"][:1]} for r in runs]
+    with pytest.raises(ValueError, match="at least 2 examples.*got 1 examples and 1 labels"):
+        paired_bootstrap(one, one, LABELS[:1])
+    small = [r | {"far": {"b": r["far"]["b"][:1]}} for r in runs]
+    with pytest.raises(ValueError, match=r"OOD set\(s\) \['b'\] have fewer than 2 examples"):
+        paired_bootstrap(small, small, LABELS)
+    with pytest.raises(ValueError, match="measured on different data.*pair runs of the same task"):
+        paired_bootstrap(runs, [r | {"ood": {}} for r in runs], LABELS)
+    with pytest.raises(ValueError, match="same seeds, got 2 and 1"):
+        paired_bootstrap(runs, runs[:1], LABELS)
+    with pytest.raises(ValueError, match="one per seed \\(2\\), got 3"):
+        paired_bootstrap(runs, runs, [LABELS] * 3)
+
+
+def test_difference_lines_read_the_seeds_logits_and_skip_missing_rows(tmp_path):
+    seed_dirs = [tmp_path / f"seed{s}" for s in (0, 1)]
+    for s, folder in enumerate(seed_dirs):
+        (folder / "logits").mkdir(parents=True)
+        torch.save(_run(s), row_file(folder / "logits", "Hydra (Circ)"))
+        torch.save(_run(s + 10), row_file(folder / "logits", "Single"))
+    lines = difference_lines(
+        seed_dirs, LABELS, [("Hydra (Circ)", "Single"), ("Hydra (Taylor)", "Single")], resamples=50
+    )
+    said = paired_bootstrap([_run(0), _run(1)], [_run(10), _run(11)], LABELS, resamples=50)
+    nll = said["nll"]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"Hydra (Circ) vs Single: NLL {nll.point:.3f} [{nll.low:.3f}, {nll.high:.3f}]; ECE "
+    )
+    auroc = said["auroc_all"]
+    assert lines[0].endswith(f"; AUROC all {100 * auroc.point:.1f} [{100 * auroc.low:.1f}, {100 * auroc.high:.1f}] %")

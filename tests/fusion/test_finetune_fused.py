@@ -1,0 +1,121 @@
+"""Fine-tuning after fusing (paper 000, Fig. 1: prune, fuse, then fine-tune the fused ensemble as one module).
+
+The exactness statement: pruned members that were not fine-tuned fuse exactly (contract 4), and a fused ensemble
+trained as one module stays exactly an ensemble of HF members, the ones `unfuse` rebuilds from it (per-member
+heads and classifiers, one shared MLP, norms and embeddings): fused == rebuilt members run one by one, within
+the contracts' bound, after training moved every member by far more than that bound.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import at_trained_scale, fused_output, make_inputs, output, random_head_maps
+from tolerances import CONTRACT, DEFECT
+
+import hydra_ensembles as he
+from hydra_ensembles import training as ft
+from hydra_ensembles.predictors import load_predictor
+
+CLASSIFIERS = ["bert", "roberta", "mpnet", "distilbert", "vit", "deit_teacher", "dinov2"]
+ONE_STEP = ft.TEXT_RECIPE.with_(epochs=1, lr=1e-2, warmup=0.0, patience=None)
+
+
+def _labelled(name: str, seed: int = 7, batches: int = 1) -> list[dict]:
+    classes = 5 if name in ("vit", "deit_teacher", "dinov2") else 3
+    return [make_inputs(name, seed=seed + i) | {"labels": torch.arange(4) % classes} for i in range(batches)]
+
+
+def _pruned_and_fused(name: str, members: int = 3):
+    pruned = he.build_members(at_trained_scale(name), random_head_maps(members, seed=5))
+    return pruned, he.HydraEnsemble.fuse(pruned, mlp="average")
+
+
+def _one_by_one(members, inputs) -> torch.Tensor:
+    return torch.stack([output(m, inputs) for m in members], dim=1)  # (B, M, C)
+
+
+@pytest.mark.parametrize("name", CLASSIFIERS)
+def test_a_fused_ensemble_fine_tuned_as_one_module_equals_the_members_rebuilt_from_it(name):
+    pruned, ensemble = _pruned_and_fused(name)
+    inputs = make_inputs(name, seed=3)
+    assert ensemble.averaged == []  # pruned, not fine-tuned: they share MLPs, norms, embeddings exactly
+    assert (fused_output(ensemble, inputs) - _one_by_one(pruned, inputs)).abs().max() <= CONTRACT  # contract 4
+    before = fused_output(ensemble, inputs)
+    ft.finetune_fused(ensemble, _labelled(name), ONE_STEP, progress=False)
+    rebuilt = ensemble.unfuse(pruned)
+    after = fused_output(ensemble, inputs)
+    assert (after - _one_by_one(rebuilt, inputs)).abs().max() <= CONTRACT
+    assert (after - before).abs().max() > DEFECT  # training moved the members
+    mlps = [_mlp_in(m, layer=1) for m in rebuilt]
+    assert all(torch.equal(w, mlps[0]) for w in mlps)  # one merged MLP, trained for all members
+    assert not torch.equal(mlps[0], _mlp_in(pruned[0], layer=1))
+
+
+def _mlp_in(model, layer: int) -> torch.Tensor:
+    adapter = he.get_adapter(model)
+    return adapter.block(adapter.layers(model)[layer]).mlp_in.weight
+
+
+def test_the_summed_loss_is_each_members_own_cross_entropy_summed():
+    g = torch.Generator().manual_seed(0)
+    logits, labels = torch.randn(6, 3, 4, generator=g), torch.tensor([0, 1, 2, 3, 0, 1])
+    for smoothing in (0.0, 0.1):
+        summed = ft.CrossEntropy(smoothing)(logits, {"labels": labels})
+        apart = sum(F.cross_entropy(logits[:, m], labels, label_smoothing=smoothing) for m in range(3))
+        torch.testing.assert_close(summed, apart, atol=1e-6, rtol=0)
+    one_model = 3 * F.cross_entropy(logits.mean(1), labels)  # what a loss on the mean logits would give
+    assert (ft.CrossEntropy()(logits, {"labels": labels}) - one_model).abs() > 0.1
+
+
+def test_gradients_reach_every_members_heads_and_classifier_and_the_shared_mlp_as_the_sum_of_theirs():
+    _, ensemble = _pruned_and_fused("bert")
+    batch = _labelled("bert")[0]
+    ensemble.train()
+    ft.CrossEntropy()(ensemble(**batch).member_logits, batch).backward()
+    total = {name: p.grad.clone() for name, p in ensemble.named_parameters() if p.grad is not None}
+    apart = {name: torch.zeros_like(g) for name, g in total.items()}
+    for m in range(ensemble.num_members):  # member m's own cross-entropy alone
+        ensemble.zero_grad()
+        F.cross_entropy(ensemble(**batch).member_logits[:, m], batch["labels"]).backward()
+        for name, p in ensemble.named_parameters():
+            if p.grad is not None:
+                apart[name] += p.grad
+    for name in total:
+        torch.testing.assert_close(total[name], apart[name], atol=1e-6, rtol=1e-5)
+    for index, layer in enumerate(ensemble.layers):
+        assert (
+            total[f"layers.{index}.mlp_in_weight"].shape[0] == 1
+            and total[f"layers.{index}.mlp_in_weight"].abs().max() > 0
+        )
+        for m, count in enumerate(layer.head_counts):
+            assert count == 0 or total[f"layers.{index}.qkv_weight"][m].abs().max() > 0  # its own heads
+    heads = [name for name, _ in ensemble.outer.member.named_parameters()]
+    assert any("classifier" in name for name in heads)
+    for name in heads:  # the pooler and classifier of every member
+        grad = total[f"outer.member.{name}"]
+        assert all(grad[m].abs().max() > 0 for m in range(ensemble.num_members)), name
+
+
+def test_validation_keeps_the_best_epoch_and_the_saved_ensemble_reloads_equal(tmp_path):
+    _, ensemble = _pruned_and_fused("vit")
+    config = ft.IMAGE_RECIPE.with_(epochs=3, lr=0.05, augment="crop_flip")
+    ft.finetune_fused(
+        ensemble, _labelled("vit", batches=2), config, val_loader=_labelled("vit", seed=30), progress=False
+    )
+    history = ensemble.training_history
+    assert len(history) == 3 and all("val_nll" in record for record in history)
+    best = min(range(3), key=lambda i: history[i]["val_nll"]) + 1
+    assert ensemble.kept_epoch == best
+    ensemble.save_pretrained(tmp_path / "ensemble")
+    inputs = make_inputs("vit", seed=3)
+    assert torch.equal(fused_output(load_predictor(tmp_path / "ensemble"), inputs), fused_output(ensemble, inputs))
+
+
+def test_refusals():
+    pruned, ensemble = _pruned_and_fused("bert")
+    with pytest.raises(ValueError, match="fused classifier ensemble"):
+        ft.finetune_fused(pruned[0], _labelled("bert"), ONE_STEP, progress=False)
+    with pytest.raises(ValueError, match="templates"):
+        ensemble.unfuse(pruned[:2])
+    with pytest.raises(ValueError, match="other heads"):
+        ensemble.unfuse(pruned[::-1])
