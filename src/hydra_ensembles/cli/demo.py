@@ -5,7 +5,8 @@ Hydra (Taylor) and Hydra (Circ) — 3 members, each keeping half the heads of th
 fused into one module — and compares them with the single model on held-out articles, the two unseen BBC topics
 (near-OOD) and drug reviews and Reuters news (far-OOD). About 5 minutes on 2 free CPU cores the first time
 (278 s measured alone, 2026-11-25); trained models are cached (--cache), so a second run takes seconds.
-Writes a report folder: README.md (how to read it), table.md, table.json, reliability.png, ood_scores.png, head_importance.png.
+Writes a report folder: README.md (how to read it), table.md, table.json, reliability.png, ood_scores.png,
+head_importance.png.
 """
 
 from __future__ import annotations
