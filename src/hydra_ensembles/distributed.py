@@ -44,6 +44,15 @@ def init_from_env(backend: str | None = None) -> bool:
     return is_distributed()
 
 
+def shutdown() -> None:
+    """Leave the process group at the end of a torchrun script: a barrier first, so that no rank exits while
+    another still talks to it (a rank that exits with the group alive can abort with "terminate called without an
+    active exception"). A no-op outside torchrun."""
+    if is_distributed():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def shard(items: Sequence[T]) -> list[T]:
     """This rank's share of `items`, round-robin."""
     return list(items[rank() :: world_size()])

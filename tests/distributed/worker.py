@@ -18,7 +18,7 @@ from circuit_support import circuit_data, circuit_model, tied_data  # noqa: E402
 from conftest import MODELS, make_inputs  # noqa: E402
 
 import hydra_ensembles as he  # noqa: E402
-from hydra_ensembles.distributed import init_from_env, is_main, world_size  # noqa: E402
+from hydra_ensembles.distributed import init_from_env, is_main, shutdown, world_size  # noqa: E402
 from hydra_ensembles.training import TEXT_RECIPE, finetune  # noqa: E402
 
 
@@ -50,3 +50,4 @@ if __name__ == "__main__":
             result.save(out)
         else:
             safetensors.torch.save_file({k: v.contiguous() for k, v in result.state_dict().items()}, out)
+    shutdown()
