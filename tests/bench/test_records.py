@@ -21,6 +21,11 @@ from hydra_ensembles.evaluation import compare
 from hydra_ensembles.io import weights_digest
 
 
+def one_seed(task, out, cache, rows, **options) -> dict:
+    """The suite's `rows` of `task` for seed 0, quietly: how every test here runs the benchmark."""
+    return runner.run(task, suite.TABLE, [0], out, cache, progress=False, rows=rows, **options)
+
+
 def test_only_records_are_copied_and_the_target_keeps_its_own_unless_told(tmp_path):
     source, target = tmp_path / "cache", tmp_path / "records"
     files = {
@@ -143,9 +148,7 @@ def test_latency_is_read_back_only_when_every_row_was_timed_together(tmp_path):
 def test_a_benchmark_goes_on_from_its_records_on_a_fresh_machine(tiny_task, tmp_path, monkeypatch):  # noqa: F811
     key = f"{tiny_task.name}-{tiny_task.fingerprint()}"
     first_rows = ["Single", "Taylor", "CircAvg"]
-    before = runner.run(
-        tiny_task, suite.TABLE, [0], tmp_path / "out", tmp_path / "cache-a", progress=False, rows=first_rows
-    )
+    before = one_seed(tiny_task, tmp_path / "out", tmp_path / "cache-a", first_rows)
     records.copy_records(tmp_path / "cache-a" / key, tmp_path / "records" / key, overwrite=True)
     assert not list((tmp_path / "records").rglob("*.safetensors"))  # no weights among the records
 
@@ -157,9 +160,7 @@ def test_a_benchmark_goes_on_from_its_records_on_a_fresh_machine(tiny_task, tmp_
     rows = [*first_rows, "Hydra (Circ)"]
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="the weights of")  # the single trained again equals the recorded
-        after = runner.run(
-            tiny_task, suite.TABLE, [0], tmp_path / "out-b", tmp_path / "cache-b", progress=False, rows=rows
-        )
+        after = one_seed(tiny_task, tmp_path / "out-b", tmp_path / "cache-b", rows)
     for row in first_rows:  # read back, not measured again (the seconds it took are the first run's)
         assert after["per_seed"][0][row] == before["per_seed"][0][row]
     search = after["per_seed"][0]["Hydra (Circ)"]["circuit_search"]
@@ -175,9 +176,7 @@ def test_a_benchmark_goes_on_from_its_records_on_a_fresh_machine(tiny_task, tmp_
     monkeypatch.setattr(suite.Pieces, "__init__", lambda self, run: pytest.fail("made a seed's pieces to render"))
     empty = tmp_path / "cache-c" / key
     records.copy_records(fresh, empty, overwrite=False)
-    rendered = runner.run(
-        tiny_task, suite.TABLE, [0], tmp_path / "out-c", tmp_path / "cache-c", progress=False, rows=rows
-    )
+    rendered = one_seed(tiny_task, tmp_path / "out-c", tmp_path / "cache-c", rows)
     assert rendered["latency"] == after["latency"] and rendered["rows"] == after["rows"]
     assert "timed " in (tmp_path / "out-c" / "table.md").read_text()
 
@@ -235,16 +234,7 @@ def test_a_single_model_trained_again_for_rows_recorded_without_digests_is_check
     recorded Single row; the same metrics record its digest (and restore the row's lost logits), others warn and
     the table says so."""
     key = f"{tiny_task.name}-{tiny_task.fingerprint()}"
-    first = runner.run(
-        tiny_task,
-        suite.TABLE,
-        [0],
-        tmp_path / "out",
-        tmp_path / "cache",
-        progress=False,
-        rows=["Single"],
-        latency_repeats=0,
-    )
+    first = one_seed(tiny_task, tmp_path / "out", tmp_path / "cache", ["Single"], latency_repeats=0)
     first_logits = torch.load(tmp_path / "cache" / key / "seed0" / "logits" / "Single.pt")
     rows = ["Single", "Taylor"]
     cases = ((0.0, tmp_path / "same"), (0.0, tmp_path / "stopped before checking"), (0.01, tmp_path / "tampered"))
@@ -260,18 +250,14 @@ def test_a_single_model_trained_again_for_rows_recorded_without_digests_is_check
         (old / "results.json").write_text(json.dumps(results))
         if tamper:
             with pytest.warns(UserWarning, match=r"measures differently from the recorded row \(id.nll"):
-                after = runner.run(
-                    tiny_task, suite.TABLE, [0], tmp_path / "o", cache, progress=False, rows=rows, latency_repeats=0
-                )
+                after = one_seed(tiny_task, tmp_path / "o", cache, rows, latency_repeats=0)
             assert records.rebuilt_differently(old) == ["single"]
             assert any("Seed 0: single trained again" in note for note in after["notes"])
             assert not (old / "logits" / "Single.pt").exists()  # not the recorded row's logits
         else:
             with warnings.catch_warnings():
                 warnings.filterwarnings("error", message=".*(measures differently|cannot be checked)")
-                after = runner.run(
-                    tiny_task, suite.TABLE, [0], tmp_path / "o", cache, progress=False, rows=rows, latency_repeats=0
-                )
+                after = one_seed(tiny_task, tmp_path / "o", cache, rows, latency_repeats=0)
             assert records.rebuilt_differently(old) == []
             restored = torch.load(old / "logits" / "Single.pt")
             assert torch.equal(restored["test"], first_logits["test"])
@@ -334,16 +320,7 @@ def test_a_single_model_rebuilt_with_other_weights_is_measured_once_and_the_tabl
     """Rows recorded on another kind of machine, whose single model trains to other weights here: the rows built
     now use this build, so it is measured as the Single row once and the note says how far apart the two are."""
     key = f"{tiny_task.name}-{tiny_task.fingerprint()}"
-    runner.run(
-        tiny_task,
-        suite.TABLE,
-        [0],
-        tmp_path / "out",
-        tmp_path / "cache",
-        progress=False,
-        rows=["Single"],
-        latency_repeats=0,
-    )
+    one_seed(tiny_task, tmp_path / "out", tmp_path / "cache", ["Single"], latency_repeats=0)
     seed = tmp_path / "elsewhere" / key / "seed0"
     records.copy_records(tmp_path / "cache" / key, tmp_path / "elsewhere" / key, overwrite=False)
     digests = json.loads((seed / records.DIGESTS).read_text())
@@ -354,16 +331,7 @@ def test_a_single_model_rebuilt_with_other_weights_is_measured_once_and_the_tabl
 
     def run():
         rows = ["Single", "Taylor"]
-        return runner.run(
-            tiny_task,
-            suite.TABLE,
-            [0],
-            tmp_path / "o",
-            tmp_path / "elsewhere",
-            progress=False,
-            rows=rows,
-            latency_repeats=0,
-        )
+        return one_seed(tiny_task, tmp_path / "o", tmp_path / "elsewhere", rows, latency_repeats=0)
 
     with pytest.warns(UserWarning, match="differ from the digest recorded"):
         after = run()

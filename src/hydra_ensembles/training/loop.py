@@ -170,16 +170,7 @@ def finetune(
             "AutoModelForSequenceClassification / AutoModelForImageClassification (num_labels=...), or run "
             "`hydra-ens finetune`, which adds one."
         )
-    return train(
-        model,
-        _labelled(train_loader),
-        config,
-        loss=CrossEntropy(config.label_smoothing),
-        val_loader=val_loader,
-        checkpoint_dir=checkpoint_dir,
-        progress=progress,
-        desc="fine-tuning",
-    )
+    return _cross_entropy(model, train_loader, config, val_loader, checkpoint_dir, progress, "fine-tuning")
 
 
 def finetune_fused(
@@ -205,15 +196,30 @@ def finetune_fused(
             f"finetune_fused trains a fused classifier ensemble (HydraEnsemble.fuse of classifiers); got a "
             f"{type(ensemble).__name__}: fine-tune one HF classifier with training.finetune."
         )
+    desc = "fine-tuning the fused ensemble"
+    return _cross_entropy(ensemble, train_loader, config, val_loader, checkpoint_dir, progress, desc)
+
+
+def _cross_entropy(
+    model: nn.Module,
+    train_loader: Iterable[Batch],
+    config: TrainConfig,
+    val_loader: Iterable[Batch] | None,
+    checkpoint_dir: str | os.PathLike | None,
+    progress: bool,
+    desc: str,
+) -> nn.Module:
+    """`train` with cross-entropy on the logits (summed over members for member logits, `CrossEntropy`) and the
+    recipe's label smoothing: what `finetune` and `finetune_fused` share once each has checked its model."""
     return train(
-        ensemble,
+        model,
         _labelled(train_loader),
         config,
         loss=CrossEntropy(config.label_smoothing),
         val_loader=val_loader,
         checkpoint_dir=checkpoint_dir,
         progress=progress,
-        desc="fine-tuning the fused ensemble",
+        desc=desc,
     )
 
 
