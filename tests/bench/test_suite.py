@@ -10,7 +10,10 @@ from conftest import HEADS, MODELS, make_inputs
 
 from hydra_ensembles.bench import runner, suite
 from hydra_ensembles.bench.tasks import Task
+from hydra_ensembles.evaluation.bootstrap import difference_lines, paired_bootstrap
+from hydra_ensembles.evaluation.compare import row_file
 from hydra_ensembles.members import head_map_overlap
+from hydra_ensembles.outputs import labels_of
 from hydra_ensembles.training import TEXT_RECIPE
 
 
@@ -78,10 +81,24 @@ def test_every_row_is_built_evaluated_tabled_and_cached(tiny_task, tmp_path, mon
     single = trained["single"]
     assert 1 <= single["kept_epoch"] <= len(single["epochs"]) <= tiny_task.recipe.epochs
     assert "val_nll" in single["epochs"][0] and saved["per_seed"]["0"]["Single"]["_measured"]["machine"]
+    # every fine-tuned pruned model, the control and the ensemble fine-tuned after fusing keep their best
+    # validation epoch
+    assert "single-long" in trained and all("val_nll" in record["epochs"][0] for record in trained.values())
+    fused_first = saved["per_seed"]["0"]["Hydra (Circ), fused then fine-tuned"]
+    assert fused_first["head_maps"] == hydra["head_maps"] and fused_first["averaged"] == 0  # exact before training
+    assert len([name for name in trained if name.startswith("hydra-circ-fused-")]) == 1
     # a second run trains nothing: every model and result comes from the cache
     monkeypatch.setattr(suite, "finetune", lambda *a, **k: pytest.fail("retrained a cached model"))
     again = runner.run(tiny_task, suite.TABLE, [0], tmp_path / "out2", tmp_path / "cache", progress=False, rows=rows)
     assert again["rows"]["Single"]["id.acc"] == summary["rows"]["Single"]["id.acc"]
+
+
+def test_mc_dropout_samples_a_model_trained_with_dropout_when_the_single_model_has_none(tiny_task, tmp_path):
+    task = replace(tiny_task, dropout_model=lambda seed: MODELS["bert"](seed=seed))
+    rows = ["Single", "MC Dropout"]
+    runner.run(task, suite.TABLE, [0], tmp_path / "out", tmp_path / "cache", progress=False, rows=rows)
+    trained = json.loads((next((tmp_path / "cache").iterdir()) / "seed0" / suite.TRAINING).read_text())
+    assert set(trained) == {"single", "single-dropout0"}
 
 
 def test_an_interrupted_seed_resumes_at_the_missing_rows(tiny_task, tmp_path):
@@ -170,3 +187,25 @@ def test_hydra_rows_record_their_members_overlap_and_the_table_lists_it(tiny_tas
     lines = suite.members_lines(summary)
     assert any(line.startswith("| Hydra (Circ) | 0.25 |") for line in lines)  # seed 1 did not run it
     assert any(line.startswith("| Hydra (Taylor) | 0.50 (1 of 2 seeds) |") for line in lines)
+
+
+def test_the_table_says_which_differences_the_bootstrap_separates(tiny_task, tmp_path):
+    rows = ["Single", "Hydra (Taylor)", "Hydra (Circ)"]  # Deep Ensembles not run: its pairs are left out
+    summary = runner.run(tiny_task, suite.TABLE, [0], tmp_path / "out", tmp_path / "cache", progress=False, rows=rows)
+    said, table = summary["differences"], (tmp_path / "out" / "table.md").read_text()
+    assert [pair["rows"] for pair in said["pairs"]] == [["Hydra (Circ)", "Single"], ["Hydra (Taylor)", "Single"]]
+    logits = next((tmp_path / "cache").iterdir()) / "seed0" / "logits"
+    circ, single = (torch.load(row_file(logits, row)) for row in ("Hydra (Circ)", "Single"))
+    expected = paired_bootstrap([circ], [single], labels_of(tiny_task.test), resamples=said["resamples"])
+    assert said["pairs"][0] | {"rows": None} == {"rows": None} | {m: i._asdict() for m, i in expected.items()}
+    table_rows = summary["rows"]
+    for metric, key in (("nll", "id.nll"), ("ece", "id.ece"), ("auroc_all", "all.auroc")):  # the table's numbers
+        difference = table_rows["Hydra (Circ)"][key]["mean"] - table_rows["Single"][key]["mean"]
+        assert said["pairs"][0][metric]["point"] == pytest.approx(difference, abs=1e-6)
+    block = "\n".join(["", *difference_lines(said), ""])
+    assert block + "\nPer OOD set" in table and "(one seed: test examples resampled only, so retraining" in block
+    assert re.search(r"^- Hydra \(Circ\) vs Single: NLL .*, (better|worse|not separated); ECE .* %, ", table, re.M)
+    saved = json.loads((tmp_path / "out" / "table.json").read_text())
+    assert saved["differences"] == said  # what the markdown reads comes back from the results file as it was
+    del summary["differences"]  # records kept without logits: the table as it was before
+    assert suite.markdown(summary) == table.replace(block, "")

@@ -1,13 +1,16 @@
 """Paired bootstrap intervals of a difference between two rows: the point estimate against the metrics, a row
-against itself, a row better everywhere, the seed stage, determinism, edge cases and the rendered lines."""
+against itself, a row better everywhere, the seed stage, one seed, determinism, edge cases,
+the rows' logits read from each seed and the rendered lines with their verdicts."""
 
+import json
 import statistics
 
 import pytest
 import torch
 
 from hydra_ensembles import metrics as M
-from hydra_ensembles.evaluation import difference_lines, paired_bootstrap
+from hydra_ensembles.evaluation import Interval, difference_lines, paired_bootstrap
+from hydra_ensembles.evaluation.bootstrap import row_differences, verdict
 from hydra_ensembles.evaluation.compare import row_file
 from hydra_ensembles.evaluation.ood import OOD_SCORES
 from hydra_ensembles.uncertainty import ensemble_probs
@@ -109,8 +112,8 @@ def test_the_interval_is_reproducible_by_seed():
 
 def test_too_little_to_resample_is_refused_with_the_fix():
     runs = [_run(0), _run(1)]
-    with pytest.raises(ValueError, match="at least 2 seeds, got 1: run the rows on more seeds"):
-        paired_bootstrap(runs[:1], runs[:1], LABELS)
+    with pytest.raises(ValueError, match="no runs to compare"):
+        paired_bootstrap([], [], LABELS)
     one = [{"test": r["test"][:1]} for r in runs]
     with pytest.raises(ValueError, match="at least 2 examples.*got 1 examples and 1 labels"):
         paired_bootstrap(one, one, LABELS[:1])
@@ -125,19 +128,83 @@ def test_too_little_to_resample_is_refused_with_the_fix():
         paired_bootstrap(runs, runs, [LABELS] * 3)
 
 
-def test_difference_lines_read_the_seeds_logits_and_skip_missing_rows(tmp_path):
-    seed_dirs = [tmp_path / f"seed{s}" for s in (0, 1)]
-    for s, folder in enumerate(seed_dirs):
+def test_one_seed_resamples_its_examples_only():
+    """Two test examples, A - B of NLL 0 on the first and -g on the second: the mean over the 2 examples drawn is
+    0, -g / 2 or -g (1/4, 1/2, 1/4), so the interval is [-g, 0] around -g / 2."""
+    sure, unsure = torch.tensor([[[2.0, 0.0]]]), torch.tensor([[[1.0, 0.0]]])
+    labels = torch.zeros(2, dtype=torch.long)
+    said = paired_bootstrap([{"test": torch.cat([sure, sure])}], [{"test": torch.cat([sure, unsure])}], labels)["nll"]
+    g = M.nll(unsure.softmax(-1)[:, 0], labels[:1]) - M.nll(sure.softmax(-1)[:, 0], labels[:1])
+    assert said.point == pytest.approx(-g / 2) and said.low == pytest.approx(-g) and said.high == pytest.approx(0.0)
+
+
+def test_one_seeds_interval_holds_its_point_and_narrows_with_more_examples():
+    width = {}
+    for n in (60, 960):
+        labels = torch.arange(n) % 4
+        a, b = (_run(s, n=n) for s in (0, 10))
+        said = paired_bootstrap([a], [b], labels, resamples=400)
+        for metric in ("nll", "ece"):
+            expected = _table_metrics(a, labels)[metric] - _table_metrics(b, labels)[metric]
+            assert said[metric].point == pytest.approx(expected, abs=1e-12)
+            assert said[metric].low < said[metric].point < said[metric].high
+        width[n] = {metric: interval.high - interval.low for metric, interval in said.items()}
+    assert all(width[960][m] < width[60][m] / 2 for m in ("nll", "ece"))  # sqrt(16) = 4 times narrower, about
+
+
+def test_row_differences_read_the_seeds_logits_skip_missing_rows_and_keep_as_json(tmp_path):
+    seed_dirs = {s: tmp_path / f"seed{s}" for s in (3, 4)}
+    for s, folder in enumerate(seed_dirs.values()):
         (folder / "logits").mkdir(parents=True)
         torch.save(_run(s), row_file(folder / "logits", "Hydra (Circ)"))
         torch.save(_run(s + 10), row_file(folder / "logits", "Single"))
-    lines = difference_lines(
-        seed_dirs, LABELS, [("Hydra (Circ)", "Single"), ("Hydra (Taylor)", "Single")], resamples=50
+    torch.save(_run(20), row_file(seed_dirs[3] / "logits", "Hydra (Taylor)"))  # on one seed of two: left out
+    pairs = [("Hydra (Circ)", "Single"), ("Hydra (Taylor)", "Single")]
+    said = row_differences(seed_dirs, LABELS, pairs, resamples=50)
+    expected = paired_bootstrap([_run(0), _run(1)], [_run(10), _run(11)], LABELS, resamples=50)
+    assert said == {
+        "resamples": 50,
+        "level": 0.95,
+        "seeds": [3, 4],
+        "pairs": [{"rows": ["Hydra (Circ)", "Single"]} | {m: i._asdict() for m, i in expected.items()}],
+    }
+    assert json.loads(json.dumps(said)) == said  # a results file keeps it as it is
+    assert row_differences(seed_dirs, LABELS, pairs[1:]) == {}  # nothing to compare: nothing said
+
+
+def test_difference_lines_say_what_was_resampled_and_each_verdict():
+    def interval(point, low, high):
+        return {"point": point, "low": low, "high": high}
+
+    differences = {
+        "resamples": 2000,
+        "level": 0.95,
+        "seeds": [0, 1, 2],
+        "pairs": [
+            {
+                "rows": ["Hydra (Circ)", "Single"],
+                "nll": interval(-0.012, -0.02, -0.004),
+                "ece": interval(0.002, 0.001, 0.003),
+                "auroc_all": interval(0.01, -0.004, 0.02),
+            },
+            {
+                "rows": ["CircAvg", "Single"],
+                "nll": interval(0.0, -0.001, 0.001),
+                "auroc_all": interval(-0.02, -0.03, -0.01),
+            },
+        ],
+    }
+    header, blank, *lines = difference_lines(differences)
+    assert header.startswith(
+        "Differences, paired bootstrap 95 % interval (test examples resampled within each seed, then seeds; 2000 "
+        "resamples). "
     )
-    said = paired_bootstrap([_run(0), _run(1)], [_run(10), _run(11)], LABELS, resamples=50)
-    nll = said["nll"]
-    assert len(lines) == 1 and lines[0].startswith(
-        f"Hydra (Circ) vs Single: NLL {nll.point:.3f} [{nll.low:.3f}, {nll.high:.3f}]; ECE "
-    )
-    auroc = said["auroc_all"]
-    assert lines[0].endswith(f"; AUROC all {100 * auroc.point:.1f} [{100 * auroc.low:.1f}, {100 * auroc.high:.1f}] %")
+    assert blank == "" and lines == [
+        "- Hydra (Circ) vs Single: NLL -0.012 [-0.020, -0.004], better; ECE 0.2 [0.1, 0.3] %, worse; "
+        "AUROC all 1.0 [-0.4, 2.0] %, not separated",
+        "- CircAvg vs Single: NLL 0.000 [-0.001, 0.001], not separated; AUROC all -2.0 [-3.0, -1.0] %, worse",
+    ]
+    one = difference_lines(differences | {"seeds": [0]})[0]
+    assert "(one seed: test examples resampled only, so retraining" in one
+    assert verdict("auroc_all", Interval(0.01, 0.004, 0.02)) == "better"
+    assert verdict("ece", Interval(0.0, 0.0, 0.0)) == "not separated"  # a row against itself

@@ -11,6 +11,7 @@ temperature); no row is chosen or dropped after seeing test data.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import shutil
@@ -24,6 +25,7 @@ from torch import Tensor, nn
 
 from ..adapters import get_adapter
 from ..evaluation import plots
+from ..evaluation.bootstrap import difference_lines, row_differences
 from ..evaluation.compare import Built, row_file
 from ..evaluation.report import measure
 from ..evaluation.tables import COLUMNS, CONVENTIONS, mean_std, per_set_lines, render, table_lines
@@ -43,7 +45,7 @@ from ..predictors import (
     shared_backbone_ensemble,
 )
 from ..pruning import kept_neurons
-from ..training import finetune
+from ..training import finetune, finetune_fused
 from . import runner
 from .records import check_digest, checked_single, discard_stale_state, rebuilt_notes
 from .runner import SeedRun, Table
@@ -117,12 +119,14 @@ class Pieces:
     def _measure_as_single(self, model: nn.Module, logits: Path) -> dict:
         return measure(model, self.task.test, self.task.near, self.task.far, logits)
 
-    def from_start(self, seed: int) -> tuple[Callable[[], nn.Module], str]:
-        """`cached`'s build and checkpoint for a model fine-tuned from the pretrained weights with `seed`."""
-        task, folder = self.task, f"start{seed}"
+    def from_start(self, seed: int, dropout: bool = False) -> tuple[Callable[[], nn.Module], str]:
+        """`cached`'s build and checkpoint for a model fine-tuned from the pretrained weights with `seed` (with
+        `dropout`: the task's `dropout_model`)."""
+        task, folder = self.task, f"start{seed}" + ("-dropout" if dropout else "")
 
         def train() -> nn.Module:
-            model, recipe = task.new_model(seed), task.recipe.with_(seed=seed)
+            model = (task.dropout_model if dropout else task.new_model)(seed)
+            recipe = task.recipe.with_(seed=seed)
             directory = self.cache / "checkpoints" / folder
             return finetune(
                 model, task.train, recipe, val_loader=task.val, checkpoint_dir=directory, progress=self.progress
@@ -164,6 +168,13 @@ class Pieces:
             circuit.save(path)
         return Circuit.load(path)
 
+    def fine_tuned(self, model: nn.Module, name: str, seed: int, train=finetune) -> nn.Module:
+        """`model` (a pruned member, a copy of the single model, a fused ensemble) trained in place by `train` with
+        the task's recipe for pruned models, the best validation epoch kept, checkpointed under `name`."""
+        task, directory = self.task, self.cache / "checkpoints" / name
+        recipe = task.member_recipe.with_(seed=seed)
+        return train(model, task.train, recipe, val_loader=task.val, checkpoint_dir=directory, progress=self.progress)
+
     def fine_tuned_members(self, prefix: str, head_maps, fine_tune: bool = True) -> list[nn.Module]:
         """Members pruned to `head_maps` from the single model, fine-tuned (cached under a name that includes the
         head map) or, without `fine_tune`, as they are (zero-shot, paper Table 4)."""
@@ -174,9 +185,8 @@ class Pieces:
             seed, name = self.seed * 100 + m, f"{prefix}{m}-{_digest(head_map)}"
 
             def build(head_map=head_map, seed=seed, name=name) -> nn.Module:
-                member, recipe = build_members(self.single(), [head_map])[0], self.task.member_recipe.with_(seed=seed)
-                directory = self.cache / "checkpoints" / name
-                return finetune(member, self.task.train, recipe, checkpoint_dir=directory, progress=self.progress)
+                member = build_members(self.single(), [head_map])[0]
+                return self.fine_tuned(member, name, seed)
 
             members.append(self.trained(name, build, checkpoint=name))
         return members
@@ -205,8 +215,21 @@ def _deep_ensemble_d(p: Pieces) -> Built:
 
 
 def _mc_dropout(p: Pieces) -> Built:
-    samples = p.task.mc_samples
-    return Built(MCDropout(p.single(), samples=samples, seed=p.seed), {"heads": str(p.heads), "samples": samples})
+    """The single model sampled with its dropout on, or, when it has none, a model trained as it with dropout."""
+    samples, model = p.task.mc_samples, p.single()
+    if p.task.dropout_model is not None:
+        model = p.trained(f"single-dropout{p.seed}", *p.from_start(p.seed, dropout=True))
+    return Built(MCDropout(model, samples=samples, seed=p.seed), {"heads": str(p.heads), "samples": samples})
+
+
+def _single_as_long(p: Pieces) -> Built:
+    """The control for extra training: the single model fine-tuned again, unpruned, with the recipe and the
+    epochs of the pruned models, so that what pruning does is told apart from what more training does."""
+
+    def build() -> nn.Module:
+        return p.fine_tuned(copy.deepcopy(p.single()), "single-long", p.seed * 100 + 99)
+
+    return Built(p.trained("single-long", build, checkpoint="single-long"), {"heads": str(p.heads)})
 
 
 def _temperature(p: Pieces) -> Built:
@@ -267,6 +290,34 @@ def _hydra_circ(p: Pieces, mlp: str, fine_tune: bool = True) -> Built:
     return _fused(p.fine_tuned_members("hydra-circ", head_maps, fine_tune), mlp, recorded)
 
 
+def _hydra_circ_fused_first(p: Pieces) -> Built:
+    """Hydra (Circ)'s members pruned and fused (exact: unfine-tuned members share their MLPs), then fine-tuned as
+    one module (`finetune_fused`, paper 000 Fig. 1): the merged MLP, norms and classifier-side layers learn from
+    every member's loss; the embeddings stay frozen as in the members' recipe."""
+    task, circuit = p.task, p.circuit()
+    budget = task.prune_per_layer * p.layers
+    head_maps = sample_members(circuit, num_members=task.members, budget=budget, pool=task.circuit_pool, seed=p.seed)
+
+    name = f"hydra-circ-fused-{_digest(head_maps[0])}"
+
+    def build() -> nn.Module:
+        ensemble = HydraEnsemble.fuse(build_members(p.single(), head_maps), mlp="average")
+        for parameter_name, param in ensemble.named_parameters():
+            if task.member_recipe.freeze_embeddings and "embeddings" in parameter_name:
+                param.requires_grad_(False)
+        return p.fine_tuned(ensemble, name, p.seed, train=_fused_training)
+
+    heads = f"{p.heads - task.prune_per_layer}x{task.members} (avg)"
+    ensemble = p.trained(name, build, checkpoint=name)
+    recorded = {"heads": heads, **_members(head_maps, p), "circuit_search": _search(circuit)}
+    return Built(ensemble, recorded | {"mlp": "average", "averaged": len(ensemble.averaged)})
+
+
+def _fused_training(ensemble: nn.Module, train, recipe, **kwargs) -> nn.Module:
+    """`finetune_fused` with the embeddings frozen by hand (the recipe's flag names an HF model's parts)."""
+    return finetune_fused(ensemble, train, recipe.with_(freeze_embeddings=False), **kwargs)
+
+
 def _fused(members: list[nn.Module], mlp: str, recorded: dict) -> Built:
     ensemble = HydraEnsemble.fuse(members, mlp=mlp)
     return Built(ensemble, recorded | {"mlp": mlp, "averaged": len(ensemble.averaged)})
@@ -274,6 +325,7 @@ def _fused(members: list[nn.Module], mlp: str, recorded: dict) -> Built:
 
 BUILDS: dict[str, Callable[[Pieces], Built]] = {
     "Single": _single,
+    "Single, trained as long": _single_as_long,
     "Deep Ensembles": _deep_ensemble,
     "Deep Ensembles (D)": _deep_ensemble_d,
     "MC Dropout": _mc_dropout,
@@ -285,6 +337,7 @@ BUILDS: dict[str, Callable[[Pieces], Built]] = {
     "Hydra (Circ)": partial(_hydra_circ, mlp="average"),
     "Hydra (Taylor), stacked MLP": partial(_hydra_taylor, mlp="stack"),
     "Hydra (Circ), stacked MLP": partial(_hydra_circ, mlp="stack"),
+    "Hydra (Circ), fused then fine-tuned": _hydra_circ_fused_first,
     # the reviewers' rows
     "Taylor, no fine-tuning": partial(_taylor, fine_tune=False),
     "CircAvg, no fine-tuning": partial(_circuit, criterion="avg", fine_tune=False),
@@ -293,7 +346,7 @@ BUILDS: dict[str, Callable[[Pieces], Built]] = {
     "CircOOD": partial(_circuit, criterion="ood"),
 }
 ALL_ROWS = tuple(BUILDS)
-ROWS, REVIEW_ROWS = ALL_ROWS[:12], ALL_ROWS[12:]
+ROWS, REVIEW_ROWS = ALL_ROWS[:14], ALL_ROWS[14:]
 
 
 def _search(circuit: Circuit) -> str:
@@ -393,6 +446,28 @@ def measured_on_lines(summary: dict) -> list[str]:
     return ["Rows (seed, row) measured on: " + "; ".join(f"{where} ({n})" for where, n in machines.items()) + "  "]
 
 
+DIFFERENCES = (  # (A, B): is A really better than B? Paper rows against the baselines, and the controls
+    ("Hydra (Circ)", "Single"),
+    ("Hydra (Taylor)", "Single"),
+    ("Hydra (Circ)", "Deep Ensembles"),
+    ("Hydra (Taylor)", "Deep Ensembles"),
+    ("CircAvg", "Single"),
+    ("Hydra (Circ)", "Single, trained as long"),
+)
+
+
+def differences(task, summary: dict, seed_dirs: Mapping[int, Path]) -> dict:
+    """{"differences": `bootstrap.row_differences`} of the `DIFFERENCES` pairs this table holds, from every seed's
+    logits; {} when none has them (records kept before logits were): the table renders as it did."""
+    pairs = [pair for pair in DIFFERENCES if all(row in summary["rows"] for row in pair)]
+    said = row_differences(seed_dirs, labels_of(task.test), pairs) if pairs else {}
+    return {"differences": said} if said else {}
+
+
+def differences_lines(summary: dict) -> list[str]:
+    return ["", *difference_lines(summary["differences"])] if summary.get("differences") else []
+
+
 def markdown(summary: dict) -> str:
     one, timed = len(summary["seeds"]) == 1, summary.get("latency_timed")
     batch = summary.get("latency_batch")
@@ -421,6 +496,7 @@ def markdown(summary: dict) -> str:
     if summary.get("circuit_search"):
         searches = "; ".join(f"seed {seed}: {search}" for seed, search in summary["circuit_search"].items())
         lines.append(f"- Circuit search (CircAvg ranking): {searches}.")
+    lines += differences_lines(summary)
     lines += ["", "Per OOD set (AUROC %, mean over seeds):", ""]
     lines += per_set_lines(summary["per_seed"], summary.get("ood_sets"))
     return "\n".join(lines + disagreement_lines(summary["rows"]) + members_lines(summary)) + "\n"
@@ -431,7 +507,10 @@ TABLE = Table(
     pieces=Pieces,
     markdown=markdown,
     default=ROWS,
-    summarize=lambda task, summary, seed_dirs: {"circuit_search": circuit_searches(summary["per_seed"])},
+    summarize=lambda task, summary, seed_dirs: {
+        "circuit_search": circuit_searches(summary["per_seed"]),
+        **differences(task, summary, seed_dirs),
+    },
     figures=figures,
 )
 

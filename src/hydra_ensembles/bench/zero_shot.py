@@ -199,7 +199,7 @@ def fmnist_task(size: str = "full") -> ZeroShotTask:
     if size not in ("full", "quick"):
         raise ValueError(f"unknown zero-shot task size {size!r}; choose 'full' or 'quick'.")
     circuit_count = 64 if size == "quick" else 96
-    data, batches = image_splits(size == "quick", circuit_count), _image_batches(dinov2_pixels)
+    data, batches = image_splits(size == "quick", circuit_count // 10), _image_batches(dinov2_pixels)
     ids = [c for c in range(10) if c not in HELD_OUT]
     val_x, val_y = data.val
     held_out = ("bag",)
@@ -228,9 +228,10 @@ def fmnist_task(size: str = "full") -> ZeroShotTask:
             f"templates: {list(EVAL_TEMPLATES)}. Near-OOD: shirt, sneaker (held-out classes); far-OOD: MNIST "
             "(seen in training, as digits), scikit-learn digits, solar cells.",
             "Pruning: 12 of the 144 heads (72 image + 72 text; the paper prunes 24 of 240), drawn per member from "
-            "the first 24 of the exact joint circuit (S_avg on 96 validation images and 48 photo crops as OOD "
-            "validation); Taylor: 1 head per image layer (sequential scores of the zero-shot cross-entropy on the "
-            "validation images), Hydra (Taylor) drawn from each layer's 2 least useful. Temperature fit on the "
+            "the first 24 of the exact joint circuit (S_avg on 96 validation images and the OOD validation "
+            f"images, {len(data.circuit_ood)} from the OOD sources, disjoint from their test parts); Taylor: 1 "
+            "head per image layer (sequential scores of the zero-shot cross-entropy on the validation images), "
+            "Hydra (Taylor) drawn from each layer's 2 least useful. Temperature fit on the "
             "validation images.",
         ],
     )

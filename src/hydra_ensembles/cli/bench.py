@@ -1,6 +1,6 @@
 """Benchmarks: the paper's Tables 1-2 on real offline data — every baseline and both Hydra Ensembles.
 
-text: all-MiniLM-L6-v2 on BBC News topics (near-OOD: held-out topics; far-OOD: drug reviews, Reuters).
+text: all-MiniLM-L6-v2 on BBC News topics (near-OOD: held-out topics; far-OOD: drug reviews, Amazon reviews).
 sentiment: all-MiniLM-L6-v2 on movie-sentence sentiment (near-OOD: Amazon review sentences; far-OOD: BBC articles,
 drug reviews, Reuters).
 text-mpnet, sentiment-mpnet: the same two tasks on the pretrained all-mpnet-base-v2 (12 x 12 heads).
@@ -72,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prune-per-layer",
         type=int,
         metavar="K",
-        help="a labelled variant: every pruned model drops K heads per layer (default: the task's, half); the "
+        help="a labelled variant: every pruned model drops K heads per layer (default: the task's, a third); the "
         "suite and amp-* tables, cached and written apart (<out>-pruneK)",
     )
     amp_options = parser.add_argument_group("amp-* experiments")

@@ -1,10 +1,11 @@
 """The demo: what a Hydra Ensemble does for a real model, on the embedded default (no download, no GPU).
 
 Fine-tunes the packaged all-MiniLM-L6-v2 on three BBC News topics (business, politics, sports), builds
-Hydra (Taylor) and Hydra (Circ) — 3 members, each keeping half the heads of the model, fine-tuned briefly and
-fused into one module — and compares them with the single model on held-out articles, the two unseen BBC topics
-(near-OOD) and drug reviews and Reuters news (far-OOD). About 5 minutes on 2 free CPU cores the first time
-(278 s measured alone, 2026-11-25); trained models are cached (--cache), so a second run takes seconds.
+Hydra (Taylor) and Hydra (Circ) — 3 members, each keeping two thirds of the heads of the model, fine-tuned
+briefly and fused into one module — and compares them with the single model on held-out articles, the two unseen
+BBC topics (near-OOD) and drug reviews and Amazon product reviews (far-OOD). About 6 minutes on 2 free CPU cores
+the first time (357 s measured alone, 2026-11-26); trained models are cached (--cache), so a second run takes
+seconds.
 Writes a report folder: README.md (how to read it), table.md, table.json, reliability.png, ood_scores.png,
 head_importance.png.
 """
@@ -93,7 +94,8 @@ How to read it:
 - **Acc, NLL, ECE** (Acc, ECE, AUROC and FPR95 in %) on held-out in-distribution articles: lower NLL and ECE
   mean better-calibrated probabilities.
 - **AUROC near / far**: how well the maximum softmax probability separates the in-distribution articles from
-  unseen BBC topics (near-OOD) and from drug reviews and Reuters news (far-OOD); OOD is the positive class.
+  unseen BBC topics (near-OOD) and from drug reviews and Amazon product reviews (far-OOD); OOD is the positive
+  class.
   **FPR95**: the fraction of in-distribution articles flagged when 95% of the OOD ones are.
 - **FLOPs x**: compute per example relative to the single model. **Latency x**: latency relative to the single
   model on one batch of {summary.get("latency_batch", "?")} articles, every model timed in turn over repeated

@@ -5,7 +5,8 @@ Two stages (Davison & Hinkley, "Bootstrap Methods and their Application", 1997, 
 within each group drawn): each resample draws S seeds with replacement from the S seeds, then, for every seed drawn,
 N test examples with replacement from its N, and N_k examples of each OOD set k from its N_k. Paired: both rows see
 the same examples, so what the two rows share (a hard test set, a lucky seed) cancels out of the difference. A seed
-drawn twice in one resample gets two independent draws of its examples.
+drawn twice in one resample gets two independent draws of its examples. With one seed the first stage draws that
+seed every time: the interval is the test sets' sampling error alone, blind to how much a retrained seed moves.
 
 Metrics as the tables compute them (`report.evaluate`) from member logits (N, M, C), on the ensemble's predictive
 distribution p = mean_m softmax(z_m): NLL, ECE with 15 equal-width bins, and "AUROC all", the mean over OOD sets of
@@ -29,6 +30,7 @@ from .compare import row_file
 from .ood import msp
 
 SAID = {"nll": ("NLL", 1.0, 3, ""), "ece": ("ECE", 100.0, 1, " %"), "auroc_all": ("AUROC all", 100.0, 1, " %")}
+GOOD_SIGN = {"nll": -1.0, "ece": -1.0, "auroc_all": 1.0}  # the sign of A - B when A is better
 CHUNK_ELEMENTS = 1 << 22  # resampled indices held at once (32 MiB of int64): memory stays flat in N and resamples
 
 
@@ -51,19 +53,18 @@ def paired_bootstrap(
 ) -> dict[str, Interval]:
     """{"nll", "ece", "auroc_all"}: the difference A - B of the mean over seeds, and its percentile interval.
 
-    Shape: `a`, `b`: one entry per seed (S >= 2, in the same order for both), each what `report.measure` saves,
+    Shape: `a`, `b`: one entry per seed (S >= 1, in the same order for both), each what `report.measure` saves,
     {"test": (N, M, C), "near" / "far" / "ood": {set: (N_k, M, C)}} (M may differ between the rows, N and the sets
     may not); `labels`: the test labels (N,), one tensor for every seed or one per seed. "auroc_all" only when there
     are OOD sets. Percentile interval: the (1 - level) / 2 and (1 + level) / 2 quantiles (linear interpolation) of
-    the `resamples` differences. Seeded by `seed`: the same arguments give the same interval.
+    the `resamples` differences. Seeded by `seed`: the same arguments give the same interval. One seed: only its
+    examples are resampled (the caller knows from len(a), and should say so).
     Reference: Davison & Hinkley, 1997, §3.8 (two-stage resampling) and §5.2 (percentile intervals).
     """
     if len(a) != len(b):
         raise ValueError(f"the rows must be given the same seeds, got {len(a)} and {len(b)} runs.")
-    if len(a) < 2:
-        raise ValueError(
-            f"the bootstrap resamples seeds, so it needs at least 2 seeds, got {len(a)}: run the rows on more seeds."
-        )
+    if not a:
+        raise ValueError("no runs to compare: give each row's logits on at least one seed.")
     if resamples < 1 or not 0 < level < 1:
         raise ValueError(f"resamples must be >= 1 and level in (0, 1), got {resamples} and {level}.")
     labels = [labels] * len(a) if isinstance(labels, Tensor) else list(labels)
@@ -199,30 +200,62 @@ def _resampled_differences(
     return {metric: values.mean(dim=1) for metric, values in slots.items()}
 
 
-def difference_lines(
-    seed_dirs: Sequence[str | os.PathLike],
+def row_differences(
+    seed_dirs: Mapping[int, str | os.PathLike],
     labels: Tensor | Sequence[Tensor],
     pairs: Sequence[tuple[str, str]],
     logits: str = "logits",
     resamples: int = 2000,
     seed: int = 0,
-) -> list[str]:
-    """One line per (row A, row B) of `pairs` whose logits every seed directory holds (`<seed dir>/<logits>/<row>.pt`,
-    as `compare` saves them): "A vs B: NLL -0.012 [-0.020, -0.004]; ECE -0.3 [-0.5, -0.1] %; AUROC all 1.2 [0.4,
-    2.0] %", the difference A - B in the tables' units with its paired bootstrap 95 % interval. Pairs missing from a
-    seed are left out."""
-    lines = []
+    level: float = 0.95,
+) -> dict:
+    """The paired bootstrap of each (row A, row B) of `pairs` whose logits every seed directory holds
+    (`{seed: dir}`, `<dir>/<logits>/<row>.pt` as `compare` saves them), as a results file keeps it:
+    {"resamples": R, "level": level, "seeds": [seed, ...], "pairs": [{"rows": [A, B], metric: {"point", "low",
+    "high"}}]}, A - B in the metrics' own units (fractions, nats). {} when no pair has logits on every seed: tables
+    recorded before their logits were kept render as they were. `labels`: as `paired_bootstrap`, in `seed_dirs`'
+    order."""
+    said = []
     for first, second in pairs:
-        paths = [(row_file(Path(d) / logits, first), row_file(Path(d) / logits, second)) for d in seed_dirs]
+        paths = [(row_file(Path(d) / logits, first), row_file(Path(d) / logits, second)) for d in seed_dirs.values()]
         if not all(x.exists() and y.exists() for x, y in paths):
             continue
         loaded = [(torch.load(x), torch.load(y)) for x, y in paths]
-        said = paired_bootstrap([x for x, _ in loaded], [y for _, y in loaded], labels, resamples, seed)
-        lines.append(f"{first} vs {second}: " + "; ".join(_said(metric, i) for metric, i in said.items()))
-    return lines
+        intervals = paired_bootstrap([x for x, _ in loaded], [y for _, y in loaded], labels, resamples, seed, level)
+        said.append({"rows": [first, second]} | {metric: i._asdict() for metric, i in intervals.items()})
+    return {"resamples": resamples, "level": level, "seeds": list(seed_dirs), "pairs": said} if said else {}
+
+
+def difference_lines(differences: Mapping) -> list[str]:
+    """`row_differences` as markdown: what was resampled, then one line per pair, "- A vs B: NLL -0.012 [-0.020,
+    -0.004], better; ECE -0.3 [-0.5, -0.1] %, better; AUROC all 1.2 [-0.4, 2.0] %, not separated", A - B in the
+    tables' units with its interval and what the interval says of A against B."""
+    level, resamples = 100 * differences["level"], differences["resamples"]
+    drawn = (
+        "test examples resampled within each seed, then seeds"
+        if len(differences["seeds"]) > 1
+        else "one seed: test examples resampled only, so retraining's spread is not in it"
+    )
+    said = (
+        f"Differences, paired bootstrap {level:g} % interval ({drawn}; {resamples} resamples). A vs B: A - B in the "
+        "table's units (NLL and ECE below 0, AUROC above 0 favour A); better / worse: the interval excludes 0 on "
+        "A's good / bad side; not separated: it includes 0."
+    )
+    lines = [
+        f"- {pair['rows'][0]} vs {pair['rows'][1]}: "
+        + "; ".join(_said(metric, Interval(**pair[metric])) for metric in SAID if metric in pair)
+        for pair in differences["pairs"]
+    ]
+    return [said, "", *lines]
 
 
 def _said(metric: str, interval: Interval) -> str:
     name, scale, digits, unit = SAID[metric]
     point, low, high = (f"{scale * value:.{digits}f}" for value in interval)
-    return f"{name} {point} [{low}, {high}]{unit}"
+    return f"{name} {point} [{low}, {high}]{unit}, {verdict(metric, interval)}"
+
+
+def verdict(metric: str, interval: Interval) -> str:
+    """Better / worse when the interval of A - B excludes 0 on A's good / bad side, else not separated."""
+    low, high = sorted(GOOD_SIGN[metric] * value for value in (interval.low, interval.high))
+    return "better" if low > 0 else "worse" if high < 0 else "not separated"

@@ -1,6 +1,6 @@
 """Real image data sets that work offline (../shared/DATA.md), as grey 28x28 float tensors in [0, 1]: Fashion-MNIST
-(the image benchmark's ID data), MNIST, scikit-learn's digits and solar cells (OOD test sets), and crops of
-scikit-learn's sample photographs (OOD validation)."""
+(the image benchmark's ID data), MNIST, scikit-learn's digits and solar cells (OOD sets, each split into a
+validation and a test part by the tasks)."""
 
 from __future__ import annotations
 
@@ -72,21 +72,3 @@ def load_solar_cells() -> Tensor:
     images, _, _ = load_dataset()
     images = torch.from_numpy(images.astype(np.float32))[:, None] / 255
     return F.adaptive_avg_pool2d(images, SIZE)[:, 0]
-
-
-def load_photo_crops(count: int = 1000, seed: int = 0) -> Tensor:
-    """Random grey crops of scikit-learn's two sample photographs (a temple, a flower), each crop 56-112 px
-    square, downsampled to 28x28: natural-image texture, an OOD validation set kept out of every test."""
-    from sklearn.datasets import load_sample_images
-
-    photos = [torch.from_numpy(np.array(p)).float().mean(-1) / 255 for p in load_sample_images().images]  # (H, W)
-    generator = torch.Generator().manual_seed(seed)
-    crops = []
-    for i in range(count):
-        photo = photos[i % len(photos)]
-        side = int(torch.randint(56, 113, (1,), generator=generator))
-        top = int(torch.randint(0, photo.shape[0] - side + 1, (1,), generator=generator))
-        left = int(torch.randint(0, photo.shape[1] - side + 1, (1,), generator=generator))
-        crop = photo[top : top + side, left : left + side][None, None]
-        crops.append(F.interpolate(crop, size=(SIZE, SIZE), mode="area")[0, 0])
-    return torch.stack(crops)

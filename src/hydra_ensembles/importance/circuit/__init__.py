@@ -5,11 +5,13 @@ record.py    what an extraction leaves: removal order, S, ties and their rule; J
 scoring.py   candidate scorers: the literal reference and the prefix-cached, candidate-batched fast one
 search.py    the greedy loop, its search methods (fast, reference, lazy, screen, multi; a registry), `Circuit`
 joint.py     joint circuits over both towers of a two-tower model, scored zero-shot (§D.3), `JointCircuit`
+agreement.py how far two removal orders agree (against chance), and disjoint halves of the data to extract them on
 
-Imports run one way, down this list's layers: joint -> search -> (record | scoring) -> criteria
+Imports run one way, down this list's layers: (agreement | joint) -> search -> (record | scoring) -> criteria
 (an import-linter contract in pyproject.toml keeps it so).
 """
 
+from .agreement import chance_agreement, removal_agreement, split_halves
 from .criteria import (
     CRITERIA,
     TIE_BREAKS,
@@ -33,7 +35,10 @@ __all__ = [
     "JointCircuit",
     "MSPAurocCriterion",
     "SearchMethod",
+    "chance_agreement",
     "extract_circuit",
     "extract_joint_circuit",
     "register_criterion",
+    "removal_agreement",
+    "split_halves",
 ]

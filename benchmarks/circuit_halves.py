@@ -1,0 +1,233 @@
+"""Is the circuit a property of the model or of the validation sample (issue 39, item 1)? The task's circuit
+data (ID and OOD) is split into two disjoint halves by alternate examples (`split_halves`); the circuit is
+extracted on each half with the task's own search settings, from the seed's cached single model; the report says
+how many of the first k heads removed the two agree on (`removal_agreement`), against chance (k / H for two random
+orders of H heads), each extraction's wall time and how many of its removals were ties.
+
+    python benchmarks/circuit_halves.py text-mpnet --seed 0 --first 12 24 48 --criterion avg
+
+Writes benchmarks/results/<task name>[-quick]/circuit-halves[-seedN][-criterion].md and .json. The search removes
+max(--first) heads; each half's state is saved under the seed's cache (circuit_halves/), so a killed run resumes
+(its time then covers only the resumed part, and says so). Each half holds half the examples, so each extraction
+costs about half of one on the whole data (the search's time grows about linearly with the examples).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from torch import nn
+from tqdm.auto import tqdm
+
+from hydra_ensembles.bench import cache_dir, runner
+from hydra_ensembles.bench.tasks import TASKS
+from hydra_ensembles.data.loaders import Batch
+from hydra_ensembles.data.loaders import batch_size as examples_in
+from hydra_ensembles.evaluation.compare import machine
+from hydra_ensembles.importance.circuit import (
+    CRITERIA,
+    Circuit,
+    chance_agreement,
+    extract_circuit,
+    removal_agreement,
+    split_halves,
+)
+from hydra_ensembles.importance.circuit.search import auto_choice, estimate_exact_seconds
+from hydra_ensembles.io import replacing, write_json_atomic
+from hydra_ensembles.predictors import load_predictor
+from hydra_ensembles.pruning import kept_heads
+
+RESULTS = Path(__file__).parent / "results"
+SIZES = ("full", "quick")  # the sizes `hydra-ens bench` trains (quick: --quick)
+
+
+def single_model(task_name: str, task, size: str, seed: int) -> tuple[nn.Module, Path]:
+    """(the single model the suite trained for `seed`, its seed's cache directory)."""
+    seed_cache = runner.seed_dir(cache_dir() / "bench" / size, task, seed)
+    path = seed_cache / "models" / "single"
+    if not path.exists():
+        quick = " --quick" if size == "quick" else ""
+        raise SystemExit(
+            f"no trained single model for {task_name} ({size}) seed {seed} at {path}: train it first with "
+            f"`hydra-ens bench {task_name} --seeds {seed} --rows Single{quick}`."
+        )
+    return load_predictor(path), seed_cache
+
+
+def search_settings(task, model: nn.Module, id_batches: list[Batch], ood_batches: list[Batch], budget: int) -> dict:
+    """The task's circuit search as `extract_circuit` keywords. Method "auto" is resolved once, on the first half,
+    so that both halves run the same search (left to each, they could choose different approximations)."""
+    method, top, precision = task.circuit_method, task.circuit_top, task.circuit_precision
+    if method == "auto":
+        seconds = estimate_exact_seconds(model, id_batches, ood_batches, budget)
+        method, top, precision, _ = auto_choice(seconds, 1800.0, top, precision)
+    return {"method": method, "top": top, "precision": precision, "tie_break": task.circuit_tie_break}
+
+
+def halves_report(
+    model: nn.Module,
+    id_batches: list[Batch],
+    ood_batches: list[Batch],
+    criterion: str,
+    first: list[int],
+    settings: dict | None = None,
+    state_dir: Path | None = None,
+    progress: bool = True,
+) -> dict:
+    """Extract the `criterion` circuit (removing max(`first`) heads) on each half of the ID and OOD data and
+    compare their first k removals for each k in `first`. `settings`: `extract_circuit` keywords (default: its
+    own); `state_dir`: where each half's search state is saved, to resume."""
+    budget, heads = max(first), sum(map(len, kept_heads(model).values()))
+    if min(first) < 1 or budget >= heads:
+        raise ValueError(f"--first: each k must be in 1..{heads - 1} (a circuit keeps at least one head), got {first}.")
+    circuits, extractions = [], []
+    for half, (id_half, ood_half) in enumerate(zip(split_halves(id_batches), split_halves(ood_batches)), start=1):
+        if progress:
+            tqdm.write(f"half {half} of 2: {_examples(id_half)} ID + {_examples(ood_half)} OOD examples")
+        state = None if state_dir is None else state_dir / f"{criterion}-half{half}-{budget}.state.json"
+        circuit, extraction = timed_extraction(model, id_half, ood_half, criterion, budget, settings, state, progress)
+        circuits.append(circuit)
+        extractions.append({"half": half} | extraction)
+    agreement = removal_agreement(circuits[0].removed, circuits[1].removed, first)
+    return {
+        "criterion": criterion,
+        "heads": heads,
+        "budget": budget,
+        "id_examples": _examples(id_batches),
+        "ood_examples": _examples(ood_batches),
+        "agreement": [{"k": k, "agreement": a, "chance": chance_agreement(k, heads)} for k, a in agreement.items()],
+        "extractions": extractions,
+    }
+
+
+def timed_extraction(
+    model: nn.Module,
+    id_batches: list[Batch],
+    ood_batches: list[Batch],
+    criterion: str,
+    budget: int,
+    settings: dict | None,
+    state: Path | None,
+    progress: bool,
+) -> tuple[Circuit, dict]:
+    """(the circuit, what the report says of its extraction: data sizes, wall time, search, ties, ranking)."""
+    resumed = state is not None and state.exists()
+    started = time.perf_counter()
+    circuit = extract_circuit(
+        model, id_batches, ood_batches, criterion, budget, **(settings or {}), state_path=state, progress=progress
+    )
+    return circuit, {
+        "id_examples": _examples(id_batches),
+        "ood_examples": _examples(ood_batches),
+        "seconds": time.perf_counter() - started,
+        "resumed": resumed,
+        "search": circuit.search,
+        "tied": circuit.tied(),
+        "tie_note": circuit.tie_note(),
+        "removed": [list(head) for head in circuit.removed],
+    }
+
+
+def _examples(batches: list[Batch]) -> int:
+    return sum(map(examples_in, batches))
+
+
+def render(report: dict) -> str:
+    """The report as Markdown: the agreement table, then each extraction's size, time and ties."""
+    heads, criterion = report["heads"], report["criterion"]
+    search = " / ".join(sorted({e["search"] for e in report["extractions"]}))
+    lines = [
+        f"# Circuit on two disjoint halves of the validation data: {report['task']}, seed {report['seed']}",
+        "",
+        f"Criterion {criterion}; search {search}; each half's circuit removes {report['budget']} of {heads} heads. "
+        f"Halves: alternate examples of the task's circuit data ({report['id_examples']} ID, "
+        f"{report['ood_examples']} OOD examples).",
+        "",
+        "| first k removed | agreement | chance (k / H) |",
+        "|---:|---:|---:|",
+        *(f"| {a['k']} | {a['agreement']:.3f} | {a['chance']:.3f} |" for a in report["agreement"]),
+        "",
+        "Agreement at k: the fraction of the first k heads removed on one half that are among the first k removed "
+        f"on the other. Chance: k / H (H = {heads}), what two random removal orders share.",
+        "",
+        "| half | ID examples | OOD examples | wall time | tied removals |",
+        "|---:|---:|---:|---:|---|",
+        *(_extraction_row(e) for e in report["extractions"]),
+        "",
+        "Cost: the search's time grows about linearly with the examples, so each half costs about half of an "
+        "extraction on the whole data.",
+        "",
+        f"Machine: {report['machine']}",
+        "",
+        f"Command: `{report['command']}`",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _extraction_row(extraction: dict) -> str:
+    resumed = " (resumed: this run's part only)" if extraction["resumed"] else ""
+    ties = extraction["tie_note"] or "unknown"
+    return (
+        f"| {extraction['half']} | {extraction['id_examples']} | {extraction['ood_examples']} | "
+        f"{_duration(extraction['seconds'])}{resumed} | {ties} |"
+    )
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 120 else f"{seconds:.1f} s"
+
+
+def write_report(report: dict, path: Path) -> None:
+    """`path`.md and `path`.json, each written atomically."""
+    write_json_atomic(path.with_suffix(".json"), report)
+    with replacing(path.with_suffix(".md")) as tmp:
+        tmp.write_text(render(report))
+
+
+def report_name(seed: int, criterion: str) -> str:
+    """circuit-halves, with the seed and criterion when they are not the defaults (0, avg)."""
+    return "circuit-halves" + (f"-seed{seed}" if seed else "") + ("" if criterion == "avg" else f"-{criterion}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("task", choices=sorted(TASKS))
+    parser.add_argument("--size", choices=SIZES, default="full")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--first", type=int, nargs="+", default=[12, 24, 48], metavar="K")
+    parser.add_argument("--criterion", choices=sorted(CRITERIA), default="avg")
+    args = parser.parse_args()
+    task = TASKS[args.task](args.size)
+    model, seed_cache = single_model(args.task, task, args.size, args.seed)
+    budget = max(args.first)
+    id_first, ood_first = split_halves(task.circuit_id)[0], split_halves(task.circuit_ood)[0]
+    settings = search_settings(task, model, id_first, ood_first, budget)
+    report = halves_report(
+        model,
+        task.circuit_id,
+        task.circuit_ood,
+        args.criterion,
+        sorted(set(args.first)),
+        settings,
+        seed_cache / "circuit_halves",
+    )
+    report |= {
+        "task": task.name,
+        "size": args.size,
+        "settings": settings,
+        "seed": args.seed,
+        "machine": machine(),
+        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+    }
+    folder = RESULTS / (task.name + ("-quick" if args.size == "quick" else ""))
+    write_report(report, folder / report_name(args.seed, args.criterion))
+    print(render(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Is a circuit a property of the model or of its validation sample (issue 39)? Extract it on two disjoint halves
+of the data (`split_halves`) and count how many of the first removals agree (`removal_agreement`), against what
+two random orders would share (`chance_agreement`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ...data.loaders import TARGETS, Batch, materialize, rebatch
+from ...data.loaders import batch_size as examples_in
+
+
+def removal_agreement(first: Sequence[tuple], second: Sequence[tuple], counts: Sequence[int]) -> dict[int, float]:
+    """{k: the fraction of the first k heads removed in `first` that are also among the first k of `second`}.
+
+    Formula: A(k) = |first[:k] ∩ second[:k]| / k, for removal orders (`Circuit.removed`: heads, least useful
+    first). A(k) = 1: the same k heads, in whatever order; 0: none shared. Chance level, for two independent
+    random orders of the same H heads, is k / H (`chance_agreement`).
+    """
+    longest = min(len(first), len(second))
+    for k in counts:
+        if not 1 <= k <= longest:
+            raise ValueError(f"each count must be in 1..{longest} (the heads both orders removed), got {k}.")
+    return {k: len(set(first[:k]) & set(second[:k])) / k for k in counts}
+
+
+def chance_agreement(k: int, heads: int) -> float:
+    """E[A(k)] for two independent uniformly random orders of `heads` heads: each of one order's first k is among
+    the other's first k with probability k / heads."""
+    if not 1 <= k <= heads:
+        raise ValueError(f"k must be in 1..{heads} (the heads ranked), got {k}.")
+    return k / heads
+
+
+def split_halves(batches: Sequence[Batch]) -> tuple[list[Batch], list[Batch]]:
+    """Two disjoint halves of `batches` by example: examples 0, 2, 4, ... (counted across batches) in the first,
+    1, 3, 5, ... in the second, each half in batches of the first batch's size. Labels (and the other `TARGETS`)
+    travel with their inputs; token inputs are right-padded to the half's longest (masked, as `rebatch` does)."""
+    batches = materialize(batches, "batches")
+    total = sum(map(examples_in, batches))
+    if total < 2:
+        raise ValueError(f"splitting into two halves needs at least 2 examples, got {total}: pass more data.")
+    halves: tuple[list[Batch], list[Batch]] = ([], [])
+    start = 0
+    for batch in batches:
+        count = examples_in(batch)
+        parity = torch.arange(start, start + count) % 2  # (B,): 0 -> first half, 1 -> second
+        for half, pieces in enumerate(halves):
+            rows = (parity == half).nonzero().squeeze(1)
+            if len(rows):
+                pieces.append({k: v[rows] if isinstance(v, Tensor) else v for k, v in batch.items()})
+        start += count
+    size = examples_in(batches[0])
+    return _regrouped(halves[0], size), _regrouped(halves[1], size)
+
+
+def _regrouped(pieces: list[Batch], size: int) -> list[Batch]:
+    """`pieces` concatenated and cut into batches of `size`, targets cut alongside the inputs."""
+    inputs = rebatch(pieces, size)  # drops the targets
+    carried = [key for key in TARGETS if any(p.get(key) is not None for p in pieces)]
+    for key in carried:
+        if any(p.get(key) is None for p in pieces):
+            raise ValueError(f"some batches carry {key!r} and others do not: give every batch its {key!r}.")
+    targets = {key: torch.cat([p[key] for p in pieces]) for key in carried}
+    return [
+        batch | {key: values[i * size : (i + 1) * size] for key, values in targets.items()}
+        for i, batch in enumerate(inputs)
+    ]

@@ -1,0 +1,149 @@
+"""Circuits on two disjoint halves of the data (issue 39): removal agreement, the split, and the halves script."""
+
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from circuit_support import circuit_data, circuit_model
+from conftest import HEADS, LAYERS, make_inputs
+
+import hydra_ensembles as he
+from hydra_ensembles.importance.circuit import chance_agreement, removal_agreement, split_halves
+
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "circuit_halves.py"
+A, B, C, D, E, F = [(0, h) for h in range(4)] + [(1, 0), (1, 1)]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("circuit_halves", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---- agreement ----
+
+
+def test_agreement_of_identical_orders_is_one_and_of_disjoint_orders_zero():
+    assert removal_agreement([A, B, C], [A, B, C], [1, 2, 3]) == {1: 1.0, 2: 1.0, 3: 1.0}
+    assert removal_agreement([A, B, C], [D, E, F], [1, 2, 3]) == {1: 0.0, 2: 0.0, 3: 0.0}
+
+
+def test_agreement_counts_shared_heads_of_each_prefix_in_any_order():
+    # prefixes {A} / {B}: 0 shared; {A,B} / {B,E}: 1; {A,B,C} / {B,E,A}: 2; {A,B,C,D} / {B,E,A,F}: 2
+    assert removal_agreement([A, B, C, D], [B, E, A, F], [1, 2, 3, 4]) == {1: 0.0, 2: 0.5, 3: 2 / 3, 4: 0.5}
+
+
+@pytest.mark.parametrize("k", [0, 4])
+def test_agreement_rejects_counts_beyond_either_order(k):
+    with pytest.raises(ValueError, match=r"1\.\.3"):
+        removal_agreement([A, B, C], [A, B, C, D], [k])
+
+
+def test_chance_level_is_what_random_orders_share_on_average():
+    heads, k, draws = 8, 3, 4000
+    rng, order = random.Random(0), list(range(heads))
+    shared = sum(removal_agreement(rng.sample(order, heads), rng.sample(order, heads), [k])[k] for _ in range(draws))
+    assert shared / draws == pytest.approx(chance_agreement(k, heads), abs=0.02)  # k / H = 0.375
+    assert chance_agreement(12, 144) == 1 / 12
+
+
+# ---- the split ----
+
+
+def _numbered_batches() -> list[dict]:
+    """7 examples in batches of 3, 3, 1 (the second cut to 7 tokens, so the halves need padding); label = the
+    example's index."""
+    sizes, batches, start = (3, 3, 1), [], 0
+    for seed, size in enumerate(sizes, start=1):
+        batch = make_inputs("bert", batch=size, seed=seed)
+        if seed == 2:
+            batch = {k: v[:, :7] for k, v in batch.items()}
+        batches.append(batch | {"labels": torch.arange(start, start + size)})
+        start += size
+    return batches
+
+
+def _tokens_by_label(batches: list[dict]) -> dict[int, list[int]]:
+    """{label: the example's unpadded input ids}."""
+    return {
+        int(label): ids[mask.bool()].tolist()
+        for batch in batches
+        for ids, mask, label in zip(batch["input_ids"], batch["attention_mask"], batch["labels"])
+    }
+
+
+def test_split_keeps_every_example_once_with_its_label_alternating_in_batches_of_the_same_size():
+    batches = _numbered_batches()
+    first, second = split_halves(batches)
+    assert torch.cat([b["labels"] for b in first]).tolist() == [0, 2, 4, 6]
+    assert torch.cat([b["labels"] for b in second]).tolist() == [1, 3, 5]
+    assert [len(b["labels"]) for b in first] == [3, 1] and [len(b["labels"]) for b in second] == [3]
+    assert all(len(b["input_ids"]) == len(b["labels"]) for b in first + second)
+    original = _tokens_by_label(batches)
+    assert _tokens_by_label(first) | _tokens_by_label(second) == original  # each input still beside its label
+
+
+def test_split_needs_two_examples():
+    with pytest.raises(ValueError, match="at least 2 examples, got 1"):
+        split_halves([make_inputs("bert", batch=1) | {"labels": torch.tensor([0])}])
+
+
+def test_split_refuses_labels_on_some_batches_only():
+    batches = [make_inputs("bert", batch=2, seed=1) | {"labels": torch.tensor([0, 1])}, make_inputs("bert", seed=2)]
+    with pytest.raises(ValueError, match="'labels'"):
+        split_halves(batches)
+
+
+# ---- the script ----
+
+
+def test_circuit_extracted_twice_on_the_same_data_agrees_at_every_k():
+    id_batches, ood_batches = circuit_data()
+    model = circuit_model()
+    first, second = (he.extract_circuit(model, id_batches, ood_batches, "avg", 6, progress=False) for _ in range(2))
+    assert removal_agreement(first.removed, second.removed, range(1, 7)) == dict.fromkeys(range(1, 7), 1.0)
+
+
+def _doubled(batches: list[dict]) -> list[dict]:
+    """Every example twice in a row: both halves of the split are then the same data."""
+    return [{k: v.repeat_interleave(2, dim=0) for k, v in batch.items()} for batch in batches]
+
+
+def test_halves_of_doubled_data_agree_at_every_k_and_the_report_says_so(tmp_path):
+    script, (id_batches, ood_batches) = _script(), circuit_data()
+    report = script.halves_report(
+        circuit_model(), _doubled(id_batches), _doubled(ood_batches), "avg", [1, 2, 4], progress=False
+    )
+    heads = LAYERS * HEADS
+    assert report["agreement"] == [{"k": k, "agreement": 1.0, "chance": k / heads} for k in (1, 2, 4)]
+    first, second = report["extractions"]
+    assert first["removed"] == second["removed"] and len(first["removed"]) == 4
+    assert (first["id_examples"], first["ood_examples"], report["id_examples"]) == (24, 24, 48)
+    report |= {"task": "tiny", "seed": 0, "machine": "here", "command": "python benchmarks/circuit_halves.py tiny"}
+    script.write_report(report, tmp_path / "circuit-halves")
+    assert json.loads((tmp_path / "circuit-halves.json").read_text())["agreement"] == report["agreement"]
+    markdown = (tmp_path / "circuit-halves.md").read_text()
+    assert f"| 4 | 1.000 | {4 / heads:.3f} |" in markdown and "removals tied" in markdown
+
+
+def test_halves_report_rejects_counts_the_circuit_cannot_remove():
+    id_batches, ood_batches = circuit_data()
+    with pytest.raises(ValueError, match=rf"--first: each k must be in 1\.\.{LAYERS * HEADS - 1}"):
+        _script().halves_report(circuit_model(), id_batches, ood_batches, "avg", [4, LAYERS * HEADS], progress=False)
+
+
+class _Task:
+    name = "tiny-task"
+
+    def fingerprint(self) -> str:
+        return "0123456789"
+
+
+def test_missing_single_model_names_the_command_that_trains_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("HYDRA_ENSEMBLES_CACHE", str(tmp_path))
+    with pytest.raises(SystemExit, match=r"hydra-ens bench text --seeds 2 --rows Single --quick"):
+        _script().single_model("text", _Task(), "quick", 2)
