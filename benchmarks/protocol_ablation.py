@@ -1,0 +1,188 @@
+"""Which protocol change moved what (issue 39, item 7): one seed of image-dinov2 under the protocol before issue 39,
+then each change added in turn, every step tested on the same (current) test and OOD test sets:
+
+0. protocol 1: circuits on photo crops as OOD validation, ties by (layer, head) order, half the heads pruned with
+   pools of 2/3 of them, the single model 4 epochs with dropout and label smoothing, members 2 epochs;
+1. + OOD validation: the validation parts of the OOD sources (disjoint from their test parts);
+2. + informative circuits: ties decided by the secondary score;
+3. + diversity: a third of the heads pruned, pools twice the budget;
+4. + training (§C.1.2, §D.2): no dropout or label smoothing in the base, crop+flip, validation selection;
+   this is the current task (`hydra-ens bench image-dinov2`): it shares that run's cache;
+5. + fine-tuning after fusing: "Hydra (Circ), fused then fine-tuned" next to fine-tune-then-average (Hydra (Circ))
+   and fine-tune-then-stack ("…, stacked MLP"), in step 4's run.
+
+Steps 1-3 start from step 0's single model (the same training), so they differ only in what the step changes.
+
+    python benchmarks/protocol_ablation.py [--seed 0] [--steps 0 1 2 3 4]
+
+Writes benchmarks/results/image-dinov2/ablation/ablation.md and .json, and each step's own table in step<k>/.
+Cost on 2 CPU cores: about an hour a step (a circuit search of ~25 min, members, evaluation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from hydra_ensembles.bench import cache_dir, runner, suite
+from hydra_ensembles.bench.records import copy_records
+from hydra_ensembles.bench.tasks import Task, _image_batches, dinov2_pixels, dinov2_task
+from hydra_ensembles.evaluation.bootstrap import difference_lines
+from hydra_ensembles.evaluation.compare import machine
+from hydra_ensembles.evaluation.tables import COLUMNS, mean_std, render
+from hydra_ensembles.io import write_json_atomic
+from hydra_ensembles.predictors import load_predictor
+from hydra_ensembles.training import IMAGE_RECIPE
+
+OUT = Path(__file__).parent / "results" / "image-dinov2" / "ablation"
+RECORDS = Path(__file__).parent / "records"  # each step's records kept as `hydra-ens bench --records` keeps them
+CORE = ["Single", "CircAvg", "Hydra (Circ)"]
+LAST = [
+    "Single",
+    "Single, trained as long",
+    "Deep Ensembles",
+    "CircAvg",
+    "Hydra (Taylor)",
+    "Hydra (Circ)",
+    "Hydra (Circ), stacked MLP",
+    "Hydra (Circ), fused then fine-tuned",
+]
+SHOWN = [c for c in COLUMNS if c.header in ("Acc", "NLL", "ECE", "AUROC near", "AUROC far", "AUROC all", "FPR95 all")]
+
+
+def photo_crops(count: int, seed: int = 0) -> Tensor:
+    """Protocol 1's OOD validation: random grey crops (56-112 px square, downsampled to 28x28) of scikit-learn's
+    two sample photographs, (count, 28, 28) in [0, 1]."""
+    from sklearn.datasets import load_sample_images
+
+    photos = [torch.from_numpy(np.array(p)).float().mean(-1) / 255 for p in load_sample_images().images]
+    generator, crops = torch.Generator().manual_seed(seed), []
+    for i in range(count):
+        photo = photos[i % len(photos)]
+        side = int(torch.randint(56, 113, (1,), generator=generator))
+        top = int(torch.randint(0, photo.shape[0] - side + 1, (1,), generator=generator))
+        left = int(torch.randint(0, photo.shape[1] - side + 1, (1,), generator=generator))
+        crop = photo[top : top + side, left : left + side][None, None]
+        crops.append(F.interpolate(crop, size=(28, 28), mode="area")[0, 0])
+    return torch.stack(crops)
+
+
+def protocol_1(current: Task, crops: list) -> Task:
+    """`current` with protocol 1's OOD validation, ties, budgets and training (its test data kept)."""
+    recipe = IMAGE_RECIPE.with_(epochs=4, lr=0.01, freeze_embeddings=True)  # label smoothing 0.1, no augmentation
+    return replace(
+        current,
+        new_model=current.dropout_model or current.new_model,  # dropout 0.1 in each layer
+        dropout_model=None,
+        recipe=recipe,
+        member_recipe=recipe.with_(epochs=2),
+        lora_recipe=recipe.with_(lr=2e-3, freeze_embeddings=False),
+        prune_per_layer=3,
+        taylor_pool=4,
+        circuit_pool=48,
+        circuit_tie_break="order",
+        circuit_ood=crops,
+    )
+
+
+def steps(current: Task, crops: list) -> list[tuple[str, Task, list[str]]]:
+    """[(what the step adds, its task, its rows)], each step's task the previous one with one change."""
+    old = protocol_1(current, crops)
+    ood = replace(old, circuit_ood=current.circuit_ood)
+    ties = replace(ood, circuit_tie_break=current.circuit_tie_break)
+    budgets = ("prune_per_layer", "taylor_pool", "circuit_pool")
+    pools = replace(ties, **{name: getattr(current, name) for name in budgets})
+    return [
+        ("0. protocol 1 (before issue 39)", old, [*CORE, "Hydra (Taylor)"]),
+        ("1. + OOD validation from the OOD sources", ood, CORE),
+        ("2. + circuit ties by the secondary score", ties, CORE),
+        ("3. + a third pruned, pools twice the budget", pools, [*CORE, "Hydra (Taylor)"]),
+        ("4. + training as §C.1.2 / §D.2 (= protocol 2), 5. + fused then fine-tuned", current, LAST),
+    ]
+
+
+def run_steps(chosen: list[int], seed: int, cache: Path, out: Path, command: str) -> dict:
+    """Each chosen step's rows on `seed`, then the ablation table across every step that has results."""
+    current = dinov2_task("full")
+    crops = _image_batches(dinov2_pixels)(photo_crops(80))  # protocol 1's 80 crops
+    all_steps = steps(current, crops)
+    first_single = runner.seed_dir(cache, all_steps[0][1], seed) / "models" / "single"
+    summaries = {}
+    for k, (label, task, rows) in enumerate(all_steps):
+        if k not in chosen:
+            continue
+        base = (lambda: load_predictor(first_single)) if 1 <= k <= 3 else None  # step 0's single model
+        if base is not None and not first_single.exists():
+            raise SystemExit(f"step {k} starts from step 0's single model: run step 0 first (--steps 0 {k}).")
+        print(f"[{label}]", flush=True)
+        key = f"{task.name}-{task.fingerprint()}"
+        copy_records(RECORDS / key, cache / key, overwrite=False)  # goes on from another machine's rows
+        try:
+            summaries[k] = runner.run(
+                task,
+                suite.TABLE,
+                [seed],
+                out / f"step{k}",
+                cache,
+                command=command,
+                rows=rows,
+                latency_repeats=0,
+                base=base,
+            )
+        finally:
+            copy_records(cache / key, RECORDS / key, overwrite=True)
+    record = {"seed": seed, "machine": machine(), "command": command, "steps": {}}
+    for k, (label, _, _) in enumerate(all_steps):
+        path = out / f"step{k}" / "table.json"
+        if path.exists():
+            record["steps"][label] = json.loads(path.read_text())
+    write_json_atomic(out / "ablation.json", record)
+    (out / "ablation.md").write_text(markdown(record))
+    return record
+
+
+def markdown(record: dict) -> str:
+    header = ["Step", "Row", *(c.header for c in SHOWN)]
+    body = []
+    for label, summary in record["steps"].items():
+        for row, stats in summary["rows"].items():
+            body.append([label, row, *(mean_std(stats.get(f"{c.where}.{c.key}"), c.scale, c.digits) for c in SHOWN)])
+    lines = [
+        f"# image-dinov2: which protocol change moved what (seed {record['seed']})",
+        "",
+        f"Command: `{record['command']}`  ",
+        f"Machine: {record['machine']}",
+        "",
+        "Every step is tested on the same test set and OOD test sets (the current task's); each adds one change "
+        "to the step above (benchmarks/protocol_ablation.py's docstring). Values in %, NLL in nats; OOD by "
+        "maximum softmax probability.",
+        "",
+        *render(header, body, "markdown"),
+    ]
+    for label, summary in record["steps"].items():
+        if summary.get("differences"):
+            lines += ["", f"**{label}**", "", *difference_lines(summary["differences"])]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, nargs="+", default=[0, 1, 2, 3, 4], choices=range(5))
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    command = shlex.join(["python", "benchmarks/protocol_ablation.py", *(sys.argv[1:] if argv is None else argv)])
+    run_steps(sorted(args.steps), args.seed, cache_dir() / "bench" / "full", args.out, command)
+
+
+if __name__ == "__main__":
+    main()
