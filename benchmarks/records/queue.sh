@@ -13,16 +13,14 @@ cd "${HYDRA_REPO:-$(dirname "$0")/../..}"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 R=benchmarks/records
 set -x
+# one command a line: tests/bench/test_records.py parses every `hydra-ens bench` line
 # image-dinov2, seed 0 first, the rows the questions need before the others
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single CircAvg "Hydra (Circ)"
 python benchmarks/circuit_halves.py image-dinov2 --seed 0 --first 12 24 48  # is the circuit the model's?
-hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows "Single, trained as long" "Deep Ensembles"
-hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Taylor "Hydra (Taylor)" \
-  "Hydra (Circ), fused then fine-tuned"
+hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single "Single, trained as long" "Deep Ensembles"
+hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single Taylor "Hydra (Taylor)" "Hydra (Circ), fused then fine-tuned"
 # seeds 1 and 2 on the rows the closing questions need, then the protocol ablation (seed 0), then every row
-CORE=(Single "Single, trained as long" "Deep Ensembles" Taylor CircAvg "Hydra (Taylor)" "Hydra (Circ)" \
-  "Hydra (Circ), fused then fine-tuned")
-hydra-ens bench image-dinov2 --seeds 0 1 2 --records $R --quiet --rows "${CORE[@]}"
+hydra-ens bench image-dinov2 --seeds 0 1 2 --records $R --quiet --rows Single "Single, trained as long" "Deep Ensembles" Taylor CircAvg "Hydra (Taylor)" "Hydra (Circ)" "Hydra (Circ), fused then fine-tuned"
 python benchmarks/protocol_ablation.py --seed 0 --steps 0 1 2 3 4
 hydra-ens bench image-dinov2 --seeds 0 1 2 --records $R --quiet
 hydra-ens bench sentiment-mpnet --seeds 0 1 2 --records $R --quiet

@@ -164,7 +164,7 @@ class TextSize:
     mc_samples: int
 
 
-TEXT_SIZES = {  # BBC: entertainment has 386 articles (371 distinct): 300 test + 20 validation
+TEXT_SIZES = {  # BBC: entertainment has 386 articles (365 distinct): 300 test + 20 validation
     "full": TextSize(50, 40, 60, ood=300, ood_val=20, circuit=60, tokens=128, epochs=6, member_epochs=3, mc_samples=8),
     "quick": TextSize(30, 20, 30, ood=30, ood_val=10, circuit=30, tokens=128, epochs=3, member_epochs=1, mc_samples=4),
     "demo": TextSize(50, 30, 50, ood=50, ood_val=10, circuit=30, tokens=128, epochs=4, member_epochs=1, mc_samples=4),

@@ -16,10 +16,13 @@ against the unpruned one, at the base the cost rule picks and along the sweep (w
 zero-shot: a LiT-style two-tower model (DINOv2-S locked + MiniLM, trained here once) classifying Fashion-MNIST
 zero-shot, and its training-free Hydra Ensembles (both towers or the image tower pruned; Table 3's shape).
 The suite tasks (text, sentiment, image and their pretrained versions) write table.md, table.json (every
-number of every seed, the command, the machine), reliability.png, ood_scores.png and head_importance.png; the
-others <experiment>.md and .json. Everything trained is cached (--cache) and reused; an interrupted run
-resumes at the first missing row. A full seed on 2 CPU cores: text about 36 minutes, image 18, image-dinov2
-about 2.3 hours, text-mpnet about 4.5 (most of it the circuit search).
+number of every seed, the command, the machine, paired bootstrap intervals of the Hydra rows' differences from
+Single and Deep Ensembles), reliability.png, ood_scores.png and head_importance.png; the others <experiment>.md and
+.json. Protocol (issue 39): circuits on the OOD sources' validation parts, disjoint from their test parts; a third
+of the heads pruned from pools twice the budget; validation-selected training (docs/evaluation.md). Everything
+trained is cached (--cache) and reused; an interrupted run resumes at the first missing row. A full seed on 2 CPU
+cores under protocol 1: text about 36 minutes, image 18, image-dinov2 about 2.3 hours, text-mpnet about 4.5 (most
+of it the circuit search); protocol 2's times are being measured.
 --records DIR keeps the cache's records (results, logits, scores, circuits, latency: everything but weights)
 in DIR as well, so that a run can go on from another machine (`bench.records`).
 """
