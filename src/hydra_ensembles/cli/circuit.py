@@ -21,11 +21,13 @@ from ..predictors.classifier import prompt_tokenizer
 from ..predictors.clip_zero_shot import prompt_batches
 from .common import (
     add_data_options,
+    add_device_argument,
     add_zero_shot_options,
     check_one_model,
     classifier_at,
     data_settings,
     read_data,
+    resolve_device,
     zero_shot_options,
 )
 from .step import add_output_options, check_model_dir, fingerprint_path, start_step
@@ -85,9 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_output_options(parser)
     add_data_options(parser)
     add_zero_shot_options(parser)
+    add_device_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
     model_dir = check_model_dir(args.model)
     check_one_model(model_dir, "circuit", two_tower=True)
     settings = {
@@ -103,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     out = start_step(args, "circuit", settings, "circuit.json")
     if out is None:
         return 0
-    model = classifier_at(model_dir, zero_shot=zero_shot_options(args))
+    model = classifier_at(model_dir, zero_shot=zero_shot_options(args)).to(device)
     config = model_config(model)
     id_data = read_data(args, args.data, model_dir, config, labelled=True, flag="--data")
     if CRITERIA[args.criterion].needs_ood and not args.ood:

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import transformers
 from torch import nn
 
@@ -96,6 +97,42 @@ def zero_shot_options(args: argparse.Namespace) -> ZeroShot:
     if zero_shot.templates and not zero_shot.classes:
         raise CommandError("--templates needs --classes (the class names to put in them).")
     return zero_shot
+
+
+# ---- device ----
+
+
+def _auto() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _cuda() -> torch.device:
+    if not torch.cuda.is_available():
+        raise CommandError(
+            "--device cuda: no CUDA GPU is available here (torch.cuda.is_available() is False); pass --device cpu, "
+            "or --device auto to use a GPU only when there is one."
+        )
+    return torch.device("cuda")
+
+
+DEVICES = {"auto": _auto, "cpu": lambda: torch.device("cpu"), "cuda": _cuda}
+
+
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--device",
+        choices=sorted(DEVICES),
+        default="auto",
+        help="where the model runs: auto = a CUDA GPU when one is available, else the CPU (default: auto)",
+    )
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device a --device value names; "cuda" without a GPU is refused, naming --device cpu. Models are
+    moved there by the command; every library loop moves its batches to the model's device."""
+    if name not in DEVICES:
+        raise CommandError(f"--device {name!r} is not a device; choose one of {sorted(DEVICES)}.")
+    return DEVICES[name]()
 
 
 # ---- data ----

@@ -24,7 +24,16 @@ from ..fusion import HydraEnsemble
 from ..predictors import class_names, copy_preprocessor, describe_saved, load_preprocessor, num_members
 from ..pruning import load_model
 from ..training import IMAGE_RECIPE, TEXT_RECIPE
-from .common import CommandError, add_data_options, check_one_model, classifier_at, data_settings, read_data
+from .common import (
+    CommandError,
+    add_data_options,
+    add_device_argument,
+    check_one_model,
+    classifier_at,
+    data_settings,
+    read_data,
+    resolve_device,
+)
 from .step import add_output_options, check_model_dir, fingerprint_path, start_step
 
 EXAMPLE = """hydra-ens distill --teacher hydra/ensemble --model single/model --data train.csv --val val.csv --out st
@@ -48,9 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     add_output_options(parser)
     add_data_options(parser)
+    add_device_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
     model_dir = check_model_dir(args.model, "--model")
     check_one_model(model_dir, "distill")
     teacher_dir = check_model_dir(args.teacher, "--teacher")
@@ -74,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     out = start_step(args, "distill", settings)
     if out is None:
         return 0
-    teacher, student_model = _teacher_and_student(teacher_dir, model_dir)
+    teacher, student_model = (model.to(device) for model in _teacher_and_student(teacher_dir, model_dir))
     transfer = read_data(args, args.data, model_dir, student_model.config, labelled=False, flag="--data").batches
     val = (
         read_data(args, args.val, model_dir, student_model.config, labelled=True, flag="--val").batches

@@ -24,11 +24,13 @@ from ..pruning import kept_heads
 from .common import (
     CommandError,
     add_data_options,
+    add_device_argument,
     add_zero_shot_options,
     classifier_at,
     data_settings,
     named_sources,
     read_data,
+    resolve_device,
     zero_shot_options,
 )
 from .step import add_output_options, check_model_dir, fingerprint_path, start_step
@@ -57,9 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_output_options(parser)
     add_data_options(parser)
     add_zero_shot_options(parser)
+    add_device_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
     models = named_sources(args.model, "--model")
     sets = {group: named_sources(getattr(args, group), f"--{group}") for group in ("near", "far", "ood")}
     names = [name for group in sets.values() for name in group]
@@ -77,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     out = start_step(args, "evaluate", settings, "report.md")
     if out is None:
         return 0
-    built = _built(args, models, sets)
+    built = _built(args, models, sets, device)
     builds = {name: (lambda name=name: built[name]) for name in built}
     results = compare(
         builds, None, out.path / "results.json", out.path / "logits", progress=not args.quiet, require_logits=True
@@ -116,13 +120,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _built(args: argparse.Namespace, models: dict[str, str], sets: dict[str, dict[str, str]]) -> dict[str, Built]:
-    """Every --model loaded, with the data read its own way (its tokenizer or image processor); all must predict
-    the same classes."""
+def _built(
+    args: argparse.Namespace, models: dict[str, str], sets: dict[str, dict[str, str]], device: torch.device
+) -> dict[str, Built]:
+    """Every --model loaded onto `device`, with the data read its own way (its tokenizer or image processor); all
+    must predict the same classes."""
     built, classes = {}, None
     for name, path in models.items():
         model_dir = check_model_dir(path, f"--model {name}")
-        model = classifier_at(model_dir, f"--model {name}", zero_shot=zero_shot_options(args))
+        model = classifier_at(model_dir, f"--model {name}", zero_shot=zero_shot_options(args)).to(device)
         config = model_config(model)
         if classes is not None and class_names(model) != classes:
             raise CommandError(

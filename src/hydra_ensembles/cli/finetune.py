@@ -24,7 +24,15 @@ from ..predictors import copy_preprocessor, load_preprocessor
 from ..pruning import load_model, save_model
 from ..training import IMAGE_RECIPE, TEXT_RECIPE, finetune
 from ..training.recipes import MONITORS, PRECISIONS
-from .common import CommandError, add_data_options, check_one_model, data_settings, read_data
+from .common import (
+    CommandError,
+    add_data_options,
+    add_device_argument,
+    check_one_model,
+    data_settings,
+    read_data,
+    resolve_device,
+)
 from .members import member_dirs
 from .step import MEMBERS_FILE, add_output_options, check_model_dir, fingerprint_path, start_step
 
@@ -59,9 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="batch order and dropout seed; member i uses seed + i")
     add_output_options(parser)
     add_data_options(parser)
+    add_device_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
     source = Path(args.model)
     members = (source / MEMBERS_FILE).is_file()
     sources = member_dirs(source, "--model") if members else [check_model_dir(source)]
@@ -102,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name}: already fine-tuned ({target})")
             continue
         torch.manual_seed(args.seed)  # a new classification head starts the same in every run
-        model = _classifier(model_dir, train_examples.labels)
+        model = _classifier(model_dir, train_examples.labels).to(device)
         train = read_data(args, args.data, model_dir, model.config, labelled=True, flag="--data").batches
         val = (
             read_data(args, args.val, model_dir, model.config, labelled=True, flag="--val").batches

@@ -25,7 +25,14 @@ from ..predictors import copy_preprocessor, load_preprocessor
 from ..pruning import load_model
 from ..training import AUGMENTATIONS, TrainConfig, finetune_fused
 from ..training.recipes import MONITORS, PRECISIONS
-from .common import CommandError, add_data_options, data_settings, read_data
+from .common import (
+    CommandError,
+    add_data_options,
+    add_device_argument,
+    data_settings,
+    read_data,
+    resolve_device,
+)
 from .finetune import RECIPES, kept_epoch_line
 from .members import member_dirs
 from .step import Output, add_output_options, fingerprint_path, start_step
@@ -57,6 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_finetune_options(parser)
     add_output_options(parser)
     add_data_options(parser)
+    add_device_argument(parser)
 
 
 def _recipe_defaults(field: str) -> str:
@@ -115,6 +123,7 @@ def check_finetune_flags(args: argparse.Namespace, kind: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
     dirs = member_dirs(args.members, "--members")
     settings = {
         "members": fingerprint_path(args.members, "--members"),
@@ -138,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.sample < 1:
         raise CommandError(f"--sample must be at least 1, got {args.sample}.")
-    members = [load_model(d) for d in dirs]
+    members = [load_model(d).to(device) for d in dirs]
     try:
         ensemble = HydraEnsemble.fuse(members, mlp=args.mlp, allow_identical=args.allow_identical)
     except ValueError as error:

@@ -22,9 +22,11 @@ from ..uncertainty import ensemble_probs, mutual_information
 from .common import (
     CommandError,
     add_data_options,
+    add_device_argument,
     add_zero_shot_options,
     classifier_at,
     read_data,
+    resolve_device,
     zero_shot_options,
 )
 from .step import check_model_dir
@@ -45,11 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", help="write here instead of stdout")
     add_data_options(parser)
     add_zero_shot_options(parser)
+    add_device_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
     model_dir = check_model_dir(args.model)
-    model = classifier_at(model_dir, zero_shot=zero_shot_options(args))  # first: what it is decides what applies
+    model = classifier_at(model_dir, zero_shot=zero_shot_options(args)).to(device)  # first: what it is decides
     if (args.calibration is None) == (args.threshold is None):
         raise CommandError("give either --calibration (ID validation inputs) or --threshold, exactly one of them.")
     if not 0 < args.tpr <= 1:

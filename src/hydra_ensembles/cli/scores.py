@@ -15,7 +15,15 @@ from ..evaluation import plots
 from ..importance import taylor_head_scores
 from ..importance.losses import loss_choices, needs_labels
 from ..io import write_json_atomic
-from .common import add_data_options, check_one_model, classifier_at, data_settings, read_data
+from .common import (
+    add_data_options,
+    add_device_argument,
+    check_one_model,
+    classifier_at,
+    data_settings,
+    read_data,
+    resolve_device,
+)
 from .step import add_output_options, check_model_dir, fingerprint_path, start_step
 
 EXAMPLE = """hydra-ens scores --model my-classifier --data val.csv --out scores
@@ -41,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_output_options(parser)
     add_data_options(parser)
+    add_device_argument(parser)
 
 
 def _budget(text: str) -> int | list[int]:
@@ -54,6 +63,7 @@ def _budget(text: str) -> int | list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
     model_dir = check_model_dir(args.model)
     check_one_model(model_dir, "scores")
     settings = {
@@ -66,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     out = start_step(args, "scores", settings, "scores.safetensors")
     if out is None:
         return 0
-    model = classifier_at(model_dir)
+    model = classifier_at(model_dir).to(device)
     labelled = needs_labels(args.loss)
     data = read_data(args, args.data, model_dir, model.config, labelled=labelled, flag="--data")
     scores = taylor_head_scores(

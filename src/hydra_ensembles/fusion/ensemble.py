@@ -24,7 +24,7 @@ import transformers
 from torch import Tensor, nn
 
 from ..adapters import Adapter, Block, adapter_by_name, get_adapter
-from ..data.loaders import Batch, split_batch
+from ..data.loaders import Batch, split_batch, to_device
 from ..io import reading_dir, save_dir_atomic, write_json_atomic
 from ..outputs import PredictorOutput
 from ..pruning import HeadMap, base_fingerprint, kept_heads
@@ -408,6 +408,7 @@ def fusion_deviation(
                 if left <= 0:
                     break
                 inputs = {k: v[:left] if isinstance(v, Tensor) else v for k, v in inputs.items()}
+            inputs = to_device(inputs, next(ensemble.parameters()).device)
             fused = ensemble(**inputs)
             one_by_one = torch.stack([_member_output(adapter, m, inputs) for m in members], dim=1)  # (B, M, C|D)
             got = fused.member_logits if ensemble.is_classifier else fused.member_pooled  # (B, M, C) or (B, M, D)

@@ -1,0 +1,172 @@
+"""Choose image-dinov2's input resolution on validation and state its cost (issue 39, item 4). For each side in px
+(a multiple of DINOv2's 14 px patch), the task's single model is fine-tuned with the task's recipe and cached in the
+bench cache as `hydra-ens bench image-dinov2 --rows Single` caches it (at 56 px, the task's default, it is the
+benchmark's own model, loaded, not trained again). Per size: validation NLL and accuracy of the epoch kept (the
+recipe keeps the best validation NLL), that epoch, the training time and seconds per epoch (a cached model reports
+"cached"), and FLOPs per example; the size with the lowest validation NLL is chosen (a tie goes to the fewer
+pixels, the cheaper). Test data is never read: a model is checked against the task's records by its weights digest
+only, never measured on the test set. Run it while no benchmark of image-dinov2 trains the same seed: they share
+the cache.
+
+    python benchmarks/resolution.py [--pixels 56 84 112] [--seed 0]
+
+Writes benchmarks/results/image-dinov2/resolution.md and .json. Cost on 2 CPU cores: the 56 px Single row took ~17 min
+(10 epochs, then measured); a step costs about in proportion to the patches (16, 36, 64 at 56, 84, 112 px), more
+with attention, so ~40 min at 84 px and ~70 min or more at 112 px (estimates, not measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from hydra_ensembles.bench import cache_dir, runner, suite
+from hydra_ensembles.bench.records import copy_records
+from hydra_ensembles.bench.tasks import DINOV2_PATCH, DINOV2_PIXELS, Task, _whole_patches, dinov2_task
+from hydra_ensembles.cost import count_flops
+from hydra_ensembles.evaluation.compare import machine
+from hydra_ensembles.evaluation.tables import render
+from hydra_ensembles.io import read_json_record, replacing, write_json_atomic
+
+OUT = Path(__file__).parent / "results" / "image-dinov2"
+RECORDS = Path(__file__).parent / "records"  # the benchmark's records (`hydra-ens bench --records`): read only
+PROBE = 8  # validation examples whose forward pass is counted for FLOPs per example
+
+
+def choose(sizes: Sequence[Mapping]) -> int:
+    """The `pixels` of the record with the lowest finite `val_nll`; a tie goes to the fewer pixels (the cheaper)."""
+    finite = [size for size in sizes if math.isfinite(size["val_nll"])]
+    if not finite:
+        raise ValueError(f"no size has a finite validation NLL: {[size['val_nll'] for size in sizes]}.")
+    return min(finite, key=lambda size: (size["val_nll"], size["pixels"]))["pixels"]
+
+
+def kept_epoch(training: Mapping) -> dict:
+    """The epoch kept of a model's `suite.TRAINING` record ({"epochs": [...], "kept_epoch": k}): its number,
+    validation NLL and accuracy, and the epochs run."""
+    epoch = next(e for e in training["epochs"] if e["epoch"] == training["kept_epoch"])
+    return {
+        "kept_epoch": epoch["epoch"],
+        "epochs_run": len(training["epochs"]),
+        "val_nll": epoch["val_nll"],
+        "val_acc": epoch["val_acc"],
+    }
+
+
+def single_on_validation(task: Task, seed: int, cache: Path, records: Path = RECORDS, progress: bool = True) -> dict:
+    """`task`'s single model for `seed`, trained now or loaded from the bench cache `cache`, described on
+    validation data only: `kept_epoch`'s fields, `training` ("trained", "resumed" from a checkpoint, or "cached"),
+    `train_seconds` and `seconds_per_epoch` (when trained now, else None), `flops_per_example`, `max_epochs` and the
+    task's `fingerprint`."""
+    seed_cache = runner.seed_dir(cache, task, seed)
+    pieces = suite.Pieces(runner.SeedRun(task, seed, seed_cache, progress=progress))
+    train, checkpoint = pieces.from_start(seed)
+    training = _training_state(seed_cache, checkpoint)
+    if training != "cached":  # the seed's recorded digests, to check a model built again against
+        copy_records(records / seed_cache.relative_to(cache), seed_cache, overwrite=False)
+    started = time.perf_counter()
+    # `trained`, not `single`: `single` measures a rebuilt model on the test set to compare it with its row
+    model = pieces.trained("single", train, checkpoint=checkpoint)
+    seconds = time.perf_counter() - started if training != "cached" else None
+    kept = kept_epoch(read_json_record(pieces.cache / suite.TRAINING)["single"])
+    probe = {k: v[:PROBE] for k, v in task.val[0].items() if k != "labels"}
+    return kept | {
+        "training": training,
+        "train_seconds": seconds,
+        "seconds_per_epoch": seconds / kept["epochs_run"] if training == "trained" else None,
+        "flops_per_example": count_flops(model, probe) / len(next(iter(probe.values()))),
+        "max_epochs": task.recipe.epochs,
+        "fingerprint": task.fingerprint(),
+    }
+
+
+def _training_state(seed_cache: Path, checkpoint: str) -> str:
+    if (seed_cache / "models" / "single").exists():
+        return "cached"
+    return "resumed" if (seed_cache / "checkpoints" / checkpoint).exists() else "trained"
+
+
+def compare_sizes(pixels: Sequence[int], seed: int, cache: Path, command: str) -> dict:
+    """Every size's single model on validation (one task built at a time: 112 px inputs take ~1.4 GB) and the
+    size chosen."""
+    sizes = []
+    for side in pixels:
+        print(f"[{side} px]", flush=True)
+        task = dinov2_task("full", pixels=side)
+        sizes.append({"pixels": side, "patches": (side // DINOV2_PATCH) ** 2} | single_on_validation(task, seed, cache))
+    return {
+        "task": "image-dinov2",
+        "seed": seed,
+        "command": command,
+        "machine": machine(),
+        "sizes": sizes,
+        "chosen": choose(sizes),
+    }
+
+
+def markdown(record: dict) -> str:
+    default = next((s for s in record["sizes"] if s["pixels"] == DINOV2_PIXELS), record["sizes"][0])
+    header = ["Pixels", "Patches", "Val NLL", "Val acc", "Epoch kept", "Training", "s / epoch", "GFLOPs / ex.", "FLOPs"]
+    body = [
+        [
+            f"{s['pixels']}{' (chosen)' if s['pixels'] == record['chosen'] else ''}",
+            str(s["patches"]),
+            f"{s['val_nll']:.4f}",
+            f"{100 * s['val_acc']:.2f}",
+            f"{s['kept_epoch']} of {s['epochs_run']} run (at most {s['max_epochs']})",
+            s["training"] if s["train_seconds"] is None else f"{s['training']}, {s['train_seconds'] / 60:.1f} min",
+            "-" if s["seconds_per_epoch"] is None else f"{s['seconds_per_epoch']:.0f}",
+            f"{s['flops_per_example'] / 1e9:.2f}",
+            f"{s['flops_per_example'] / default['flops_per_example']:.2f}x",
+        ]
+        for s in record["sizes"]
+    ]
+    return "\n".join(
+        [
+            f"# image-dinov2: the input resolution, chosen on validation (seed {record['seed']})",
+            "",
+            f"Command: `{record['command']}`  ",
+            f"Machine: {record['machine']}",
+            "",
+            "Fashion-MNIST's 28 px images upsampled (bicubic) to each side for DINOv2-S (14 px patches); the task's "
+            "single model fine-tuned with its recipe at each size, the epoch with the best validation NLL kept. "
+            "Validation data only (no test data read); NLL in nats, accuracy in %. FLOPs: one forward pass per "
+            f"example, relative to {default['pixels']} px. Training: 'cached' when the model was in the bench cache "
+            "(its time is not known here); 'resumed' when it went on from a checkpoint (time of the rest only).",
+            "",
+            *render(header, body, "markdown"),
+            "",
+            f"Chosen by validation NLL: **{record['chosen']} px** (a tie goes to the fewer pixels).",
+        ]
+    )
+
+
+def _side(text: str) -> int:
+    """An input side from the command line, refused (every size before any is trained) unless whole patches."""
+    try:
+        return _whole_patches(int(text))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pixels", type=_side, nargs="+", default=[56, 84, 112], help="input sides, multiples of 14")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    command = shlex.join(["python", "benchmarks/resolution.py", *(sys.argv[1:] if argv is None else argv)])
+    record = compare_sizes(args.pixels, args.seed, cache_dir() / "bench" / "full", command)
+    write_json_atomic(args.out / "resolution.json", record)
+    with replacing(args.out / "resolution.md") as tmp:
+        tmp.write_text(markdown(record) + "\n")
+    print(markdown(record))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""image-dinov2's input resolution (issue 39, item 4): `dinov2_pixels` at any side of whole 14 px patches, and
+benchmarks/resolution.py's choice on validation, on hand-made records and a tiny task (no real data or model)."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from test_suite import tiny_task  # noqa: F401 (the fixture)
+
+from hydra_ensembles.bench import suite, tasks
+from hydra_ensembles.io import write_json_atomic
+
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "resolution.py"
+
+
+@pytest.fixture(scope="module")
+def resolution():
+    spec = importlib.util.spec_from_file_location("resolution", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("pixels", [56, 84])
+def test_dinov2_pixels_upsamples_to_the_side_asked_for(pixels):
+    images = torch.rand(5, 28, 28)
+    inputs = tasks.dinov2_pixels(images, pixels)
+    assert inputs.shape == (5, 3, pixels, pixels)
+    assert torch.isfinite(inputs).all()
+    grey = inputs * torch.tensor(tasks.IMAGENET_STD)[:, None, None] + torch.tensor(tasks.IMAGENET_MEAN)[:, None, None]
+    assert torch.allclose(grey[:, 0], grey[:, 2], atol=1e-6)  # the same grey image in every channel
+    assert torch.allclose(grey.mean((1, 2, 3)), images.mean((1, 2)), atol=0.02)  # upsampled, not changed
+
+
+def test_dinov2_pixels_default_is_the_task_default():
+    images = torch.rand(2, 28, 28)
+    assert torch.equal(tasks.dinov2_pixels(images), tasks.dinov2_pixels(images, tasks.DINOV2_PIXELS))
+    assert tasks.dinov2_pixels(images).shape[-1] == 56
+
+
+@pytest.mark.parametrize(("pixels", "named"), [(60, "use 56 or 70"), (7, "use 14\\."), (0, "use 14\\.")])
+def test_a_side_of_part_patches_is_refused_naming_the_nearest(pixels, named, monkeypatch):
+    monkeypatch.setattr(tasks, "image_splits", lambda *args: pytest.fail("data loaded before the side was checked"))
+    with pytest.raises(ValueError, match=f"pixels={pixels} is not a multiple of DINOv2's 14 px patch; {named}"):
+        tasks.dinov2_pixels(torch.rand(1, 28, 28), pixels)
+    with pytest.raises(ValueError, match=named):
+        tasks.dinov2_task("full", pixels=pixels)
+
+
+def test_the_script_refuses_a_bad_side_before_training(resolution, capsys):
+    with pytest.raises(SystemExit):
+        resolution.main(["--pixels", "56", "60"])
+    assert "use 56 or 70" in capsys.readouterr().err
+
+
+def _size(pixels: int, val_nll: float) -> dict:
+    return {"pixels": pixels, "val_nll": val_nll}
+
+
+def test_choose_takes_the_lowest_validation_nll(resolution):
+    assert resolution.choose([_size(56, 0.159), _size(84, 0.141), _size(112, 0.150)]) == 84
+    assert resolution.choose([_size(56, 0.159)]) == 56
+
+
+def test_choose_gives_a_tie_to_the_fewer_pixels_and_skips_nan(resolution):
+    assert resolution.choose([_size(112, 0.14), _size(56, 0.14), _size(84, 0.15)]) == 56
+    assert resolution.choose([_size(56, math.nan), _size(84, 0.3), _size(112, math.inf)]) == 84
+    with pytest.raises(ValueError, match="no size has a finite validation NLL"):
+        resolution.choose([_size(56, math.nan)])
+
+
+def test_kept_epoch_is_the_one_kept_not_the_last(resolution):
+    curve = [(1, 0.5, 0.8), (2, 0.3, 0.9), (3, 0.4, 0.95)]  # accuracy still rising; NLL best at epoch 2
+    epochs = [{"epoch": e, "loss": 1.0, "val_nll": nll, "val_acc": acc} for e, nll, acc in curve]
+    training = {"epochs": epochs, "kept_epoch": 2}
+    assert resolution.kept_epoch(training) == {"kept_epoch": 2, "epochs_run": 3, "val_nll": 0.3, "val_acc": 0.9}
+
+
+def test_single_on_validation_trains_once_then_reads_the_cache_never_the_test_set(
+    resolution,
+    tiny_task,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    monkeypatch.setattr(suite, "measure", lambda *args, **kwargs: pytest.fail("measured on the test set"))
+    cache, records = tmp_path / "cache", tmp_path / "records"
+    # the benchmark's records of a Single row built elsewhere: a rebuild is checked by digest, never measured anew
+    recorded = records / f"tiny-{tiny_task.fingerprint()}" / "seed0"
+    write_json_atomic(recorded / "results.json", {"Single": {"metrics": {"id": {"acc": 0.5}}}})
+    write_json_atomic(recorded / "model_digests.json", {"single": "built elsewhere"})
+    with pytest.warns(UserWarning, match="differ from the digest recorded"):
+        first = resolution.single_on_validation(tiny_task, 0, cache, records=records, progress=False)
+    with pytest.warns(UserWarning, match="differ from the digest recorded"):  # the cached one: checked again
+        again = resolution.single_on_validation(tiny_task, 0, cache, records=records, progress=False)
+    assert first["training"] == "trained" and first["train_seconds"] > 0 and first["seconds_per_epoch"] > 0
+    assert again["training"] == "cached" and again["train_seconds"] is None and again["seconds_per_epoch"] is None
+    same = ("kept_epoch", "epochs_run", "val_nll", "val_acc", "flops_per_example", "fingerprint")
+    assert {k: first[k] for k in same} == {k: again[k] for k in same}
+    assert first["flops_per_example"] > 0 and first["max_epochs"] == tiny_task.recipe.epochs == first["epochs_run"]
+    assert (cache / f"tiny-{tiny_task.fingerprint()}" / "seed0" / "models" / "single").exists()  # the bench's place
+
+
+def test_markdown_marks_the_choice_and_the_cost_relative_to_56_px(resolution):
+    def size(pixels, nll, flops, seconds):
+        return {
+            "pixels": pixels,
+            "patches": (pixels // 14) ** 2,
+            "val_nll": nll,
+            "val_acc": 0.9,
+            "kept_epoch": 10,
+            "epochs_run": 10,
+            "max_epochs": 10,
+            "training": "cached" if seconds is None else "trained",
+            "train_seconds": seconds,
+            "seconds_per_epoch": None if seconds is None else seconds / 10,
+            "flops_per_example": flops,
+        }
+
+    sizes = [size(56, 0.159, 1e9, None), size(84, 0.141, 2.5e9, 2400.0)]
+    record = {"seed": 0, "command": "c", "machine": "m", "sizes": sizes, "chosen": resolution.choose(sizes)}
+    text = resolution.markdown(record)
+    assert "| 84 (chosen) | 36 |" in text and "| 56 | 16 |" in text
+    assert "| cached | - | 1.00 | 1.00x |" in text and "| trained, 40.0 min | 240 | 2.50 | 2.50x |" in text
+    assert "**84 px**" in text

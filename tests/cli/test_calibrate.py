@@ -1,0 +1,97 @@
+"""`hydra-ens calibrate`: temperature scaling of a saved classifier on a validation file, saved as a predictor that
+`load_predictor`, `predict` and `evaluate` take."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers as T
+from cli_support import TOPICS, hydra_ens, text_encoder, text_files
+
+from hydra_ensembles import metrics
+from hydra_ensembles.cli.step import RECORD
+from hydra_ensembles.data.files import read_encoded
+from hydra_ensembles.outputs import collect_member_logits, labels_of
+from hydra_ensembles.predictors import (
+    TemperatureScaled,
+    load_classifier,
+    load_predictor,
+    load_preprocessor,
+    model_config,
+)
+from hydra_ensembles.uncertainty import ensemble_probs
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory, text_encoder):
+    """A tiny, overconfident BERT classifier (random weights, classifier scaled up) over the test topics, saved
+    with its tokenizer: temperature scaling has something to fix."""
+    root = tmp_path_factory.mktemp("calibrate") / "classifier"
+    classes = sorted(TOPICS)
+    config = T.BertConfig.from_pretrained(text_encoder, num_labels=3, id2label=dict(enumerate(classes)))
+    config.label2id = {c: i for i, c in enumerate(classes)}
+    torch.manual_seed(2)
+    model = T.BertForSequenceClassification(config)
+    with torch.no_grad():
+        model.classifier.weight.mul_(30)
+    model.save_pretrained(root)
+    T.BertTokenizer.from_pretrained(text_encoder).save_pretrained(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory, classifier, text_files):
+    out = tmp_path_factory.mktemp("calibrated") / "out"
+    shown = hydra_ens("calibrate", "--model", str(classifier), "--val", str(text_files["val"]), "--out", str(out))
+    return out, shown.stdout
+
+
+def _val_nll(model_dir, val) -> float:
+    """The validation NLL of the predictor saved at `model_dir`, computed in-process."""
+    model = load_classifier(model_dir)
+    kind, tokenizer = load_preprocessor(model_dir)
+    batches = read_encoded(val, kind, tokenizer, model_config(model), labelled=True).batches
+    return metrics.nll(ensemble_probs(collect_member_logits(model, batches).double()), labels_of(batches))
+
+
+def test_calibrate_writes_a_temperature_scaled_predictor(calibrated, classifier, text_files):
+    out, shown = calibrated
+    record = json.loads((out / RECORD).read_text())
+    assert record["finished"] and record["results"]["model_dir"] == "model"
+    predictor = load_predictor(out / "model")
+    assert isinstance(predictor, TemperatureScaled)
+    temperature = record["results"]["temperature"]
+    assert predictor.temperature == pytest.approx(temperature) and temperature > 1  # softens an overconfident model
+    assert f"temperature {temperature:.4f}" in shown and "validation NLL" in shown and "ECE" in shown
+    before, after = _val_nll(classifier, text_files["val"]), _val_nll(out / "model", text_files["val"])
+    assert after < before
+    assert record["results"]["before"]["nll"] == pytest.approx(before, abs=1e-6)
+    assert record["results"]["after"]["nll"] == pytest.approx(after, abs=1e-6)
+
+
+def test_predict_runs_on_the_calibrated_predictor(calibrated, classifier, text_files):
+    out, _ = calibrated
+
+    def rows(model) -> list[dict]:
+        shown = hydra_ens(
+            "predict", "--model", str(model), "--inputs", str(text_files["new"]), "--threshold", "0.5",
+            "--format", "jsonl",
+        ).stdout  # fmt: skip
+        return [json.loads(line) for line in shown.splitlines()]
+
+    plain, scaled = rows(classifier), rows(out)  # the output directory stands for the predictor in it
+    assert [r["prediction"] for r in scaled] == [r["prediction"] for r in plain]  # T never changes the class
+    assert all(s["probability"] <= p["probability"] for s, p in zip(scaled, plain, strict=True))
+    assert any(s["probability"] < p["probability"] for s, p in zip(scaled, plain, strict=True))
+
+
+def test_an_unknown_method_is_refused_by_name(tmp_path, classifier, text_files):
+    result = hydra_ens(
+        "calibrate", "--model", str(classifier), "--val", str(text_files["val"]), "--out", str(tmp_path / "o"),
+        "--method", "isotonic", check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "invalid choice: 'isotonic'" in result.stderr and "temperature" in result.stderr
+    assert not (tmp_path / "o").exists()

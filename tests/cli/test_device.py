@@ -1,0 +1,117 @@
+"""--device on every command that runs a model: auto takes CUDA when there is a GPU, else the CPU; cuda without a
+GPU is refused naming --device cpu; on the CPU, every choice gives what the library gives in-process."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import transformers as T
+from cli_support import TOPICS, hydra_ens, text_encoder, text_files
+
+from hydra_ensembles import metrics
+from hydra_ensembles.cli import build_parser
+from hydra_ensembles.cli.common import CommandError, resolve_device
+from hydra_ensembles.cli.predict import predictions
+from hydra_ensembles.data.files import read_encoded
+from hydra_ensembles.evaluation.ood import OOD_SCORES
+from hydra_ensembles.outputs import collect_member_logits
+from hydra_ensembles.predictors import load_classifier, load_preprocessor
+from hydra_ensembles.uncertainty import ensemble_probs
+
+MODEL_COMMANDS = ("finetune", "amp", "scores", "circuit", "fuse", "evaluate", "distill", "calibrate", "predict")
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory, text_encoder):
+    """A tiny BERT classifier over the test topics, saved with its tokenizer."""
+    root = tmp_path_factory.mktemp("device") / "classifier"
+    classes = sorted(TOPICS)
+    config = T.BertConfig.from_pretrained(text_encoder, num_labels=3, id2label=dict(enumerate(classes)))
+    config.label2id = {c: i for i, c in enumerate(classes)}
+    torch.manual_seed(1)
+    T.BertForSequenceClassification(config).save_pretrained(root)
+    T.BertTokenizer.from_pretrained(text_encoder).save_pretrained(root)
+    return root
+
+
+def _in_process_logits(classifier, path, **columns) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Member logits (N, M, C) of the classifier on the CPU, read as the CLI reads data, and the labels if any."""
+    model = load_classifier(classifier)
+    kind, tokenizer = load_preprocessor(classifier)
+    data = read_encoded(path, kind, tokenizer, model.config, **columns)
+    labels = data.examples.labels
+    ids = torch.tensor([model.config.label2id[label] for label in labels]) if labels else None
+    return collect_member_logits(model, data.batches), ids
+
+
+def test_every_command_that_runs_a_model_takes_device():
+    commands = build_parser()._subparsers._group_actions[0].choices
+    for name in MODEL_COMMANDS:
+        device = next(a for a in commands[name]._actions if "--device" in a.option_strings)
+        assert device.default == "auto" and sorted(device.choices) == ["auto", "cpu", "cuda"], name
+
+
+def test_resolve_device(monkeypatch):
+    assert resolve_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(CommandError, match="--device cpu"):
+        resolve_device("cuda")
+    with pytest.raises(CommandError, match="'tpu' is not a device"):
+        resolve_device("tpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == torch.device("cuda")
+    assert resolve_device("cuda") == torch.device("cuda")
+
+
+@NO_GPU
+def test_cuda_without_a_gpu_is_refused(tmp_path, classifier, text_files):
+    result = hydra_ens(
+        "predict", "--model", str(classifier), "--inputs", str(text_files["new"]), "--threshold", "0.5",
+        "--device", "cuda", check=False,
+    )  # fmt: skip
+    assert result.returncode == 2 and result.stdout == ""
+    message = result.stderr.strip()
+    assert message.startswith("hydra-ens predict: error: --device cuda: no CUDA GPU") and "--device cpu" in message
+    result = hydra_ens(
+        "evaluate", "--model", str(classifier), "--data", str(text_files["val"]), "--out", str(tmp_path / "o"),
+        "--device", "cuda", check=False,
+    )  # fmt: skip
+    assert result.returncode == 2 and "--device cpu" in result.stderr
+    assert not (tmp_path / "o").exists()  # refused before anything is written
+
+
+@NO_GPU
+def test_predict_on_cpu_and_auto_matches_the_library(classifier, text_files):
+    common = ("predict", "--model", str(classifier), "--inputs", str(text_files["new"]), "--threshold", "0.5")
+    runs = {
+        flag: [json.loads(line) for line in hydra_ens(*common, *flag, "--format", "jsonl").stdout.splitlines()]
+        for flag in ((), ("--device", "cpu"), ("--device", "auto"))
+    }
+    logits, _ = _in_process_logits(classifier, text_files["new"], labelled=False)
+    inputs = [row["input"] for row in runs[()]]
+    expected = predictions(logits.double(), OOD_SCORES["msp"], 0.5, sorted(TOPICS), inputs)
+    expected = [row | {"score": "msp", "threshold": 0.5} for row in expected]
+    assert runs[()] == runs[("--device", "cpu")] == runs[("--device", "auto")] == expected
+
+
+@NO_GPU
+def test_evaluate_on_cpu_and_auto_matches_the_library(tmp_path, classifier, text_files):
+    results = {}
+    for device in ("cpu", "auto"):
+        out = tmp_path / device
+        hydra_ens(
+            "evaluate", "--model", f"single={classifier}", "--data", str(text_files["test"]), "--text-column",
+            "review", "--ood", str(text_files["ood"]), "--latency-repeats", "0", "--out", str(out), "--device", device,
+        )  # fmt: skip
+        results[device] = json.loads((out / "metrics.json").read_text())["results"]["single"]["metrics"]
+        shutil.rmtree(out)
+    logits, labels = _in_process_logits(classifier, text_files["test"], text_column="review", labelled=True)
+    probs = ensemble_probs(logits.double())
+    assert results["cpu"] == results["auto"]
+    assert results["cpu"]["id"]["nll"] == pytest.approx(metrics.nll(probs, labels), abs=1e-9)
+    assert results["cpu"]["id"]["acc"] == pytest.approx(metrics.accuracy(probs, labels), abs=1e-12)
