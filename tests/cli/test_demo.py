@@ -23,9 +23,9 @@ def test_demo_pipeline_on_a_tiny_configuration(tmp_path, text_encoder):
         "bbc-entertainment",
         "bbc-tech",
         "drug-reviews",
-        "reuters",
+        "amazon",
     }
-    assert table["rows"]["Hydra (Taylor)"]["heads"] == "2x3"  # half of each layer's 4 heads, 3 members
+    assert table["rows"]["Hydra (Taylor)"]["heads"] == "3x3"  # a third of each layer's 4 heads pruned, 3 members
     assert "| Hydra (Circ) |" in (report / "table.md").read_text()
     assert "How to read it" in (report / "README.md").read_text()
 

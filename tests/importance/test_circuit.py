@@ -502,10 +502,12 @@ RECORDED = sorted(Path(__file__).parents[2].glob("benchmarks/records/*/seed0/cir
 
 
 @pytest.mark.skipif(not RECORDED, reason="no recorded circuits in this checkout")
-def test_circuits_saved_before_tie_rules_load_as_order_with_the_same_head_maps():
-    for path in RECORDED:
-        saved = json.loads(path.read_text())
-        assert "tie_break" not in saved  # saved before the rule was recorded
+def test_circuits_saved_before_tie_rules_load_as_order_with_the_same_head_maps(tmp_path):
+    for recorded in RECORDED:  # each a recorded circuit as files were saved before the rule was recorded
+        saved = {k: v for k, v in json.loads(recorded.read_text()).items() if k not in ("tie_break", "ties")}
+        path = tmp_path / recorded.parents[1].name / "circuit_avg.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps(saved))
         circuit = he.Circuit.load(path)
         assert circuit.tie_break == "order"
         assert circuit.tie_note() == "" or 'tie rule "order"' in circuit.tie_note()
