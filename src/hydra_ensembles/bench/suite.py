@@ -281,12 +281,17 @@ def _hydra_taylor(p: Pieces, mlp: str) -> Built:
     return _fused(p.fine_tuned_members("hydra-taylor", head_maps), mlp, {"heads": heads, **_members(head_maps, p)})
 
 
-def _hydra_circ(p: Pieces, mlp: str, fine_tune: bool = True) -> Built:
+def _circ_members(p: Pieces) -> tuple[list[dict[int, list[int]]], dict]:
+    """Hydra (Circ)'s members' head maps (drawn from the CircAvg circuit's pool) and what its rows record of them."""
     task, circuit = p.task, p.circuit()
     budget = task.prune_per_layer * p.layers
     head_maps = sample_members(circuit, num_members=task.members, budget=budget, pool=task.circuit_pool, seed=p.seed)
     heads = f"{p.heads - task.prune_per_layer}x{task.members} (avg)"
-    recorded = {"heads": heads, **_members(head_maps, p), "circuit_search": _search(circuit)}
+    return head_maps, {"heads": heads, **_members(head_maps, p), "circuit_search": _search(circuit)}
+
+
+def _hydra_circ(p: Pieces, mlp: str, fine_tune: bool = True) -> Built:
+    head_maps, recorded = _circ_members(p)
     return _fused(p.fine_tuned_members("hydra-circ", head_maps, fine_tune), mlp, recorded)
 
 
@@ -294,23 +299,17 @@ def _hydra_circ_fused_first(p: Pieces) -> Built:
     """Hydra (Circ)'s members pruned and fused (exact: unfine-tuned members share their MLPs), then fine-tuned as
     one module (`finetune_fused`, paper 000 Fig. 1): the merged MLP, norms and classifier-side layers learn from
     every member's loss; the embeddings stay frozen as in the members' recipe."""
-    task, circuit = p.task, p.circuit()
-    budget = task.prune_per_layer * p.layers
-    head_maps = sample_members(circuit, num_members=task.members, budget=budget, pool=task.circuit_pool, seed=p.seed)
-
-    name = f"hydra-circ-fused-{_digest(head_maps[0])}"
+    head_maps, recorded = _circ_members(p)
+    name, frozen = f"hydra-circ-fused-{_digest(head_maps[0])}", p.task.member_recipe.freeze_embeddings
 
     def build() -> nn.Module:
         ensemble = HydraEnsemble.fuse(build_members(p.single(), head_maps), mlp="average")
         for parameter_name, param in ensemble.named_parameters():
-            if task.member_recipe.freeze_embeddings and "embeddings" in parameter_name:
+            if frozen and "embeddings" in parameter_name:
                 param.requires_grad_(False)
         return p.fine_tuned(ensemble, name, p.seed, train=_fused_training)
 
-    heads = f"{p.heads - task.prune_per_layer}x{task.members} (avg)"
-    ensemble = p.trained(name, build, checkpoint=name)
-    recorded = {"heads": heads, **_members(head_maps, p), "circuit_search": _search(circuit)}
-    return Built(ensemble, recorded | {"mlp": "average", "averaged": len(ensemble.averaged)})
+    return _ensemble_row(p.trained(name, build, checkpoint=name), "average", recorded)
 
 
 def _fused_training(ensemble: nn.Module, train, recipe, **kwargs) -> nn.Module:
@@ -319,7 +318,10 @@ def _fused_training(ensemble: nn.Module, train, recipe, **kwargs) -> nn.Module:
 
 
 def _fused(members: list[nn.Module], mlp: str, recorded: dict) -> Built:
-    ensemble = HydraEnsemble.fuse(members, mlp=mlp)
+    return _ensemble_row(HydraEnsemble.fuse(members, mlp=mlp), mlp, recorded)
+
+
+def _ensemble_row(ensemble: HydraEnsemble, mlp: str, recorded: dict) -> Built:
     return Built(ensemble, recorded | {"mlp": mlp, "averaged": len(ensemble.averaged)})
 
 
