@@ -7,14 +7,16 @@ orders of H heads), each extraction's wall time and how many of its removals wer
     python benchmarks/circuit_halves.py text-mpnet --seed 0 --first 12 24 48 --criterion avg
 
 Writes benchmarks/results/<task name>[-quick]/circuit-halves[-seedN][-criterion].md and .json. The search removes
-max(--first) heads; each half's state is saved under the seed's cache (circuit_halves/), so a killed run resumes
-(its time then covers only the resumed part, and says so). Each half holds half the examples, so each extraction
+max(--first) heads; each half's state is saved under the seed's cache (circuit_halves/), so a killed run resumes;
+the seconds spent on each half are kept beside its state (<state>.time.json) and added up across runs, and the
+report says how many runs they took. Each half holds half the examples, so each extraction
 costs about half of one on the whole data (the search's time grows about linearly with the examples).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import time
@@ -114,22 +116,49 @@ def timed_extraction(
     state: Path | None,
     progress: bool,
 ) -> tuple[Circuit, dict]:
-    """(the circuit, what the report says of its extraction: data sizes, wall time, search, ties, ranking)."""
-    resumed = state is not None and state.exists()
-    started = time.perf_counter()
+    """(the circuit, what the report says of its extraction: data sizes, wall time across runs, search, ties,
+    ranking). The time record beside `state` is rewritten at the start (marking this run open) and at the end."""
+    earlier = time_so_far(state)
+    opened, started = time.time(), time.perf_counter()
+    if state is not None:
+        write_json_atomic(time_path(state), earlier | {"runs": earlier["runs"] + 1, "running_since": opened})
     circuit = extract_circuit(
         model, id_batches, ood_batches, criterion, budget, **(settings or {}), state_path=state, progress=progress
     )
+    this_run = time.perf_counter() - started
+    spent = earlier | {"seconds": earlier["seconds"] + this_run, "runs": earlier["runs"] + 1}
+    if state is not None:
+        write_json_atomic(time_path(state), spent)
     return circuit, {
         "id_examples": _examples(id_batches),
         "ood_examples": _examples(ood_batches),
-        "seconds": time.perf_counter() - started,
-        "resumed": resumed,
+        **spent,
+        "this_run_seconds": this_run,
         "search": circuit.search,
         "tied": circuit.tied(),
         "tie_note": circuit.tie_note(),
         "removed": [list(head) for head in circuit.removed],
     }
+
+
+def time_path(state: Path) -> Path:
+    """Where the seconds spent on the search saved at `state` are kept: beside it."""
+    return state.with_name(state.name.removesuffix(".state.json") + ".time.json")
+
+
+def time_so_far(state: Path | None) -> dict:
+    """{"seconds", "runs", "earlier_unknown"} spent on `state` before this run. A run killed before its end left
+    "running_since" (its start, Unix time): it counts up to the state's last save, since the work after that is
+    redone. A state without a record (saved before records were kept) has earlier time unknown: flagged."""
+    if state is None or not state.exists():  # a fresh search: an old record belongs to a deleted state
+        return {"seconds": 0.0, "runs": 0, "earlier_unknown": False}
+    if not time_path(state).exists():
+        return {"seconds": 0.0, "runs": 0, "earlier_unknown": True}
+    record = json.loads(time_path(state).read_text())
+    killed_run_start = record.pop("running_since", None)
+    if killed_run_start is not None:
+        record["seconds"] += max(0.0, state.stat().st_mtime - killed_run_start)
+    return record
 
 
 def _examples(batches: list[Batch]) -> int:
@@ -158,6 +187,7 @@ def render(report: dict) -> str:
         "|---:|---:|---:|---:|---|",
         *(_extraction_row(e) for e in report["extractions"]),
         "",
+        "Wall time: summed over the runs each half took (a killed run counts up to its last saved step). "
         "Cost: the search's time grows about linearly with the examples, so each half costs about half of an "
         "extraction on the whole data.",
         "",
@@ -170,11 +200,13 @@ def render(report: dict) -> str:
 
 
 def _extraction_row(extraction: dict) -> str:
-    resumed = " (resumed: this run's part only)" if extraction["resumed"] else ""
+    runs = extraction["runs"]
+    over = f" over {runs} runs" if runs > 1 else ""
+    unknown = " + earlier runs' time, unknown (their state has no time record)" if extraction["earlier_unknown"] else ""
     ties = extraction["tie_note"] or "unknown"
     return (
         f"| {extraction['half']} | {extraction['id_examples']} | {extraction['ood_examples']} | "
-        f"{_duration(extraction['seconds'])}{resumed} | {ties} |"
+        f"{_duration(extraction['seconds'])}{over}{unknown} | {ties} |"
     )
 
 

@@ -25,6 +25,9 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import torch
+from torch import Tensor, nn
+
 from hydra_ensembles.bench import cache_dir, runner, suite
 from hydra_ensembles.bench.records import copy_records
 from hydra_ensembles.bench.tasks import DINOV2_PATCH, DINOV2_PIXELS, Task, _whole_patches, dinov2_task
@@ -32,6 +35,8 @@ from hydra_ensembles.cost import count_flops
 from hydra_ensembles.evaluation.compare import machine
 from hydra_ensembles.evaluation.tables import render
 from hydra_ensembles.io import read_json_record, replacing, write_json_atomic
+from hydra_ensembles.outputs import collect_member_logits, labels_of
+from hydra_ensembles.uncertainty import ensemble_probs
 
 OUT = Path(__file__).parent / "results" / "image-dinov2"
 RECORDS = Path(__file__).parent / "records"  # the benchmark's records (`hydra-ens bench --records`): read only
@@ -39,11 +44,40 @@ PROBE = 8  # validation examples whose forward pass is counted for FLOPs per exa
 
 
 def choose(sizes: Sequence[Mapping]) -> int:
-    """The `pixels` of the record with the lowest finite `val_nll`; a tie goes to the fewer pixels (the cheaper)."""
+    """The one-standard-error rule (Breiman et al., 1984): the fewest `pixels` whose validation NLL is within one
+    standard error of the lowest (`nll_gap` <= `gap_se`, as `paired_gaps` gives them), so that a size is paid for
+    (in time: a step costs about in proportion to the patches) only when validation can tell its gain from noise.
+    Sizes with a non-finite `val_nll` are skipped."""
     finite = [size for size in sizes if math.isfinite(size["val_nll"])]
     if not finite:
         raise ValueError(f"no size has a finite validation NLL: {[size['val_nll'] for size in sizes]}.")
-    return min(finite, key=lambda size: (size["val_nll"], size["pixels"]))["pixels"]
+    return min(size["pixels"] for size in finite if size["nll_gap"] <= size["gap_se"])
+
+
+def paired_gaps(example_nll: Mapping[int, Tensor]) -> dict[int, dict[str, float]]:
+    """For each size (pixels -> per-example validation NLL, shape (N,), the same examples in the same order): the
+    gap of its mean NLL to the lowest mean (`nll_gap`, >= 0) and the standard error of that paired difference
+    (`gap_se`; 0 for the lowest itself). Sizes with a non-finite mean get an infinite gap."""
+    means = {side: nll.mean().item() for side, nll in example_nll.items()}
+    finite = [side for side in means if math.isfinite(means[side])]
+    best = min(finite, key=lambda side: (means[side], side), default=None)
+    gaps = {}
+    for side, nll in example_nll.items():
+        if best is None or not math.isfinite(means[side]):
+            gaps[side] = {"nll_gap": math.inf, "gap_se": 0.0}
+            continue
+        difference = (nll - example_nll[best]).double()
+        se = difference.std().item() / math.sqrt(len(difference)) if side != best else 0.0
+        gaps[side] = {"nll_gap": means[side] - means[best], "gap_se": se}
+    return gaps
+
+
+def example_nll(model: nn.Module, batches: list[dict]) -> Tensor:
+    """Each validation example's NLL (nats) under `model`'s probability, shape (N,)."""
+    model.eval()
+    probs = ensemble_probs(collect_member_logits(model, batches).double())
+    labels = labels_of(batches)
+    return -probs[torch.arange(len(labels)), labels].log()
 
 
 def kept_epoch(training: Mapping) -> dict:
@@ -58,11 +92,13 @@ def kept_epoch(training: Mapping) -> dict:
     }
 
 
-def single_on_validation(task: Task, seed: int, cache: Path, records: Path = RECORDS, progress: bool = True) -> dict:
+def single_on_validation(
+    task: Task, seed: int, cache: Path, records: Path = RECORDS, progress: bool = True
+) -> tuple[dict, Tensor]:
     """`task`'s single model for `seed`, trained now or loaded from the bench cache `cache`, described on
-    validation data only: `kept_epoch`'s fields, `training` ("trained", "resumed" from a checkpoint, or "cached"),
+    validation data only: (`kept_epoch`'s fields, `training` ("trained", "resumed" from a checkpoint, or "cached"),
     `train_seconds` and `seconds_per_epoch` (when trained now, else None), `flops_per_example`, `max_epochs` and the
-    task's `fingerprint`."""
+    task's `fingerprint`; each validation example's NLL, shape (N,))."""
     seed_cache = runner.seed_dir(cache, task, seed)
     pieces = suite.Pieces(runner.SeedRun(task, seed, seed_cache, progress=progress))
     train, checkpoint = pieces.from_start(seed)
@@ -75,7 +111,7 @@ def single_on_validation(task: Task, seed: int, cache: Path, records: Path = REC
     seconds = time.perf_counter() - started if training != "cached" else None
     kept = kept_epoch(read_json_record(pieces.cache / suite.TRAINING)["single"])
     probe = {k: v[:PROBE] for k, v in task.val[0].items() if k != "labels"}
-    return kept | {
+    record = kept | {
         "training": training,
         "train_seconds": seconds,
         "seconds_per_epoch": seconds / kept["epochs_run"] if training == "trained" else None,
@@ -83,6 +119,7 @@ def single_on_validation(task: Task, seed: int, cache: Path, records: Path = REC
         "max_epochs": task.recipe.epochs,
         "fingerprint": task.fingerprint(),
     }
+    return record, example_nll(model, task.val)
 
 
 def _training_state(seed_cache: Path, checkpoint: str) -> str:
@@ -94,11 +131,13 @@ def _training_state(seed_cache: Path, checkpoint: str) -> str:
 def compare_sizes(pixels: Sequence[int], seed: int, cache: Path, command: str) -> dict:
     """Every size's single model on validation (one task built at a time: 112 px inputs take ~1.4 GB) and the
     size chosen."""
-    sizes = []
+    sizes, nll = [], {}
     for side in pixels:
         print(f"[{side} px]", flush=True)
-        task = dinov2_task("full", pixels=side)
-        sizes.append({"pixels": side, "patches": (side // DINOV2_PATCH) ** 2} | single_on_validation(task, seed, cache))
+        record, nll[side] = single_on_validation(dinov2_task("full", pixels=side), seed, cache)
+        sizes.append({"pixels": side, "patches": (side // DINOV2_PATCH) ** 2} | record)
+    gaps = paired_gaps(nll)
+    sizes = [size | gaps[size["pixels"]] for size in sizes]
     return {
         "task": "image-dinov2",
         "seed": seed,
@@ -111,12 +150,14 @@ def compare_sizes(pixels: Sequence[int], seed: int, cache: Path, command: str) -
 
 def markdown(record: dict) -> str:
     default = next((s for s in record["sizes"] if s["pixels"] == DINOV2_PIXELS), record["sizes"][0])
-    header = ["Pixels", "Patches", "Val NLL", "Val acc", "Epoch kept", "Training", "s / epoch", "GFLOPs / ex.", "FLOPs"]
+    header = ["Pixels", "Patches", "Val NLL", "- lowest (SE)", "Val acc", "Epoch kept", "Training", "s / epoch"]
+    header += ["GFLOPs / ex.", "FLOPs"]
     body = [
         [
             f"{s['pixels']}{' (chosen)' if s['pixels'] == record['chosen'] else ''}",
             str(s["patches"]),
             f"{s['val_nll']:.4f}",
+            f"{s['nll_gap']:+.4f} ({s['gap_se']:.4f})",
             f"{100 * s['val_acc']:.2f}",
             f"{s['kept_epoch']} of {s['epochs_run']} run (at most {s['max_epochs']})",
             s["training"] if s["train_seconds"] is None else f"{s['training']}, {s['train_seconds'] / 60:.1f} min",
@@ -141,7 +182,9 @@ def markdown(record: dict) -> str:
             "",
             *render(header, body, "markdown"),
             "",
-            f"Chosen by validation NLL: **{record['chosen']} px** (a tie goes to the fewer pixels).",
+            f"Chosen: **{record['chosen']} px**, by the one-standard-error rule: the fewest pixels whose validation "
+            "NLL is within one standard error of the lowest (the standard error of the paired per-example "
+            "difference over the validation images), since a step's cost grows with the patches.",
         ]
     )
 

@@ -55,20 +55,33 @@ def test_the_script_refuses_a_bad_side_before_training(resolution, capsys):
     assert "use 56 or 70" in capsys.readouterr().err
 
 
-def _size(pixels: int, val_nll: float) -> dict:
-    return {"pixels": pixels, "val_nll": val_nll}
+def _size(pixels: int, val_nll: float, se: float = 0.0, best: float = 0.14) -> dict:
+    return {"pixels": pixels, "val_nll": val_nll, "nll_gap": val_nll - best, "gap_se": se}
 
 
-def test_choose_takes_the_lowest_validation_nll(resolution):
-    assert resolution.choose([_size(56, 0.159), _size(84, 0.141), _size(112, 0.150)]) == 84
-    assert resolution.choose([_size(56, 0.159)]) == 56
+def test_choose_takes_the_lowest_validation_nll_when_its_gain_is_beyond_one_standard_error(resolution):
+    assert resolution.choose([_size(56, 0.159, 0.005), _size(84, 0.14), _size(112, 0.150, 0.004)]) == 84
+    assert resolution.choose([_size(56, 0.14)]) == 56
 
 
-def test_choose_gives_a_tie_to_the_fewer_pixels_and_skips_nan(resolution):
-    assert resolution.choose([_size(112, 0.14), _size(56, 0.14), _size(84, 0.15)]) == 56
-    assert resolution.choose([_size(56, math.nan), _size(84, 0.3), _size(112, math.inf)]) == 84
+def test_choose_takes_the_fewest_pixels_within_one_standard_error(resolution):
+    assert resolution.choose([_size(112, 0.14), _size(84, 0.145, 0.006), _size(56, 0.16, 0.01)]) == 84
+    assert resolution.choose([_size(112, 0.14), _size(56, 0.14), _size(84, 0.15, 0.001)]) == 56
+
+
+def test_choose_skips_sizes_without_a_finite_nll(resolution):
+    assert resolution.choose([_size(56, math.nan), _size(84, 0.3, best=0.3), _size(112, math.inf)]) == 84
     with pytest.raises(ValueError, match="no size has a finite validation NLL"):
         resolution.choose([_size(56, math.nan)])
+
+
+def test_paired_gaps_measure_each_size_against_the_lowest_on_the_same_examples(resolution):
+    low = torch.tensor([0.1, 0.2, 0.3, 0.2])
+    gaps = resolution.paired_gaps({56: low + torch.tensor([0.1, 0.0, 0.1, 0.0]), 84: low, 112: low * math.nan})
+    assert gaps[84] == {"nll_gap": 0.0, "gap_se": 0.0}
+    assert gaps[56]["nll_gap"] == pytest.approx(0.05)
+    assert gaps[56]["gap_se"] == pytest.approx(torch.tensor([0.1, 0.0, 0.1, 0.0]).std().item() / 2)
+    assert gaps[112]["nll_gap"] == math.inf
 
 
 def test_kept_epoch_is_the_one_kept_not_the_last(resolution):
@@ -91,23 +104,23 @@ def test_single_on_validation_trains_once_then_reads_the_cache_never_the_test_se
     write_json_atomic(recorded / "results.json", {"Single": {"metrics": {"id": {"acc": 0.5}}}})
     write_json_atomic(recorded / "model_digests.json", {"single": "built elsewhere"})
     with pytest.warns(UserWarning, match="differ from the digest recorded"):
-        first = resolution.single_on_validation(tiny_task, 0, cache, records=records, progress=False)
+        first, first_nll = resolution.single_on_validation(tiny_task, 0, cache, records=records, progress=False)
     with pytest.warns(UserWarning, match="differ from the digest recorded"):  # the cached one: checked again
-        again = resolution.single_on_validation(tiny_task, 0, cache, records=records, progress=False)
+        again, again_nll = resolution.single_on_validation(tiny_task, 0, cache, records=records, progress=False)
     assert first["training"] == "trained" and first["train_seconds"] > 0 and first["seconds_per_epoch"] > 0
     assert again["training"] == "cached" and again["train_seconds"] is None and again["seconds_per_epoch"] is None
     same = ("kept_epoch", "epochs_run", "val_nll", "val_acc", "flops_per_example", "fingerprint")
     assert {k: first[k] for k in same} == {k: again[k] for k in same}
     assert first["flops_per_example"] > 0 and first["max_epochs"] == tiny_task.recipe.epochs == first["epochs_run"]
     assert (cache / f"tiny-{tiny_task.fingerprint()}" / "seed0" / "models" / "single").exists()  # the bench's place
+    assert torch.equal(first_nll, again_nll) and first_nll.shape == (sum(len(b["labels"]) for b in tiny_task.val),)
+    assert first_nll.mean().item() == pytest.approx(first["val_nll"], rel=1e-4)  # the kept epoch's own NLL
 
 
 def test_markdown_marks_the_choice_and_the_cost_relative_to_56_px(resolution):
     def size(pixels, nll, flops, seconds):
-        return {
-            "pixels": pixels,
+        return _size(pixels, nll, se=0.001, best=0.141) | {
             "patches": (pixels // 14) ** 2,
-            "val_nll": nll,
             "val_acc": 0.9,
             "kept_epoch": 10,
             "epochs_run": 10,
@@ -123,4 +136,4 @@ def test_markdown_marks_the_choice_and_the_cost_relative_to_56_px(resolution):
     text = resolution.markdown(record)
     assert "| 84 (chosen) | 36 |" in text and "| 56 | 16 |" in text
     assert "| cached | - | 1.00 | 1.00x |" in text and "| trained, 40.0 min | 240 | 2.50 | 2.50x |" in text
-    assert "**84 px**" in text
+    assert "**84 px**" in text and "| 0.1590 | +0.0180 (0.0010) |" in text

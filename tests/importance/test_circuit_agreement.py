@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,49 @@ def test_missing_single_model_names_the_command_that_trains_it(tmp_path, monkeyp
     monkeypatch.setenv("HYDRA_ENSEMBLES_CACHE", str(tmp_path))
     with pytest.raises(SystemExit, match=r"hydra-ens bench text --seeds 2 --rows Single --quick"):
         _script().single_model("text", _Task(), "quick", 2)
+
+
+# ---- wall time across resumed runs ----
+
+
+def _extract(script, state, budget: int) -> dict:
+    id_batches, ood_batches = circuit_data()
+    return script.timed_extraction(circuit_model(), id_batches, ood_batches, "avg", budget, None, state, False)[1]
+
+
+def test_resumed_extraction_reports_the_seconds_of_every_run_added_up(tmp_path):
+    script, state = _script(), tmp_path / "avg-half1-4.state.json"
+    runs = [_extract(script, state, budget) for budget in (2, 4, 4)]  # fresh, resumed half-way, resumed when done
+    assert [run["runs"] for run in runs] == [1, 2, 3]
+    assert runs[-1]["seconds"] == pytest.approx(sum(run["this_run_seconds"] for run in runs))
+    assert json.loads(script.time_path(state).read_text())["seconds"] == runs[-1]["seconds"]
+    report = {"half": 1, "tie_note": None} | runs[-1]
+    assert f"{runs[-1]['seconds']:.1f} s over 3 runs |" in script._extraction_row(report)
+
+
+def test_a_killed_run_counts_up_to_its_last_saved_step(tmp_path, monkeypatch):
+    script, state = _script(), tmp_path / "avg-half1-4.state.json"
+    extract = script.extract_circuit
+
+    def killed_after_two_removals(model, id_batches, ood_batches, criterion, budget, **kwargs):
+        time.sleep(0.3)  # so that the killed run's part is well above the clock's resolution
+        extract(model, id_batches, ood_batches, criterion, 2, **kwargs)
+        raise KeyboardInterrupt  # as if killed after saving 2 of the 4 removals
+
+    monkeypatch.setattr(script, "extract_circuit", killed_after_two_removals)
+    with pytest.raises(KeyboardInterrupt):
+        _extract(script, state, 4)
+    killed_part = state.stat().st_mtime - json.loads(script.time_path(state).read_text())["running_since"]
+    monkeypatch.setattr(script, "extract_circuit", extract)
+    resumed = _extract(script, state, 4)
+    assert resumed["runs"] == 2 and len(resumed["removed"]) == 4
+    assert resumed["seconds"] == pytest.approx(killed_part + resumed["this_run_seconds"])
+
+
+def test_a_state_saved_without_a_time_record_says_its_earlier_time_is_unknown(tmp_path):
+    script, state = _script(), tmp_path / "avg-half1-2.state.json"
+    _extract(script, state, 2)
+    script.time_path(state).unlink()
+    resumed = _extract(script, state, 2)
+    assert resumed["earlier_unknown"] and resumed["runs"] == 1
+    assert "earlier runs' time, unknown" in script._extraction_row({"half": 1, "tie_note": None} | resumed)
