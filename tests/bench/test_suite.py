@@ -48,7 +48,7 @@ def tiny_task():
 
 
 def test_every_row_is_built_evaluated_tabled_and_cached(tiny_task, tmp_path, monkeypatch):
-    rows = suite.ALL_ROWS
+    rows, scaled_row = suite.ALL_ROWS, "Hydra (Circ), temp. scaling"
     summary = runner.run(
         tiny_task, suite.TABLE, [0], tmp_path / "out", tmp_path / "cache", command="pytest", progress=False, rows=rows
     )
@@ -87,6 +87,13 @@ def test_every_row_is_built_evaluated_tabled_and_cached(tiny_task, tmp_path, mon
     fused_first = saved["per_seed"]["0"]["Hydra (Circ), fused then fine-tuned"]
     assert fused_first["head_maps"] == hydra["head_maps"] and fused_first["averaged"] == 0  # exact before training
     assert len([name for name in trained if name.startswith("hydra-circ-fused-")]) == 1
+    # the calibrated Hydra (Circ): the same members, one temperature fitted on validation, the NLL no worse there
+    scaled = saved["per_seed"]["0"]["Hydra (Circ), temp. scaling"]
+    assert scaled["head_maps"] == hydra["head_maps"] and scaled["temperature"] != 1.0
+    assert scaled["temperature"] != saved["per_seed"]["0"]["Temp. scaling"]["temperature"]
+    logits = {row: torch.load(row_file(seed_cache / "logits", row)) for row in ("Hydra (Circ)", scaled_row)}
+    hydra_test, scaled_test = logits["Hydra (Circ)"]["test"], logits[scaled_row]["test"]  # (N, M, C) member logits
+    assert torch.allclose(scaled_test, hydra_test / scaled["temperature"], atol=1e-5)
     # a second run trains nothing: every model and result comes from the cache
     monkeypatch.setattr(suite, "finetune", lambda *a, **k: pytest.fail("retrained a cached model"))
     again = runner.run(tiny_task, suite.TABLE, [0], tmp_path / "out2", tmp_path / "cache", progress=False, rows=rows)

@@ -9,8 +9,19 @@ from cli_support import hydra_ens, text_encoder, text_files
 
 
 def test_demo_pipeline_on_a_tiny_configuration(tmp_path, text_encoder):
-    args = ["demo", "--size", "smoke", "--model", str(text_encoder), "--cache", str(tmp_path / "cache")]
+    args = [
+        "demo",
+        "--size",
+        "smoke",
+        "--model",
+        str(text_encoder),
+        "--cache",
+        str(tmp_path / "cache"),
+        "--device",
+        "cpu",
+    ]
     first = hydra_ens(*args, "--out", str(tmp_path / "report"), timeout=900)
+    assert " on cpu; rows: " in first.stdout
     for row in ("Single", "Hydra (Taylor)", "Hydra (Circ)"):
         assert f"] {row}" in first.stdout  # built and measured
     assert "Hydra (Circ)'s circuit: " in first.stdout and 'removals tied (tie rule "score"' in first.stdout

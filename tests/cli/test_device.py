@@ -12,8 +12,8 @@ import transformers as T
 from cli_support import TOPICS, hydra_ens, text_encoder, text_files
 
 from hydra_ensembles import metrics
-from hydra_ensembles.cli import build_parser
-from hydra_ensembles.cli.common import CommandError, resolve_device
+from hydra_ensembles.cli import bench, build_parser, main
+from hydra_ensembles.cli.common import CommandError, inference_precision, resolve_device
 from hydra_ensembles.cli.predict import predictions
 from hydra_ensembles.data.files import read_encoded
 from hydra_ensembles.evaluation.ood import OOD_SCORES
@@ -21,7 +21,19 @@ from hydra_ensembles.outputs import collect_member_logits
 from hydra_ensembles.predictors import load_classifier, load_preprocessor
 from hydra_ensembles.uncertainty import ensemble_probs
 
-MODEL_COMMANDS = ("finetune", "amp", "scores", "circuit", "fuse", "evaluate", "distill", "calibrate", "predict")
+MODEL_COMMANDS = (
+    "finetune",
+    "amp",
+    "scores",
+    "circuit",
+    "fuse",
+    "evaluate",
+    "distill",
+    "calibrate",
+    "predict",
+    "demo",
+    "bench",
+)  # fmt: skip; members runs no model: it prunes and saves
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
 
 
@@ -83,6 +95,19 @@ def test_cuda_without_a_gpu_is_refused(tmp_path, classifier, text_files):
     )  # fmt: skip
     assert result.returncode == 2 and "--device cpu" in result.stderr
     assert not (tmp_path / "o").exists()  # refused before anything is written
+    for command in (("demo", "--size", "smoke"), ("bench", "text", "--quick")):
+        result = hydra_ens(*command, "--out", str(tmp_path / "o"), "--device", "cuda", check=False)
+        assert result.returncode == 2 and "--device cuda: no CUDA GPU" in result.stderr, command
+    assert not (tmp_path / "o").exists()
+
+
+def test_bench_experiments_that_run_on_the_cpu_refuse_cuda(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU machine
+    for experiment in ("_amp", "_distill", "_zero_shot"):  # were the refusal missing: fail, do not run it
+        monkeypatch.setattr(bench, experiment, lambda args: pytest.fail(f"bench {args.task} ran"))
+    for task in ("amp-text", "distill-spiral", "zero-shot"):
+        assert main(["bench", task, "--device", "cuda"]) == 2
+        assert f"--device cuda: bench {task} runs on the CPU only" in capsys.readouterr().err
 
 
 @NO_GPU
@@ -115,3 +140,44 @@ def test_evaluate_on_cpu_and_auto_matches_the_library(tmp_path, classifier, text
     assert results["cpu"] == results["auto"]
     assert results["cpu"]["id"]["nll"] == pytest.approx(metrics.nll(probs, labels), abs=1e-9)
     assert results["cpu"]["id"]["acc"] == pytest.approx(metrics.accuracy(probs, labels), abs=1e-12)
+
+
+def test_predict_and_evaluate_take_the_inference_precision():
+    commands = build_parser()._subparsers._group_actions[0].choices
+    for name in ("predict", "evaluate"):
+        precision = next(a for a in commands[name]._actions if "--precision" in a.option_strings)
+        assert precision.default == "fp32" and list(precision.choices) == ["fp32", "bf16"], name
+
+
+def test_bf16_inference_on_cpu_is_close_to_fp32_and_not_the_same(classifier, text_files):
+    model = load_classifier(classifier)
+    kind, tokenizer = load_preprocessor(classifier)
+    batches = read_encoded(text_files["new"], kind, tokenizer, model.config, labelled=False).batches
+    fp32 = collect_member_logits(model, batches)
+    with inference_precision("bf16", torch.device("cpu")):
+        bf16 = collect_member_logits(model, batches)
+    assert bf16.dtype == torch.float32 and not torch.equal(bf16, fp32)  # autocast ran: the logits moved a little
+    torch.testing.assert_close(ensemble_probs(bf16.double()), ensemble_probs(fp32.double()), atol=2e-2, rtol=0)
+
+
+@NO_GPU
+def test_predict_and_evaluate_in_bf16_on_cpu(tmp_path, classifier, text_files):
+    common = ("predict", "--model", str(classifier), "--inputs", str(text_files["new"]), "--threshold", "0.5")
+    rows = {
+        precision: [json.loads(line) for line in hydra_ens(*common, "--precision", precision, "--format", "jsonl",
+                                                           "--device", "cpu").stdout.splitlines()]
+        for precision in ("fp32", "bf16")
+    }  # fmt: skip
+    assert [r["prediction"] for r in rows["bf16"]] == [r["prediction"] for r in rows["fp32"]]
+    for low, full in zip(rows["bf16"], rows["fp32"]):
+        assert low["probability"] == pytest.approx(full["probability"], abs=2e-2)
+    out = tmp_path / "bf16"
+    hydra_ens(
+        "evaluate", "--model", str(classifier), "--data", str(text_files["test"]), "--text-column", "review",
+        "--latency-repeats", "0", "--precision", "bf16", "--out", str(out),
+    )  # fmt: skip
+    record = json.loads((out / "hydra-ens.json").read_text())
+    assert record["settings"]["precision"] == "bf16"
+    nll = json.loads((out / "metrics.json").read_text())["results"]["classifier"]["metrics"]["id"]["nll"]
+    logits, labels = _in_process_logits(classifier, text_files["test"], text_column="review", labelled=True)
+    assert nll == pytest.approx(metrics.nll(ensemble_probs(logits.double()), labels), abs=2e-2)

@@ -10,6 +10,7 @@ import transformers as T
 from cli_support import clip_model, hydra_ens, text_encoder, text_files
 
 import hydra_ensembles as he
+from hydra_ensembles.cli.common import duration_seconds
 from hydra_ensembles.predictors import copy_preprocessor
 
 
@@ -97,6 +98,20 @@ def test_unreadable_data(tmp_path, classifier, text_files):
     assert "['cooking'] are not classes of the model" in message and "business" in message
     message = fails("circuit", "--model", str(classifier), "--data", str(text_files["ood"]), "--out", out)
     assert "plain text without labels" in message
+
+
+@pytest.mark.parametrize(("given", "seconds"), [("90s", 90), ("30m", 1800), ("2h", 7200), ("1.5h", 5400), (".5m", 30)])
+def test_a_duration_is_a_number_and_its_unit(given, seconds):
+    assert duration_seconds(given, "--time-budget") == seconds
+
+
+def test_a_time_budget_without_a_unit_is_refused_naming_the_units(tmp_path, text_files):
+    args = ["circuit", "--model", "/nope", "--data", str(text_files["val"]), "--out", str(tmp_path / "o")]
+    for given in ("30", "1800", "30 minutes", "2d"):
+        message = fails(*args, "--time-budget", given)
+        assert f"--time-budget needs a unit: 30m, 2h or 90s (got {given!r})" in message
+    assert "more than no time" in fails(*args, "--time-budget", "0m")
+    assert not (tmp_path / "o").exists()
 
 
 def test_budget_out_of_range(tmp_path, classifier, text_files):

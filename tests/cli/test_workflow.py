@@ -199,19 +199,21 @@ def test_scores_equal_the_library_on_the_same_file(flow):
     root, d, f, runs = flow
     single = he.load_model(f"{d['single']}/model")
     saved = safetensors.torch.load_file(f"{d['scores']}/scores.safetensors")["scores"]
-    expected = he.taylor_head_scores(single, batches(f["val"], single), progress=False)
+    # by default the paper's sequential scores, pruning a third of each layer's 4 heads before the next is scored
+    expected = he.taylor_head_scores(single, batches(f["val"], single), sequential_budget=1, progress=False)
     torch.testing.assert_close(saved, expected)
+    assert json.loads((root / "scores" / "scores.json").read_text())["sequential"] == 1
     assert (root / "scores" / "head_importance.png").stat().st_size > 0
 
 
-def test_sequential_scores_equal_the_library(flow, tmp_path):
+def test_sequential_0_gives_the_one_shot_scores_of_the_library(flow, tmp_path):
     root, d, f, runs = flow
-    out = tmp_path / "scores-seq"
-    hydra_ens("scores", "--model", f"{d['single']}/model", "--data", f["val"], "--sequential", "1", "--out", str(out))
+    out = tmp_path / "scores-one-shot"
+    hydra_ens("scores", "--model", f"{d['single']}/model", "--data", f["val"], "--sequential", "0", "--out", str(out))
     single = he.load_model(f"{d['single']}/model")
-    expected = he.taylor_head_scores(single, batches(f["val"], single), sequential_budget=1, progress=False)
+    expected = he.taylor_head_scores(single, batches(f["val"], single), progress=False)
     torch.testing.assert_close(safetensors.torch.load_file(f"{out}/scores.safetensors")["scores"], expected)
-    assert json.loads((out / "scores.json").read_text())["sequential"] == 1
+    assert json.loads((out / "scores.json").read_text())["sequential"] is None
 
 
 def test_circuit_equals_the_library_on_the_same_files(flow):

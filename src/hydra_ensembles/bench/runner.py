@@ -9,9 +9,10 @@ measure, keep the logits and record (`evaluation.compare`); then aggregate over 
   records without a model. Most tables' rows do not depend on the seed (`fixed(rows)` never calls `pieces`); AMP's
   are named by the delta-E the seed's cost rule picks, so its pieces are made for every seed and must be cheap until
   a model is asked for.
-- `SeedRun(task, seed, cache, progress, base)`: `cache` is the seed's directory (`seed_dir`:
+- `SeedRun(task, seed, cache, progress, base, device)`: `cache` is the seed's directory (`seed_dir`:
   `<cache_dir>/<task>-<fingerprint>/seed<k>/`); `base`, if given, builds the model every row starts from instead
-  of the task's (e.g. AMP's pruned single model; `cache` is then that base's own directory).
+  of the task's (e.g. AMP's pruned single model; `cache` is then that base's own directory); `device`: where the
+  suite's pieces put the models they train or load (`run(device=...)`; default the CPU).
 - Records, in the seed's directory: `Table.record` ({row: metrics, params, flops, the row's `Built.extra`,
   `_seconds`, `_measured` {machine, date}}), member logits in `Table.logits/<row>.pt`, and, in each timed seed's
   (`latency_seeds`, default the first), `latency.json` (`records.recorded_latency`: rows timed interleaved once,
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
 from torch import nn
 
 from ..data.loaders import Batch, rebatch
@@ -47,6 +49,7 @@ from .records import rebuilt_notes, recorded_latency
 Build = Callable[[Any], Built]
 Rows = Callable[[Callable[[], Any]], Mapping[str, Build]]  # (the seed's pieces, made on call) -> {row: build}
 Models = Mapping[str, Callable[[], nn.Module]]
+CPU = torch.device("cpu")  # where a run's models are unless it names a device
 
 
 class BenchTask(Protocol):
@@ -63,14 +66,16 @@ class BenchTask(Protocol):
 
 @dataclass
 class SeedRun:
-    """What a table's `pieces` are built from: one seed of one task, its cache directory, and the model the rows
-    start from when not the task's (`base`)."""
+    """What a table's `pieces` are built from: one seed of one task, its cache directory, the model the rows
+    start from when not the task's (`base`), and the device its models are trained and measured on (the suite's
+    pieces move them there; the library's loops move the batches to the model)."""
 
     task: BenchTask
     seed: int
     cache: Path
     progress: bool = True
     base: Callable[[], nn.Module] | None = None
+    device: torch.device = CPU
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,7 @@ def run(
     progress: bool = True,
     base: Callable[[], nn.Module] | None = None,
     latency_seeds: Sequence[int] | None = None,
+    device: torch.device = CPU,
 ) -> dict:
     """Run `rows` of `table` for every seed, reusing the cache, and render; returns the summary. Latency relative
     to the first row is timed on the models of `latency_seeds` (default: the first seed), every row interleaved
@@ -135,7 +141,9 @@ def run(
     if not latency_seeds or not set(latency_seeds) <= set(seeds):
         raise ValueError(f"latency_seeds must be some of the seeds {list(seeds)}, got {latency_seeds}.")
     seed_dirs = {seed: seed_dir(cache_dir, task, seed) for seed in seeds}
-    per_seed = {s: run_seed(task, table, s, seed_dirs[s], rows=rows, progress=progress, base=base) for s in seeds}
+    per_seed = {
+        s: run_seed(task, table, s, seed_dirs[s], rows=rows, progress=progress, base=base, device=device) for s in seeds
+    }
     summary = run_record(task.name, command, seeds) | {
         "task_fingerprint": task.fingerprint(),
         "notes": [*task.notes, *(n for seed, folder in seed_dirs.items() for n in rebuilt_notes(seed, folder))],
@@ -148,7 +156,7 @@ def run(
     summary |= table.summarize(task, summary, seed_dirs)
     if latency_repeats:
         batch = rebatch(task.test, table.latency_batch)[0] if table.latency_batch else task.test[0]
-        runs = {s: SeedRun(task, s, seed_dirs[s], False, base) for s in latency_seeds}
+        runs = {s: SeedRun(task, s, seed_dirs[s], False, base, device) for s in latency_seeds}
         timed = {s: _latency(table, run, rows, latency_repeats, batch) for s, run in runs.items()}
         summary["latency_per_seed"] = {seed: stats for seed, (stats, _) in timed.items()}
         summary["latency"] = latency_over_seeds(summary["latency_per_seed"])
@@ -172,9 +180,10 @@ def run_seed(
     rows: Sequence[str] | None = None,
     progress: bool = True,
     base: Callable[[], nn.Module] | None = None,
+    device: torch.device = CPU,
 ) -> dict[str, dict]:
     """{row: result} of one seed, in the table's order: recorded rows read back, the others built and measured."""
-    pieces = _pieces(table, SeedRun(task, seed, cache, progress, base))
+    pieces = _pieces(table, SeedRun(task, seed, cache, progress, base, device))
     known = table.rows(pieces)
     builds = {row: (lambda row=row: known[row](pieces())) for row in table.ordered_rows(rows, known)}
     cache.mkdir(parents=True, exist_ok=True)

@@ -61,7 +61,7 @@ class Pieces:
 
     def __init__(self, run: SeedRun):
         self.task, self.seed, self.cache = run.task, run.seed, run.cache
-        self.progress, self.base = run.progress, run.base
+        self.progress, self.base, self.device = run.progress, run.base, run.device
         self._single: nn.Module | None = None
 
     @property
@@ -97,7 +97,7 @@ class Pieces:
         the optimiser state and a copy of the best weights, ~4x the model (1.7 GB for MPNet-base)."""
         path = self.cache / "models" / name
         if path.exists():
-            return load_predictor(path)
+            return load_predictor(path).to(self.device)
         model = build()
         if hasattr(model, "training_history"):  # a record: why an epoch was kept, checkable without the weights
             epochs = {"epochs": model.training_history, "kept_epoch": model.kept_epoch}
@@ -125,7 +125,7 @@ class Pieces:
         task, folder = self.task, f"start{seed}" + ("-dropout" if dropout else "")
 
         def train() -> nn.Module:
-            model = (task.dropout_model if dropout else task.new_model)(seed)
+            model = (task.dropout_model if dropout else task.new_model)(seed).to(self.device)
             recipe = task.recipe.with_(seed=seed)
             directory = self.cache / "checkpoints" / folder
             return finetune(
@@ -143,7 +143,7 @@ class Pieces:
         if not path.exists():
             calibration = self.task.train[: max(1, len(self.task.val))]
             scores = taylor_head_scores(self.single(), calibration, sequential_budget=budget, progress=self.progress)
-            torch_save_atomic(scores, path)
+            torch_save_atomic(scores.cpu(), path)
         return torch.load(path)
 
     def circuit(self, criterion: str = "avg") -> Circuit:
@@ -232,16 +232,20 @@ def _single_as_long(p: Pieces) -> Built:
     return Built(p.trained("single-long", build, checkpoint="single-long"), {"heads": str(p.heads)})
 
 
-def _temperature(p: Pieces) -> Built:
-    temperature = fit_temperature(collect_member_logits(p.single(), p.task.val), labels_of(p.task.val))
-    return Built(TemperatureScaled(p.single(), temperature), {"heads": str(p.heads), "temperature": temperature})
+def _temperature(p: Pieces, row: Callable[[Pieces], Built] | None = None) -> Built:
+    """`row`'s predictor (Single when None) with one temperature fitted on the ID validation NLL (Guo et al.,
+    2017): the calibration a user adds with `hydra-ens calibrate`, so that a row is compared calibrated with
+    Single calibrated the same way."""
+    built = row(p) if row else Built(p.single(), {"heads": str(p.heads)})
+    temperature = fit_temperature(collect_member_logits(built.predictor, p.task.val), labels_of(p.task.val))
+    return Built(TemperatureScaled(built.predictor, temperature), built.extra | {"temperature": temperature})
 
 
 def _lora(p: Pieces) -> Built:
     task, seeds = p.task, [p.seed * 100 + m for m in range(p.task.members)]
 
     def build() -> nn.Module:
-        base = p.single() if task.lora_from_single else task.new_model(p.seed)
+        base = p.single() if task.lora_from_single else task.new_model(p.seed).to(p.device)
         return lora_ensemble(base, task.train, task.lora_recipe, seeds, progress=p.progress)
 
     return Built(p.trained("lora", build), {"heads": f"{p.heads}x{task.members}"})
@@ -340,6 +344,7 @@ BUILDS: dict[str, Callable[[Pieces], Built]] = {
     "Hydra (Taylor), stacked MLP": partial(_hydra_taylor, mlp="stack"),
     "Hydra (Circ), stacked MLP": partial(_hydra_circ, mlp="stack"),
     "Hydra (Circ), fused then fine-tuned": _hydra_circ_fused_first,
+    "Hydra (Circ), temp. scaling": partial(_temperature, row=partial(_hydra_circ, mlp="average")),
     # the reviewers' rows
     "Taylor, no fine-tuning": partial(_taylor, fine_tune=False),
     "CircAvg, no fine-tuning": partial(_circuit, criterion="avg", fine_tune=False),
@@ -348,7 +353,7 @@ BUILDS: dict[str, Callable[[Pieces], Built]] = {
     "CircOOD": partial(_circuit, criterion="ood"),
 }
 ALL_ROWS = tuple(BUILDS)
-ROWS, REVIEW_ROWS = ALL_ROWS[:14], ALL_ROWS[14:]
+ROWS, REVIEW_ROWS = ALL_ROWS[:15], ALL_ROWS[15:]
 
 
 def _search(circuit: Circuit) -> str:
@@ -455,6 +460,7 @@ DIFFERENCES = (  # (A, B): is A really better than B? Paper rows against the bas
     ("Hydra (Taylor)", "Deep Ensembles"),
     ("CircAvg", "Single"),
     ("Hydra (Circ)", "Single, trained as long"),
+    ("Hydra (Circ), temp. scaling", "Temp. scaling"),
 )
 
 
@@ -523,14 +529,21 @@ SWEEP_COLUMNS = [column for column in COLUMNS if column.header in ("Acc", "AUROC
 
 
 def head_sweep(
-    task, seeds: list[int], budgets: list[int], out_dir: Path, cache_dir: Path, command: str = "", progress: bool = True
+    task,
+    seeds: list[int],
+    budgets: list[int],
+    out_dir: Path,
+    cache_dir: Path,
+    command: str = "",
+    progress: bool = True,
+    device: torch.device = runner.CPU,
 ) -> dict:
     """Paper §B.3, Figures 5-6: Taylor and CircAvg models pruning b heads per layer, for each b in `budgets`,
     without fine-tuning (Fig. 5) and fine-tuned (Fig. 6), against Single. Shares the table's cache (the single
     model, the CircAvg circuit, any pruned model the table trained). Writes sweep.md, sweep.json and
     head_sweep.png to `out_dir`."""
     for seed in seeds:
-        _check_budgets(Pieces(SeedRun(task, seed, runner.seed_dir(cache_dir, task, seed))), budgets)
+        _check_budgets(Pieces(SeedRun(task, seed, runner.seed_dir(cache_dir, task, seed), device=device)), budgets)
     rows = {"Single": _single}
     for budget in budgets:
         for method, pruned in (("Taylor", _taylor_pruned), ("CircAvg", _circuit_pruned)):
@@ -550,7 +563,9 @@ def head_sweep(
         },
         figures=lambda task, summary, seed_cache, out: plots.sweep_figure(summary, out / "head_sweep.png"),
     )
-    return runner.run(task, table, seeds, out_dir, cache_dir, command=command, latency_repeats=0, progress=progress)
+    return runner.run(
+        task, table, seeds, out_dir, cache_dir, command=command, latency_repeats=0, progress=progress, device=device
+    )
 
 
 def _sweep_row(pruned: Callable[[Pieces], nn.Module], budget: int, p: Pieces) -> Built:

@@ -23,16 +23,14 @@ import sys
 from ..adapters import UnsupportedModelError
 from ..bench.datasets.debian import DataFetchError
 from . import amp, bench, calibrate, circuit, demo, distill, evaluate, finetune, fuse, members, predict, scores
-from .common import CommandError
+from .common import CommandError, HelpFormatter
 
 USER_ERRORS = (CommandError, UnsupportedModelError, DataFetchError, ValueError, FileNotFoundError, NotADirectoryError)
 COMMANDS = (finetune, amp, scores, circuit, members, fuse, evaluate, distill, calibrate, predict, bench, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="hydra-ens", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(prog="hydra-ens", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"hydra-ensembles {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
@@ -43,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
             help=summary,
             description=summary + ("\n\n" + details if details else ""),
             epilog="example:\n  " + command.EXAMPLE.strip().replace("\n", "\n  "),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+            formatter_class=HelpFormatter,
         )
         command.add_arguments(cmd)
         cmd.add_argument("--quiet", action="store_true", help="no progress bars")

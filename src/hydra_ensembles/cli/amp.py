@@ -41,12 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--delta-e", type=float, required=True, help="the criterion increase each block may cause (paper: 1e-4..0.1)"
     )
-    parser.add_argument("--t-max", type=int, default=6, help="binary-search steps per block (default: 6, the paper's)")
+    parser.add_argument("--t-max", type=int, default=6, help="binary-search steps per block (the paper's: 6)")
     parser.add_argument(
         "--loss",
         choices=loss_choices(),
         default="entropy",
-        help="criterion for importance and search (default: entropy of the predictions, label-free; similarity: "
+        help="criterion for importance and search: entropy of the predictions, label-free; similarity: "
         "Eq. 5-7 on the [CLS] token, label-free; auto: cross-entropy with labels)",
     )
     parser.add_argument("--temperature", type=float, default=1 / 15, help="tau of the encoders' similarity entropy")

@@ -43,6 +43,7 @@ from ..adapters import get_adapter
 from ..bench import amp, cache_dir, distillation, runner, suite, zero_shot
 from ..bench.records import copy_records
 from ..bench.tasks import TASKS, Task
+from .common import CommandError, add_device_argument, resolve_device
 
 EXAMPLE = """hydra-ens bench text --quick                 # one seed, small splits (about 10 minutes)
 hydra-ens bench image --seeds 0 1 2 --out benchmarks/results/image-fmnist
@@ -93,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         choices=amp.TABLE_NAMES,
         default=list(amp.TABLE_NAMES),
-        help="which tables to build (default: all); e.g. `--tables free` for the ensemble-for-free table alone",
+        help="which tables to build; e.g. `--tables free` for the ensemble-for-free table alone",
     )
     amp_options.add_argument(
         "--latency-seeds",
@@ -120,9 +121,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --records: copy the records both ways and stop, running nothing (e.g. to save a run's "
         "records while it is still going)",
     )
+    add_device_argument(
+        parser,
+        "the suite tasks (text, sentiment, image and their pretrained versions); the distill-*, amp-* and "
+        "zero-shot experiments run on the CPU",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
+    if args.task not in TASKS and args.device == "cuda":
+        raise CommandError(
+            f"--device cuda: bench {args.task} runs on the CPU only; leave --device out (or pass --device cpu)."
+        )
     if (args.records or args.records_only) and (args.task in DISTILL or args.task in zero_shot.TASKS):
         raise SystemExit(f"--records and --records-only apply to the suite and amp-* tables, not to {args.task}.")
     if args.task in DISTILL:
@@ -140,12 +151,22 @@ def run(args: argparse.Namespace) -> int:
         if not go_on:
             return 0
         if args.head_sweep:
-            summary = suite.head_sweep(task, seeds, args.head_sweep, out, cache, command, progress=not args.quiet)
+            summary = suite.head_sweep(
+                task, seeds, args.head_sweep, out, cache, command, progress=not args.quiet, device=device
+            )
             print((out / "sweep.md").read_text())
             print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
             return 0
         summary = runner.run(
-            task, suite.TABLE, seeds, out, cache, command=command, rows=args.rows, progress=not args.quiet
+            task,
+            suite.TABLE,
+            seeds,
+            out,
+            cache,
+            command=command,
+            rows=args.rows,
+            progress=not args.quiet,
+            device=device,
         )
     print((out / "table.md").read_text())
     print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")

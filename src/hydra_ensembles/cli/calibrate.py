@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--method",
         choices=sorted(METHODS),
         default="temperature",
-        help="temperature: one temperature for all members, fitted by validation NLL (default: temperature)",
+        help="temperature: one temperature for all members, fitted by validation NLL",
     )
     add_output_options(parser)
     add_data_options(parser)

@@ -26,6 +26,7 @@ from .common import (
     check_one_model,
     classifier_at,
     data_settings,
+    duration_seconds,
     read_data,
     resolve_device,
     zero_shot_options,
@@ -40,7 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="a fine-tuned HF classifier directory")
     parser.add_argument("--data", required=True, help="labelled ID validation data")
     parser.add_argument("--ood", help="OOD validation data (needed by the ood and avg criteria); never test data")
-    parser.add_argument("--criterion", choices=sorted(CRITERIA), default="avg")
+    parser.add_argument(
+        "--criterion",
+        choices=sorted(CRITERIA),
+        default="avg",
+        help="S, what a removal must keep high: avg = mean of ID accuracy and the MSP AUROC of ID vs OOD, acc, ood",
+    )
     parser.add_argument(
         "--budget",
         type=int,
@@ -51,12 +57,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--method",
         choices=["auto", *sorted(METHODS)],
         default="auto",
-        help="auto (default): fast (exact) if its estimated time fits --time-budget, else the least approximate "
+        help="auto: fast (exact) if its estimated time fits --time-budget, else the least approximate "
         "search that fits (fast in bf16, then multi in bf16 removing 2, 4 or 8 heads per step); fast, reference "
         "(exact); screen / lazy / multi (approximate). Two-tower models: auto means fast",
     )
     parser.add_argument(
-        "--time-budget", type=float, default=30.0, help="minutes the exact search may take under --method auto"
+        "--time-budget",
+        default="30m",
+        metavar="DURATION",
+        help="how long the exact search may take under --method auto: a number and its unit, 90s, 30m or 2h",
     )
     parser.add_argument(
         "--top",
@@ -74,15 +83,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tie-break",
         choices=("score", "order"),
         default="score",
-        help="how candidates that leave the same S are ordered: score (default: by the criterion's continuous "
-        "secondary score, e.g. ID NLL for acc), or order (Algorithm 1 literally: (layer, head) order)",
+        help="how candidates that leave the same S are ordered: score (by the criterion's continuous secondary "
+        "score, e.g. ID NLL for acc), or order (Algorithm 1 literally: (layer, head) order)",
     )
     parser.add_argument(
         "--towers",
         choices=("image,text", "image"),
         default="image,text",
         metavar="TOWERS",
-        help="two-tower models: whose heads the circuit ranks, 'image,text' (default: both) or 'image'",
+        help="two-tower models: whose heads the circuit ranks, 'image,text' (both) or 'image'",
     )
     add_output_options(parser)
     add_data_options(parser)
@@ -92,13 +101,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
+    time_budget = duration_seconds(args.time_budget, "--time-budget")
     model_dir = check_model_dir(args.model)
     check_one_model(model_dir, "circuit", two_tower=True)
     settings = {
         "model": fingerprint_path(model_dir, "--model"),
         "data": fingerprint_path(args.data, "--data"),
         "ood": fingerprint_path(args.ood, "--ood") if args.ood else None,
-        **{k: getattr(args, k) for k in ("criterion", "budget", "method", "time_budget", "top", "precision", "towers")},
+        **{k: getattr(args, k) for k in ("criterion", "budget", "method", "top", "precision", "towers")},
+        "time_budget_s": time_budget,
         # steps recorded before the flag ranked by "order": they stay valid for it
         **without_late_defaults({"tie_break": args.tie_break}, {"tie_break": "order"}),
         "zero_shot": vars(zero_shot_options(args)),
@@ -125,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         args.criterion,
         args.budget,
         method=args.method,
-        time_budget=60 * args.time_budget,
+        time_budget=time_budget,
         top=args.top,
         precision=args.precision,
         tie_break=args.tie_break,

@@ -4,7 +4,10 @@ model it does not take. The output directory each step records is `step.py`."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,10 +20,39 @@ from ..data.files import Encoded, read_encoded
 from ..predictors import check_supported, describe_saved, load_classifier, load_preprocessor, saved_kind
 from ..predictors.clip_zero_shot import DEFAULT_TEMPLATES, TwoTowerModel
 from ..predictors.load import HFModel
+from ..training.recipes import PRECISIONS
 
 
 class CommandError(Exception):
     """Bad input the user can fix: printed as one line, exit code 2."""
+
+
+# ---- help ----
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every parser's formatter: the description and epilog as written, and "(default: X)" after the help of
+    every option with a default, so that `--help` shows each default without help texts repeating them. Flags
+    (store_true and the like) and options defaulting to None (their help says what None means) are left alone."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        if not has_default(action):
+            return help_text
+        shown = shown_default(action.default).replace("%", "%%")  # argparse %-formats help texts
+        return f"{help_text} (default: {shown})".lstrip()
+
+
+def has_default(action: argparse.Action) -> bool:
+    """Whether `--help` shows `action`'s default: it takes a value and has one."""
+    return action.nargs != 0 and action.default not in (None, argparse.SUPPRESS)
+
+
+def shown_default(value: object) -> str:
+    """A default as it would be typed: lists space-separated, floats short."""
+    if isinstance(value, (list, tuple)):
+        return " ".join(shlex.quote(shown_default(item)) for item in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 # ---- models ----
@@ -118,13 +150,31 @@ def _cuda() -> torch.device:
 DEVICES = {"auto": _auto, "cpu": lambda: torch.device("cpu"), "cuda": _cuda}
 
 
-def add_device_argument(parser: argparse.ArgumentParser) -> None:
+def add_device_argument(parser: argparse.ArgumentParser, applies_to: str = "") -> None:
     parser.add_argument(
         "--device",
         choices=sorted(DEVICES),
         default="auto",
-        help="where the model runs: auto = a CUDA GPU when one is available, else the CPU (default: auto)",
+        help="where the models run: auto = a CUDA GPU when one is available, else the CPU"
+        + (f"; applies to {applies_to}" if applies_to else ""),
     )
+
+
+def add_inference_precision_argument(parser: argparse.ArgumentParser) -> None:
+    """--precision of the commands that only run models forward (predict, evaluate)."""
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="bf16: the forward passes under bfloat16 autocast (faster on GPUs and on CPUs with AMX or "
+        "AVX512-BF16; probabilities differ from fp32 by about 1e-2); metrics are computed in float64 either way",
+    )
+
+
+def inference_precision(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The context the forward passes run in: as the model is (fp32), or under bfloat16 autocast. Autocast leaves
+    float64 tensors alone, so the metrics computed inside it are unchanged."""
+    return torch.autocast(device.type, torch.bfloat16, enabled=precision == "bf16")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -135,6 +185,24 @@ def resolve_device(name: str) -> torch.device:
     return DEVICES[name]()
 
 
+# ---- durations ----
+
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def duration_seconds(text: str, flag: str) -> float:
+    """Seconds of a duration given with its unit: "90s", "30m", "1.5h". A bare number is refused: minutes or
+    seconds would be a guess (the library's time budgets are seconds)."""
+    match = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)([smh])", text.strip())
+    if match is None:
+        raise CommandError(f"{flag} needs a unit: 30m, 2h or 90s (got {text!r}).")
+    seconds = float(match[1]) * DURATION_UNITS[match[2]]
+    if seconds <= 0:
+        raise CommandError(f"{flag} must be more than no time: give e.g. 30m, 2h or 90s (got {text!r}).")
+    return seconds
+
+
 # ---- data ----
 
 
@@ -143,10 +211,10 @@ DATA_OPTIONS = ("text_column", "label_column", "max_length", "batch_size")
 
 def add_data_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("data files")
-    group.add_argument("--text-column", default="text", help="column holding the text in CSV / JSONL (default: text)")
-    group.add_argument("--label-column", default="label", help="column holding the label (default: label)")
-    group.add_argument("--max-length", type=int, default=128, help="tokens per text (default: 128)")
-    group.add_argument("--batch-size", type=int, default=16, help="examples per batch (default: 16)")
+    group.add_argument("--text-column", default="text", help="column holding the text in CSV / JSONL")
+    group.add_argument("--label-column", default="label", help="column holding the label")
+    group.add_argument("--max-length", type=int, default=128, help="tokens per text")
+    group.add_argument("--batch-size", type=int, default=16, help="examples per batch")
 
 
 def data_settings(args: argparse.Namespace) -> dict:

@@ -20,6 +20,7 @@ from ..bench import cache_dir, runner, suite
 from ..bench.suite import ROWS
 from ..bench.tasks import TEXT_SIZES, text_task
 from ..evaluation.tables import COLUMNS, table_lines
+from .common import add_device_argument, resolve_device
 from .step import check_model_dir
 
 EXAMPLE = """hydra-ens demo                                  # report in ./hydra-demo
@@ -32,14 +33,14 @@ SHOWN = [  # the columns of the table printed to the terminal (Acc, ECE, AUROC a
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, default=Path("hydra-demo"), help="report folder (default: ./hydra-demo)")
+    parser.add_argument("--out", type=Path, default=Path("hydra-demo"), help="report folder")
     parser.add_argument(
         "--rows",
         nargs="+",
         choices=ROWS,
         default=DEMO_ROWS,
         metavar="ROW",
-        help=f"methods to compare (default: {list(DEMO_ROWS)}; any of {list(ROWS)})",
+        help=f"methods to compare, any of {list(ROWS)}",
     )
     parser.add_argument(
         "--size", choices=("demo", "smoke"), default="demo", help="smoke: a tiny run that only checks the pipeline (CI)"
@@ -49,21 +50,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="another BERT-style text encoder directory with its tokenizer (default: the packaged all-MiniLM-L6-v2)",
     )
     parser.add_argument("--cache", type=Path, help="default: $HYDRA_ENSEMBLES_CACHE/demo")
+    add_device_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
+    device = resolve_device(args.device)
     if args.model is not None:
         check_model_dir(args.model)
     sizes = TEXT_SIZES[args.size]
     print(
         f"hydra-ens demo: BBC News ({sizes.train} training articles per topic), "
-        f"{args.model or 'all-MiniLM-L6-v2'}; rows: {', '.join(args.rows)}"
+        f"{args.model or 'all-MiniLM-L6-v2'} on {device.type}; rows: {', '.join(args.rows)}"
     )
     task = text_task(args.size, args.model)
     cache = args.cache or cache_dir() / "demo"
     summary = runner.run(
-        task, suite.TABLE, [0], args.out, cache, command="hydra-ens demo", rows=args.rows, progress=not args.quiet
+        task,
+        suite.TABLE,
+        [0],
+        args.out,
+        cache,
+        command="hydra-ens demo",
+        rows=args.rows,
+        progress=not args.quiet,
+        device=device,
     )
     (args.out / "README.md").write_text(report_readme(summary))
     print()

@@ -23,7 +23,6 @@ from ..distill import attach_teacher, distill
 from ..fusion import HydraEnsemble
 from ..predictors import class_names, copy_preprocessor, describe_saved, load_preprocessor, num_members
 from ..pruning import load_model
-from ..training import IMAGE_RECIPE, TEXT_RECIPE
 from .common import (
     CommandError,
     add_data_options,
@@ -34,6 +33,7 @@ from .common import (
     read_data,
     resolve_device,
 )
+from .finetune import RECIPES, recipe_defaults
 from .step import add_output_options, check_model_dir, fingerprint_path, start_step
 
 EXAMPLE = """hydra-ens distill --teacher hydra/ensemble --model single/model --data train.csv --val val.csv --out st
@@ -49,12 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--head-layers",
         type=int,
         default=1,
-        help="layers each head owns (default: 1; 0: the classifier alone, the library default)",
+        help="layers each head owns; 0: the classifier alone, the library default",
     )
-    parser.add_argument("--temperature", type=float, default=2.0, help="T of the KL losses (default: 2)")
-    parser.add_argument("--epochs", type=int, help="epochs of each phase (default: the recipe's)")
-    parser.add_argument("--lr", type=float)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=2.0, help="T of the KL losses")
+    parser.add_argument("--epochs", type=int, help=f"epochs of each phase {recipe_defaults('epochs')}")
+    parser.add_argument("--lr", type=float, help=f"learning rate of each phase {recipe_defaults('lr')}")
+    parser.add_argument("--seed", type=int, default=0, help="batch order and dropout seed")
     add_output_options(parser)
     add_data_options(parser)
     add_device_argument(parser)
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     check_one_model(model_dir, "distill")
     teacher_dir = check_model_dir(args.teacher, "--teacher")
     kind, _ = load_preprocessor(model_dir)
-    recipe = {"text": TEXT_RECIPE, "image": IMAGE_RECIPE}[kind].with_(monitor="nll", seed=args.seed)
+    recipe = RECIPES[kind].with_(monitor="nll", seed=args.seed)
     recipe = recipe.with_(**{k: v for k, v in {"epochs": args.epochs, "lr": args.lr}.items() if v is not None})
     if not args.val:
         recipe = recipe.with_(patience=None)

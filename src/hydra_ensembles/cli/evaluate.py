@@ -17,7 +17,7 @@ from ..evaluation import plots
 from ..evaluation.compare import Built, Data, compare, machine, row_file, time_rows
 from ..evaluation.tables import CONVENTIONS, aggregate, per_set_lines, table_lines
 from ..fusion import HydraEnsemble
-from ..io import write_json_atomic
+from ..io import without_late_defaults, write_json_atomic
 from ..outputs import labels_of
 from ..predictors import ZeroShotEnsemble, base_model, class_names, model_config
 from ..pruning import kept_heads
@@ -25,9 +25,11 @@ from .common import (
     CommandError,
     add_data_options,
     add_device_argument,
+    add_inference_precision_argument,
     add_zero_shot_options,
     classifier_at,
     data_settings,
+    inference_precision,
     named_sources,
     read_data,
     resolve_device,
@@ -54,12 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--latency-repeats",
         type=int,
         default=7,
-        help="rounds of interleaved timing on one batch for the latency column (default: 7; 0: no latency)",
+        help="rounds of interleaved timing on one batch for the latency column; 0: no latency",
     )
     add_output_options(parser)
     add_data_options(parser)
     add_zero_shot_options(parser)
     add_device_argument(parser)
+    add_inference_precision_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,21 +80,25 @@ def run(args: argparse.Namespace) -> int:
         "zero_shot": vars(zero_shot_options(args)),
         "sets": {group: {n: fingerprint_path(p, f"--{group}") for n, p in s.items()} for group, s in sets.items()},
         **data_settings(args),
+        # reports made before the flag ran in fp32: they stay valid for it
+        **without_late_defaults({"precision": args.precision}, {"precision": "fp32"}),
     }
     out = start_step(args, "evaluate", settings, "report.md")
     if out is None:
         return 0
     built = _built(args, models, sets, device)
     builds = {name: (lambda name=name: built[name]) for name in built}
-    results = compare(
-        builds, None, out.path / "results.json", out.path / "logits", progress=not args.quiet, require_logits=True
-    )
+    with inference_precision(args.precision, device):  # the metrics are float64: autocast leaves them alone
+        results = compare(
+            builds, None, out.path / "results.json", out.path / "logits", progress=not args.quiet, require_logits=True
+        )
     logits = {name: torch.load(row_file(out.path / "logits", name)) for name in results}
     labels = labels_of(next(iter(built.values())).data.test)
     latency = None
     if args.latency_repeats:
         batches = {name: row.data.test[0] for name, row in built.items()}
-        latency = time_rows({name: row.predictor for name, row in built.items()}, batches, args.latency_repeats)
+        with inference_precision(args.precision, device):
+            latency = time_rows({name: row.predictor for name, row in built.items()}, batches, args.latency_repeats)
     rows = aggregate({0: results})
     lines = [
         "# Evaluation",

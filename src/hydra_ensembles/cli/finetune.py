@@ -42,27 +42,38 @@ hydra-ens finetune --model members --data train.csv --epochs 1 --lr 1e-4 --freez
 RECIPES = {"text": TEXT_RECIPE, "image": IMAGE_RECIPE}
 
 
+def recipe_defaults(field: str) -> str:
+    """A recipe field's default for --help, per recipe: "(default: the recipe's: image 10, text 3)"."""
+    values = ", ".join(f"{kind} {getattr(recipe, field)}" for kind, recipe in sorted(RECIPES.items()))
+    return f"(default: the recipe's: {values})"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="an HF checkpoint directory, or a members directory")
     parser.add_argument("--data", required=True, help="labelled training data")
     parser.add_argument("--val", help="labelled validation data: keeps the best epoch (see --monitor), stops early")
-    parser.add_argument("--recipe", choices=sorted(RECIPES), help="default: by what the model reads")
+    parser.add_argument("--recipe", choices=sorted(RECIPES), help="default: by what the model reads (text or image)")
     parser.add_argument(
         "--monitor",
         choices=MONITORS,
         help="with --val, what picks the kept epoch: acc = highest accuracy (the paper's §C.2), acc_nll = highest "
-        "accuracy, ties to the lower NLL (text default), nll = lowest NLL (image default)",
+        f"accuracy, ties to the lower NLL, nll = lowest NLL {recipe_defaults('monitor')}",
     )
-    parser.add_argument("--patience", type=int, help="with --val, stop after this many epochs without improvement")
-    parser.add_argument("--epochs", type=int)
-    parser.add_argument("--lr", type=float)
+    parser.add_argument(
+        "--patience",
+        type=int,
+        help="with --val, stop after this many epochs without improvement; None: every epoch runs "
+        + recipe_defaults("patience"),
+    )
+    parser.add_argument("--epochs", type=int, help=f"at most this many epochs {recipe_defaults('epochs')}")
+    parser.add_argument("--lr", type=float, help=f"peak learning rate {recipe_defaults('lr')}")
     parser.add_argument("--freeze-embeddings", action="store_true", help="keep the embeddings fixed")
     parser.add_argument("--train-last", type=int, help="train only the last K blocks (and the head)")
     parser.add_argument(
         "--precision",
         choices=PRECISIONS,
         help="bf16: mixed precision (forward under bfloat16 autocast, float32 weights; ~2x faster on CPUs with "
-        "AMX or AVX512-BF16 and on GPUs with bf16). Default fp32",
+        "AMX or AVX512-BF16 and on GPUs with bf16) (default: fp32)",
     )
     parser.add_argument("--seed", type=int, default=0, help="batch order and dropout seed; member i uses seed + i")
     add_output_options(parser)

@@ -33,7 +33,7 @@ from .common import (
     read_data,
     resolve_device,
 )
-from .finetune import RECIPES, kept_epoch_line
+from .finetune import RECIPES, kept_epoch_line, recipe_defaults
 from .members import member_dirs
 from .step import Output, add_output_options, fingerprint_path, start_step
 
@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a sample of your inputs (labels unused) on which to measure the fused model against its members; "
         "required when --mlp average merges members that differ",
     )
-    parser.add_argument("--sample", type=int, default=256, help="inputs of --data to compare on (default: 256)")
+    parser.add_argument("--sample", type=int, default=256, help="inputs of --data to compare on")
     parser.add_argument(
         "--allow-identical", action="store_true", help="fuse identical members (refused by default: no diversity)"
     )
@@ -65,10 +65,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_output_options(parser)
     add_data_options(parser)
     add_device_argument(parser)
-
-
-def _recipe_defaults(field: str) -> str:
-    return ", ".join(f"{kind} {getattr(recipe, field)}" for kind, recipe in sorted(RECIPES.items()))
 
 
 def add_finetune_options(parser: argparse.ArgumentParser) -> None:
@@ -82,19 +78,19 @@ def add_finetune_options(parser: argparse.ArgumentParser) -> None:
         help="labelled validation data: keeps the ensemble's best epoch (see --monitor), stops after --patience",
     )
     group.add_argument("--recipe", choices=sorted(RECIPES), help="default: by what the model reads (text or image)")
-    group.add_argument("--epochs", type=int, help=f"default: the recipe's ({_recipe_defaults('epochs')})")
-    group.add_argument("--lr", type=float, help=f"default: the recipe's ({_recipe_defaults('lr')})")
+    group.add_argument("--epochs", type=int, help=f"at most this many epochs {recipe_defaults('epochs')}")
+    group.add_argument("--lr", type=float, help=f"peak learning rate {recipe_defaults('lr')}")
     group.add_argument(
         "--monitor",
         choices=MONITORS,
         help=f"with --finetune-val, what picks the kept epoch, on the ensemble's probabilities: acc, acc_nll (ties "
-        f"to the lower NLL), nll (default: the recipe's: {_recipe_defaults('monitor')})",
+        f"to the lower NLL), nll {recipe_defaults('monitor')}",
     )
     group.add_argument(
         "--patience",
         type=int,
-        help=f"with --finetune-val, stop after this many epochs without improvement (default: the recipe's: "
-        f"{_recipe_defaults('patience')}; None: run every epoch)",
+        help="with --finetune-val, stop after this many epochs without improvement; None: every epoch runs "
+        + recipe_defaults("patience"),
     )
     group.add_argument("--precision", choices=PRECISIONS, help="bf16: mixed precision (default: fp32)")
     group.add_argument(
@@ -103,7 +99,7 @@ def add_finetune_options(parser: argparse.ArgumentParser) -> None:
         help="images: augment every training batch (crop_flip: random resized crop, area 8-100%%, aspect 3/4-4/3, "
         "and horizontal flip; default: none)",
     )
-    group.add_argument("--seed", type=int, default=0, help="batch order and augmentation seed (default: 0)")
+    group.add_argument("--seed", type=int, default=0, help="batch order and augmentation seed")
 
 
 def finetune_recipe(args: argparse.Namespace, kind: str) -> TrainConfig:

@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--scores", help="output of `hydra-ens scores` (directory or scores.safetensors)")
     source.add_argument("--circuit", help="output of `hydra-ens circuit` (directory or circuit.json)")
-    parser.add_argument("--num-members", type=int, default=3, help="M (default: 3)")
+    parser.add_argument("--num-members", type=int, default=3, help="M, the number of members")
     parser.add_argument(
         "--budget",
         type=int,
@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pool", type=int, help="least useful heads to draw from (default: twice the budget, at most all ranked)"
     )
-    parser.add_argument("--seed", type=int, default=0, help="pruning seed (default: 0)")
+    parser.add_argument("--seed", type=int, default=0, help="pruning seed")
     parser.add_argument(
         "--allow-identical", action="store_true", help="accept identical members (refused by default: no diversity)"
     )

@@ -23,8 +23,10 @@ from .common import (
     CommandError,
     add_data_options,
     add_device_argument,
+    add_inference_precision_argument,
     add_zero_shot_options,
     classifier_at,
+    inference_precision,
     read_data,
     resolve_device,
     zero_shot_options,
@@ -40,14 +42,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="a saved Hydra Ensemble or an HF classifier")
     parser.add_argument("--inputs", required=True, help="a CSV / JSONL / .txt file or an image folder")
     parser.add_argument("--calibration", help="ID validation inputs that set the OOD threshold (labels unused)")
-    parser.add_argument("--tpr", type=float, default=0.95, help="fraction of ID inputs to accept (default: 0.95)")
+    parser.add_argument("--tpr", type=float, default=0.95, help="fraction of ID inputs to accept")
     parser.add_argument("--threshold", type=float, help="a fixed OOD threshold instead of --calibration")
-    parser.add_argument("--score", choices=sorted(OOD_SCORES), default="msp", help="OOD score (default: msp)")
-    parser.add_argument("--format", choices=("table", "jsonl"), default="table")
+    parser.add_argument("--score", choices=sorted(OOD_SCORES), default="msp", help="OOD score")
+    parser.add_argument(
+        "--format", choices=("table", "jsonl"), default="table", help="a table, or one JSON object per line"
+    )
     parser.add_argument("--output", help="write here instead of stdout")
     add_data_options(parser)
     add_zero_shot_options(parser)
     add_device_argument(parser)
+    add_inference_precision_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,9 +63,11 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("give either --calibration (ID validation inputs) or --threshold, exactly one of them.")
     if not 0 < args.tpr <= 1:
         raise CommandError(f"--tpr must be in (0, 1], got {args.tpr}.")
-    threshold, origin = _threshold(args, model, model_dir)
+    threshold, origin = _threshold(args, model, model_dir, device)
     data = read_data(args, args.inputs, model_dir, model_config(model), labelled=False, flag="--inputs")
-    member_logits = collect_member_logits(model, data.batches, not args.quiet).double()  # (N, M, C), as evaluation
+    with inference_precision(args.precision, device):
+        member_logits = collect_member_logits(model, data.batches, not args.quiet)
+    member_logits = member_logits.double()  # (N, M, C), as evaluation
     rows = predictions(member_logits, OOD_SCORES[args.score], threshold, class_names(model), data.examples.names)
     header = (
         f"OOD flag: {args.score} score > {threshold:.4f} (threshold {origin}); "
@@ -81,14 +88,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _threshold(args: argparse.Namespace, model, model_dir) -> tuple[float, str]:
+def _threshold(args: argparse.Namespace, model, model_dir, device: torch.device) -> tuple[float, str]:
     """The OOD threshold, and where it came from: --threshold, or chosen on the --calibration inputs."""
     if args.calibration is None:
         return args.threshold, "given by --threshold"
     calibration = read_data(
         args, args.calibration, model_dir, model_config(model), labelled=False, flag="--calibration"
     )
-    id_scores = OOD_SCORES[args.score](collect_member_logits(model, calibration.batches, not args.quiet))
+    with inference_precision(args.precision, device):
+        calibration_logits = collect_member_logits(model, calibration.batches, not args.quiet)
+    id_scores = OOD_SCORES[args.score](calibration_logits)
     threshold, accepted = id_threshold(id_scores, args.tpr)
     return threshold, (
         f"chosen on {len(id_scores)} ID calibration inputs to accept {args.tpr:.1%} of them (accepts {accepted:.1%})"

@@ -2,7 +2,8 @@
 
 Writes scores.safetensors ("scores": (layers, heads), NaN for heads already pruned), scores.json (every score,
 and each layer's heads from least to most useful) and head_importance.png. Labelled data gives cross-entropy
-scores; unlabelled data (or --loss entropy) the label-free entropy criterion.
+scores; unlabelled data (or --loss entropy) the label-free entropy criterion. By default the scores are the
+paper's sequential ones: each layer's least useful third is pruned before the next layer is scored.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ..evaluation import plots
 from ..importance import taylor_head_scores
 from ..importance.losses import loss_choices, needs_labels
 from ..io import write_json_atomic
+from ..pruning import kept_heads
 from .common import (
     add_data_options,
     add_device_argument,
@@ -26,8 +28,8 @@ from .common import (
 )
 from .step import add_output_options, check_model_dir, fingerprint_path, start_step
 
-EXAMPLE = """hydra-ens scores --model my-classifier --data val.csv --out scores
-hydra-ens scores --model my-classifier --data val.csv --sequential 4 --out scores-seq   # prune 4 per layer, rescore"""
+EXAMPLE = """hydra-ens scores --model my-classifier --data val.csv --out scores   # sequential: a third per layer
+hydra-ens scores --model my-classifier --data val.csv --sequential 0 --out scores-one-shot   # every layer at once"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_budget,
         metavar="K",
         help="prune-and-recompute (paper §D.1.1): after scoring each layer, prune its K least useful heads before "
-        "scoring the next; K is one number or one per layer, comma-separated (e.g. 4 or 2,2,4,4,6,6)",
+        "scoring the next; K is one number or one per layer, comma-separated (e.g. 4 or 2,2,4,4,6,6); 0: score "
+        "every layer at once, nothing pruned (default: a third of each layer's heads, the budget `members` prunes)",
     )
     add_output_options(parser)
     add_data_options(parser)
@@ -62,6 +65,18 @@ def _budget(text: str) -> int | list[int]:
     return values[0] if len(values) == 1 else values
 
 
+def sequential_budget(given: int | list[int] | None, model) -> int | list[int] | None:
+    """The prune-and-recompute budget: --sequential as given; when not given, a third of each layer's kept heads
+    (the paper's mode, at the budget `members` prunes by default; one number when every layer has the same);
+    None (one-shot) for 0, or when no layer has three heads to take a third of."""
+    if given is not None:
+        return None if given == 0 else given
+    thirds = [len(heads) // 3 for heads in kept_heads(model).values()]
+    if not any(thirds):
+        return None
+    return thirds[0] if len(set(thirds)) == 1 else thirds
+
+
 def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model_dir = check_model_dir(args.model)
@@ -70,17 +85,18 @@ def run(args: argparse.Namespace) -> int:
         "model": fingerprint_path(model_dir, "--model"),
         "data": fingerprint_path(args.data, "--data"),
         "loss": args.loss,
-        "sequential": args.sequential,
+        "sequential": "a third" if args.sequential is None else args.sequential,  # not None: None was one-shot
         **data_settings(args),
     }
     out = start_step(args, "scores", settings, "scores.safetensors")
     if out is None:
         return 0
     model = classifier_at(model_dir).to(device)
+    sequential = sequential_budget(args.sequential, model)
     labelled = needs_labels(args.loss)
     data = read_data(args, args.data, model_dir, model.config, labelled=labelled, flag="--data")
     scores = taylor_head_scores(
-        model, data.batches, loss=args.loss, sequential_budget=args.sequential, progress=not args.quiet
+        model, data.batches, loss=args.loss, sequential_budget=sequential, progress=not args.quiet
     )
     safetensors.torch.save_file({"scores": scores.contiguous()}, out.path / "scores.safetensors")
     plots.head_heatmap({"Taylor score": scores}, out.path / "head_importance.png", title="Taylor head importance")
@@ -94,12 +110,12 @@ def run(args: argparse.Namespace) -> int:
             "scores": [[None if v != v else v for v in row] for row in scores.tolist()],  # NaN (pruned) -> null
             "least_useful_first": ranked,
             "loss": args.loss,
-            "sequential": args.sequential,
+            "sequential": sequential,
             "examples": len(data.examples),
         },
     )
     out.finish({"shape": list(scores.shape), "least_useful_first": ranked, "examples": len(data.examples)})
-    mode = f", sequential: {args.sequential} pruned per layer before the next is scored" if args.sequential else ""
+    mode = f", sequential: {sequential} pruned per layer before the next is scored" if sequential else ", one-shot"
     shape = f"{scores.shape[0]} layers x {scores.shape[1]} heads"
     print(f"scored {shape} on {len(data.examples)} examples{mode} -> {out.path}")
     for layer, heads in ranked.items():

@@ -359,10 +359,10 @@ def auto_choice(exact: float, time_budget: float, top: int = 8, precision: str =
     `AUTO_FALLBACKS` that fits (the last one if none does)."""
     minutes = f"exact search estimated at {exact / 60:.1f} min"
     if exact <= time_budget:
-        return "fast", top, precision, f"{minutes} (budget {time_budget / 60:.0f} min): fast, {precision}"
+        return "fast", top, precision, f"{minutes} (budget {time_budget / 60:g} min): fast, {precision}"
     fits = (o for o in AUTO_FALLBACKS if exact / o[3] <= time_budget)
     method, top, precision, speedup = next(fits, AUTO_FALLBACKS[-1])
-    note = f"{minutes} > budget {time_budget / 60:.0f} min: approximate {search_name(method, top, precision)}"
+    note = f"{minutes} > budget {time_budget / 60:g} min: approximate {search_name(method, top, precision)}"
     return method, top, precision, note + f" (~{exact / speedup / 60:.0f} min; how far it agrees: docs/circuits.md)"
 
 
