@@ -1,5 +1,5 @@
-"""`hydra-ens calibrate`: temperature scaling of a saved classifier on a validation file, saved as a predictor that
-`load_predictor`, `predict` and `evaluate` take."""
+"""`hydra-ens calibrate`: a calibration map (temperature by default; vector, dirichlet, histogram, isotonic) fitted
+on a validation file, saved as a predictor that `load_predictor`, `predict` and `evaluate` take."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from hydra_ensembles.cli.step import RECORD
 from hydra_ensembles.data.files import read_encoded
 from hydra_ensembles.outputs import collect_member_logits, labels_of
 from hydra_ensembles.predictors import (
-    TemperatureScaled,
+    CALIBRATION_MAPS,
+    Calibrated,
     load_classifier,
     load_predictor,
     load_preprocessor,
@@ -61,14 +62,35 @@ def test_calibrate_writes_a_temperature_scaled_predictor(calibrated, classifier,
     record = json.loads((out / RECORD).read_text())
     assert record["finished"] and record["results"]["model_dir"] == "model"
     predictor = load_predictor(out / "model")
-    assert isinstance(predictor, TemperatureScaled)
+    assert isinstance(predictor, Calibrated) and predictor.calibration_map.name == "temperature"
     temperature = record["results"]["temperature"]
-    assert predictor.temperature == pytest.approx(temperature) and temperature > 1  # softens an overconfident model
+    assert predictor.calibration_map.temperature == pytest.approx(temperature)
+    assert temperature > 1  # softens an overconfident model
     assert f"temperature {temperature:.4f}" in shown and "validation NLL" in shown and "ECE" in shown
     before, after = _val_nll(classifier, text_files["val"]), _val_nll(out / "model", text_files["val"])
     assert after < before
     assert record["results"]["before"]["nll"] == pytest.approx(before, abs=1e-6)
     assert record["results"]["after"]["nll"] == pytest.approx(after, abs=1e-6)
+
+
+@pytest.mark.parametrize("method", sorted(set(CALIBRATION_MAPS) - {"temperature"}))
+def test_each_method_prints_the_validation_nll_and_ece_before_and_after(tmp_path, classifier, text_files, method):
+    out = tmp_path / "out"
+    shown = hydra_ens(
+        "calibrate", "--model", str(classifier), "--val", str(text_files["val"]), "--out", str(out), "--method", method
+    ).stdout  # fmt: skip
+    results = json.loads((out / RECORD).read_text())["results"]
+    before, after = results["before"], results["after"]
+    assert f"fitted {method} calibration on {results['examples']} validation examples" in shown
+    nll, ece = f"NLL {before['nll']:.4f} -> {after['nll']:.4f}", f"ECE {before['ece']:.4f} -> {after['ece']:.4f}"
+    assert f"validation {nll}, {ece}" in shown
+    assert after["nll"] < before["nll"]  # every map lowers the NLL of the data it is fitted on
+    assert after["nll"] == pytest.approx(_val_nll(out / "model", text_files["val"]), abs=1e-6)  # as saved
+    predictor = load_predictor(out / "model")
+    assert isinstance(predictor, Calibrated) and predictor.calibration_map.name == method
+    keeps_members = CALIBRATION_MAPS[method].on_members
+    assert after["members"] == (before["members"] if keeps_members else 1)
+    assert ("mutual information and member disagreement are lost" in shown) is not keeps_members
 
 
 def test_predict_runs_on_the_calibrated_predictor(calibrated, classifier, text_files):
@@ -90,8 +112,8 @@ def test_predict_runs_on_the_calibrated_predictor(calibrated, classifier, text_f
 def test_an_unknown_method_is_refused_by_name(tmp_path, classifier, text_files):
     result = hydra_ens(
         "calibrate", "--model", str(classifier), "--val", str(text_files["val"]), "--out", str(tmp_path / "o"),
-        "--method", "isotonic", check=False,
+        "--method", "platt", check=False,
     )  # fmt: skip
     assert result.returncode == 2
-    assert "invalid choice: 'isotonic'" in result.stderr and "temperature" in result.stderr
+    assert "invalid choice: 'platt'" in result.stderr and "temperature" in result.stderr and "isotonic" in result.stderr
     assert not (tmp_path / "o").exists()

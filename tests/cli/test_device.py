@@ -30,6 +30,7 @@ MODEL_COMMANDS = (
     "evaluate",
     "distill",
     "calibrate",
+    "ood",
     "predict",
     "demo",
     "bench",
@@ -119,7 +120,7 @@ def test_predict_on_cpu_and_auto_matches_the_library(classifier, text_files):
     }
     logits, _ = _in_process_logits(classifier, text_files["new"], labelled=False)
     inputs = [row["input"] for row in runs[()]]
-    expected = predictions(logits.double(), OOD_SCORES["msp"], 0.5, sorted(TOPICS), inputs)
+    expected = predictions(logits.double(), OOD_SCORES["msp"](logits.double()), 0.5, sorted(TOPICS), inputs)
     expected = [row | {"score": "msp", "threshold": 0.5} for row in expected]
     assert runs[()] == runs[("--device", "cpu")] == runs[("--device", "auto")] == expected
 

@@ -119,3 +119,18 @@ def test_refusals():
         ensemble.unfuse(pruned[:2])
     with pytest.raises(ValueError, match="other heads"):
         ensemble.unfuse(pruned[::-1])
+
+
+@pytest.mark.parametrize("name", ["bert", "dinov2"])
+def test_the_recipe_freezes_a_fused_ensembles_embeddings_and_earlier_layers_as_of_one_hf_model(name):
+    _, ensemble = _pruned_and_fused(name)
+    where = {n: ensemble.locate(n) for n, _ in ensemble.named_parameters()}
+    assert {part for part, _ in where.values()} == {"embeddings", "layer", "head"}
+    assert all(("embeddings" in n) == (part == "embeddings") for n, (part, _) in where.items())
+    before = {n: p.detach().clone() for n, p in ensemble.named_parameters()}
+    ft.finetune_fused(ensemble, _labelled(name), ONE_STEP.with_(train_last=1), progress=False)
+    last = ensemble.num_layers - 1
+    for n, p in ensemble.named_parameters():
+        part, layer = where[n]
+        trained = part == "head" or (part == "layer" and layer == last)
+        assert torch.equal(p, before[n]) != trained, (n, part, layer)  # trained ones moved, frozen ones did not

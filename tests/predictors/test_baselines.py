@@ -78,7 +78,7 @@ def test_temperature_scaling_recovers_a_known_temperature():
     with pytest.warns(UserWarning, match="no minimum"):  # all right: T -> 0 without limit
         sharp = B.fit_temperature(logits[:100, None], logits[:100].argmax(-1))
     assert sharp < 0.5
-    scaled = B.TemperatureScaled(MODELS["bert"](), 2.0)
+    scaled = B.Calibrated(MODELS["bert"](), B.TemperatureScaling(2.0))
     inputs = make_inputs("bert")
     assert torch.allclose(fused_output(scaled, inputs)[:, 0], output(scaled.model, inputs) / 2.0)
 
@@ -96,7 +96,7 @@ def test_every_predictor_saves_and_loads_back_equal(tmp_path):
         "pruned": pruned,
         "hydra": he.HydraEnsemble.fuse(he.build_members(model, he.sample_members(torch.rand(3, 4), seed=1))),
         "deep": B.DeepEnsemble([model, pruned], stored_parameters=123),
-        "temperature": B.TemperatureScaled(B.DeepEnsemble([model, pruned]), 1.7),
+        "temperature": B.Calibrated(B.DeepEnsemble([model, pruned]), B.TemperatureScaling(1.7)),
         "mc_dropout": B.MCDropout(dropout, samples=3, seed=5),
     }
     for name, predictor in kinds.items():

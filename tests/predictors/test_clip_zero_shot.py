@@ -12,7 +12,8 @@ from tolerances import CONTRACT
 from hydra_ensembles.evaluation.report import classification_metrics
 from hydra_ensembles.outputs import collect_member_logits
 from hydra_ensembles.predictors import (
-    TemperatureScaled,
+    Calibrated,
+    TemperatureScaling,
     TwoTowerModel,
     ZeroShotEnsemble,
     class_prompts,
@@ -86,7 +87,7 @@ def test_zero_shot_ensemble_saves_reloads_and_works_with_the_evaluation_stack(tm
     with torch.no_grad():
         assert torch.equal(loaded(**inputs).member_logits, ensemble(**inputs).member_logits)
     batches = [_images(seed=s) | {"labels": torch.tensor([0, 1, 2, 3, 0])} for s in (1, 2)]
-    logits = collect_member_logits(TemperatureScaled(loaded, 2.0), batches)
+    logits = collect_member_logits(Calibrated(loaded, TemperatureScaling(2.0)), batches)
     assert logits.shape == (10, 3, 4)
     metrics = classification_metrics(logits, torch.cat([b["labels"] for b in batches]))
     assert 0 <= metrics["acc"] <= 1 and metrics["nll"] > 0

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import MODELS, tiny_clip
+from conftest import MODELS, make_inputs, tiny_clip
 
 import hydra_ensembles as he
 from hydra_ensembles import predictors as P
@@ -23,22 +23,40 @@ def test_each_kind_is_found_by_its_name_and_says_what_was_saved(tmp_path):
         "hf_model": (model, "one model (BertForSequenceClassification)"),
         "hydra_ensemble": (_hydra(model), "a fused ensemble of 3 members"),
         "deep_ensemble": (P.DeepEnsemble([model, model]), "a deep ensemble of 2 models"),
-        "temperature": (P.TemperatureScaled(_hydra(model), 1.5), "a fused ensemble of 3 members, temperature-scaled"),
+        "calibrated": (
+            P.Calibrated(_hydra(model), P.TemperatureScaling(1.5)),
+            "a fused ensemble of 3 members, temperature-scaled",
+        ),
         "multi_head_mlp": (MultiHeadMLP(2, 3, heads=4), "a multi-head MLP student with 4 heads"),
         "two_tower": (P.TwoTowerModel.from_clip(tiny_clip()), "a two-tower (CLIP-style) model"),
+        "feature_scored": (
+            P.fit_feature_scores(
+                model, [make_inputs("bert", batch=8) | {"labels": torch.arange(8) % 3}], k=3, vim_dim=4
+            ),
+            "one model (BertForSequenceClassification), with OOD detectors (mds, rmds, knn, vim) fit on 8 inputs",
+        ),
     }
     for kind, (predictor, description) in saved.items():
         path = P.save_predictor(predictor, tmp_path / kind)
         assert P.saved_kind(path) == kind and P.describe_saved(path) == description, kind
         assert type(P.load_predictor(path)) is type(predictor), kind
-    assert set(P.PREDICTOR_KINDS) == {*saved, "mc_dropout", "zero_shot"}
-    assert all(cls.kind == kind for kind, cls in P.PREDICTOR_KINDS.items())
+    earlier = {"temperature": P.Calibrated}  # formats written before a kind was renamed, read by the new kind
+    assert set(P.PREDICTOR_KINDS) == {*saved, "mc_dropout", "zero_shot", *earlier}
+    assert all(cls.kind == kind or earlier.get(kind) is cls for kind, cls in P.PREDICTOR_KINDS.items())
 
 
 def test_the_saved_formats_are_those_written_before_the_kinds_named_themselves(tmp_path):
     model = MODELS["bert"]()
-    P.save_predictor(P.TemperatureScaled(P.DeepEnsemble([model], stored_parameters=7), 2.0), tmp_path / "t")
-    assert json.loads((tmp_path / "t" / "predictor.json").read_text()) == {"kind": "temperature", "temperature": 2.0}
+    calibrated = P.Calibrated(P.DeepEnsemble([model], stored_parameters=7), P.TemperatureScaling(2.0))
+    P.save_predictor(calibrated, tmp_path / "t")
+    record = json.loads((tmp_path / "t" / "predictor.json").read_text())
+    assert record == {"kind": "calibrated", "map": "temperature", "state": {"temperature": 2.0}}
+    earlier = tmp_path / "earlier"  # a temperature-scaled predictor saved before there were several maps
+    P.save_predictor(P.DeepEnsemble([model], stored_parameters=7), earlier / "model")
+    (earlier / "predictor.json").write_text(json.dumps({"kind": "temperature", "temperature": 2.0}))
+    loaded = P.load_predictor(earlier)
+    assert isinstance(loaded, P.Calibrated) and loaded.calibration_map.state() == {"temperature": 2.0}
+    assert P.describe_saved(earlier).endswith("temperature-scaled")
     member = json.loads((tmp_path / "t" / "model" / "predictor.json").read_text())
     assert member == {"kind": "deep_ensemble", "members": 1, "stored_parameters": 7}
     assert (tmp_path / "t" / "model" / "member0" / "config.json").is_file()
@@ -74,7 +92,8 @@ def test_an_unknown_kind_names_the_known_ones_and_register_predictor_adds_one(tm
 
 def test_a_wrapper_declares_the_model_it_is_built_on():
     model, hydra = MODELS["bert"](), _hydra(MODELS["bert"]())
-    assert P.base_model(P.TemperatureScaled(P.DeepEnsemble([model]), 2.0)) is model
-    assert P.base_model(P.TemperatureScaled(hydra, 2.0)) is hydra and P.base_model(hydra) is hydra
-    assert P.num_members(P.TemperatureScaled(hydra, 2.0)) == 3 and P.num_members(model) == 1
-    assert P.class_names(P.TemperatureScaled(hydra, 2.0)) == [str(model.config.id2label[i]) for i in range(3)]
+    scaled = P.Calibrated(hydra, P.TemperatureScaling(2.0))
+    assert P.base_model(P.Calibrated(P.DeepEnsemble([model]), P.TemperatureScaling(2.0))) is model
+    assert P.base_model(scaled) is hydra and P.base_model(hydra) is hydra
+    assert P.num_members(scaled) == 3 and P.num_members(model) == 1
+    assert P.class_names(scaled) == [str(model.config.id2label[i]) for i in range(3)]

@@ -35,9 +35,10 @@ from ..io import read_json_record, torch_save_atomic, write_json_atomic
 from ..members import build_members, head_map_overlap, sample_members
 from ..outputs import collect_member_logits, labels_of
 from ..predictors import (
+    Calibrated,
     DeepEnsemble,
     MCDropout,
-    TemperatureScaled,
+    TemperatureScaling,
     fit_temperature,
     load_predictor,
     lora_ensemble,
@@ -238,7 +239,8 @@ def _temperature(p: Pieces, row: Callable[[Pieces], Built] | None = None) -> Bui
     Single calibrated the same way."""
     built = row(p) if row else Built(p.single(), {"heads": str(p.heads)})
     temperature = fit_temperature(collect_member_logits(built.predictor, p.task.val), labels_of(p.task.val))
-    return Built(TemperatureScaled(built.predictor, temperature), built.extra | {"temperature": temperature})
+    scaled = Calibrated(built.predictor, TemperatureScaling(temperature))
+    return Built(scaled, built.extra | {"temperature": temperature})
 
 
 def _lora(p: Pieces) -> Built:
@@ -301,24 +303,16 @@ def _hydra_circ(p: Pieces, mlp: str, fine_tune: bool = True) -> Built:
 
 def _hydra_circ_fused_first(p: Pieces) -> Built:
     """Hydra (Circ)'s members pruned and fused (exact: unfine-tuned members share their MLPs), then fine-tuned as
-    one module (`finetune_fused`, paper 000 Fig. 1): the merged MLP, norms and classifier-side layers learn from
-    every member's loss; the embeddings stay frozen as in the members' recipe."""
+    one module (`finetune_fused`, paper 000 Fig. 1) with the members' recipe: the merged MLP, norms and
+    classifier-side layers learn from every member's loss (the embeddings frozen when the recipe freezes them)."""
     head_maps, recorded = _circ_members(p)
-    name, frozen = f"hydra-circ-fused-{_digest(head_maps[0])}", p.task.member_recipe.freeze_embeddings
+    name = f"hydra-circ-fused-{_digest(head_maps[0])}"
 
     def build() -> nn.Module:
         ensemble = HydraEnsemble.fuse(build_members(p.single(), head_maps), mlp="average")
-        for parameter_name, param in ensemble.named_parameters():
-            if frozen and "embeddings" in parameter_name:
-                param.requires_grad_(False)
-        return p.fine_tuned(ensemble, name, p.seed, train=_fused_training)
+        return p.fine_tuned(ensemble, name, p.seed, train=finetune_fused)
 
     return _ensemble_row(p.trained(name, build, checkpoint=name), "average", recorded)
-
-
-def _fused_training(ensemble: nn.Module, train, recipe, **kwargs) -> nn.Module:
-    """`finetune_fused` with the embeddings frozen by hand (the recipe's flag names an HF model's parts)."""
-    return finetune_fused(ensemble, train, recipe.with_(freeze_embeddings=False), **kwargs)
 
 
 def _fused(members: list[nn.Module], mlp: str, recorded: dict) -> Built:

@@ -20,7 +20,7 @@ from ..importance import JointCircuit, extract_joint_circuit, taylor_head_scores
 from ..io import torch_save_atomic
 from ..members import sample_members
 from ..outputs import collect_member_logits, labels_of
-from ..predictors import TemperatureScaled, TwoTowerModel, fit_temperature, zero_shot_ensemble
+from ..predictors import Calibrated, TemperatureScaling, TwoTowerModel, fit_temperature, zero_shot_ensemble
 from ..predictors.clip_zero_shot import prompt_batches
 from .runner import SeedRun, Table, fixed
 
@@ -83,7 +83,8 @@ class _Pieces:
 
     def temperature(self) -> nn.Module:
         single, val = self.ensemble(), self.task.val
-        return TemperatureScaled(single, fit_temperature(collect_member_logits(single, val), labels_of(val)))
+        temperature = fit_temperature(collect_member_logits(single, val), labels_of(val))
+        return Calibrated(single, TemperatureScaling(temperature))
 
     def taylor(self, members: int, pool: int) -> nn.Module:
         """`members` members, each pruning `taylor_per_layer` heads per image layer drawn from the `pool` least

@@ -10,6 +10,7 @@ hydra-ens fuse      --members members-tuned --data val.csv --out hydra   # print
 hydra-ens evaluate  --model single --model hydra --data test.csv --ood ood.txt --out report
 hydra-ens distill   --teacher hydra --model single --data train.csv --val val.csv --out student   # optional
 hydra-ens calibrate --model hydra --val val.csv --out calibrated           # optional: temperature scaling
+hydra-ens ood       --model hydra --data train.csv --out hydra-ood          # optional: feature-space OOD detectors
 hydra-ens predict   --model hydra --inputs new.txt --calibration val.csv
 hydra-ens demo      # all of it on the packaged MiniLM and BBC News
 """
@@ -22,11 +23,11 @@ import sys
 
 from ..adapters import UnsupportedModelError
 from ..bench.datasets.debian import DataFetchError
-from . import amp, bench, calibrate, circuit, demo, distill, evaluate, finetune, fuse, members, predict, scores
+from . import amp, bench, calibrate, circuit, demo, distill, evaluate, finetune, fuse, members, ood, predict, scores
 from .common import CommandError, HelpFormatter
 
 USER_ERRORS = (CommandError, UnsupportedModelError, DataFetchError, ValueError, FileNotFoundError, NotADirectoryError)
-COMMANDS = (finetune, amp, scores, circuit, members, fuse, evaluate, distill, calibrate, predict, bench, demo)
+COMMANDS = (finetune, amp, scores, circuit, members, fuse, evaluate, distill, calibrate, ood, predict, bench, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,28 +1,33 @@
-"""Calibration: fit a post-hoc calibrator on labelled validation data and save the calibrated predictor.
+"""Calibration: fit a post-hoc calibration map on labelled validation data and save the calibrated predictor.
 
---method temperature (Guo et al., 2017, "On Calibration of Modern Neural Networks"): one temperature T divides
-every member's logits before their softmaxes are averaged, fitted to minimise the validation NLL; it changes the
-confidence, never the predicted class. It takes any saved classifier: an HF classifier, a Hydra Ensemble, a
-distilled student, a zero-shot ensemble. Prints what was fitted and the validation NLL and ECE before and after.
-Writes <out>/model/ (`evaluate` and `predict` take <out> as --model). Fit on validation data, not on the test data
-you report on.
+It takes any saved classifier: an HF classifier, a Hydra Ensemble, a distilled student, a zero-shot ensemble.
+`--method` picks the map (`predictors.CALIBRATION_MAPS`; definitions in docs/calibration.md):
+  temperature  one temperature divides every member's logits (Guo et al., 2017); never changes the class
+  vector       a scale and a bias per class on every member's logits (Guo et al., 2017)
+  dirichlet    a C x C matrix and a bias on every member's log-probabilities, ODIR-regularised (Kull et al., 2019)
+  histogram    per class, the frequency of the class in its probability's bin (Zadrozny & Elkan, 2001)
+  isotonic     per class, an isotonic regression of the probability (scikit-learn; Zadrozny & Elkan, 2002)
+The first three keep the members (and their mutual information); histogram and isotonic map the ensemble
+probability and leave one member, so an ensemble's mutual information and disagreement become 0.
+Prints what was fitted and the validation NLL and ECE before and after. Writes <out>/model/ (`evaluate` and
+`predict` take <out> as --model). Fit on validation data, not on the test data you report on.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from dataclasses import dataclass
 
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..evaluation.report import classification_metrics
 from ..outputs import collect_member_logits, labels_of
 from ..predictors import (
-    TemperatureScaled,
+    CALIBRATION_MAPS,
+    Calibrated,
+    CalibrationMap,
     copy_preprocessor,
     describe_saved,
-    fit_temperature,
+    fit_calibration,
     model_config,
     save_predictor,
 )
@@ -39,26 +44,8 @@ from .common import (
 from .step import add_output_options, check_model_dir, fingerprint_path, start_step
 
 EXAMPLE = """hydra-ens calibrate --model hydra --val val.csv --out hydra-calibrated
+hydra-ens calibrate --model hydra --val val.csv --out hydra-dirichlet --method dirichlet
 hydra-ens predict --model hydra-calibrated --inputs new.txt --calibration val.csv"""
-
-
-@dataclass
-class Calibrated:
-    """What a calibrator returns: the calibrated predictor (saved), its member logits (N, M, C) on the validation
-    data (measured without running the model again), and what it fitted (printed and recorded)."""
-
-    predictor: nn.Module
-    member_logits: Tensor
-    fitted: dict[str, float]
-
-
-def _temperature(model: nn.Module, member_logits: Tensor, labels: Tensor) -> Calibrated:
-    temperature = fit_temperature(member_logits, labels)
-    return Calibrated(TemperatureScaled(model, temperature), member_logits / temperature, {"temperature": temperature})
-
-
-# name -> calibrator(model, validation member logits (N, M, C), labels (N,)); the next calibrators register here
-METHODS: dict[str, Callable[[nn.Module, Tensor, Tensor], Calibrated]] = {"temperature": _temperature}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,9 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--val", required=True, help="labelled validation data to fit the calibrator on")
     parser.add_argument(
         "--method",
-        choices=sorted(METHODS),
+        choices=sorted(CALIBRATION_MAPS),
         default="temperature",
-        help="temperature: one temperature for all members, fitted by validation NLL",
+        help="temperature: one temperature for all members; vector: a scale and bias per class; "
+        "dirichlet: a class-by-class matrix on log-probabilities (ODIR); histogram / isotonic: per-class maps of "
+        "the ensemble probability, leaving one member (an ensemble's mutual information is lost)",
     )
     add_output_options(parser)
     add_data_options(parser)
@@ -92,17 +81,36 @@ def run(args: argparse.Namespace) -> int:
     model = classifier_at(model_dir, zero_shot=zero_shot_options(args)).to(device)
     val = read_data(args, args.val, model_dir, model_config(model), labelled=True, flag="--val").batches
     member_logits, labels = collect_member_logits(model, val, not args.quiet), labels_of(val)  # (N, M, C), (N,)
-    calibrated = METHODS[args.method](model, member_logits, labels)
-    before = classification_metrics(member_logits, labels)
-    after = classification_metrics(calibrated.member_logits, labels)
+    calibration_map = fit_calibration(args.method, member_logits, labels)
     target = out.path / "model"
-    save_predictor(calibrated.predictor, target)
+    save_predictor(Calibrated(model, calibration_map), target)
     for where in (model_dir, model_dir / "text"):  # the tokenizer / image processor (a two-tower's: text/)
         copy_preprocessor(where, target)
-    quality = {when: {k: m[k] for k in ("nll", "ece")} for when, m in (("before", before), ("after", after))}
-    out.finish({"model_dir": "model", "method": args.method, **calibrated.fitted, "examples": len(labels)} | quality)
-    fitted = ", ".join(f"{name} {value:.4f}" for name, value in calibrated.fitted.items())
-    print(f"fitted {args.method} calibration on {len(labels)} validation examples: {fitted}")
-    print(f"  validation NLL {before['nll']:.4f} -> {after['nll']:.4f}, ECE {before['ece']:.4f} -> {after['ece']:.4f}")
+    results = _results(args.method, calibration_map, member_logits, labels)
+    out.finish({"model_dir": "model", **results})
+    _report(results, calibration_map)
     print(f"wrote {target}: {describe_saved(target)}")
     return 0
+
+
+def _results(method: str, calibration_map: CalibrationMap, member_logits: Tensor, labels: Tensor) -> dict:
+    """What was fitted, and the validation NLL, ECE and members before and after (the calibrated member logits
+    come from the map, without running the model again)."""
+    quality = {}
+    for when, logits in (("before", member_logits), ("after", calibration_map.apply(member_logits))):
+        measured = classification_metrics(logits, labels)  # logits (N, M, C), or (N, 1, C) from a probability map
+        quality[when] = {"nll": measured["nll"], "ece": measured["ece"], "members": logits.shape[1]}
+    return {"method": method, **calibration_map.summary(), "examples": len(labels)} | quality
+
+
+def _report(results: dict, calibration_map: CalibrationMap) -> None:
+    before, after = results["before"], results["after"]
+    fitted = ", ".join(f"{name} {value:.4f}" for name, value in calibration_map.summary().items())
+    print(f"fitted {results['method']} calibration on {results['examples']} validation examples: {fitted}")
+    print(f"  validation NLL {before['nll']:.4f} -> {after['nll']:.4f}, ECE {before['ece']:.4f} -> {after['ece']:.4f}")
+    if not calibration_map.on_members:
+        print(
+            f"  {results['method']} maps the ensemble probability and returns one member (the model has "
+            f"{before['members']}): mutual information and member disagreement are lost (0); a logit map "
+            "(temperature, vector, dirichlet) keeps them"
+        )

@@ -2,9 +2,12 @@
 
 Every --model (an HF classifier, or a saved Hydra Ensemble) is run on the labelled --data and every OOD set.
 OOD detection follows OpenOOD: OOD is the positive class, the score is one minus the maximum softmax probability
-of the ensemble's prediction (the mean of member softmaxes). Writes report.md (the table), metrics.json (every
-number), reliability.png and ood_scores.png; each model's result is recorded in results.json and its logits kept
-in logits/ as it is measured (`evaluation.compare`), so an interrupted run resumes at the next model.
+of the ensemble's prediction (the mean of member softmaxes), or --score (feature scores: docs/ood_scores.md).
+Selective classification (docs/selective.md): AURC, AUGRC, risk at 80% coverage and coverage at 5% risk;
+with --conformal ALPHA, split conformal coverage and set size (docs/conformal.md). Writes report.md (the
+table), metrics.json (every number), reliability.png, ood_scores.png and risk_coverage.png; each model's result is
+recorded in results.json and its logits kept in logits/ as it is measured (`evaluation.compare`), so an
+interrupted run resumes at the next model.
 """
 
 from __future__ import annotations
@@ -15,12 +18,24 @@ import torch
 
 from ..evaluation import plots
 from ..evaluation.compare import Built, Data, compare, machine, row_file, time_rows
-from ..evaluation.tables import CONVENTIONS, aggregate, per_set_lines, table_lines
+from ..evaluation.conformal import minimum_calibration, miscoverage
+from ..evaluation.report import COVERAGE_LEVEL, RISK_LEVEL, conformal_metrics, selective_metrics
+from ..evaluation.tables import (
+    CONVENTIONS,
+    EVALUATE_COLUMNS,
+    SELECTIVE_CONVENTIONS,
+    aggregate,
+    conformal_lines,
+    over_seeds,
+    per_set_lines,
+    table_lines,
+)
 from ..fusion import HydraEnsemble
 from ..io import without_late_defaults, write_json_atomic
 from ..outputs import labels_of
 from ..predictors import ZeroShotEnsemble, base_model, class_names, model_config
 from ..pruning import kept_heads
+from ..uncertainty import ensemble_probs
 from .common import (
     CommandError,
     add_data_options,
@@ -35,6 +50,7 @@ from .common import (
     resolve_device,
     zero_shot_options,
 )
+from .ood import SCORE_NAMES
 from .step import add_output_options, check_model_dir, fingerprint_path, start_step
 
 EXAMPLE = """hydra-ens evaluate --model single=my-classifier --model hydra=hydra --data test.csv \\
@@ -57,6 +73,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=7,
         help="rounds of interleaved timing on one batch for the latency column; 0: no latency",
+    )
+    parser.add_argument(
+        "--score",
+        choices=SCORE_NAMES,
+        default="msp",
+        help="the OOD score of the AUROC, FPR95 and AUPR columns; mds, rmds, knn, vim (and _concat) need a model "
+        "with detectors fitted by hydra-ens ood (docs/ood_scores.md)",
+    )
+    parser.add_argument(
+        "--conformal",
+        type=miscoverage,
+        metavar="ALPHA",
+        help="also report split conformal coverage and set size at 1 - ALPHA (THR, APS, RAPS), calibrated on random "
+        "halves of --data",
     )
     add_output_options(parser)
     add_data_options(parser)
@@ -82,15 +112,24 @@ def run(args: argparse.Namespace) -> int:
         **data_settings(args),
         # reports made before the flag ran in fp32: they stay valid for it
         **without_late_defaults({"precision": args.precision}, {"precision": "fp32"}),
+        **without_late_defaults({"conformal": args.conformal}, {"conformal": None}),
+        **without_late_defaults({"score": args.score}, {"score": "msp"}),
     }
     out = start_step(args, "evaluate", settings, "report.md")
     if out is None:
         return 0
     built = _built(args, models, sets, device)
+    _check_conformal(args.conformal, len(labels_of(next(iter(built.values())).data.test)))
     builds = {name: (lambda name=name: built[name]) for name in built}
     with inference_precision(args.precision, device):  # the metrics are float64: autocast leaves them alone
         results = compare(
-            builds, None, out.path / "results.json", out.path / "logits", progress=not args.quiet, require_logits=True
+            builds,
+            None,
+            out.path / "results.json",
+            out.path / "logits",
+            progress=not args.quiet,
+            require_logits=True,
+            score=args.score,
         )
     logits = {name: torch.load(row_file(out.path / "logits", name)) for name in results}
     labels = labels_of(next(iter(built.values())).data.test)
@@ -100,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
         with inference_precision(args.precision, device):
             latency = time_rows({name: row.predictor for name, row in built.items()}, batches, args.latency_repeats)
     rows = aggregate({0: results})
+    selective = {name: selective_metrics(logits[name]["test"], labels) for name in results}  # from the kept logits
+    for name, values in selective.items():
+        rows[name] |= {f"id.{key}": over_seeds([value]) for key, value in values.items()}
     lines = [
         "# Evaluation",
         "",
@@ -108,23 +150,48 @@ def run(args: argparse.Namespace) -> int:
         "",
         f"Machine: {machine()}",
         "",
-        *table_lines(rows, latency),
+        *table_lines(rows, latency, EVALUATE_COLUMNS),
+        "",
+        f"OOD score: {args.score} (higher = more OOD; docs/ood_scores.md).",
         "",
         CONVENTIONS,
         "",
+        SELECTIVE_CONVENTIONS,
+        "",
     ]
+    conformal = None
+    if args.conformal is not None:
+        conformal = {name: conformal_metrics(logits[name]["test"], labels, args.conformal) for name in results}
+        lines += [*conformal_lines(conformal, args.conformal), ""]
     if names:
         lines += ["AUROC (%) per OOD set:", "", *per_set_lines({0: results}, names), ""]
     (out.path / "report.md").write_text("\n".join(lines))
     write_json_atomic(
         out.path / "metrics.json",
-        {"models": {n: str(p) for n, p in models.items()}, "results": results, "latency": latency},
+        {
+            "models": {n: str(p) for n, p in models.items()},
+            "results": results,
+            "latency": latency,
+            "selective": {"coverage": COVERAGE_LEVEL, "risk": RISK_LEVEL, "models": selective},
+            "conformal": None if conformal is None else {"alpha": args.conformal, "models": conformal},
+        },
     )
     plots.logit_figures(logits, labels, out.path, "evaluation")
+    curves = {name: (ensemble_probs(v["test"]), labels) for name, v in logits.items()}
+    plots.risk_coverage(curves, out.path / "risk_coverage.png", "evaluation: risk-coverage (test)")
     out.finish({"models": list(results)})
     print("\n".join(lines))
-    print(f"wrote {out.path}/report.md, metrics.json, reliability.png, ood_scores.png")
+    print(f"wrote {out.path}/report.md, metrics.json, reliability.png, ood_scores.png, risk_coverage.png")
     return 0
+
+
+def _check_conformal(alpha: float | None, examples: int) -> None:
+    """Half the test examples must be enough to calibrate --conformal at its alpha."""
+    if alpha is not None and examples // 2 < minimum_calibration(alpha):
+        raise CommandError(
+            f"--conformal {alpha} calibrates on half of --data ({examples // 2} of its {examples} examples) and needs "
+            f"at least {minimum_calibration(alpha)}: give more test data or a larger alpha."
+        )
 
 
 def _built(

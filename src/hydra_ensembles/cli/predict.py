@@ -4,6 +4,8 @@ information and an OOD flag.
 The flag compares an OOD score (higher = more OOD; default: one minus the maximum softmax probability) with a
 threshold chosen on ID validation inputs (--calibration) so that --tpr of them (default 95%) are accepted as ID;
 or pass --threshold yourself. Output: a table (default) or JSON lines (--format jsonl), to stdout or --output.
+With --conformal ALPHA, each input also gets its split conformal prediction set, which holds the true class with
+probability at least 1 - ALPHA, calibrated on the labelled --calibration inputs (docs/conformal.md).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import sys
 
 import torch
 
-from ..evaluation.ood import OOD_SCORES
-from ..outputs import collect_member_logits
+from ..evaluation.conformal import SCORES as CONFORMAL_SCORES
+from ..evaluation.conformal import SplitConformal, miscoverage
+from ..evaluation.scores import collect_scores
+from ..outputs import collect_member_logits, labels_of
 from ..predictors import class_names, model_config
 from ..uncertainty import ensemble_probs, mutual_information
 from .common import (
@@ -31,9 +35,11 @@ from .common import (
     resolve_device,
     zero_shot_options,
 )
+from .ood import SCORE_NAMES
 from .step import check_model_dir
 
 EXAMPLE = """hydra-ens predict --model hydra --inputs new-articles.txt --calibration val.csv
+hydra-ens predict --model hydra --inputs new-articles.txt --calibration val.csv --conformal 0.1  # + prediction sets
 hydra-ens predict --model hydra --inputs photos/ --calibration val-photos/ --format jsonl --output p.jsonl
 hydra-ens predict --model clip-dir --classes "cat,dog,car" --inputs photos/ --calibration val-photos/  # zero-shot"""
 
@@ -41,14 +47,34 @@ hydra-ens predict --model clip-dir --classes "cat,dog,car" --inputs photos/ --ca
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="a saved Hydra Ensemble or an HF classifier")
     parser.add_argument("--inputs", required=True, help="a CSV / JSONL / .txt file or an image folder")
-    parser.add_argument("--calibration", help="ID validation inputs that set the OOD threshold (labels unused)")
+    parser.add_argument(
+        "--calibration", help="ID validation inputs that set the OOD threshold (labels unused but by --conformal)"
+    )
     parser.add_argument("--tpr", type=float, default=0.95, help="fraction of ID inputs to accept")
     parser.add_argument("--threshold", type=float, help="a fixed OOD threshold instead of --calibration")
-    parser.add_argument("--score", choices=sorted(OOD_SCORES), default="msp", help="OOD score")
+    parser.add_argument(
+        "--score",
+        choices=SCORE_NAMES,
+        default="msp",
+        help="OOD score; mds, rmds, knn, vim (and _concat) need a model with detectors fitted by hydra-ens ood",
+    )
     parser.add_argument(
         "--format", choices=("table", "jsonl"), default="table", help="a table, or one JSON object per line"
     )
     parser.add_argument("--output", help="write here instead of stdout")
+    parser.add_argument(
+        "--conformal",
+        type=miscoverage,
+        metavar="ALPHA",
+        help="also print each input's conformal prediction set, holding the true class with probability 1 - ALPHA, "
+        "calibrated on the labelled --calibration inputs",
+    )
+    parser.add_argument(
+        "--conformal-score",
+        choices=sorted(CONFORMAL_SCORES),
+        default="aps",
+        help="the conformal score: aps (randomised, seeded), raps, thr / lac (1 - p_y); docs/conformal.md",
+    )
     add_data_options(parser)
     add_zero_shot_options(parser)
     add_device_argument(parser)
@@ -63,16 +89,21 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("give either --calibration (ID validation inputs) or --threshold, exactly one of them.")
     if not 0 < args.tpr <= 1:
         raise CommandError(f"--tpr must be in (0, 1], got {args.tpr}.")
+    if args.conformal is not None and args.calibration is None:
+        raise CommandError("--conformal calibrates on labelled --calibration inputs: give them, not --threshold.")
     threshold, origin = _threshold(args, model, model_dir, device)
+    conformal = _conformal(args, model, model_dir, device) if args.conformal is not None else None
     data = read_data(args, args.inputs, model_dir, model_config(model), labelled=False, flag="--inputs")
     with inference_precision(args.precision, device):
-        member_logits = collect_member_logits(model, data.batches, not args.quiet)
+        member_logits, scores = collect_scores(model, data.batches, args.score, not args.quiet)
     member_logits = member_logits.double()  # (N, M, C), as evaluation
-    rows = predictions(member_logits, OOD_SCORES[args.score], threshold, class_names(model), data.examples.names)
+    rows = predictions(member_logits, scores, threshold, class_names(model), data.examples.names)
     header = (
         f"OOD flag: {args.score} score > {threshold:.4f} (threshold {origin}); "
         f"{sum(r['ood'] for r in rows)} of {len(rows)} inputs flagged; members: {member_logits.shape[1]}"
     )
+    if conformal is not None:
+        header += "\n" + _add_sets(rows, conformal, member_logits, class_names(model))
     stream = open(args.output, "w") if args.output else sys.stdout
     try:
         if args.format == "jsonl":
@@ -96,19 +127,45 @@ def _threshold(args: argparse.Namespace, model, model_dir, device: torch.device)
         args, args.calibration, model_dir, model_config(model), labelled=False, flag="--calibration"
     )
     with inference_precision(args.precision, device):
-        calibration_logits = collect_member_logits(model, calibration.batches, not args.quiet)
-    id_scores = OOD_SCORES[args.score](calibration_logits)
+        _, id_scores = collect_scores(model, calibration.batches, args.score, not args.quiet)
     threshold, accepted = id_threshold(id_scores, args.tpr)
     return threshold, (
         f"chosen on {len(id_scores)} ID calibration inputs to accept {args.tpr:.1%} of them (accepts {accepted:.1%})"
     )
 
 
-def predictions(member_logits: torch.Tensor, score_fn, threshold: float, names: list[str], inputs: list[str]) -> list:
+def _conformal(args: argparse.Namespace, model, model_dir, device: torch.device) -> SplitConformal:
+    """Split conformal at --conformal with --conformal-score, calibrated on the labelled --calibration inputs."""
+    calibration = read_data(args, args.calibration, model_dir, model_config(model), labelled=True, flag="--calibration")
+    with inference_precision(args.precision, device):
+        member_logits = collect_member_logits(model, calibration.batches, not args.quiet)
+    probs, labels = ensemble_probs(member_logits.double()), labels_of(calibration.batches)
+    return SplitConformal(args.conformal, args.conformal_score).calibrate(probs, labels)
+
+
+def _add_sets(rows: list[dict], conformal: SplitConformal, member_logits: torch.Tensor, names: list[str]) -> str:
+    """Each row's prediction set under "set" (class names, most probable first), and the line that says how the
+    sets were made. member_logits (N, M, C)."""
+    probs = ensemble_probs(member_logits)
+    sets = conformal.sets(probs)  # (N, C)
+    for row, in_set, p in zip(rows, sets, probs):
+        row["set"] = [names[c] for c in p.argsort(descending=True).tolist() if in_set[c]]
+    sizes = sets.double().sum(dim=1)
+    score = conformal.score.__class__.__name__.upper()
+    return (
+        f"Conformal sets: {score} score <= {conformal.quantile:.4f}, calibrated on {conformal.calibration_size} "
+        f"labelled inputs to hold the true class with probability {1 - conformal.alpha:.0%}; "
+        f"mean size {sizes.mean():.2f}, {int((sizes == 0).sum())} empty"
+    )
+
+
+def predictions(
+    member_logits: torch.Tensor, scores: torch.Tensor, threshold: float, names: list[str], inputs: list[str]
+) -> list:
     """One row per input: predicted class, its probability, mutual information, OOD score and flag.
-    member_logits (N, M, C)."""
+    member_logits (N, M, C), scores (N,)."""
     confidence, predicted = ensemble_probs(member_logits).max(dim=-1)
-    mi, scores = mutual_information(member_logits), score_fn(member_logits)
+    mi = mutual_information(member_logits)
     return [
         {
             "input": inputs[i],
@@ -135,13 +192,17 @@ def _table(rows: list[dict], texts: list[str] | None, header: str) -> str:
     lines = [header, ""]
     width = max(len(r["prediction"]) for r in rows + [{"prediction": "prediction"}])
     where = min(28, max(len(r["input"]) for r in rows + [{"input": "input"}]))
+    sets = ["{" + ", ".join(r["set"]) + "}" for r in rows] if "set" in rows[0] else None  # with --conformal
+    set_width = max(len(s) for s in [*sets, "set"]) if sets else 0
     columns = f"{'input':<{where}} {'prediction':<{width}} {'prob':>6} {'MI':>7} {'score':>8}  OOD"
-    lines.append(columns + ("  text" if texts else ""))
+    lines.append(columns + (f"  {'set':<{set_width}}" if sets else "") + ("  text" if texts else ""))
     for i, row in enumerate(rows):
         line = (
             f"{row['input']:<{where}} {row['prediction']:<{width}} {row['probability']:>6.3f} "
             f"{row['mutual_information']:>7.4f} {row['ood_score']:>8.4f}  {'yes' if row['ood'] else 'no ':<3}"
         )
+        if sets:
+            line += f"  {sets[i]:<{set_width}}"
         if texts:
             snippet = " ".join(texts[i].split())
             line += "  " + (snippet[:48] + "…" if len(snippet) > 49 else snippet)

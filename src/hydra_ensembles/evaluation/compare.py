@@ -59,10 +59,12 @@ def compare(
     progress: bool = False,
     *,
     require_logits: bool = False,
+    score: str = "msp",
 ) -> dict[str, dict]:
     """{row: result} of every row, in order: read from `record_path` when recorded there (and, if `require_logits`,
     its logits are in `logits_dir`), else built, measured and recorded (`data`: the rows' data, unless a row brings
-    its own). A result is `report.measure`'s, the row's `Built.extra`, `_seconds` and `_measured` ({machine, date})."""
+    its own). A result is `report.measure`'s, the row's `Built.extra`, `_seconds` and `_measured` ({machine, date}). OOD
+    metrics by `score` (`report.measure`)."""
     results = read_json_record(record_path)
     for number, (name, build) in enumerate(rows.items(), start=1):
         if name in results and (not require_logits or row_file(logits_dir, name).exists()):
@@ -73,7 +75,8 @@ def compare(
         on = built.data or data
         if on is None:
             raise ValueError(f"row {name!r} was given no data: pass `data` or build it with `Built(data=...)`.")
-        measured = measure(built.predictor, on.test, on.near, on.far, row_file(logits_dir, name), on.ood, progress)
+        logits_path = row_file(logits_dir, name)
+        measured = measure(built.predictor, on.test, on.near, on.far, logits_path, on.ood, progress, score)
         results[name] = measured | built.extra | {"_seconds": round(time.perf_counter() - started, 1)}
         results[name]["_measured"] = measured_here()
         write_json_atomic(record_path, results)

@@ -32,6 +32,17 @@ def energy(member_logits: Tensor) -> Tensor:
     return -torch.logsumexp(member_logits.double().mean(dim=1), dim=-1)
 
 
+def gen(member_logits: Tensor, gamma: float = 0.1, top: int = 100) -> Tensor:
+    """Generalised entropy of the ensemble's predictive distribution over its `top` largest probabilities,
+    sum_{j <= top} p_(j)^gamma (1 - p_(j))^gamma (Liu et al., 2023, GEN; OpenOOD's gamma 0.1 and M = 100, or all
+    C classes when fewer); higher = flatter = more OOD. 1 - max_c p_c is summed from the other classes (`off_top_mass`):
+    subtracted from 1 it rounds to 0 for confident inputs, whose score then loses its largest term."""
+    probs = ensemble_probs(member_logits.double())
+    largest = probs.topk(min(top, probs.shape[-1]), dim=-1).values  # (B, top), descending
+    complement = torch.cat([off_top_mass(probs)[..., None], 1 - largest[..., 1:]], dim=-1)
+    return (largest**gamma * complement**gamma).sum(dim=-1)
+
+
 def predictive_entropy(member_logits: Tensor) -> Tensor:
     """Entropy of the ensemble's predictive distribution, H[p] in nats (total uncertainty)."""
     return entropy(ensemble_probs(member_logits.double()))
@@ -42,6 +53,7 @@ OOD_SCORES: dict[str, Callable[[Tensor], Tensor]] = {
     "max_logit": max_logit,
     "energy": energy,
     "entropy": predictive_entropy,
+    "gen": gen,
     "mutual_information": lambda member_logits: mutual_information(member_logits.double()),
     "disagreement": lambda member_logits: disagreement(member_logits.double()),
 }

@@ -1,4 +1,5 @@
-"""Figures saved next to the benchmark tables: reliability diagrams, OOD score histograms, head heatmaps."""
+"""Figures saved next to the benchmark tables: reliability diagrams, OOD score histograms, head heatmaps,
+risk-coverage curves."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import Tensor  # noqa: E402
 
+from ..metrics import augrc, aurc  # noqa: E402
+from ..metrics.aurc import confidence_and_error, risk_coverage_points  # noqa: E402
 from ..uncertainty import decompose, ensemble_probs  # noqa: E402
 from .ood import OOD_SCORES  # noqa: E402
 
@@ -77,6 +80,30 @@ def ood_histograms(
         ax.set(title=name, xlabel=f"{score_name} score (higher = more OOD)")
     axes[0][0].set_ylabel("density")
     axes[0][0].legend(fontsize=7)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def risk_coverage(
+    curves: Mapping[str, tuple[Tensor, Tensor]], path: str | os.PathLike, title: str = "Risk-coverage"
+) -> Path:
+    """Selective risk (errors / accepted) and generalized risk (errors accepted / all) against coverage, in %, one
+    line per model: {name: (probs (N, C), labels (N,))}. A point per distinct confidence threshold, joined by
+    straight lines as the trapezoid areas AURC and AUGRC (`metrics.aurc`, `metrics.augrc`) read them; the areas are
+    in the legend."""
+    fig, (selective, generalized) = plt.subplots(1, 2, figsize=(8.4, 3.4))
+    for name, (probs, labels) in curves.items():
+        confidence, error = confidence_and_error(probs, labels)
+        coverage, errors, accepted = risk_coverage_points(confidence, error)
+        risk, general = errors / accepted, errors / len(error)
+        from_zero = 100 * np.r_[0.0, coverage]  # risk held flat to coverage 0; generalized risk 0 there
+        selective.plot(from_zero, 100 * np.r_[risk[0], risk], label=f"{name} (AURC {100 * aurc(probs, labels):.2f})")
+        generalized.plot(from_zero, 100 * np.r_[0.0, general], label=f"{name} (AUGRC {100 * augrc(probs, labels):.2f})")
+    selective.set(xlabel="coverage (%)", ylabel="selective risk (%)", xlim=(0, 100), title="errors / accepted")
+    generalized.set(xlabel="coverage (%)", ylabel="generalized risk (%)", xlim=(0, 100), title="errors accepted / all")
+    for ax in (selective, generalized):
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7)
     fig.suptitle(title)
     return _save(fig, path)
 

@@ -3,6 +3,8 @@
 Classification metrics use the ensemble's predictive distribution (mean of member softmaxes). OOD metrics
 follow OpenOOD: OOD is the positive class, the score is "higher = more OOD"; near-OOD and far-OOD sets are
 averaged separately and all OOD sets together.
+Selective classification (`selective_metrics`) and split conformal coverage (`conformal_metrics`) are what
+`hydra-ens evaluate` adds to its report, from the test logits it keeps; the benchmark tables leave them out.
 """
 
 from __future__ import annotations
@@ -19,12 +21,16 @@ from .. import metrics as M
 from ..cost import count_flops, count_parameters
 from ..data.loaders import Batch
 from ..io import torch_save_atomic
-from ..outputs import collect_member_logits, labels_of
+from ..outputs import labels_of
 from ..uncertainty import ensemble_probs, mutual_information
+from .conformal import REPORTED, split_evaluation
 from .ood import OOD_SCORES
+from .scores import collect_scores
 
 CLASSIFICATION = ("acc", "brier", "nll", "ece", "aece", "disagreement", "mi")
 OOD = ("auroc", "fpr95", "aupr_in", "aupr_out")
+SELECTIVE = ("aurc", "augrc", "risk_at_coverage", "coverage_at_risk")
+COVERAGE_LEVEL, RISK_LEVEL = 0.8, 0.05  # where risk_at_coverage and coverage_at_risk are read (torch-uncertainty's)
 
 
 def classification_metrics(member_logits: Tensor, labels: Tensor) -> dict[str, float]:
@@ -43,6 +49,28 @@ def classification_metrics(member_logits: Tensor, labels: Tensor) -> dict[str, f
     }
 
 
+def selective_metrics(
+    member_logits: Tensor, labels: Tensor, coverage: float = COVERAGE_LEVEL, risk: float = RISK_LEVEL
+) -> dict[str, float]:
+    """aurc, augrc, risk_at_coverage (at `coverage`) and coverage_at_risk (at `risk`) of the ensemble prediction,
+    its confidence max_c p_c deciding which inputs are accepted (`metrics.aurc`), in float64.
+    member_logits (N, M, C), labels (N,)."""
+    probs = ensemble_probs(member_logits.double())
+    return {
+        "aurc": M.aurc(probs, labels),
+        "augrc": M.augrc(probs, labels),
+        "risk_at_coverage": M.risk_at_coverage(probs, labels, coverage),
+        "coverage_at_risk": M.coverage_at_risk(probs, labels, risk),
+    }
+
+
+def conformal_metrics(member_logits: Tensor, labels: Tensor, alpha: float, splits: int = 100) -> dict[str, dict]:
+    """Split conformal at miscoverage `alpha` with each score (THR, APS, RAPS at their defaults) on labelled data
+    alone: {score: mean and std of the test coverage and mean set size over `splits` seeded random halves}
+    (`conformal.split_evaluation`). member_logits (N, M, C), labels (N,)."""
+    return {score: split_evaluation(member_logits, labels, alpha, score, splits) for score in REPORTED}
+
+
 def ood_metrics(
     id_member_logits: Tensor, ood_member_logits: Tensor, score: str = "msp", positive: Literal["ood", "id"] = "ood"
 ) -> dict[str, float]:
@@ -55,11 +83,19 @@ def ood_metrics(
     """
     if score not in OOD_SCORES:
         raise ValueError(f"unknown OOD score {score!r}; choose one of {sorted(OOD_SCORES)}.")
+    score_fn = OOD_SCORES[score]
+    return separation_metrics(score_fn(id_member_logits), score_fn(ood_member_logits), positive)
+
+
+def separation_metrics(
+    id_scores: Tensor, ood_scores: Tensor, positive: Literal["ood", "id"] = "ood"
+) -> dict[str, float]:
+    """`ood_metrics` of scores already computed (higher = more OOD): ID (N,) and OOD (N',), e.g. a feature
+    score's (`scores.collect_scores`)."""
     if positive not in ("ood", "id"):
         raise ValueError(f"positive must be 'ood' or 'id', got {positive!r}.")
-    score_fn = OOD_SCORES[score]
-    scores = torch.cat([score_fn(id_member_logits), score_fn(ood_member_logits)]).double()
-    is_ood = torch.cat([torch.zeros(len(id_member_logits)), torch.ones(len(ood_member_logits))]).bool()
+    scores = torch.cat([id_scores, ood_scores]).double()
+    is_ood = torch.cat([torch.zeros(len(id_scores)), torch.ones(len(ood_scores))]).bool()
     fpr95 = M.fpr_at_tpr(scores, is_ood) if positive == "ood" else M.fpr_at_tpr(-scores, ~is_ood)
     return {
         "auroc": M.auroc(scores, is_ood),
@@ -77,9 +113,12 @@ def evaluate(
     score: str = "msp",
     positive: Literal["ood", "id"] = "ood",
     ood: Mapping[str, Tensor] | None = None,
+    id_scores: Tensor | None = None,
+    ood_scores: Mapping[str, Tensor] | None = None,
 ) -> dict[str, object]:
     """All metrics of one model. `near` / `far` / `ood` map OOD set names to their member logits (N', M, C);
-    `ood` sets are neither near nor far and count only towards "all".
+    `ood` sets are neither near nor far and count only towards "all". OOD metrics use `score` of the logits, or
+    scores already computed: `id_scores` (N,) of the test set and `ood_scores` of every OOD set by name.
 
     Returns {"id": {acc, brier, nll, ece, aece, disagreement, mi}, "ood": {set: {auroc, ...}}, "near"/"far"/"all":
     averages}.
@@ -90,7 +129,10 @@ def evaluate(
         raise ValueError(f"OOD set name(s) {sorted(clash)} are given twice; name every set differently.")
     result: dict[str, object] = {"id": classification_metrics(id_member_logits, labels), "ood": {}}
     for name, logits in {**near, **far, **ood}.items():
-        result["ood"][name] = ood_metrics(id_member_logits, logits, score, positive)
+        if ood_scores is None:
+            result["ood"][name] = ood_metrics(id_member_logits, logits, score, positive)
+        else:
+            result["ood"][name] = separation_metrics(id_scores, ood_scores[name], positive)
     everything = list(near) + list(far) + list(ood)
     for group, names in (("near", list(near)), ("far", list(far)), ("all", everything)):
         if names:
@@ -106,18 +148,31 @@ def measure(
     logits_path: Path,
     ood: Mapping[str, list[Batch]] | None = None,
     progress: bool = False,
+    score: str = "msp",
 ) -> dict:
     """Metrics on the labelled test set and the OOD sets, parameters and FLOPs per example. Member logits are
-    saved to `logits_path` (for figures). `ood` sets count only towards "all"."""
-    test_logits = collect_member_logits(predictor, test, progress)
-    logits = {"test": test_logits}
+    saved to `logits_path` (for figures). `ood` sets count only towards "all". OOD metrics by `score`: a logit
+    score (`OOD_SCORES`), or a feature score of a predictor with fitted detectors (`scores.collect_scores`)."""
+    test_logits, test_scores = collect_scores(predictor, test, score, progress)
+    logits, scores = {"test": test_logits}, {}
     for group, sets in (("near", near), ("far", far), ("ood", ood or {})):
-        logits[group] = {name: collect_member_logits(predictor, data, progress) for name, data in sets.items()}
+        collected = {name: collect_scores(predictor, data, score, progress) for name, data in sets.items()}
+        logits[group] = {name: pair[0] for name, pair in collected.items()}
+        scores |= {name: pair[1] for name, pair in collected.items()}
     torch_save_atomic(logits, logits_path)
     probe = {k: v[:8] for k, v in test[0].items() if k != "labels"}
     stored = getattr(predictor, "stored_parameters", None)
+    metrics = evaluate(
+        test_logits,
+        labels_of(test),
+        logits["near"],
+        logits["far"],
+        ood=logits["ood"],
+        id_scores=test_scores,
+        ood_scores=scores,
+    )
     return {
-        "metrics": evaluate(test_logits, labels_of(test), logits["near"], logits["far"], ood=logits["ood"]),
+        "metrics": metrics,
         "params": stored if stored is not None else count_parameters(predictor),
         "flops_per_example": count_flops(predictor, probe) / len(next(iter(probe.values()))),
     }

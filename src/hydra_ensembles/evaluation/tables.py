@@ -38,6 +38,13 @@ COLUMNS = [  # the paper's Tables 1-2
     Column("AUPR-In all", "all", "aupr_in", 100, 1),
     Column("AUPR-Out all", "all", "aupr_out", 100, 1),
 ]
+SELECTIVE_COLUMNS = [  # selective classification, in `hydra-ens evaluate`'s report (`report.selective_metrics`)
+    Column("AURC", "id", "aurc", 100, 2),
+    Column("AUGRC", "id", "augrc", 100, 2),
+    Column("Risk@80%cov", "id", "risk_at_coverage", 100, 1),
+    Column("Cov@5%risk", "id", "coverage_at_risk", 100, 1),
+]
+EVALUATE_COLUMNS = [*COLUMNS, *SELECTIVE_COLUMNS]
 
 
 def over_seeds(values: Sequence[float]) -> dict[str, float]:
@@ -82,6 +89,13 @@ CONVENTIONS = (
     "maximum softmax probability of the (ensemble) prediction, OOD = positive class (OpenOOD). Ensemble "
     "probability = mean of member softmaxes. FLOPs per example relative to the first row; latency relative to "
     "the first row on one batch, timed interleaved over repeated rounds on this machine: median (min-max)."
+)
+SELECTIVE_CONVENTIONS = (
+    "Selective classification: an input is accepted when its confidence max_c p_c reaches a threshold; a failure is an "
+    "accepted wrong prediction. AURC and AUGRC (%, lower is better): areas under the selective risk (errors / "
+    "accepted) and the generalized risk (errors accepted / all) over coverage; Risk@80%cov: the error rate of the 80% "
+    "most confident inputs; Cov@5%risk: the largest share of inputs accepted at an error rate of at most 5%. Tied "
+    "confidences are accepted together (docs/selective.md)."
 )
 
 
@@ -153,3 +167,25 @@ def per_set_lines(per_seed: dict[int, dict[str, dict]], sets: Sequence[str] | No
             means.append(f"{100 * statistics.fmean(values):.1f}")
         lines.append(f"| {row} | " + " | ".join(means) + " |")
     return lines
+
+
+def conformal_lines(per_model: Mapping[str, Mapping[str, dict]], alpha: float) -> list[str]:
+    """Split conformal coverage (%, mean ± std over the random splits) and mean set size per model and score, as a
+    markdown table. per_model: {model: {score: `conformal.split_evaluation`'s result}}."""
+    scores = list(next(iter(per_model.values())))
+    header = ["Method"] + [f"{s.upper()} {what}" for s in scores for what in ("coverage", "set size")]
+    body = []
+    for model, by_score in per_model.items():
+        cells = [model]
+        for score in scores:
+            stats = by_score[score]
+            cells += [f"{100 * stats['coverage']:.1f} ± {100 * stats['coverage_std']:.1f}", f"{stats['set_size']:.2f}"]
+        body.append(cells)
+    first = next(iter(next(iter(per_model.values())).values()))
+    note = (
+        f"Split conformal prediction at alpha = {alpha} (target coverage {100 * (1 - alpha):.0f}%): calibrated on a "
+        f"random half of the test data ({first['calibration_size']} inputs), measured on the other half, over "
+        f"{first['splits']} seeded splits; coverage in % (mean ± std over the splits). Scores: THR = 1 - p_y, APS and "
+        "RAPS randomised (docs/conformal.md)."
+    )
+    return [note, "", *render(header, body, "markdown")]

@@ -86,6 +86,17 @@ class HydraEnsemble(nn.Module):
     def num_layers(self) -> int:
         return len(self.layers)
 
+    def locate(self, parameter: str) -> tuple[str, int | None]:
+        """Where one of this module's parameters (by its name here) sits in the members, as `Adapter.locate` says
+        it of an HF model: ("embeddings", None), ("layer", index) or ("head", None); so that training freezes the
+        embeddings or trains the last layers of a fused ensemble as of one HF model."""
+        if parameter.startswith("layers."):
+            return "layer", int(parameter.split(".")[1])
+        for store in ("outer.shared.", "outer.member."):
+            if parameter.startswith(store):  # stored under its dotted name in the members, with "/" for "."
+                return self.adapter.locate(self.outer.skeleton, parameter[len(store) :].replace("/", "."))
+        return "head", None
+
     # ---- building ----
 
     @classmethod

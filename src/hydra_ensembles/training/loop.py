@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,7 @@ def train(
     val_batches = materialize(val_loader, "validation loader") if val_loader is not None else None
     if val_batches is not None and config.monitor == "acc" and getattr(model, "regression", False):
         raise ValueError("a regressor has no accuracy to monitor: use monitor='nll'.")
-    trainable = _select_trainable(model, adapter if is_hf else None, config)
+    trainable = _select_trainable(model, _locator(model, adapter if is_hf else None), config)
     augment = AUGMENTATIONS[config.augment] if config.augment is not None else None
     optimizer = OPTIMIZERS[config.optimizer](trainable, config)
     total = config.epochs * len(batches)
@@ -284,20 +285,33 @@ def _family(model: nn.Module) -> tuple[Adapter | None, bool]:
     return getattr(base, "adapter", None), False
 
 
-def _select_trainable(model: nn.Module, adapter: Adapter | None, config: TrainConfig) -> list[nn.Parameter]:
+def _locator(model: nn.Module, adapter: Adapter | None) -> tuple[Callable[[str], tuple[str, int | None]], int] | None:
+    """(where a parameter of `model` sits, by its name: ("embeddings", None), ("layer", index) or ("head", None);
+    the number of layers) for an HF model (its adapter's `locate`) or a fused ensemble (its own); None for a plain
+    module, whose parts have no such names."""
+    base = _unwrapped(model)
+    if adapter is not None:
+        return partial(adapter.locate, base), adapter.num_layers(base)
+    if hasattr(base, "locate") and hasattr(base, "num_layers"):
+        return base.locate, base.num_layers
+    return None
+
+
+def _select_trainable(
+    model: nn.Module, locator: tuple[Callable[[str], tuple[str, int | None]], int] | None, config: TrainConfig
+) -> list[nn.Parameter]:
     """Freeze what the config keeps fixed; return the parameters left to train (those trainable already).
-    adapter=None (not an HF model): nothing is frozen by name."""
-    if adapter is None:
+    locator=None (a plain module): nothing is frozen by name."""
+    if locator is None:
         if config.freeze_embeddings or config.train_last is not None:
             raise ValueError(
-                f"freeze_embeddings and train_last name parts of an HF model; a {type(model).__name__} has none: "
-                "set requires_grad on its parameters instead."
+                f"freeze_embeddings and train_last name parts of an HF model or a fused ensemble; a "
+                f"{type(model).__name__} has none: set requires_grad on its parameters instead."
             )
     else:
-        base = _unwrapped(model)
-        num_layers = adapter.num_layers(base)
-        for name, param in base.named_parameters():
-            where = adapter.locate(base, name)  # ("embeddings", None), ("layer", index) or ("head", None)
+        locate, num_layers = locator
+        for name, param in _unwrapped(model).named_parameters():
+            where = locate(name)
             if config.freeze_embeddings and where[0] == "embeddings":
                 param.requires_grad_(False)
             if config.train_last is not None and (

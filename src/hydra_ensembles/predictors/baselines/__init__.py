@@ -4,8 +4,8 @@
 - `shared_backbone_ensemble`: "Deep Ensembles (D)": M classifier heads on one frozen backbone, fused.
 - `MCDropout`: one model, M forward passes with dropout active.
 - `lora_ensemble`: M LoRA fine-tunes with different seeds.
-Temperature scaling is `predictors.TemperatureScaled`; a pruned single model (Taylor, CircAvg) is a plain HF
-model from `build_members`, an ensemble of one.
+Temperature scaling (and the other calibration maps) is `predictors.Calibrated`; a pruned single model (Taylor,
+CircAvg) is a plain HF model from `build_members`, an ensemble of one.
 """
 
 from .deep_ensemble import DeepEnsemble

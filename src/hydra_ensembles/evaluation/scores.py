@@ -1,0 +1,67 @@
+"""Every OOD score by name, of any predictor over a loader: what `predict --score` and `evaluate --score` call.
+
+A logit score (`ood.OOD_SCORES`) reads the member logits of any predictor. Any other name is a feature score
+("mds", "rmds", "knn", "vim", each also "<name>_concat"; `predictors.feature_ood`), which needs a predictor carrying
+detectors fit on its training features (`predictors.fit_feature_scores`), possibly under wrappers that change its
+logits. It is found by what it offers, `ood_scores(inputs, name) -> (member logits, scores)`: evaluation and
+predictors are independent floors (pyproject.toml's import contracts), so this module names no predictor class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from ..data.loaders import TARGETS, to_device
+from ..outputs import collect_member_logits, member_logits_of
+from .ood import OOD_SCORES
+
+
+@torch.no_grad()
+def collect_scores(
+    model: nn.Module, loader: Iterable[Mapping[str, Any]], score: str, progress: bool = False
+) -> tuple[Tensor, Tensor]:
+    """Member logits (N, M, C) float32 on the CPU and OOD scores (N,) float64 of any classifier over a loader of
+    batches, by any logit score (`OOD_SCORES`), or any feature score the model has fitted detectors for. One
+    forward pass per batch; two for a feature score when a wrapper that changes the logits sits over the detectors."""
+    if score in OOD_SCORES:
+        logits = collect_member_logits(model, loader, progress)
+        return logits, OOD_SCORES[score](logits.double())
+    scored = detectors_of(model, score)
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    logits, scores = [], []
+    try:
+        for batch in tqdm(loader, desc="scoring", disable=not progress, leave=False):
+            inputs = to_device({k: v for k, v in batch.items() if k not in TARGETS}, device)
+            part_logits, part_scores = scored.ood_scores(inputs, score)
+            if scored is not model:  # a wrapper over the detectors changes the logits: its own pass
+                part_logits = member_logits_of(model(**inputs))
+            logits.append(part_logits.float().cpu())
+            scores.append(part_scores.cpu())
+    finally:
+        model.train(was_training)
+    if not logits:
+        raise ValueError("the loader is empty: nothing to score.")
+    return torch.cat(logits), torch.cat(scores)
+
+
+def detectors_of(model: nn.Module, score: str) -> nn.Module:
+    """The predictor in `model`'s chain of wrappers (each holds the next as `base`) that carries fitted
+    detectors, or a ValueError that says how to fit them."""
+    inner = model
+    while not hasattr(inner, "ood_scores") and hasattr(inner, "base") and inner.base is not inner:
+        inner = inner.base
+    if not hasattr(inner, "ood_scores"):
+        raise ValueError(
+            f"OOD score {score!r} is not a logit score ({', '.join(sorted(OOD_SCORES))}); a feature score reads "
+            "detectors fit on training features, and this model has none: fit them with "
+            "`hydra-ens ood --model MODEL --data train.csv --out DIR` and pass DIR as --model "
+            "(in Python: predictors.fit_feature_scores(model, train_loader))."
+        )
+    return inner

@@ -1,0 +1,165 @@
+"""A classifier with feature-space OOD detectors (MDS, RMDS, KNN, ViM) fit once on its training features and
+saved with it (`evaluation.scores.collect_scores` scores a loader by any score name, logit or feature: it finds this
+predictor by its `ood_scores`).
+
+`fit_feature_scores(model, train_loader)` returns a `FeatureScored` predictor: it predicts exactly as `model`
+(same member logits) and scores inputs with `ood_scores(inputs, name)`. Score names: "mds", "rmds", "knn", "vim" (one
+detector per member on its own features, scores averaged) and "<name>_concat" (one detector on the members'
+features concatenated); the maths is `feature_ood`. Saved as model/ (the predictor), detectors.safetensors
+(every fitted tensor, float64 but KNN's training features, float32 as the model gave them) and predictor.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+from torch import Tensor, nn
+
+from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
+from ..outputs import labels_of, member_logits_of
+from .feature_ood import CONCAT, FEATURE_SCORES, EnsembleDetector, Settings, TrainingFeatures
+from .features import collect_features, feature_source, member_features
+from .load import Wrapper, describe_saved, load_predictor, num_members, register_predictor, save_predictor
+
+FEATURE_SCORE_NAMES = [name + variant for name in FEATURE_SCORES for variant in ("", CONCAT)]
+
+DETECTORS_FILE = "detectors.safetensors"
+
+
+@register_predictor
+class FeatureScored(Wrapper):
+    """Any classifier with fitted feature-space detectors. Returns the classifier's member_logits (B, M, C);
+    `ood_scores` adds OOD scores. `examples`: how many training inputs the detectors were fit on."""
+
+    kind = "feature_scored"
+
+    def __init__(self, model: nn.Module, detectors: Mapping[str, EnsembleDetector], settings: Settings, examples: int):
+        super().__init__()
+        self.model = model
+        self.detectors = dict(detectors)
+        self.settings = settings
+        self.examples = examples
+
+    @property
+    def base(self) -> nn.Module:
+        return self.model
+
+    @property
+    def num_members(self) -> int:
+        return num_members(self.model)
+
+    @property
+    def score_names(self) -> list[str]:
+        return [name + variant for name in self.detectors for variant in ("", CONCAT)]
+
+    def forward(self, **inputs: Any) -> Any:
+        return self.model(**inputs)
+
+    def ood_scores(self, inputs: Mapping[str, Any], name: str) -> tuple[Tensor, Tensor]:
+        """Member logits (B, M, C) of the classifier and the OOD score `name` (B,) float64, for model inputs (no
+        labels): one forward pass, two when the classifier is a wrapper that changes its logits."""
+        detector, concatenated = self._detector(name)
+        source = feature_source(self.model)
+        part = member_features(source, inputs)
+        logits = part.logits if source is self.model else member_logits_of(self.model(**inputs))
+        features, source_logits = part.features.double().cpu(), part.logits.double().cpu()  # the detectors: CPU
+        return logits, detector.score(features, source_logits, concatenated)
+
+    def _detector(self, name: str) -> tuple[EnsembleDetector, bool]:
+        base = name.removesuffix(CONCAT)
+        if base not in FEATURE_SCORES:
+            raise ValueError(f"unknown OOD score {name!r}; this model's feature scores: {self.score_names}.")
+        if base not in self.detectors:
+            raise ValueError(
+                f"OOD score {name!r} was not fit for this model; fitted: {self.score_names}. Fit it with "
+                f"fit_feature_scores(..., scores=[{base!r}]) (hydra-ens ood --scores {base})."
+            )
+        return self.detectors[base], name.endswith(CONCAT)
+
+    def save_pretrained(self, path: str | os.PathLike) -> Path:
+        """model/ (the classifier), detectors.safetensors and predictor.json (kind, scores, settings), atomically."""
+
+        def write(tmp: Path) -> None:
+            save_predictor(self.model, tmp / "model")
+            safetensors.torch.save_file(_flatten(self.detectors), tmp / DETECTORS_FILE)
+            record = {
+                "kind": self.kind,
+                "scores": list(self.detectors),
+                "members": len(next(iter(self.detectors.values())).members),
+                "k": self.settings.k,
+                "vim_dim": self.settings.vim_dim,
+                "examples": self.examples,
+            }
+            write_json_atomic(tmp / PREDICTOR_FILE, record)
+
+        return save_dir_atomic(path, write)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> FeatureScored:
+        path = Path(path)
+        record = json.loads((path / PREDICTOR_FILE).read_text())
+        state = safetensors.torch.load_file(path / DETECTORS_FILE)
+        detectors = {name: _unflatten(state, name, record["members"]) for name in record["scores"]}
+        settings = Settings(k=record["k"], vim_dim=record["vim_dim"])
+        return cls(load_predictor(path / "model"), detectors, settings, record["examples"]).eval()
+
+    @classmethod
+    def describe(cls, path: Path) -> str:
+        record = json.loads((path / PREDICTOR_FILE).read_text())
+        scores = ", ".join(record["scores"])
+        return f"{describe_saved(path / 'model')}, with OOD detectors ({scores}) fit on {record['examples']} inputs"
+
+
+def fit_feature_scores(
+    model: nn.Module,
+    train: Iterable[Mapping[str, Any]],
+    scores: Sequence[str] = tuple(FEATURE_SCORES),
+    *,
+    k: int = 50,
+    vim_dim: int | None = None,
+    progress: bool = False,
+) -> FeatureScored:
+    """`model` with feature-space detectors fit on a labelled training loader: each member's features (N, D)
+    with the labels (N,) and its classifier's weights, one detector per member and one on the concatenation.
+    k: KNN's neighbour (capped at N); vim_dim: ViM's principal dimension (None: Wang et al.'s rule)."""
+    unknown = sorted(set(scores) - set(FEATURE_SCORES))
+    if unknown or not scores:
+        raise ValueError(f"unknown feature scores {unknown or scores}; choose from {sorted(FEATURE_SCORES)}.")
+    train = list(train)
+    collected, found = collect_features(model, train, progress)
+    labels = labels_of(train)
+    members = [
+        TrainingFeatures(collected.features[:, m].double(), labels, weight.double().cpu(), bias.double().cpu())
+        for m, (weight, bias) in enumerate(zip(found.weight, found.bias))
+    ]
+    settings = Settings(k, vim_dim)
+    detectors = {name: EnsembleDetector.fit(name, members, settings) for name in scores}
+    return FeatureScored(model, detectors, settings, len(labels)).eval()
+
+
+def _flatten(detectors: Mapping[str, EnsembleDetector]) -> dict[str, Tensor]:
+    """{"<score>/member<m>/<field>" and "<score>/concat/<field>": tensor}; one member has no separate concat."""
+    flat = {}
+    for name, detector in detectors.items():
+        parts = {f"member{m}": d for m, d in enumerate(detector.members)}
+        if len(detector.members) > 1:
+            parts["concat"] = detector.concatenated
+        for part, fitted in parts.items():
+            flat |= {f"{name}/{part}/{key}": t.contiguous() for key, t in fitted.state().items()}
+    return flat
+
+
+def _unflatten(state: Mapping[str, Tensor], name: str, members: int) -> EnsembleDetector:
+    detector = FEATURE_SCORES[name]
+
+    def part(which: str) -> Any:
+        prefix = f"{name}/{which}/"
+        return detector.from_state({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})
+
+    fitted = [part(f"member{m}") for m in range(members)]
+    return EnsembleDetector(fitted, part("concat") if members > 1 else fitted[0])

@@ -1,0 +1,51 @@
+"""OOD scores by name (`evaluation.scores.collect_scores`) and GEN, the logit score of Liu et al. (2023)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import at_trained_scale, make_inputs
+
+from hydra_ensembles.evaluation.ood import OOD_SCORES, gen
+from hydra_ensembles.evaluation.scores import collect_scores
+from hydra_ensembles.predictors import fit_feature_scores
+
+
+def _batches(count: int = 2, seed: int = 0) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        make_inputs("bert", batch=8, seed=seed * 100 + i) | {"labels": torch.randint(0, 3, (8,), generator=g)}
+        for i in range(count)
+    ]
+
+
+def test_gen_by_hand():
+    """Two classes at 1/2 each: 2 (1/2)^0.1 (1/2)^0.1 = 2^0.8. Logits (100, 0): p = (1 - e^-100, e^-100) to float64
+    precision, each term (e^-100)^0.1 = e^-10 (the top class's too: 1 - p_1 is summed from the other class, not
+    rounded to 0). Two members each certain of another class average to (1/2, 1/2). top=1: the largest term only."""
+    assert OOD_SCORES["gen"] is gen
+    confident = torch.tensor([[[0.0, 0.0]], [[100.0, 0.0]]])  # (B=2, M=1, C=2)
+    expected = torch.tensor([2**0.8, 2 * math.exp(-10)], dtype=torch.float64)
+    torch.testing.assert_close(gen(confident), expected, rtol=1e-12, atol=0)
+    disagreeing = torch.tensor([[[100.0, 0.0], [0.0, 100.0]]])  # (1, 2, 2)
+    torch.testing.assert_close(gen(disagreeing), torch.tensor([2**0.8], dtype=torch.float64), rtol=0, atol=1e-12)
+    three = torch.log(torch.tensor([[[0.5, 0.3, 0.2]]], dtype=torch.float64))
+    expected = (0.5 * 0.5) ** 0.1
+    assert float(gen(three, top=1)) == pytest.approx(expected, abs=1e-12)
+    assert float(gen(three)) == pytest.approx(expected + (0.3 * 0.7) ** 0.1 + (0.2 * 0.8) ** 0.1, abs=1e-12)
+
+
+def test_collect_scores_takes_logit_scores_of_any_model_and_asks_for_fitted_detectors():
+    model, test = at_trained_scale("bert"), _batches(1)
+    logits, scores = collect_scores(model, test, "gen")
+    assert logits.shape == (8, 1, 3) and scores.dtype == torch.float64
+    torch.testing.assert_close(scores, OOD_SCORES["gen"](logits.double()), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="hydra-ens ood --model"):
+        collect_scores(model, test, "vim")
+    only_knn = fit_feature_scores(model, _batches(4), scores=["knn"], k=3)
+    with pytest.raises(ValueError, match="was not fit for this model"):
+        collect_scores(only_knn, test, "vim_concat")
+    with pytest.raises(ValueError, match="unknown OOD score 'mahalanobis'"):
+        collect_scores(only_knn, test, "mahalanobis")
