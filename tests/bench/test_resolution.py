@@ -37,7 +37,7 @@ def test_dinov2_pixels_upsamples_to_the_side_asked_for(pixels):
 def test_dinov2_pixels_default_is_the_task_default():
     images = torch.rand(2, 28, 28)
     assert torch.equal(tasks.dinov2_pixels(images), tasks.dinov2_pixels(images, tasks.DINOV2_PIXELS))
-    assert tasks.dinov2_pixels(images).shape[-1] == 56
+    assert tasks.dinov2_pixels(images).shape[-1] == 84
 
 
 @pytest.mark.parametrize(("pixels", "named"), [(60, "use 56 or 70"), (7, "use 14\\."), (0, "use 14\\.")])
@@ -137,3 +137,21 @@ def test_markdown_marks_the_choice_and_the_cost_relative_to_56_px(resolution):
     assert "| 84 (chosen) | 36 |" in text and "| 56 | 16 |" in text
     assert "| cached | - | 1.00 | 1.00x |" in text and "| trained, 40.0 min | 240 | 2.50 | 2.50x |" in text
     assert "**84 px**" in text and "| 0.1590 | +0.0180 (0.0010) |" in text
+
+
+def test_a_rerun_keeps_the_training_time_an_earlier_report_measured(resolution, tmp_path):
+    earlier = {
+        "pixels": 84,
+        "fingerprint": "f",
+        "training": "trained",
+        "train_seconds": 1800.0,
+        "seconds_per_epoch": 180.0,
+    }
+    write_json_atomic(tmp_path / "resolution.json", {"sizes": [earlier, earlier | {"pixels": 56, "fingerprint": "g"}]})
+    cached = {"training": "cached", "train_seconds": None, "seconds_per_epoch": None}
+    sizes = [{"pixels": 84, "fingerprint": "f"} | cached, {"pixels": 56, "fingerprint": "other"} | cached]
+    kept = resolution.with_earlier_times(sizes, tmp_path / "resolution.json")
+    assert kept[0] | {} == {"pixels": 84, "fingerprint": "f", "training": "trained earlier", "train_seconds": 1800.0,
+                            "seconds_per_epoch": 180.0}  # fmt: skip
+    assert kept[1] == sizes[1]  # another task's model: its time is not this one's
+    assert resolution.with_earlier_times(sizes, tmp_path / "none.json") == sizes

@@ -133,19 +133,20 @@ def test_an_unknown_row_is_refused_by_name_before_any_work(tmp_path):
 
 @pytest.mark.real_model
 def test_a_committed_table_renders_again_from_its_committed_records(tmp_path, monkeypatch):
-    """image-dinov2's table (its rows so far) from benchmarks/records/ alone, no model built: identical to the
-    committed table.md but for the two lines about this run (the machine it ran on, its wall time). The Task is
-    built for its name, fingerprint, notes and OOD set names: the image data and the packaged DINOv2-S (~30 s)."""
-    from hydra_ensembles.bench.tasks import TASKS
+    """image-dinov2's table at 56 px (seed 0's first rows) from benchmarks/records/ alone, no model built:
+    identical to the committed table.md but for the two lines about this run (the machine it ran on, its wall
+    time). The Task is built for its name, fingerprint, notes and OOD set names: the image data and the packaged
+    DINOv2-S (~30 s)."""
+    from hydra_ensembles.bench.tasks import dinov2_task
 
     for package in DINOV2_PACKAGES:
         try:
             importlib.metadata.distribution(package)
         except importlib.metadata.PackageNotFoundError:
             pytest.skip(f"{package} is not installed: bash scripts/install.sh --pretrained")
-    committed = BENCHMARKS / "results" / "image-dinov2"
+    committed = BENCHMARKS / "results" / "image-dinov2" / "56px"
     run = json.loads((committed / "table.json").read_text())  # `hydra-ens bench image-dinov2 --seeds ... --rows ...`
-    task, seeds, rows = TASKS["image-dinov2"]("full"), run["seeds"], list(run["rows"])
+    task, seeds, rows = dinov2_task("full", pixels=56), run["seeds"], list(run["rows"])
     key = f"{task.name}-{task.fingerprint()}"
     records.copy_records(BENCHMARKS / "records" / key, tmp_path / "cache" / key, overwrite=False)
     monkeypatch.setattr(suite.Pieces, "__init__", lambda self, run: pytest.fail("built a piece to render"))

@@ -577,7 +577,9 @@ def _image_data_note(counts: dict) -> str:
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 DINOV2_PATCH = 14  # DINOv2's patch side in px: an input side that is not a multiple would drop its last pixels
-DINOV2_PIXELS = 56  # 4 x 4 patches of 14: Fashion-MNIST's 28 px upsampled 2x (benchmarks/resolution.py compares)
+# 6 x 6 patches of 14: Fashion-MNIST's 28 px upsampled 3x, chosen on validation NLL over 56 px (one-standard-error
+# rule; benchmarks/results/image-dinov2/resolution.md), at 2.2x 56 px's FLOPs
+DINOV2_PIXELS = 84
 
 
 def _whole_patches(pixels: int) -> int:
