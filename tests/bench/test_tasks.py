@@ -157,13 +157,14 @@ def test_image_task_sizes_are_checked():
 # ---- image-dinov2: the same splits for the pretrained DINOv2-S ----
 
 
-def test_dinov2_task_is_the_image_task_at_56_px_for_dinov2(dinov2, image):
+def test_dinov2_task_is_the_image_task_at_its_side_for_dinov2(dinov2, image):
     assert dinov2.name == "image-dinov2"
     assert _declared(dinov2) == _declared(image)
     for split in ("train", "val", "test"):  # the same images in the same order: the same labels
         assert torch.equal(_labels(getattr(dinov2, split)), _labels(getattr(image, split)))
     assert {n: _count(b) for n, b in dinov2.far.items()} == {n: _count(b) for n, b in image.far.items()}
-    assert all(b["pixel_values"].shape[1:] == (3, 56, 56) for b in dinov2.train + dinov2.circuit_ood)
+    side = tasks.DINOV2_PIXELS  # 84: chosen on validation (benchmarks/results/image-dinov2/resolution.md)
+    assert all(b["pixel_values"].shape[1:] == (3, side, side) for b in dinov2.train + dinov2.circuit_ood)
     assert _count(dinov2.circuit_id) == 96 and _count(dinov2.circuit_ood) == 5 * 12
     assert (dinov2.prune_per_layer, dinov2.taylor_pool, dinov2.circuit_pool) == (2, 4, 48)  # a third of 6, pools 2x
     assert dinov2.circuit_tie_break == "score" and dinov2.recipe.label_smoothing == 0.0
