@@ -199,6 +199,21 @@ def test_training_moves_the_heads_apart_and_the_body_once(tmp_path):
         assert torch.equal(reloaded(**_inputs(data[0])).member_logits, logits)
 
 
+def test_a_fused_image_student_trains_with_its_embeddings_frozen_as_the_image_recipe_asks(tmp_path):
+    """DINOv2's recipe freezes the embeddings; a fused student takes the same recipe (issue 44: it was refused)."""
+    teacher = DeepEnsemble([MODELS["dinov2"](seed=s) for s in (1, 2)])
+    data = attach_teacher([make_inputs("dinov2", seed=s) for s in range(2)], teacher)
+    student = he.HydraEnsemble.fuse([MODELS["dinov2"](seed=9)])
+    before = {n: p.detach().clone() for n, p in student.named_parameters()}
+    config = ft.IMAGE_RECIPE.with_(epochs=2, lr=0.05, warmup=0.0, freeze_embeddings=True, patience=None)
+    hydra = distill(student, data, phase1=config, phase2=config, head_layers=1, progress=False).hydra
+    moved = {n for n, p in student.named_parameters() if not torch.equal(p, before[n])}
+    embeddings = {n for n in before if student.locate(n)[0] == "embeddings"}
+    assert embeddings and not moved & embeddings and moved  # phase 1 trained the rest, never the embeddings
+    grown = {n: p for n, p in hydra.named_parameters() if hydra.locate(n)[0] == "embeddings"}
+    assert grown.keys() == embeddings and all(torch.equal(p, before[n]) for n, p in grown.items())  # nor phase 2
+
+
 def _scaled(model, factor):
     with torch.no_grad():
         model.classifier.weight.mul_(factor)
