@@ -8,7 +8,7 @@ D pooled size, T tokens, d hidden size.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,23 +67,40 @@ def member_logits_of(output: Any) -> Tensor:
 
 
 @torch.no_grad()
-def collect_member_logits(model: nn.Module, loader: Iterable[Mapping[str, Any]], progress: bool = False) -> Tensor:
-    """Member logits (N, M, C), float32 on the CPU, of any predictor over a loader of batches (`labels` and the
-    other training targets are left out of the inputs); member Gaussians (N, M, 2) for a regressor. The model
-    runs in eval mode and is put back in its mode afterwards."""
+def map_batches(
+    model: nn.Module,
+    loader: Iterable[Mapping[str, Any]],
+    step: Callable[[dict[str, Any]], Any],
+    desc: str,
+    progress: bool = False,
+    empty: str = "nothing to predict",
+) -> list:
+    """`step(inputs)` for every batch of `loader`, in order: the inputs without `labels` and the other training
+    targets, on `model`'s device, under no_grad with `model` in eval mode (put back in its mode afterwards). The
+    one loop of inference over a loader; an empty loader is a ValueError that ends with `empty`."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     parts = []
     try:
-        for batch in tqdm(loader, desc="predicting", disable=not progress, leave=False):
-            inputs = {k: v for k, v in batch.items() if k not in TARGETS}
-            parts.append(member_outputs_of(model(**to_device(inputs, device))).float().cpu())
+        for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
+            parts.append(step(to_device({k: v for k, v in batch.items() if k not in TARGETS}, device)))
     finally:
         model.train(was_training)
     if not parts:
-        raise ValueError("the loader is empty: nothing to predict.")
-    return torch.cat(parts)
+        raise ValueError(f"the loader is empty: {empty}.")
+    return parts
+
+
+def collect_member_logits(model: nn.Module, loader: Iterable[Mapping[str, Any]], progress: bool = False) -> Tensor:
+    """Member logits (N, M, C), float32 on the CPU, of any predictor over a loader of batches (`labels` and the
+    other training targets are left out of the inputs); member Gaussians (N, M, 2) for a regressor. The model
+    runs in eval mode and is put back in its mode afterwards."""
+
+    def step(inputs: dict[str, Any]) -> Tensor:
+        return member_outputs_of(model(**inputs)).float().cpu()
+
+    return torch.cat(map_batches(model, loader, step, "predicting", progress))
 
 
 def labels_of(loader: Iterable[Mapping[str, Any]]) -> Tensor:

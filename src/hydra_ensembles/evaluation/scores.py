@@ -14,10 +14,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
-from ..data.loaders import TARGETS, to_device
-from ..outputs import collect_member_logits, member_logits_of
+from ..outputs import collect_member_logits, map_batches, member_logits_of
 from .ood import OOD_SCORES
 
 
@@ -32,22 +30,14 @@ def collect_scores(
         logits = collect_member_logits(model, loader, progress)
         return logits, OOD_SCORES[score](logits.double())
     scored = detectors_of(model, score)
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    logits, scores = [], []
-    try:
-        for batch in tqdm(loader, desc="scoring", disable=not progress, leave=False):
-            inputs = to_device({k: v for k, v in batch.items() if k not in TARGETS}, device)
-            part_logits, part_scores = scored.ood_scores(inputs, score)
-            if scored is not model:  # a wrapper over the detectors changes the logits: its own pass
-                part_logits = member_logits_of(model(**inputs))
-            logits.append(part_logits.float().cpu())
-            scores.append(part_scores.cpu())
-    finally:
-        model.train(was_training)
-    if not logits:
-        raise ValueError("the loader is empty: nothing to score.")
+
+    def step(inputs: dict[str, Any]) -> tuple[Tensor, Tensor]:
+        part_logits, part_scores = scored.ood_scores(inputs, score)
+        if scored is not model:  # a wrapper over the detectors changes the logits: its own pass
+            part_logits = member_logits_of(model(**inputs))
+        return part_logits.float().cpu(), part_scores.cpu()
+
+    logits, scores = zip(*map_batches(model, loader, step, "scoring", progress, empty="nothing to score"), strict=True)
     return torch.cat(logits), torch.cat(scores)
 
 

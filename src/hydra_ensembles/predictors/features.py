@@ -20,12 +20,10 @@ from typing import Any
 import torch
 import transformers
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from ..adapters import get_adapter
-from ..data.loaders import TARGETS, to_device
 from ..fusion import HydraEnsemble
-from ..outputs import member_logits_of
+from ..outputs import map_batches, member_logits_of
 from .baselines import DeepEnsemble
 from .load import Wrapper
 
@@ -145,18 +143,11 @@ def collect_features(
     a loader of batches, and its classifiers. Runs in eval mode and puts the model back in its mode."""
     source = feature_source(model)
     found = classifiers(source)
-    was_training = source.training
-    source.eval()
-    device = next(source.parameters()).device
-    parts = []
-    try:
-        for batch in tqdm(loader, desc="features", disable=not progress, leave=False):
-            inputs = to_device({k: v for k, v in batch.items() if k not in TARGETS}, device)
-            part = member_features(source, inputs, found)
-            parts.append(MemberFeatures(part.features.float().cpu(), part.logits.float().cpu()))
-    finally:
-        source.train(was_training)
-    if not parts:
-        raise ValueError("the loader is empty: no features to collect.")
+
+    def step(inputs: dict[str, Any]) -> MemberFeatures:
+        part = member_features(source, inputs, found)
+        return MemberFeatures(part.features.float().cpu(), part.logits.float().cpu())
+
+    parts = map_batches(source, loader, step, "features", progress, empty="no features to collect")
     features = MemberFeatures(torch.cat([p.features for p in parts]), torch.cat([p.logits for p in parts]))
     return features, found
