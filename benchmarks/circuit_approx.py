@@ -30,8 +30,9 @@ import hydra_ensembles as he
 from hydra_ensembles.bench import cache_dir, runner, suite
 from hydra_ensembles.bench.tasks import TASKS
 from hydra_ensembles.importance import CRITERIA
+from hydra_ensembles.importance.circuit import search_name
 from hydra_ensembles.importance.circuit.scoring import ReferenceScorer
-from hydra_ensembles.importance.circuit.search import estimate_exact_seconds, search_name
+from hydra_ensembles.importance.circuit.search import estimate_exact_seconds
 from hydra_ensembles.io import write_json_atomic
 
 

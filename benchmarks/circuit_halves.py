@@ -38,7 +38,7 @@ from hydra_ensembles.importance.circuit import (
     removal_agreement,
     split_halves,
 )
-from hydra_ensembles.importance.circuit.search import auto_choice, estimate_exact_seconds
+from hydra_ensembles.importance.circuit.budget import auto_choice
 from hydra_ensembles.io import replacing, write_json_atomic
 from hydra_ensembles.predictors import load_predictor
 from hydra_ensembles.pruning import kept_heads
@@ -65,8 +65,8 @@ def search_settings(task, model: nn.Module, id_batches: list[Batch], ood_batches
     so that both halves run the same search (left to each, they could choose different approximations)."""
     method, top, precision = task.circuit_method, task.circuit_top, task.circuit_precision
     if method == "auto":
-        seconds = estimate_exact_seconds(model, id_batches, ood_batches, budget)
-        method, top, precision, _ = auto_choice(seconds, 1800.0, top, precision)
+        choice = auto_choice(model, id_batches, ood_batches, budget, 1800.0, top=top, precision=precision)
+        method, top, precision = choice.method, choice.top, choice.precision
     return {"method": method, "top": top, "precision": precision, "tie_break": task.circuit_tie_break}
 
 

@@ -3,6 +3,8 @@
     python benchmarks/inference.py                                   # MiniLM, fp32, CPU, batches 1 4 32 128
     python benchmarks/inference.py --model vit-b16 --batches 1 4 32  # ViT-B/16 config (random weights)
     python benchmarks/inference.py --device cuda --dtype bfloat16    # on a GPU
+    python benchmarks/inference.py --onnx                            # + the ONNX Runtime (CPU) rows
+    python benchmarks/inference.py --model tiny --onnx --batches 2   # a smoke run on a tiny random BERT
 
 Rows (M = 3 members, each keeping 8 of 12 heads per layer):
   single            the HF model
@@ -12,6 +14,9 @@ Rows (M = 3 members, each keeping 8 of 12 heads per layer):
   separate members  the M pruned HF models, run one after another
   hydra average     the fused Hydra Ensemble, averaged MLPs (one MLP, M streams)
   hydra stack       the fused Hydra Ensemble, each member's own MLP (members fine-tuned apart)
+  ... (ORT)         with --onnx: single, hydra average and hydra stack exported (`hydra_ensembles.export`) and run
+                    by an ONNX Runtime CPU session with as many threads as torch, timed in the same rounds; each
+                    batch then ends with the fused/single latency ratio under eager PyTorch and under ORT
 Latency: every row timed in turn, in rounds (interleaved, the order rotated each round, so that drift of the
 machine hits all rows alike; `he.cost.interleaved_latency`); ratios to the single model are per round, shown as
 the median with the lowest and highest round, next to the ratio of FLOPs counted by torch.utils.flop_counter.
@@ -21,6 +26,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import shutil
+import tempfile
+from pathlib import Path
 
 import torch
 import transformers as T
@@ -39,6 +47,13 @@ def build(model_name: str, tokens: int, members: int):
 
         def inputs(batch: int) -> dict:
             ids = torch.randint(1000, 20000, (batch, tokens))
+            return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    elif model_name == "tiny":  # a smoke test of the script: a random BERT, 3 layers of 6 heads, 48 wide
+        sizes = dict(hidden_size=48, num_hidden_layers=3, num_attention_heads=6, intermediate_size=37)
+        single = T.BertForSequenceClassification(T.BertConfig(vocab_size=99, num_labels=3, **sizes))
+
+        def inputs(batch: int) -> dict:
+            ids = torch.randint(3, 99, (batch, tokens))
             return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     else:
         single = T.ViTForImageClassification(T.ViTConfig(image_size=224, patch_size=16, num_labels=1000))
@@ -81,16 +96,53 @@ def runner(models: list, batch: dict, device: str):
     return run
 
 
+ONNX_ROWS = ("single", "hydra average", "hydra stack")  # the rows also run by ONNX Runtime with --onnx
+
+
+def onnx_runners(models: dict, example: dict, batch: dict, folder: Path) -> dict:
+    """An ONNX Runtime (CPU) session per row of ONNX_ROWS, exported once on `example` (dynamic batch and length),
+    each a callable running one forward pass on `batch`."""
+    import onnxruntime as ort
+
+    from hydra_ensembles.export import export_onnx
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = torch.get_num_threads(), 1
+    feed = {k: v.numpy() for k, v in batch.items()}
+    runs = {}
+    for name in ONNX_ROWS:
+        path = folder / f"{name.replace(' ', '_')}.onnx"
+        if not path.exists():
+            export_onnx(models[name][0], path, example)
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        runs[f"{name} (ORT)"] = lambda session=session: session.run(None, feed)
+    return runs
+
+
+def ratio_lines(stats: dict) -> list[str]:
+    """The fused/single latency ratio under eager PyTorch and under ORT (ratio of the rows' median times)."""
+    lines = []
+    for fused in ("hydra average", "hydra stack"):
+        eager = stats[fused]["seconds"] / stats["single"]["seconds"]
+        onnx = stats[f"{fused} (ORT)"]["seconds"] / stats["single (ORT)"]["seconds"]
+        lines.append(f"  {fused} / single: eager {eager:.2f}, ORT {onnx:.2f}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=["minilm", "vit-b16"], default="minilm")
+    parser.add_argument("--model", choices=["minilm", "vit-b16", "tiny"], default="minilm")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 32, 128])
     parser.add_argument("--tokens", type=int, default=128, help="sequence length for text models")
     parser.add_argument("--members", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--onnx", action="store_true", help="also time ONNX Runtime (CPU, fp32) sessions")
     args = parser.parse_args()
+    if args.onnx and (args.device != "cpu" or args.dtype != "float32"):
+        parser.error("--onnx times ONNX Runtime's CPU session in float32: leave --device and --dtype at cpu, float32.")
+    onnx_folder = Path(tempfile.mkdtemp(prefix="inference-onnx-"))
     T.utils.logging.set_verbosity_error()
     dtype = getattr(torch, args.dtype)
     models, make_inputs = build(args.model, args.tokens, args.members)
@@ -115,15 +167,20 @@ def main() -> None:
         batch = {k: v.to(args.device) for k, v in make_inputs(batch_size).items()}
         batch = {k: v.to(dtype) if v.is_floating_point() else v for k, v in batch.items()}
         runs = {name: runner(group, batch, args.device) for name, group in models.items()}
+        if args.onnx:
+            runs |= onnx_runners(models, make_inputs(2), batch, onnx_folder)
         stats = interleaved_latency(runs, repeats=args.repeats)
         header = f"{'latency ms':>12}{'examples/s':>12}{'x single (min-max)':>20}{'FLOPs x':>9}{'time/FLOPs':>11}"
-        print(f"\nbatch {batch_size}: {header}")
+        print(f"\nbatch {batch_size}:".ljust(23) + header)
         for name, stat in stats.items():
-            seconds, flop_ratio = stat["seconds"], flops[name] / flops["single"]
+            seconds, flop_ratio = stat["seconds"], flops[name.removesuffix(" (ORT)")] / flops["single"]
             print(
-                f"  {name:<16}{seconds * 1e3:>12.1f}{batch_size / seconds:>12.1f}{format_latency(stat):>20}"
+                f"  {name:<20}{seconds * 1e3:>12.1f}{batch_size / seconds:>12.1f}{format_latency(stat):>20}"
                 f"{flop_ratio:>9.2f}{stat['median'] / flop_ratio:>11.2f}"
             )
+        if args.onnx:
+            print("\n".join(ratio_lines(stats)))
+    shutil.rmtree(onnx_folder)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """Parameters and FLOPs: contract 5 on a ViT-B/16 configuration (random weights, 1000 classes)."""
 
+import copy
+
 import pytest
 import torch
 import transformers as T
-from conftest import HEADS, MODELS, make_inputs
+from conftest import MODELS, make_inputs
 
 import hydra_ensembles as he
 
@@ -43,19 +45,25 @@ def test_flops_count_attention_on_cpu():
     assert he.count_flops(model, inputs) == projections_only + attention
 
 
-def test_fused_flops_count_padded_heads():
-    """Members with unequal heads run in zero-padded slots: the fused model costs what it would if every member
-    kept the layer's largest head count."""
-    model, inputs = MODELS["vit"](), make_inputs("vit", batch=2)
+def test_fused_flops_count_only_the_kept_heads():
+    """Members with unequal heads per layer run ragged: the fused ensemble computes exactly its members' heads, so
+    over every token it costs what its members cost run one by one (BERT: the embeddings are lookups, no FLOPs).
+    The padded layout computes the zero-padded heads on top: by hand, each costs its q/k/v/o projections and
+    its QK^T and AV products."""
+    model, inputs = MODELS["bert"](), make_inputs("bert", batch=2)
     unequal = [{0: [0], 1: [0, 1, 2, 3], 2: [0, 3]}, {0: [1, 2], 1: [0], 2: [0, 2, 3]}]  # no layer alike
-    most = {layer: max(len(m[layer]) for m in unequal) for layer in unequal[0]}
-    filled = [
-        {layer: list(range(n)) for layer, n in most.items()},
-        {layer: list(range(HEADS - n, HEADS)) for layer, n in most.items()},
-    ]
-    ensemble, as_filled = (he.HydraEnsemble.fuse(he.build_members(model, maps)) for maps in (unequal, filled))
-    assert he.count_flops(ensemble, inputs) == he.count_flops(as_filled, inputs)
-    assert he.count_parameters(ensemble) > he.count_parameters(model)
+    members = he.build_members(model, unequal)
+    ensemble = he.HydraEnsemble.fuse(members)
+    every_token = {**inputs, "output_hidden_states": True}  # the last layer over all tokens, as a member runs it
+    assert he.count_flops(ensemble, every_token) == sum(he.count_flops(m, inputs) for m in members)
+    padded = copy.deepcopy(ensemble)
+    padded.layers = torch.nn.ModuleList(layer.with_layout(ragged=False) for layer in ensemble.layers)
+    (batch, tokens), d, dh = inputs["input_ids"].shape, 32, 8
+    padded_heads = sum(
+        2 * max(len(m[layer]) for m in unequal) - sum(len(m[layer]) for m in unequal) for layer in range(3)
+    )
+    per_head = 2 * batch * tokens * (4 * d * dh + 2 * tokens * dh)
+    assert he.count_flops(padded, every_token) - he.count_flops(ensemble, every_token) == padded_heads * per_head
 
 
 def test_interleaved_latency_rotates_the_order_and_gives_ratios_per_round():

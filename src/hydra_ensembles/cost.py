@@ -3,8 +3,9 @@
 FLOPs come from `torch.utils.flop_counter` (a multiply-add counts as 2 FLOPs; MACs = FLOPs / 2, the unit of the
 paper's Table 7 "Mult-Adds"). PyTorch's counter has no formula for the CPU flash-attention kernel that
 `scaled_dot_product_attention` picks on CPU, so we register the standard SDPA formula for it; without that,
-attention's QK^T and AV products would be silently left out on CPU. Zero-padded heads in a fused layer are
-counted, because they are computed.
+attention's QK^T and AV products would be silently left out on CPU. What is computed is counted: a fused layer
+whose members keep different numbers of heads runs them ragged, without zero-padded heads (`fusion.layer`), so
+its count is that of the heads kept.
 """
 
 from __future__ import annotations

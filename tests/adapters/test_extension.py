@@ -1,4 +1,5 @@
-"""Adding a family is adding one adapter: ELECTRA (BERT-like layers, projected embeddings) registered in a test."""
+"""Adding a family is adding one adapter: ERNIE (BERT's layers, plus a task-type embedding input) registered in a
+test."""
 
 import copy
 
@@ -13,53 +14,60 @@ from hydra_ensembles.adapters import ModelSpec
 from hydra_ensembles.adapters.bert import BertAdapter
 
 
-class ElectraAdapter(BertAdapter):
-    name = "electra_test"
-    embedding_paths = ("embeddings", "embeddings_project")
+class ErnieAdapter(BertAdapter):
+    name = "ernie_test"
+    input_names = (*BertAdapter.input_names, "task_type_ids")
     specs = {
-        "ElectraForSequenceClassification": ModelSpec(
-            backbone="electra", head=lambda model, hidden, inputs: model.classifier(hidden), classifier=True
+        "ErnieForSequenceClassification": ModelSpec(
+            backbone="ernie",
+            head=lambda model, hidden, inputs: model.classifier(model.dropout(model.ernie.pooler(hidden))),
+            classifier=True,
+            head_tokens=1,
         )
     }
 
     def embed(self, backbone, inputs):
-        hidden = super().embed(backbone, inputs)  # (B, T, embedding_size)
-        return backbone.embeddings_project(hidden)  # (B, T, d)
+        return backbone.embeddings(
+            input_ids=inputs["input_ids"],
+            token_type_ids=inputs.get("token_type_ids"),
+            task_type_ids=inputs.get("task_type_ids"),
+        )  # (B, T, d)
 
 
 @pytest.fixture
-def electra():
+def ernie():
     with pytest.raises(he.UnsupportedModelError):
         he.get_adapter(_model())
-    he.register_adapter(ElectraAdapter())
+    he.register_adapter(ErnieAdapter())
     return _model()
 
 
 def _model():
     torch.manual_seed(0)
-    config = T.ElectraConfig(
+    config = T.ErnieConfig(
         vocab_size=99,
-        embedding_size=16,
         hidden_size=32,
         num_hidden_layers=3,
         num_attention_heads=4,
         intermediate_size=37,
         num_labels=3,
         max_position_embeddings=24,
+        use_task_id=True,
+        task_type_vocab_size=3,
     )
-    return T.ElectraForSequenceClassification(config).eval()
+    return T.ErnieForSequenceClassification(config).eval()
 
 
-def test_a_registered_adapter_gets_pruning_and_fusion(electra):
-    inputs = make_inputs("bert")
-    assert "ElectraForSequenceClassification" in he.supported_models()
-    assert (
-        fused_output(he.HydraEnsemble.fuse([electra]), inputs)[:, 0] - output(electra, inputs)
-    ).abs().max() <= CONTRACT
+def test_a_registered_adapter_gets_pruning_and_fusion(ernie):
+    inputs = make_inputs("bert") | {
+        "task_type_ids": torch.randint(0, 3, (4, 10), generator=torch.Generator().manual_seed(0))
+    }
+    assert "ErnieForSequenceClassification" in he.supported_models()
+    assert (fused_output(he.HydraEnsemble.fuse([ernie]), inputs)[:, 0] - output(ernie, inputs)).abs().max() <= CONTRACT
     plan = {0: [1], 1: [0, 1, 2, 3]}
-    with he.ablate_heads(electra, plan):
-        ablated = output(electra, inputs)
-    assert (output(he.prune_heads(copy.deepcopy(electra), plan), inputs) - ablated).abs().max() <= CONTRACT
-    members = [perturb(m, seed=i) for i, m in enumerate(he.build_members(electra, random_head_maps(3, seed=1)))]
+    with he.ablate_heads(ernie, plan):
+        ablated = output(ernie, inputs)
+    assert (output(he.prune_heads(copy.deepcopy(ernie), plan), inputs) - ablated).abs().max() <= CONTRACT
+    members = [perturb(m, seed=i) for i, m in enumerate(he.build_members(ernie, random_head_maps(3, seed=1)))]
     expected = torch.stack([output(m, inputs) for m in members], dim=1)
     assert (fused_output(he.HydraEnsemble.fuse(members, mlp="stack"), inputs) - expected).abs().max() <= CONTRACT

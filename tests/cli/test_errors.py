@@ -240,3 +240,19 @@ def test_a_two_tower_model_is_refused_where_a_classifier_of_its_own_classes_is_n
         message = fails(command, "--model", str(clip_model), "--data", data, *extra, "--out", str(tmp_path / "o"))
         assert f"{command} takes a classifier with its own classes" in message and "two-tower" in message, message
         assert "model_type" not in message and not (tmp_path / "o").exists()
+
+
+def test_a_circuit_search_that_fits_no_time_budget_is_refused_before_it_starts(tmp_path, classifier, text_files):
+    """`auto` probes, predicts and refuses before any step, naming what fits; `--max-examples` subsamples."""
+    data = ["--data", str(text_files["val"]), "--ood", str(text_files["ood"])]
+    args = ["circuit", "--model", str(classifier), *data, "--budget", "2"]
+    message = fails(*args, "--time-budget", "0.001s", "--out", str(tmp_path / "none"))
+    # the fastest removes 8 heads per step (in bf16 only where bf16 measured faster than fp32 on this CPU)
+    assert "no circuit search fits the time budget of 0.001 s" in message and "the fastest, multi-8" in message
+    assert "`--time-budget 1m`" in message and not (tmp_path / "none" / "circuit_state.json").exists()
+    few = tmp_path / "few"
+    hydra_ens(*args, "--max-examples", "3", "--out", str(few))
+    record = json.loads((few / "hydra-ens.json").read_text())
+    assert record["settings"]["max_examples"] == 3 and record["results"]["timing"]["chose"] == "exact"
+    circuit = json.loads((few / "circuit.json").read_text())
+    assert circuit["timing"]["predicted_s"] > 0 and circuit["timing"]["measured_s"] > 0

@@ -9,8 +9,9 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import (
-    CONTRACT_MODELS,
+    FUSED_MODELS,
     MODELS,
     at_trained_scale,
     fused_output,
@@ -28,7 +29,7 @@ import hydra_ensembles as he
 TOL = CONTRACT  # fp32, DESIGN.md; tests/tolerances.py says why it holds on any CPU
 
 
-@pytest.mark.parametrize("name", CONTRACT_MODELS)
+@pytest.mark.parametrize("name", FUSED_MODELS)
 def test_contract1_one_unpruned_member_equals_the_original(name):
     model, inputs = at_trained_scale(name), make_inputs(name)
     ensemble = he.HydraEnsemble.fuse([model])
@@ -39,7 +40,7 @@ def test_contract1_one_unpruned_member_equals_the_original(name):
 
 
 @pytest.mark.parametrize("num_members", [1, 2, 3, 5])
-@pytest.mark.parametrize("name", CONTRACT_MODELS)
+@pytest.mark.parametrize("name", FUSED_MODELS)
 def test_contract3_stack_equals_members_run_one_by_one(name, num_members):
     """Separately 'fine-tuned' members (every weight differs, embeddings and heads included), unequal head
     counts per member and per layer, a layer with one head, an emptied layer, padded batches."""
@@ -59,7 +60,7 @@ def test_contract3_stack_equals_members_run_one_by_one(name, num_members):
 
 
 @pytest.mark.parametrize("num_members", [2, 3, 5])
-@pytest.mark.parametrize("name", CONTRACT_MODELS)
+@pytest.mark.parametrize("name", FUSED_MODELS)
 def test_contract4_average_is_exact_for_members_sharing_their_mlps(name, num_members):
     """Zero-shot members differ only in their heads (and their classifiers): averaging changes nothing."""
     model, inputs = at_trained_scale(name), make_inputs(name)
@@ -77,6 +78,58 @@ def test_contract4_average_is_exact_for_members_sharing_their_mlps(name, num_mem
     expected = torch.stack([output(m, inputs) for m in members], dim=1)
     assert (fused_output(ensemble, inputs) - expected).abs().max().item() <= TOL
     assert smallest_head_effect(members[-1], inputs) >= DEFECT
+
+
+# Heads per layer as circuit members keep them (ragged): in layer 0 one member keeps a single head, one all four
+# and one two; layer 1 has equal counts (the padded layout, padding nothing); in the last layer (which computes
+# only the rows the head reads) one member keeps no head and one keeps all.
+RAGGED_MAPS = [
+    {0: [2], 1: [1, 2], 2: []},
+    {0: [0, 1, 2, 3], 1: [0, 3], 2: [0, 2]},
+    {0: [1, 3], 1: [0, 1], 2: [0, 1, 2, 3]},
+]
+
+
+@pytest.mark.parametrize("mlp", ["average", "stack"])
+@pytest.mark.parametrize("name", FUSED_MODELS)
+def test_ragged_layers_equal_members_run_one_by_one(name, mlp):
+    """Members keeping different numbers of heads in a layer run without padded heads, exactly: separately tuned
+    members (stack; MPNet then holds one relative position bias per member) and zero-shot ones (average)."""
+    model, inputs = at_trained_scale(name), make_inputs(name)
+    members = he.build_members(model, RAGGED_MAPS)
+    if mlp == "stack":
+        members = [perturb(m, seed=i) for i, m in enumerate(members)]
+    ensemble = he.HydraEnsemble.fuse(members, mlp=mlp)
+    assert [layer.ragged for layer in ensemble.layers] == [True, False, True]
+    expected = torch.stack([output(m, inputs) for m in members], dim=1)  # (B, M, C)
+    assert (fused_output(ensemble, inputs) - expected).abs().max().item() <= TOL
+    assert min(smallest_head_effect(m, inputs) for m in members[1:]) >= DEFECT  # a head misplaced would show
+
+
+@pytest.mark.parametrize("name", ["bert", "mpnet", "distilbert", "vit", "dinov2"])
+def test_ragged_gradients_equal_the_members_gradients(name):
+    """Fine-tuning and distilling a fused ensemble trains each member as if alone: the gradient of the members'
+    summed losses, taken through the ragged layers and mapped back to each member (`unfuse`), is each member's."""
+    model, inputs = at_trained_scale(name), make_inputs(name)
+    members = [perturb(m, seed=i) for i, m in enumerate(he.build_members(model, RAGGED_MAPS))]
+    ensemble = he.HydraEnsemble.fuse(members, mlp="stack")  # every tensor per member: nothing summed over members
+    adapter = he.get_adapter(model)
+    logits = ensemble(**inputs).member_logits  # (B, M, C)
+    labels = torch.arange(logits.shape[0]) % logits.shape[-1]
+    sum(F.cross_entropy(logits[:, m], labels) for m in range(len(members))).backward()
+    for member in members:
+        F.cross_entropy(adapter.output(member, inputs), labels).backward()
+    as_weights = copy.deepcopy(ensemble)  # the fused gradients in place of the weights, to unfuse them
+    with torch.no_grad():
+        for (_, p), (_, g) in zip(as_weights.named_parameters(), ensemble.named_parameters(), strict=True):
+            p.copy_(g.grad if g.grad is not None else torch.zeros_like(p))
+    for member, fused_grads in zip(members, as_weights.unfuse(members), strict=True):
+        compared = 0
+        for (key, p), (_, fused) in zip(member.named_parameters(), fused_grads.named_parameters(), strict=True):
+            if p.grad is not None:
+                torch.testing.assert_close(fused, p.grad, atol=1e-5, rtol=1e-4, msg=key)
+                compared += p.grad.abs().max().item() > 0
+        assert compared > 10
 
 
 def test_average_mode_runs_each_member_with_the_averaged_mlp():

@@ -12,7 +12,7 @@ import hydra_ensembles as he
 from hydra_ensembles.fusion import ensemble as ensemble_module
 
 
-@pytest.mark.parametrize("name", ["bert", "dinov2", "clip_text", "clip_classifier"])
+@pytest.mark.parametrize("name", ["bert", "dinov2", "clip_text", "clip_classifier", "siglip_text", "siglip_vision"])
 @pytest.mark.parametrize("mlp", ["average", "stack"])
 def test_reload_gives_identical_outputs(name, mlp, tmp_path):
     members = [perturb(m, seed=i) for i, m in enumerate(he.build_members(MODELS[name](), random_head_maps(3, seed=7)))]
@@ -23,6 +23,26 @@ def test_reload_gives_identical_outputs(name, mlp, tmp_path):
     assert torch.equal(fused_output(loaded, inputs), fused_output(ensemble, inputs))
     assert loaded.head_maps == ensemble.head_maps and loaded.mlp == mlp
     assert he.count_parameters(loaded) == he.count_parameters(ensemble)
+
+
+def test_an_ensemble_saved_zero_padded_loads_ragged_with_the_same_outputs(tmp_path):
+    """Ensembles saved before the ragged layout hold members with uneven head counts zero-padded to the widest
+    (3-D q/k/v and W_o tensors): they load, converted to the ragged layout, and predict what they did."""
+    members = [
+        perturb(m, seed=i) for i, m in enumerate(he.build_members(MODELS["mpnet"](), random_head_maps(3, seed=7)))
+    ]
+    ensemble = he.HydraEnsemble.fuse(members, mlp="stack")
+    assert any(layer.ragged for layer in ensemble.layers)
+    saved_padded = copy.deepcopy(ensemble)
+    saved_padded.layers = torch.nn.ModuleList(layer.with_layout(ragged=False) for layer in ensemble.layers)
+    saved_padded.save_pretrained(tmp_path / "hydra")
+    state = safetensors.torch.load_file(tmp_path / "hydra" / ensemble_module.WEIGHTS_NAME)
+    assert all(state[f"layers.{i}.qkv_weight"].dim() == 3 for i in range(len(ensemble.layers)))  # the old layout
+    loaded = he.HydraEnsemble.from_pretrained(tmp_path / "hydra")
+    assert [layer.ragged for layer in loaded.layers] == [layer.ragged for layer in ensemble.layers]
+    inputs = make_inputs("mpnet")
+    assert (fused_output(loaded, inputs) - fused_output(ensemble, inputs)).abs().max().item() <= CONTRACT
+    assert he.count_parameters(loaded) < he.count_parameters(saved_padded)  # the padding is gone
 
 
 def test_a_crashed_save_leaves_the_previous_save_intact(tmp_path, monkeypatch):

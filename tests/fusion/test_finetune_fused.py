@@ -87,8 +87,9 @@ def test_gradients_reach_every_members_heads_and_classifier_and_the_shared_mlp_a
             total[f"layers.{index}.mlp_in_weight"].shape[0] == 1
             and total[f"layers.{index}.mlp_in_weight"].abs().max() > 0
         )
+        grads = {name: total[f"layers.{index}.{name}"] for name in ("qkv_weight", "qkv_bias", "o_weight", "o_bias")}
         for m, count in enumerate(layer.head_counts):
-            assert count == 0 or total[f"layers.{index}.qkv_weight"][m].abs().max() > 0  # its own heads
+            assert count == 0 or layer.member_attention(m, grads).qkv_weight.abs().max() > 0  # its own heads
     heads = [name for name, _ in ensemble.outer.member.named_parameters()]
     assert any("classifier" in name for name in heads)
     for name in heads:  # the pooler and classifier of every member
@@ -134,3 +135,20 @@ def test_the_recipe_freezes_a_fused_ensembles_embeddings_and_earlier_layers_as_o
         part, layer = where[n]
         trained = part == "head" or (part == "layer" and layer == last)
         assert torch.equal(p, before[n]) != trained, (n, part, layer)  # trained ones moved, frozen ones did not
+
+
+@pytest.mark.parametrize("name", ["bert", "dinov2"])
+def test_weight_decay_moves_a_fused_ensemble_as_it_moves_each_member_alone(name):
+    """AdamW decays matrices, not biases, norms or layer scales; stacked per member in a fused ensemble those are
+    2-D tensors, which `no_weight_decay` names. With a zero loss one step is the decay alone: unfused, the fused
+    ensemble's step equals each member's own step (a decayed bias or norm would differ by a factor 1 - lr * wd)."""
+    pruned = he.build_members(at_trained_scale(name), random_head_maps(2, seed=5))
+    fused = he.HydraEnsemble.fuse(pruned, mlp="stack")
+    recipe = ONE_STEP.with_(weight_decay=0.5, clip=None)
+    nothing = lambda output, batch: 0 * (getattr(output, "member_logits", output)).sum()  # noqa: E731
+    ft.train(fused, _labelled(name), recipe, loss=nothing, progress=False)
+    alone = [ft.train(member, _labelled(name), recipe, loss=nothing, progress=False) for member in pruned]
+    for rebuilt, member in zip(fused.unfuse(alone), alone, strict=True):
+        expected = member.state_dict()
+        for key, tensor in rebuilt.state_dict().items():
+            torch.testing.assert_close(tensor, expected[key], rtol=0, atol=CONTRACT, msg=key)

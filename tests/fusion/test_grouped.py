@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from hydra_ensembles.fusion.grouped import grouped_layer_norm, grouped_linear
+from hydra_ensembles.fusion.grouped import grouped_layer_norm, grouped_linear, ragged_linear
 
 
 def test_grouped_linear_per_member_and_shared():
@@ -33,3 +33,18 @@ def test_grouped_linear_is_differentiable():
     weight, bias = torch.randn(2, 4, 5, generator=g), torch.randn(2, 1, 5, generator=g)
     grouped_linear(x, weight, bias).sum().backward()
     torch.testing.assert_close(x.grad, weight.sum(-1)[:, None, :].expand(2, 3, 4))
+
+
+def test_ragged_linear_runs_each_members_block_of_features_through_its_block_of_rows():
+    """Members of widths 3, 0 (no head left: the bias alone) and 2; the same with and without autograd."""
+    g = torch.Generator().manual_seed(0)
+    widths = [3, 0, 2]
+    x, weight, bias = torch.randn(7, 5, generator=g), torch.randn(5, 4, generator=g), torch.randn(3, 1, 4, generator=g)
+    expected = torch.stack(
+        [x[:, :3] @ weight[:3] + bias[0], bias[1].expand(7, 4), x[:, 3:] @ weight[3:] + bias[2]]
+    )  # (M, N, d_out)
+    torch.testing.assert_close(ragged_linear(x, weight, bias, widths), expected)
+    tracked = ragged_linear(x, weight.requires_grad_(), bias, widths)
+    tracked.sum().backward()
+    torch.testing.assert_close(tracked, expected)
+    torch.testing.assert_close(weight.grad, torch.cat([x[:, :3].sum(0), x[:, 3:].sum(0)])[:, None].expand(5, 4))

@@ -1,12 +1,13 @@
-"""Zero-shot two-tower ensembles on tiny random `CLIPModel` configs: the fused ensemble equals its members run one
-by one (both towers pruned, unequal heads per member, or one tower only), class embeddings follow their
-definition, and the predictor saves, reloads and plugs into temperature scaling and evaluation. Prompts go through a
+"""Zero-shot two-tower ensembles on tiny random `CLIPModel` and `SiglipModel` configs (conftest.TWO_TOWERS): the
+fused ensemble equals its members run one by one (both towers pruned, unequal heads per member, or one tower only),
+class embeddings and logits follow their definition (SigLIP's: its logit bias, prompts padded to the maximum
+length), and the predictor saves, reloads and plugs into temperature scaling and evaluation. Prompts go through a
 real CLIPTokenizer over a tiny vocabulary (conftest.build_clip_tokenizer)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import HEADS, LAYERS, random_head_maps, tiny_clip
+from conftest import HEADS, LAYERS, TWO_TOWERS, random_head_maps
 from tolerances import CONTRACT
 
 from hydra_ensembles.evaluation.report import classification_metrics
@@ -21,7 +22,7 @@ from hydra_ensembles.predictors import (
     save_predictor,
     zero_shot_ensemble,
 )
-from hydra_ensembles.predictors.clip_zero_shot import class_embeddings, member_logits_one_by_one
+from hydra_ensembles.predictors.clip_zero_shot import class_embeddings, member_logits_one_by_one, prompt_batches
 
 CLASSES = ["cat", "dog", "small red car", "tree"]
 TEMPLATES = ["a photo of a {}.", "a drawing of the {}"]
@@ -31,13 +32,19 @@ def _tokens(tokenizer, texts):
     return tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
 
 
+def _prompts(two_tower, tokenizer, classes=CLASSES, templates=TEMPLATES):
+    """The class prompts tokenised as the text tower's family needs (SigLIP: padded to the maximum length)."""
+    return prompt_batches(tokenizer, classes, templates, two_tower.text)
+
+
 def _images(seed=1, batch=5):
     return {"pixel_values": torch.randn(batch, 3, 16, 16, generator=torch.Generator().manual_seed(seed))}
 
 
+@pytest.mark.parametrize("family", TWO_TOWERS)
 @pytest.mark.parametrize("towers", ["both", "image", "text"])
-def test_fused_zero_shot_ensemble_equals_its_members_one_by_one(towers, clip_tokenizer):
-    two_tower = TwoTowerModel.from_clip(tiny_clip())
+def test_fused_zero_shot_ensemble_equals_its_members_one_by_one(towers, family, clip_tokenizer):
+    two_tower = TwoTowerModel.from_clip(TWO_TOWERS[family]())
     image_maps = random_head_maps(3, seed=4, min_heads=1) if towers in ("both", "image") else None
     text_maps = random_head_maps(3, seed=5, min_heads=1) if towers in ("both", "text") else None
     tokenizer = clip_tokenizer
@@ -45,27 +52,33 @@ def test_fused_zero_shot_ensemble_equals_its_members_one_by_one(towers, clip_tok
     inputs = _images()
     with torch.no_grad():
         fused = ensemble(**inputs).member_logits
-        prompts = [_tokens(tokenizer, class_prompts(CLASSES, TEMPLATES))]
+        prompts = _prompts(two_tower, tokenizer)
         expected = member_logits_one_by_one(two_tower, inputs, prompts, len(CLASSES), image_maps, text_maps)
     assert fused.shape == (5, 3, 4) and ensemble.num_members == 3
     assert (fused - expected).abs().max().item() <= CONTRACT * two_tower.logit_scale
     assert (expected[:, 0] - expected[:, 1]).abs().max().item() > 100 * CONTRACT  # members differ
 
 
-def test_class_embeddings_and_logits_follow_the_definition(clip_tokenizer):
-    """Single model, by hand: CLIPModel's own image and text features, normalised, averaged over templates."""
-    clip = tiny_clip()
+@pytest.mark.parametrize("family", TWO_TOWERS)
+def test_class_embeddings_and_logits_follow_the_definition(family, clip_tokenizer):
+    """Single model, by hand: the HF model's own image and text features, normalised, averaged over templates;
+    with one template, the HF model's own `logits_per_image` (SigLIP's logit bias included)."""
+    clip = TWO_TOWERS[family]()
     two_tower, tokenizer = TwoTowerModel.from_clip(clip), clip_tokenizer
     single = zero_shot_ensemble(two_tower, CLASSES, tokenizer, TEMPLATES)
     inputs = _images()
+    bias = clip.logit_bias if family == "siglip" else 0.0
     with torch.no_grad():
-        text = clip.get_text_features(**_tokens(tokenizer, class_prompts(CLASSES, TEMPLATES))).pooler_output  # (C*T, P)
+        text = clip.get_text_features(**_prompts(two_tower, tokenizer)[0]).pooler_output  # (C*T, P)
         per_class = F.normalize(F.normalize(text, dim=-1).view(4, 2, -1).mean(dim=1), dim=-1)
         image = F.normalize(clip.get_image_features(**inputs).pooler_output, dim=-1)
-        expected = clip.logit_scale.exp() * image @ per_class.T
+        expected = clip.logit_scale.exp() * image @ per_class.T + bias
         got = single(**inputs).member_logits
+        one_template = zero_shot_ensemble(two_tower, CLASSES, tokenizer, ["{}"])(**inputs).member_logits[:, 0]
+        hf = clip(**_prompts(two_tower, tokenizer, templates=["{}"])[0], **inputs).logits_per_image  # (B, C)
     assert got.shape == (5, 1, 4)
     assert (got[:, 0] - expected).abs().max().item() <= CONTRACT * 100
+    assert (one_template - hf).abs().max().item() <= CONTRACT * 100
     assert class_prompts(["a", "b"], ["x {}", "y {}"]) == ["x a", "y a", "x b", "y b"]
     with pytest.raises(ValueError, match="'\\{\\}'"):
         class_prompts(["a"], ["no slot"])
@@ -73,16 +86,20 @@ def test_class_embeddings_and_logits_follow_the_definition(clip_tokenizer):
         zero_shot_ensemble(two_tower, CLASSES, tokenizer, TEMPLATES, random_head_maps(3), random_head_maps(2))
     with pytest.raises(ValueError, match="do not split evenly"):
         class_embeddings(two_tower.text, [_tokens(tokenizer, ["a", "b", "c"])], 2)
+    if family == "siglip":  # the prompts' embeddings depend on their padded length: padded as trained, to the max
+        assert _prompts(two_tower, tokenizer)[0]["input_ids"].shape[1] == tokenizer.model_max_length
 
 
-def test_zero_shot_ensemble_saves_reloads_and_works_with_the_evaluation_stack(tmp_path, clip_tokenizer):
-    two_tower, tokenizer = TwoTowerModel.from_clip(tiny_clip()), clip_tokenizer
+@pytest.mark.parametrize("family", TWO_TOWERS)
+def test_zero_shot_ensemble_saves_reloads_and_works_with_the_evaluation_stack(family, tmp_path, clip_tokenizer):
+    two_tower, tokenizer = TwoTowerModel.from_clip(TWO_TOWERS[family]()), clip_tokenizer
     ensemble = zero_shot_ensemble(
         two_tower, CLASSES, tokenizer, TEMPLATES, random_head_maps(3, seed=2, min_heads=1), random_head_maps(3, seed=3)
     )
     save_predictor(ensemble, tmp_path / "zs")
     loaded = load_predictor(tmp_path / "zs")
     assert isinstance(loaded, ZeroShotEnsemble) and loaded.classes == CLASSES and loaded.templates == TEMPLATES
+    assert loaded.logit_bias == ensemble.logit_bias == two_tower.logit_bias
     inputs = _images()
     with torch.no_grad():
         assert torch.equal(loaded(**inputs).member_logits, ensemble(**inputs).member_logits)
@@ -96,24 +113,27 @@ def test_zero_shot_ensemble_saves_reloads_and_works_with_the_evaluation_stack(tm
         assert loaded(**inputs).member_logits.shape == (5, 3, 2)
     two_tower.save_pretrained(tmp_path / "tt")
     again = TwoTowerModel.from_pretrained(tmp_path / "tt")
-    assert again.logit_scale == pytest.approx(two_tower.logit_scale)
+    assert again.logit_scale == pytest.approx(two_tower.logit_scale) and again.logit_bias == two_tower.logit_bias
     with torch.no_grad():
         assert torch.equal(again.image(**inputs), two_tower.image(**inputs))
-    tiny_clip().save_pretrained(tmp_path / "clip")
-    assert TwoTowerModel.from_pretrained(tmp_path / "clip").logit_scale == pytest.approx(two_tower.logit_scale)
+    TWO_TOWERS[family]().save_pretrained(tmp_path / "hf")
+    from_hf = TwoTowerModel.from_pretrained(tmp_path / "hf")
+    assert from_hf.logit_scale == pytest.approx(two_tower.logit_scale)
+    assert from_hf.logit_bias == pytest.approx(two_tower.logit_bias)
 
 
 # ---- joint circuits over both towers (§D.3) ----
 
 
-def _circuit_data(tokenizer):
+def _circuit_data(two_tower, tokenizer):
     labelled = [_images(seed=s, batch=6) | {"labels": torch.tensor([0, 1, 2, 3, 1, 2])} for s in (11, 12)]
     ood = [{"pixel_values": 3 * torch.rand(6, 3, 16, 16, generator=torch.Generator().manual_seed(13))}]
-    return labelled, ood, [_tokens(tokenizer, class_prompts(CLASSES, TEMPLATES))]
+    return labelled, ood, _prompts(two_tower, tokenizer)
 
 
 def _literal_score(clip, tower, layer, head, removed, labelled, ood, prompts, criterion):
-    """S with `removed` + one head off, from CLIPModel itself: ablate in the tower, recompute everything."""
+    """S with `removed` + one head off, from the HF model itself: ablate in the tower, recompute everything
+    (SigLIP's logit bias included: the criteria read softmaxes, which it does not change)."""
     from hydra_ensembles import ablate_heads
 
     heads = {"image": {}, "text": {}}
@@ -123,18 +143,19 @@ def _literal_score(clip, tower, layer, head, removed, labelled, ood, prompts, cr
         text = F.normalize(clip.get_text_features(**prompts[0]).pooler_output, dim=-1)
         classes = F.normalize(text.view(len(CLASSES), len(TEMPLATES), -1).mean(dim=1), dim=-1)
         images = [F.normalize(clip.get_image_features(**b).pooler_output, dim=-1) for b in labelled + ood]
-        logits = clip.logit_scale.exp() * torch.cat(images) @ classes.T
+        logits = clip.logit_scale.exp() * torch.cat(images) @ classes.T + getattr(clip, "logit_bias", 0.0)
     labels = torch.cat([b["labels"] for b in labelled])
     return criterion(logits[: len(labels)], labels, logits[len(labels) :])
 
 
-def test_joint_fast_circuit_equals_the_reference_and_the_literal_definition(tmp_path, clip_tokenizer):
+@pytest.mark.parametrize("family", TWO_TOWERS)
+def test_joint_fast_circuit_equals_the_reference_and_the_literal_definition(family, tmp_path, clip_tokenizer):
     from hydra_ensembles.importance import JointCircuit, extract_joint_circuit
     from hydra_ensembles.importance.circuit import CRITERIA
 
-    clip, tokenizer = tiny_clip(seed=3), clip_tokenizer
+    clip, tokenizer = TWO_TOWERS[family](seed=3), clip_tokenizer
     two_tower = TwoTowerModel.from_clip(clip)
-    labelled, ood, prompts = _circuit_data(tokenizer)
+    labelled, ood, prompts = _circuit_data(two_tower, tokenizer)
     args = (two_tower, labelled, ood, prompts, len(CLASSES), "avg", 6)
     fast = extract_joint_circuit(*args, batch_size=4, progress=False, state_path=tmp_path / "state.json")
     reference = extract_joint_circuit(*args, method="reference", progress=False)
@@ -159,12 +180,13 @@ def test_joint_fast_circuit_equals_the_reference_and_the_literal_definition(tmp_
         extract_joint_circuit(*args, method="screen", progress=False)
 
 
-def test_members_sampled_from_a_joint_circuit_fuse_per_tower_and_equal_the_members_one_by_one(clip_tokenizer):
+@pytest.mark.parametrize("family", TWO_TOWERS)
+def test_members_sampled_from_a_joint_circuit_fuse_per_tower_and_equal_the_members_one_by_one(family, clip_tokenizer):
     from hydra_ensembles import sample_members
     from hydra_ensembles.importance import extract_joint_circuit
 
-    two_tower, tokenizer = TwoTowerModel.from_clip(tiny_clip(seed=3)), clip_tokenizer
-    labelled, ood, prompts = _circuit_data(tokenizer)
+    two_tower, tokenizer = TwoTowerModel.from_clip(TWO_TOWERS[family](seed=3)), clip_tokenizer
+    labelled, ood, prompts = _circuit_data(two_tower, tokenizer)
     circuit = extract_joint_circuit(two_tower, labelled, ood, prompts, len(CLASSES), "avg", 8, progress=False)
     members = sample_members(circuit, num_members=3, budget=4, pool=8, seed=0)
     assert all(set(m) == {"image", "text"} for m in members) and len({str(m) for m in members}) == 3
@@ -177,12 +199,13 @@ def test_members_sampled_from_a_joint_circuit_fuse_per_tower_and_equal_the_membe
     assert (fused - expected).abs().max().item() <= CONTRACT * two_tower.logit_scale
 
 
-def test_taylor_scores_of_the_image_tower_read_the_zero_shot_logits(clip_tokenizer):
+@pytest.mark.parametrize("family", TWO_TOWERS)
+def test_taylor_scores_of_the_image_tower_read_the_zero_shot_logits(family, clip_tokenizer):
     """Taylor on the vision tower only (§C.3): the loss is the zero-shot cross-entropy; checked against the
-    saliency |w dL/dw| of CLIPModel's own vision q/k/v weights, head by head."""
+    saliency |w dL/dw| of the HF model's own vision q/k/v weights, head by head."""
     from hydra_ensembles import taylor_head_scores
 
-    clip, tokenizer = tiny_clip(seed=5), clip_tokenizer
+    clip, tokenizer = TWO_TOWERS[family](seed=5), clip_tokenizer
     single = zero_shot_ensemble(TwoTowerModel.from_clip(clip), CLASSES, tokenizer, TEMPLATES)
     data = [_images(seed=s, batch=6) | {"labels": torch.tensor([0, 1, 2, 3, 1, 2])} for s in (21, 22)]
     got = taylor_head_scores(clip.vision_model, data, loss="cross_entropy", readout=single.readout(), progress=False)
@@ -196,7 +219,8 @@ def test_taylor_scores_of_the_image_tower_read_the_zero_shot_logits(clip_tokeniz
     total = 0
     for batch in data:
         image = F.normalize(clip.get_image_features(pixel_values=batch["pixel_values"]).pooler_output, dim=-1)
-        loss = F.cross_entropy(clip.logit_scale.exp().detach() * image @ classes.T, batch["labels"]) * 6 / 12
+        logits = clip.logit_scale.exp().detach() * image @ classes.T + getattr(clip, "logit_bias", 0.0)
+        loss = F.cross_entropy(logits, batch["labels"]) * 6 / 12
         grads = torch.autograd.grad(loss, weights)
         total = grads if total == 0 else [a + b for a, b in zip(total, grads)]
     for layer in range(LAYERS):
@@ -205,15 +229,16 @@ def test_taylor_scores_of_the_image_tower_read_the_zero_shot_logits(clip_tokeniz
         assert torch.allclose(got[layer], expected, rtol=1e-4, atol=1e-9)
 
 
-def test_class_embeddings_are_computed_without_dropout_whatever_the_mode(clip_tokenizer):
+@pytest.mark.parametrize("family", TWO_TOWERS)
+def test_class_embeddings_are_computed_without_dropout_whatever_the_mode(family, clip_tokenizer):
     """A tower left in training mode (a wrapper's evaluation restores the mode it found) must not put dropout
     noise into the class embeddings: they are computed in eval mode and the mode is given back."""
-    two_tower, tokenizer = TwoTowerModel.from_clip(tiny_clip(seed=2, dropout=0.5)), clip_tokenizer
+    two_tower, tokenizer = TwoTowerModel.from_clip(TWO_TOWERS[family](seed=2, dropout=0.5)), clip_tokenizer
     reference = zero_shot_ensemble(two_tower.eval(), CLASSES, tokenizer, TEMPLATES).embeddings
     for _ in range(2):
         two_tower.train()
         assert torch.equal(zero_shot_ensemble(two_tower, CLASSES, tokenizer, TEMPLATES).embeddings, reference)
     two_tower.train()
-    prompts = [_tokens(tokenizer, class_prompts(CLASSES, TEMPLATES))]
+    prompts = _prompts(two_tower, tokenizer)
     assert torch.equal(class_embeddings(two_tower.text, prompts, len(CLASSES)), reference)
     assert two_tower.text.training  # given back in the mode it came in

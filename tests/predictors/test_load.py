@@ -23,6 +23,9 @@ def test_each_kind_is_found_by_its_name_and_says_what_was_saved(tmp_path):
         "hf_model": (model, "one model (BertForSequenceClassification)"),
         "hydra_ensemble": (_hydra(model), "a fused ensemble of 3 members"),
         "deep_ensemble": (P.DeepEnsemble([model, model]), "a deep ensemble of 2 models"),
+        "batch_ensemble": (P.batch_ensemble(model, members=2), "a BatchEnsemble of 2 members"),
+        "packed_ensemble": (P.packed_ensemble(model), "a Packed-Ensemble of 3 members (alpha=2)"),
+        "mimo": (P.mimo(MODELS["vit"]()), "a MIMO network of 3 members (rho=0.5)"),
         "calibrated": (
             P.Calibrated(_hydra(model), P.TemperatureScaling(1.5)),
             "a fused ensemble of 3 members, temperature-scaled",
@@ -61,7 +64,7 @@ def test_the_saved_formats_are_those_written_before_the_kinds_named_themselves(t
     assert member == {"kind": "deep_ensemble", "members": 1, "stored_parameters": 7}
     assert (tmp_path / "t" / "model" / "member0" / "config.json").is_file()
     P.save_predictor(_hydra(model), tmp_path / "h")
-    assert sorted(p.name for p in (tmp_path / "h").iterdir()) == ["hydra_config.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "h").iterdir()) == ["README.md", "hydra_config.json", "model.safetensors"]
     P.save_predictor(model, tmp_path / "m")
     assert not (tmp_path / "m" / "predictor.json").exists() and (tmp_path / "m" / "config.json").is_file()
     P.save_predictor(MultiHeadMLP(2, 3, heads=2), tmp_path / "s")

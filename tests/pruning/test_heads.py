@@ -90,7 +90,7 @@ def test_pruning_keeps_dtype():
     assert model.vit.layers[0].attention.q_proj.weight.dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("name", ["bert", "vit", "clip_text", "clip_classifier"])
+@pytest.mark.parametrize("name", ["bert", "vit", "clip_text", "clip_classifier", "siglip_text", "siglip_vision"])
 def test_save_and_load_restore_the_pruned_model(name, tmp_path):
     model = perturb(he.prune_heads(MODELS[name](), PLAN))
     inputs = make_inputs(name)

@@ -35,7 +35,8 @@ def test_pruned_neurons_equal_zeroed_neurons(name):
     width = len(he.kept_neurons(model)[1])  # 37, or 64 for DINOv2 (mlp_ratio 2)
     assert he.kept_neurons(pruned)[2] == list(range(30, width)) and he.kept_neurons(pruned)[1] == list(range(width))
     block = he.get_adapter(pruned).block(he.get_adapter(pruned).layers(pruned)[2])
-    assert block.mlp_in.out_features == block.mlp_out.in_features == width - 30
+    assert block.mlp_out.in_features == width - 30
+    assert block.mlp_in.out_features == len(block.mlp_in_rows(torch.arange(width - 30)))  # with a gated MLP's gates
 
 
 def _smallest_neuron_effect(model, inputs) -> float:

@@ -7,9 +7,13 @@ from torch import nn
 from .base import Adapter, Block, LayerNames, ModelSpec
 from .bert import BertAdapter
 from .clip import CLIPTextAdapter, CLIPVisionAdapter
+from .deberta_v2 import DebertaV2Adapter
 from .dinov2 import Dinov2Adapter
 from .distilbert import DistilBertAdapter
+from .electra import ElectraAdapter
+from .modernbert import ModernBertAdapter
 from .mpnet import MPNetAdapter
+from .siglip import SiglipTextAdapter, SiglipVisionAdapter
 from .vit import ViTAdapter
 
 __all__ = [
@@ -45,11 +49,16 @@ def register_adapter(adapter: Adapter) -> Adapter:
 for _adapter in (
     BertAdapter(),
     DistilBertAdapter(),
+    ElectraAdapter(),
     ViTAdapter(),
     Dinov2Adapter(),
     MPNetAdapter(),
+    DebertaV2Adapter(),
+    ModernBertAdapter(),
     CLIPTextAdapter(),
     CLIPVisionAdapter(),
+    SiglipTextAdapter(),
+    SiglipVisionAdapter(),
 ):
     register_adapter(_adapter)
 
@@ -70,8 +79,8 @@ def adapter_for_class(model_class: type, model_type: str = "unknown") -> Adapter
         if cls.__name__ in _BY_CLASS:
             return _BY_CLASS[cls.__name__]
     hint = ""
-    if model_class.__name__ == "CLIPModel":
-        hint = " A CLIPModel holds two towers: pass model.text_model or model.vision_model."
+    if model_class.__name__ in ("CLIPModel", "SiglipModel"):
+        hint = f" A {model_class.__name__} holds two towers: pass model.text_model or model.vision_model."
     raise UnsupportedModelError(
         f"hydra-ensembles has no adapter for {model_class.__name__} (model_type={model_type!r}).{hint} "
         f"Supported classes: {', '.join(supported_models())}. To add a family, subclass "

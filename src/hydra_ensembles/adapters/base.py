@@ -39,6 +39,13 @@ class LayerNames:
     width_attrs: tuple[str, ...] = ()  # attributes of `attention` that equal heads * head_dim
     scale1: str | None = None  # layer-scale vector on the attention branch (DINOv2), if any
     scale2: str | None = None  # layer-scale vector on the MLP branch
+    # query, key and value name one Linear d -> 3*H*dh with rows [q | k | v], each grouped per head (ModernBERT)
+    fused_qkv: bool = False
+    # mlp_in is d -> 2F with rows [input | gate]: neuron k is rows k and F + k together (GeGLU, ModernBERT)
+    gated_mlp: bool = False
+    # further linears with output rows grouped per head like `query` (DeBERTa's position projections): pruned with
+    # their heads; a path a layer lacks is skipped
+    head_rows: tuple[str, ...] = ()
 
 
 @dataclass
@@ -46,8 +53,9 @@ class Block:
     """One layer's modules as fusion reads them (the live HF modules, not copies).
 
     Shapes: d = hidden size, H = heads currently in the layer, dh = head size, F = MLP width.
-    query/key/value: Linear d -> H*dh (rows grouped per head); output: Linear H*dh -> d (columns per head);
-    mlp_in: Linear d -> F; mlp_out: Linear F -> d; scale1/scale2: (d,) layer-scale vectors or None.
+    query/key/value: Linear d -> H*dh (rows grouped per head), or with fused_qkv one Linear d -> 3*H*dh (rows
+    [q | k | v]) for all three; output: Linear H*dh -> d (columns per head); mlp_in: Linear d -> F, or with
+    gated_mlp d -> 2F (rows [input | gate]); mlp_out: Linear F -> d; scale1/scale2: (d,) layer-scale vectors or None.
     """
 
     query: nn.Linear
@@ -61,6 +69,23 @@ class Block:
     activation: Callable[[Tensor], Tensor]
     scale1: Tensor | None
     scale2: Tensor | None
+    fused_qkv: bool = False
+    gated_mlp: bool = False
+
+    def projection_rows(self) -> tuple[tuple[nn.Linear, slice], ...]:
+        """Where the query, key and value projections sit: (Linear, its rows) for each, in that order; the three
+        row blocks of one Linear when fused_qkv."""
+        if not self.fused_qkv:
+            return tuple((linear, slice(None)) for linear in (self.query, self.key, self.value))
+        width = self.query.out_features // 3  # H*dh
+        return tuple((self.query, slice(j * width, (j + 1) * width)) for j in range(3))
+
+    def mlp_in_rows(self, neurons: Tensor) -> Tensor:
+        """Rows of mlp_in that make the MLP neurons at `neurons` (positions in the current width F, shape (K,)):
+        the neurons' own rows, and with gated_mlp their gates' rows F + k after them, (2K,)."""
+        if not self.gated_mlp:
+            return neurons
+        return torch.cat([neurons, neurons + self.mlp_out.in_features])
 
 
 @dataclass(frozen=True)
@@ -94,7 +119,12 @@ class Adapter(ABC):
         input_names: the keyword inputs the family's models accept (others are rejected; "labels" is ignored).
         required_inputs: the subset that must be present.
         causal: whether attention is causal (CLIP's text tower).
+        prompt_padding: the tokenizer's `padding` for a text tower's zero-shot prompts: True (to the batch's
+            longest, for towers that mask padding and pool a token they find) or "max_length" (SigLIP's text
+            tower pools the last position, so its embeddings depend on the padded length: pad as it was trained).
         specs: supported HF class name -> `ModelSpec`.
+        fusion_unsupported: why the fused engine cannot run this family (`HydraEnsemble.fuse` refuses with it);
+            None when it can.
     """
 
     name: ClassVar[str]
@@ -105,7 +135,9 @@ class Adapter(ABC):
     input_names: ClassVar[tuple[str, ...]]
     required_inputs: ClassVar[tuple[str, ...]]
     causal: ClassVar[bool] = False
+    prompt_padding: ClassVar[bool | str] = True
     specs: ClassVar[dict[str, ModelSpec]]
+    fusion_unsupported: ClassVar[str | None] = None
 
     # ---- what runs before the first layer and after the last one ----
 
@@ -220,7 +252,19 @@ class Adapter(ABC):
             activation=_get_attr(layer, names.activation),
             scale1=_get_attr(layer, names.scale1) if names.scale1 else None,
             scale2=_get_attr(layer, names.scale2) if names.scale2 else None,
+            fused_qkv=names.fused_qkv,
+            gated_mlp=names.gated_mlp,
         )
+
+    def head_row_linears(self, layer: nn.Module) -> dict[str, nn.Linear]:
+        """The further per-head projections (`LayerNames.head_rows`) that `layer` has, by path."""
+        found = {}
+        for path in self.layer_names.head_rows:
+            try:
+                found[path] = layer.get_submodule(path)
+            except AttributeError:  # DeBERTa: no pos_key_proj with share_att_key or without c2p
+                continue
+        return found
 
     def attention_bias(self, backbone: nn.Module, seq_len: int) -> Tensor | None:
         """An additive bias that every layer adds to its attention scores, one plane per original head,
@@ -236,7 +280,8 @@ class Adapter(ABC):
         kept: Sequence[int] | None = None,
     ) -> None:
         """Swap in re-sized (query, key, value, output) projections and update the head-count attributes.
-        `kept`: the original indices of the heads the layer keeps (empty for a placeholder head)."""
+        `kept`: the original indices of the heads the layer keeps (empty for a placeholder head). With fused_qkv,
+        query, key and value are one Linear (d -> 3*H'*dh)."""
         names = self.layer_names
         for path, module in zip((names.query, names.key, names.value, names.output), projections):
             layer.set_submodule(path, module)
@@ -244,7 +289,7 @@ class Adapter(ABC):
         for attr in names.head_count_attrs:
             setattr(attention, attr, num_heads)
         for attr in names.width_attrs:
-            setattr(attention, attr, projections[0].out_features)
+            setattr(attention, attr, projections[0].out_features // (3 if names.fused_qkv else 1))
 
     def set_mlp(self, layer: nn.Module, mlp_in: nn.Linear, mlp_out: nn.Linear) -> None:
         """Swap in re-sized MLP linears (d -> F', F' -> d)."""

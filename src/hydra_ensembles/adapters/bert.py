@@ -1,8 +1,9 @@
-"""BERT and RoBERTa: post-norm encoders (attention -> residual -> LN, MLP -> residual -> LN).
+"""BERT, RoBERTa and XLM-RoBERTa: post-norm encoders (attention -> residual -> LN, MLP -> residual -> LN).
 
 BertModel / RobertaModel keep their layers in `encoder.layer`; each layer has `attention.self.{query,key,value}`,
 `attention.output.{dense,LayerNorm}`, `intermediate.dense` and `output.{dense,LayerNorm}`. The packaged
-all-MiniLM-L6-v2 is a BertModel.
+all-MiniLM-L6-v2 is a BertModel. XLM-RoBERTa is RoBERTa with another vocabulary (its own classes in transformers v5,
+same modules and names).
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ class BertAdapter(Adapter):
         ),
         "RobertaModel": ModelSpec(backbone="", head=_pooled, classifier=False, head_tokens=1),
         "RobertaForSequenceClassification": ModelSpec(
+            backbone="roberta", head=_roberta_classifier, classifier=True, head_tokens=1
+        ),
+        "XLMRobertaModel": ModelSpec(backbone="", head=_pooled, classifier=False, head_tokens=1),
+        "XLMRobertaForSequenceClassification": ModelSpec(
             backbone="roberta", head=_roberta_classifier, classifier=True, head_tokens=1
         ),
     }

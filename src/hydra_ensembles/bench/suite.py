@@ -5,8 +5,9 @@ Hydra Ensembles per seed, then mean ± std over seeds as markdown and JSON table
 (§D.1.1), circuits by greedy removal (§D.1.2; exact, or the approximation a task names), fine-tuned members fused
 with the merged (averaged) MLP (§4.2); "…, stacked MLP" fuses the same members keeping each one's own MLP (exact,
 more parameters). `REVIEW_ROWS` answer reviewers (paper §B.1-B.3): no fine-tuning (Table 4), CircAcc and CircOOD
-(Table 6); `head_sweep` gives Figures 5-6. Choices are made on validation data only (early stopping, the
-temperature); no row is chosen or dropped after seeing test data.
+(Table 6); after them come the paper's efficient ensembles (Table 1; Packed-Ensembles and MIMO train from scratch,
+so only on a task whose Single does: image-fmnist). `head_sweep` gives Figures 5-6. Choices are made on validation
+data only (early stopping, the temperature); no row is chosen or dropped after seeing test data.
 """
 
 from __future__ import annotations
@@ -39,11 +40,16 @@ from ..predictors import (
     DeepEnsemble,
     MCDropout,
     TemperatureScaling,
+    batch_ensemble,
     fit_temperature,
     load_predictor,
     lora_ensemble,
+    mimo,
+    packed_ensemble,
     save_predictor,
     shared_backbone_ensemble,
+    train_mimo,
+    train_packed,
 )
 from ..pruning import kept_neurons
 from ..training import finetune, finetune_fused
@@ -55,15 +61,26 @@ PLOTTED = ("Single", "Deep Ensembles", "Hydra (Taylor)", "Hydra (Circ)")
 TRAINING = "training.json"  # {model name: its epochs (loss, validation metrics) and the epoch kept}, per seed
 
 
+class NotTrained(LookupError):
+    """A row asked of the cache alone (`cached_row`) needs a model, scores or a circuit not made yet."""
+
+
 class Pieces:
     """What one seed's rows share, each built once and cached in the seed's directory: the single model (or the
     `base` the rows start from), its shape, Taylor scores, circuits and fine-tuned members. Every model built or
-    loaded is checked against its records (`bench.records`)."""
+    loaded is checked against its records (`bench.records`). `cache_only`: load what the cache holds, make
+    nothing (`NotTrained` instead) and write no record: a running benchmark may be writing the seed's now."""
 
-    def __init__(self, run: SeedRun):
+    def __init__(self, run: SeedRun, cache_only: bool = False):
         self.task, self.seed, self.cache = run.task, run.seed, run.cache
         self.progress, self.base, self.device = run.progress, run.base, run.device
+        self.cache_only = cache_only
         self._single: nn.Module | None = None
+
+    def _making(self, path: Path) -> None:
+        """Called before making what `path` will hold: refused when cache-only."""
+        if self.cache_only:
+            raise NotTrained(f"{path} is not in the cache yet: the benchmark has not made it.")
 
     @property
     def shape(self) -> dict:
@@ -71,6 +88,7 @@ class Pieces:
         `shape.json` so that tables render from the records without the model."""
         path = self.cache / "shape.json"
         if not path.exists():
+            self._making(path)
             single, adapter = self.single(), get_adapter(self.single())
             widths = [len(kept) for kept in kept_neurons(single).values()]
             write_json_atomic(
@@ -89,7 +107,8 @@ class Pieces:
     def trained(self, name: str, build: Callable[[], nn.Module], checkpoint: str | None = None) -> nn.Module:
         """`cached`, checked against its recorded digest."""
         model = self.cached(name, build, checkpoint)
-        check_digest(self.cache, name, model)
+        if not self.cache_only:  # cache-only: its digest was recorded when it was cached
+            check_digest(self.cache, name, model)
         return model
 
     def cached(self, name: str, build: Callable[[], nn.Module], checkpoint: str | None = None) -> nn.Module:
@@ -99,6 +118,7 @@ class Pieces:
         path = self.cache / "models" / name
         if path.exists():
             return load_predictor(path).to(self.device)
+        self._making(path)
         model = build()
         if hasattr(model, "training_history"):  # a record: why an epoch was kept, checkable without the weights
             epochs = {"epochs": model.training_history, "kept_epoch": model.kept_epoch}
@@ -112,6 +132,8 @@ class Pieces:
     def single(self) -> nn.Module:
         if self._single is None and self.base:
             self._single = self.base()
+        elif self._single is None and self.cache_only:
+            self._single = self.cached("single", *self.from_start(self.seed))
         elif self._single is None:
             model = self.cached("single", *self.from_start(self.seed))
             self._single = checked_single(self.cache, model, self._measure_as_single)
@@ -142,6 +164,7 @@ class Pieces:
         suffix = "" if budget == self.task.prune_per_layer else f"_b{budget}"
         path = self.cache / f"taylor_scores_sequential{suffix}.pt"
         if not path.exists():
+            self._making(path)
             calibration = self.task.train[: max(1, len(self.task.val))]
             scores = taylor_head_scores(self.single(), calibration, sequential_budget=budget, progress=self.progress)
             torch_save_atomic(scores.cpu(), path)
@@ -150,6 +173,7 @@ class Pieces:
     def circuit(self, criterion: str = "avg") -> Circuit:
         path, state = self.cache / f"circuit_{criterion}.json", self.cache / f"circuit_{criterion}_state.json"
         if not path.exists():
+            self._making(path)
             discard_stale_state(state, self.single())
             task = self.task
             budget = max(task.circuit_pool, task.prune_per_layer * self.layers)
@@ -253,6 +277,68 @@ def _lora(p: Pieces) -> Built:
     return Built(p.trained("lora", build), {"heads": f"{p.heads}x{task.members}"})
 
 
+def _batch_ensemble(p: Pieces) -> Built:
+    """BatchEnsemble (Wen et al., 2020) as paper 000 §C.1.4 builds it: applied to the trained checkpoint (here the
+    seed's single model; fast weights N(1, 0.5) drawn from the seed), then fine-tuned as one module with the
+    members' recipe (`finetune_fused`: each member's cross-entropy, summed; the embeddings frozen when the recipe
+    freezes them)."""
+
+    def build() -> nn.Module:
+        ensemble = batch_ensemble(p.single(), members=p.task.members, seed=p.seed)
+        return p.fine_tuned(ensemble, "batch-ensemble", p.seed, train=finetune_fused)
+
+    return Built(p.trained("batch-ensemble", build, checkpoint="batch-ensemble"), {"heads": str(p.heads)})
+
+
+def _from_scratch(p: Pieces, row: str) -> None:
+    """Refuse a row the paper trains from scratch (§C.1.4) on a task whose Single is fine-tuned from a pretrained
+    model: its rows would compare a network trained on the task alone with pretrained ones."""
+    if not getattr(p.task, "from_scratch", False):
+        raise ValueError(
+            f"the {row!r} row trains from scratch (paper 000 §C.1.4, without its ImageNet-21k pretraining) and "
+            f"belongs next to a Single trained from scratch; task {p.task.name!r} fine-tunes a pretrained model. "
+            "Run it on image-fmnist."
+        )
+
+
+def _packed(p: Pieces) -> Built:
+    """Packed-Ensembles (E = M, alpha = 2, gamma = 1; §C.1.4): M narrow transformers from the seed, trained from
+    scratch as one fused module with Single's recipe (epochs, lr, the best validation epoch kept)."""
+    _from_scratch(p, "Packed-Ensembles")
+    task, seed, members = p.task, p.seed, p.task.members
+
+    def build() -> nn.Module:
+        packed = packed_ensemble(task.new_model(seed), members=members, alpha=2.0, seed=seed * 100 + 70)
+        directory = p.cache / "checkpoints" / "packed"
+        recipe = task.recipe.with_(seed=seed)
+        packed = packed.to(p.device)
+        return train_packed(
+            packed, task.train, recipe, val_loader=task.val, checkpoint_dir=directory, progress=p.progress
+        )
+
+    packed = p.trained("packed", build, checkpoint="packed")
+    heads = packed.fused.head_maps[0][0]
+    return Built(packed, {"heads": f"{len(heads)}x{members} (alpha 2)"})
+
+
+def _mimo(p: Pieces) -> Built:
+    """MIMO (E = M, rho = 0.5, batch repetition 4; §C.1.4): trained from scratch with Single's recipe (epochs, lr,
+    the best validation epoch kept)."""
+    _from_scratch(p, "MIMO")
+    task, seed = p.task, p.seed
+
+    def build() -> nn.Module:
+        network = mimo(task.new_model(seed), members=task.members, rho=0.5, batch_repetition=4, seed=seed * 100 + 80)
+        directory = p.cache / "checkpoints" / "mimo"
+        recipe = task.recipe.with_(seed=seed)
+        network = network.to(p.device)
+        return train_mimo(
+            network, task.train, recipe, val_loader=task.val, checkpoint_dir=directory, progress=p.progress
+        )
+
+    return Built(p.trained("mimo", build, checkpoint="mimo"), {"heads": str(p.heads)})
+
+
 def _taylor_pruned(p: Pieces, budget: int, fine_tune: bool) -> nn.Module:
     """One model without the `budget` lowest sequential Taylor scores of each layer."""
     head_map = sample_members(p.taylor_scores(budget), num_members=1, budget=budget, pool=budget)[0]
@@ -345,8 +431,13 @@ BUILDS: dict[str, Callable[[Pieces], Built]] = {
     "Hydra (Circ), no fine-tuning": partial(_hydra_circ, mlp="average", fine_tune=False),
     "CircAcc": partial(_circuit, criterion="acc"),
     "CircOOD": partial(_circuit, criterion="ood"),
+    # the paper's efficient ensembles (Table 1), after the rows above so that the main table stays as it was
+    "BatchEnsemble": _batch_ensemble,
+    "Packed-Ensembles": _packed,
+    "MIMO": _mimo,
 }
 ALL_ROWS = tuple(BUILDS)
+FROM_SCRATCH_ROWS = ("Packed-Ensembles", "MIMO")  # refused unless the task's Single is trained from scratch
 ROWS, REVIEW_ROWS = ALL_ROWS[:15], ALL_ROWS[15:]
 
 
@@ -392,6 +483,14 @@ def figures(task, summary: dict, seed_cache: Path, out_dir: Path) -> None:
         maps["CircAvg removal step (late = useful)"] = Circuit.load(seed_cache / "circuit_avg.json").removal_steps()
     if maps:
         plots.head_heatmap(maps, out_dir / "head_importance.png", title=f"{task.name}: head importance")
+
+
+def cached_row(task, seed: int, cache: Path, row: str, device: torch.device = runner.CPU) -> Built:
+    """The row `row` of one seed as the benchmark cached it (`cache`: the seed's `runner.seed_dir`), from the cache
+    alone: nothing is trained, searched or recorded; `NotTrained` names the first thing missing."""
+    if row not in BUILDS:
+        raise ValueError(f"unknown row {row!r}; choose from {list(BUILDS)}.")
+    return BUILDS[row](Pieces(SeedRun(task, seed, Path(cache), progress=False, device=device), cache_only=True))
 
 
 # ---- the table ----

@@ -23,7 +23,7 @@ import transformers
 from torch import Tensor, nn
 
 from ..data.loaders import Batch
-from ..importance.circuit.search import search_name
+from ..importance.circuit import search_name
 from ..io import without_late_defaults
 from ..training import IMAGE_RECIPE, TEXT_RECIPE, TrainConfig
 
@@ -62,10 +62,15 @@ class Task:
     # MC Dropout's model when the single model has no dropout (seed -> a model with dropout, trained as Single)
     dropout_model: Callable[[int], nn.Module] | None = None
     notes: list[str] = field(default_factory=list)
+    # Single is trained from random weights: the rows the paper trains from scratch (Packed-Ensembles, MIMO) apply.
+    # Out of the fingerprint, like the notes: it says which rows apply and changes no model.
+    from_scratch: bool = False
 
     def settings(self) -> dict:
-        """Every setting and the data sizes (notes change nothing; fields added later only when set)."""
-        settings = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "notes"}
+        """Every setting and the data sizes (notes and from_scratch change nothing; fields added later only when
+        set)."""
+        described = ("notes", "from_scratch")
+        settings = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in described}
         settings = without_late_defaults({k: v for k, v in settings.items() if not callable(v)}, _LATE_FIELDS)
         for name in ("train", "val", "test", "circuit_id", "circuit_ood"):
             settings[name] = _size(settings[name])
@@ -558,7 +563,13 @@ def image_task(size: str = "full") -> Task:
                 f"{counts['ood_val']} OOD validation images, ties decided by the secondary score.",
                 "Deep Ensembles train each member from scratch; LoRA members start from the trained single model "
                 "with a re-initialised classifier.",
+                "Packed-Ensembles (3 members, alpha 2, gamma 1: each 5 heads of 16 = hidden 80, MLP 171, rounded half "
+                "up) and MIMO (3 members, rho 0.5, batch repetition 4) train from scratch with Single's recipe "
+                f"({scratch.epochs} epochs, AdamW, lr {scratch.lr:g}, the best validation epoch kept); unlike the "
+                "paper, without ImageNet-21k pretraining, and Packed-Ensembles without dropout (its fused layers "
+                "have none; Single and MIMO use 0.1).",
             ],
+            from_scratch=True,
         )
 
     normalised = lambda images: ((images - FASHION_MEAN) / FASHION_STD)[:, None]  # noqa: E731 (N, 1, 28, 28)

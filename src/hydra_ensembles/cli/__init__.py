@@ -12,6 +12,7 @@ hydra-ens distill   --teacher hydra --model single --data train.csv --val val.cs
 hydra-ens calibrate --model hydra --val val.csv --out calibrated           # optional: temperature scaling
 hydra-ens ood       --model hydra --data train.csv --out hydra-ood          # optional: feature-space OOD detectors
 hydra-ens predict   --model hydra --inputs new.txt --calibration val.csv
+hydra-ens export    hydra hydra.onnx                                   # optional: an ONNX graph of it
 hydra-ens demo      # all of it on the packaged MiniLM and BBC News
 """
 
@@ -23,11 +24,41 @@ import sys
 
 from ..adapters import UnsupportedModelError
 from ..bench.datasets.debian import DataFetchError
-from . import amp, bench, calibrate, circuit, demo, distill, evaluate, finetune, fuse, members, ood, predict, scores
+from . import (
+    amp,
+    bench,
+    calibrate,
+    circuit,
+    demo,
+    distill,
+    evaluate,
+    export,
+    finetune,
+    fuse,
+    members,
+    ood,
+    predict,
+    scores,
+)
 from .common import CommandError, HelpFormatter
 
 USER_ERRORS = (CommandError, UnsupportedModelError, DataFetchError, ValueError, FileNotFoundError, NotADirectoryError)
-COMMANDS = (finetune, amp, scores, circuit, members, fuse, evaluate, distill, calibrate, ood, predict, bench, demo)
+COMMANDS = (
+    finetune,
+    amp,
+    scores,
+    circuit,
+    members,
+    fuse,
+    evaluate,
+    distill,
+    calibrate,
+    ood,
+    predict,
+    export,
+    bench,
+    demo,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@ import argparse
 
 from ..importance import extract_circuit, extract_joint_circuit
 from ..importance.circuit import CRITERIA, METHODS
+from ..importance.circuit.budget import subsample
 from ..importance.circuit.record import say_ties
 from ..io import without_late_defaults
 from ..predictors import TwoTowerModel, ZeroShotEnsemble, model_config
@@ -57,16 +58,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--method",
         choices=["auto", *sorted(METHODS)],
         default="auto",
-        help="auto: fast (exact) if its estimated time fits --time-budget, else the least approximate "
-        "search that fits (fast in bf16, then multi in bf16 removing 2, 4 or 8 heads per step); fast, reference "
-        "(exact); screen / lazy / multi (approximate). Two-tower models: auto means fast",
+        help="auto: a short timed probe predicts each search's time on this data, and the most accurate that fits "
+        "--time-budget runs (fast, exact; then fast in bf16; then multi in bf16 removing 2, 4 or 8 heads per step); "
+        "when none fits it stops before starting and names what fits; if the search falls behind, the remaining "
+        "removals run a coarser search (with a warning). fast, reference (exact); screen / lazy / multi "
+        "(approximate). Two-tower models: auto means fast",
     )
     parser.add_argument(
         "--time-budget",
         default="30m",
         metavar="DURATION",
-        help="how long the exact search may take under --method auto: a number and its unit, 90s, 30m or 2h",
+        help="how long the whole search may take under --method auto, its probe included: a number and its unit, "
+        "90s, 30m or 2h",
     )
+    parser.add_argument(
+        "--max-examples",
+        type=int,
+        metavar="N",
+        help="score on at most N ID and N OOD validation examples, drawn without replacement by --sample-seed "
+        "(faster: a search's time is proportional to the examples; default: all)",
+    )
+    parser.add_argument("--sample-seed", type=int, default=0, help="seed of the --max-examples subsample (default: 0)")
     parser.add_argument(
         "--top",
         type=int,
@@ -110,8 +122,11 @@ def run(args: argparse.Namespace) -> int:
         "ood": fingerprint_path(args.ood, "--ood") if args.ood else None,
         **{k: getattr(args, k) for k in ("criterion", "budget", "method", "top", "precision", "towers")},
         "time_budget_s": time_budget,
-        # steps recorded before the flag ranked by "order": they stay valid for it
-        **without_late_defaults({"tie_break": args.tie_break}, {"tie_break": "order"}),
+        # steps recorded before these flags ranked by "order", on all the examples: they stay valid for it
+        **without_late_defaults(
+            {"tie_break": args.tie_break, "max_examples": args.max_examples, "sample_seed": args.sample_seed},
+            {"tie_break": "order", "max_examples": None, "sample_seed": 0},
+        ),
         "zero_shot": vars(zero_shot_options(args)),
         **data_settings(args),
     }
@@ -137,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
         args.budget,
         method=args.method,
         time_budget=time_budget,
+        max_examples=args.max_examples,
+        sample_seed=args.sample_seed,
         top=args.top,
         precision=args.precision,
         tie_break=args.tie_break,
@@ -145,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if circuit.note:
         print(f"search: {circuit.note}")
-    return _finish(args, out, circuit, {"note": circuit.note}, "heads", "(layer, head)", 12)
+    extra = {"note": circuit.note, "timing": circuit.timing}
+    return _finish(args, out, circuit, extra, "heads", "(layer, head)", 12)
 
 
 def _joint(args, out, model_dir, model, id_data, ood_data, state) -> int:
@@ -153,10 +171,11 @@ def _joint(args, out, model_dir, model, id_data, ood_data, state) -> int:
     towers = tuple(args.towers.split(","))
     two_tower = TwoTowerModel(model.image, model.text, model.logit_scale)  # the checkpoint's own, unpruned towers
     prompts = prompt_batches(prompt_tokenizer(model_dir), model.classes, model.templates, two_tower.text)
+    sample = (args.max_examples, args.sample_seed)
     circuit = extract_joint_circuit(
         two_tower,
-        id_data.batches,
-        ood_data.batches if ood_data else None,
+        subsample(id_data.batches, *sample),
+        subsample(ood_data.batches, *sample) if ood_data else None,
         prompts,
         len(model.classes),
         args.criterion,

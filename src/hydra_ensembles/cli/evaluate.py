@@ -4,15 +4,17 @@ Every --model (an HF classifier, or a saved Hydra Ensemble) is run on the labell
 OOD detection follows OpenOOD: OOD is the positive class, the score is one minus the maximum softmax probability
 of the ensemble's prediction (the mean of member softmaxes), or --score (feature scores: docs/ood_scores.md).
 Selective classification (docs/selective.md): AURC, AUGRC, risk at 80% coverage and coverage at 5% risk;
-with --conformal ALPHA, split conformal coverage and set size (docs/conformal.md). Writes report.md (the
-table), metrics.json (every number), reliability.png, ood_scores.png and risk_coverage.png; each model's result is
-recorded in results.json and its logits kept in logits/ as it is measured (`evaluation.compare`), so an
-interrupted run resumes at the next model.
+with --conformal ALPHA, split conformal coverage and set size (docs/conformal.md); with --shift, accuracy, NLL,
+ECE and uncertainty as the test inputs degrade (shift.json, shift.md, shift_*.png: docs/shift.md). Writes
+report.md (the table), metrics.json (every number), reliability.png, ood_scores.png and risk_coverage.png;
+each model's result is recorded in results.json and its logits kept in logits/ as it is measured
+(`evaluation.compare`), so an interrupted run resumes at the next model.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 
@@ -20,6 +22,19 @@ from ..evaluation import plots
 from ..evaluation.compare import Built, Data, compare, machine, row_file, time_rows
 from ..evaluation.conformal import minimum_calibration, miscoverage
 from ..evaluation.report import COVERAGE_LEVEL, RISK_LEVEL, conformal_metrics, selective_metrics
+from ..evaluation.shift import (
+    CURVE_METRICS,
+    SEVERITIES,
+    SHIFTS,
+    PixelSpace,
+    check_severities,
+    curve_lines,
+    curve_record,
+    mean_over_shifts,
+    resolve_shifts,
+    shift_curve,
+    text_data,
+)
 from ..evaluation.tables import (
     CONVENTIONS,
     EVALUATE_COLUMNS,
@@ -32,8 +47,9 @@ from ..evaluation.tables import (
 )
 from ..fusion import HydraEnsemble
 from ..io import without_late_defaults, write_json_atomic
+from ..model_card import write_card
 from ..outputs import labels_of
-from ..predictors import ZeroShotEnsemble, base_model, class_names, model_config
+from ..predictors import ZeroShotEnsemble, base_model, class_names, load_preprocessor, model_config
 from ..pruning import kept_heads
 from ..uncertainty import ensemble_probs
 from .common import (
@@ -88,6 +104,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also report split conformal coverage and set size at 1 - ALPHA (THR, APS, RAPS), calibrated on random "
         "halves of --data",
     )
+    parser.add_argument(
+        "--shift",
+        nargs="*",
+        metavar="NAME",
+        help="also measure the test data under growing distribution shift (docs/shift.md): these shifts, or with no "
+        f"name every shift of the data's modality; known: {', '.join(SHIFTS)}",
+    )
+    parser.add_argument(
+        "--severities", nargs="+", type=int, default=list(SEVERITIES), help="shift severities, 1..5 (0, clean, always)"
+    )
     add_output_options(parser)
     add_data_options(parser)
     add_zero_shot_options(parser)
@@ -104,6 +130,9 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"OOD set names repeat across --near / --far / --ood: {names}; name them NAME=PATH.")
     for name, path in models.items():
         check_model_dir(path, f"--model {name}")
+    if args.shift is not None:  # checked before any model runs; no name: every shift of the data's modality
+        args.shift = resolve_shifts(args.shift) if args.shift else []
+        args.severities = check_severities(args.severities)
     settings = {
         "models": {name: fingerprint_path(path, f"--model {name}") for name, path in models.items()},
         "data": fingerprint_path(args.data, "--data"),
@@ -114,12 +143,14 @@ def run(args: argparse.Namespace) -> int:
         **without_late_defaults({"precision": args.precision}, {"precision": "fp32"}),
         **without_late_defaults({"conformal": args.conformal}, {"conformal": None}),
         **without_late_defaults({"score": args.score}, {"score": "msp"}),
+        **({} if args.shift is None else {"shift": args.shift, "severities": args.severities}),
     }
     out = start_step(args, "evaluate", settings, "report.md")
     if out is None:
         return 0
     built = _built(args, models, sets, device)
     _check_conformal(args.conformal, len(labels_of(next(iter(built.values())).data.test)))
+    shifted = None if args.shift is None else _shift_inputs(args, models, built)
     builds = {name: (lambda name=name: built[name]) for name in built}
     with inference_precision(args.precision, device):  # the metrics are float64: autocast leaves them alone
         results = compare(
@@ -176,13 +207,57 @@ def run(args: argparse.Namespace) -> int:
             "conformal": None if conformal is None else {"alpha": args.conformal, "models": conformal},
         },
     )
+    for name, path in models.items():  # each model's card (README.md beside its weights) shows these metrics
+        report = {"metrics": results[name]["metrics"], "report": str(out.path / "report.md")}
+        write_card(built[name].predictor, check_model_dir(path), report)
     plots.logit_figures(logits, labels, out.path, "evaluation")
     curves = {name: (ensemble_probs(v["test"]), labels) for name, v in logits.items()}
     plots.risk_coverage(curves, out.path / "risk_coverage.png", "evaluation: risk-coverage (test)")
+    if shifted is not None:
+        with inference_precision(args.precision, device):
+            by_model = {
+                name: shift_curve(built[name].predictor, **kw, progress=not args.quiet) for name, kw in shifted.items()
+            }
+        _write_shift(by_model, args.data, out.path)
     out.finish({"models": list(results)})
     print("\n".join(lines))
-    print(f"wrote {out.path}/report.md, metrics.json, reliability.png, ood_scores.png, risk_coverage.png")
+    shift_files = "" if shifted is None else ", shift.json, shift.md" + (", shift_*.png" if len(shifted) > 1 else "")
+    print(f"wrote {out.path}/report.md, metrics.json, reliability.png, ood_scores.png, risk_coverage.png{shift_files}")
     return 0
+
+
+def _shift_inputs(args: argparse.Namespace, models: dict[str, str], built: dict[str, Built]) -> dict[str, dict]:
+    """`shift_curve`'s arguments per model, checked before anything runs: the test batches and the image
+    processor's normalisation, or the raw test texts re-read for the model's tokenizer."""
+    shifted = {}
+    for name, path in models.items():
+        model_dir, test = check_model_dir(path, f"--model {name}"), built[name].data.test
+        kind, preprocessor = load_preprocessor(model_dir)
+        shifted[name] = {"shifts": resolve_shifts(args.shift, kind), "severities": args.severities}
+        if kind == "image":
+            shifted[name] |= {"data": test, "pixels": PixelSpace.of(preprocessor)}
+            continue
+        config = model_config(built[name].predictor)
+        texts = read_data(args, args.data, model_dir, config, labelled=True, flag="--data").examples.inputs
+        labels = labels_of(test).tolist()
+        shifted[name]["data"] = text_data(preprocessor, texts, labels, args.batch_size, args.max_length)
+    return shifted
+
+
+def _write_shift(curves: dict, data: str, out_dir: Path) -> None:
+    """shift.json, shift.md and, for several models, one shift_METRIC.png per metric (mean over the shifts)."""
+    write_json_atomic(out_dir / "shift.json", curve_record(curves, seed=0))
+    lines = [
+        f"# Shift curves on `{data}`",
+        "",
+        "Severity 0 is the clean data; docs/shift.md says what each shift does.",
+        "",
+    ]
+    (out_dir / "shift.md").write_text("\n".join([*lines, *curve_lines(curves)]))
+    if len(curves) > 1:
+        for metric, (title, scale, _) in CURVE_METRICS.items():
+            series = {m: {s: scale * v[metric] for s, v in mean_over_shifts(c).items()} for m, c in curves.items()}
+            plots.shift_curves(series, out_dir / f"shift_{metric}.png", title, "evaluation: mean over shifts")
 
 
 def _check_conformal(alpha: float | None, examples: int) -> None:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from ..io import write_json_atomic
+from ..model_card import CARD_NAME
 from ..predictors import saved_kind
 from ..version import __version__
 from .common import CommandError
@@ -46,7 +47,8 @@ def fingerprint_path(path: str | os.PathLike, flag: str) -> dict:
     if not Path(path).exists():
         raise CommandError(f"{flag} {str(path)!r} does not exist.")
     path = Path(path).resolve()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    # a model card is derived from the rest (evaluate rewrites it): not an input
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.name != CARD_NAME) if path.is_dir() else [path]
     digest = hashlib.sha256()
     for file in files:
         stat = file.stat()

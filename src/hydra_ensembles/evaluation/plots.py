@@ -1,5 +1,5 @@
 """Figures saved next to the benchmark tables: reliability diagrams, OOD score histograms, head heatmaps,
-risk-coverage curves."""
+risk-coverage curves, shift curves."""
 
 from __future__ import annotations
 
@@ -104,6 +104,21 @@ def risk_coverage(
     for ax in (selective, generalized):
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=7)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def shift_curves(
+    series: Mapping[str, Mapping[int, float]], path: str | os.PathLike, ylabel: str, title: str = "Shift"
+) -> Path:
+    """One metric against shift severity (0 = clean), one line per model: {model: {severity: value}} (the mean over
+    the shifts, `shift.mean_over_shifts`)."""
+    fig, ax = plt.subplots(figsize=(4.4, 3.2))
+    for name, points in series.items():
+        severities = sorted(points)
+        ax.plot(severities, [points[s] for s in severities], marker="o", label=name)
+    ax.set(xlabel="severity (0 = clean)", ylabel=ylabel, xticks=sorted({s for p in series.values() for s in p}))
+    ax.legend(fontsize=7)
     fig.suptitle(title)
     return _save(fig, path)
 

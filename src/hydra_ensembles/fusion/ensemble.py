@@ -97,6 +97,20 @@ class HydraEnsemble(nn.Module):
                 return self.adapter.locate(self.outer.skeleton, parameter[len(store) :].replace("/", "."))
         return "head", None
 
+    def no_weight_decay(self) -> set[str]:
+        """Names of the parameters that are, per member, a bias, norm or layer-scale vector (stacked with a
+        member or group axis): AdamW leaves them undecayed, as it leaves an HF model's 1-D parameters."""
+        names = set()
+        for name, tensor in self.named_parameters():
+            last = name.rsplit(".", 1)[-1]
+            if name.startswith("layers."):
+                vector = last.endswith("_bias") or last.startswith(("norm", "scale"))
+            else:  # the outer stores: a member tensor has a leading M axis
+                vector = tensor.dim() - name.startswith("outer.member.") < 2
+            if vector:
+                names.add(name)
+        return names
+
     # ---- building ----
 
     @classmethod
@@ -170,6 +184,29 @@ class HydraEnsemble(nn.Module):
             self.averaged,
         )
         return grown.train(self.training)
+
+    def untie(self) -> HydraEnsemble:
+        """Give every member its own copy of each tensor the members share (G = 1 -> M), in place; returns self.
+        The outputs are unchanged, but training then moves each member by its own gradient alone. Fusion stores
+        tensors equal in all members once (at initialisation: layer norms, zero biases), so members trained from
+        scratch as one module (Packed-Ensembles) must be untied first, or those tensors would couple them."""
+        members = self.num_members
+
+        def own(tensor: Tensor, shape: Sequence[int]) -> Tensor:
+            return tensor.detach().expand(members, *shape).clone()  # (M, ...)
+
+        with torch.no_grad():
+            for layer in self.layers:
+                for name, p in list(layer.named_parameters()):  # a group axis G first (a ragged layout's
+                    if p.dim() >= 2 and p.shape[0] == 1 and members > 1:  # attention has none: per member already)
+                        setattr(layer, name, nn.Parameter(own(p, p.shape[1:]), requires_grad=p.requires_grad))
+            shared = self.outer.shared.tensors()
+            if shared:
+                member = self.outer.member.tensors() | {name: own(t, t.shape) for name, t in shared.items()}
+                parameters = set(self.outer.shared.parameter_names() + self.outer.member.parameter_names())
+                self.outer = OuterModules(self.adapter, self.outer.skeleton, {}, member, parameters)
+        self.trunk = 0
+        return self
 
     def unfuse(self, templates: Sequence[nn.Module]) -> list[nn.Module]:
         """The members this ensemble runs, as HF models: copies of `templates` (the pruned members it was fused
@@ -282,6 +319,13 @@ class HydraEnsemble(nn.Module):
 
     # ---- saving ----
 
+    def export_onnx(self, path: str | os.PathLike, example_inputs: dict[str, Any]) -> Path:
+        """Write this ensemble as an ONNX graph (dynamic batch and sequence length) returning member logits
+        (B, M, C): `hydra_ensembles.export.export_onnx`, which says what the graph takes and needs."""
+        from ..export import export_onnx  # export imports this module
+
+        return export_onnx(self, path, example_inputs)
+
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """Write `hydra_config.json` and `model.safetensors` to `path`, atomically (a crash keeps the old save)."""
 
@@ -367,6 +411,8 @@ def _check_members(members: Sequence[nn.Module], mlp: str) -> None:
             "hydra_ensembles.prune_heads(base, {}) on the base before copying it, to record its fingerprint."
         )
     adapter = get_adapter(members[0])
+    if adapter.fusion_unsupported:
+        raise ValueError(f"{classes[0]} cannot be fused: {adapter.fusion_unsupported}.")
     for field in ("hidden_size", "num_hidden_layers", "num_attention_heads"):
         values = [getattr(adapter.config(m), field, None) for m in members]
         if len(set(values)) > 1:
@@ -440,15 +486,7 @@ def _write_block(layer: FusedLayer, m: int, block: Block) -> None:
     def own(tensor: Tensor) -> Tensor:
         return tensor[m] if tensor.shape[0] > 1 else tensor[0]
 
-    rows, width = layer.head_counts[m] * layer.head_dim, layer.padded_heads * layer.head_dim
-    qkv_weight, qkv_bias = own(layer.qkv_weight), own(layer.qkv_bias)  # (d, 3*Hp*dh), (1, 3*Hp*dh)
-    for j, linear in enumerate((block.query, block.key, block.value)):
-        linear.weight[:rows].copy_(qkv_weight[:, j * width : j * width + rows].T)
-        if linear.bias is not None:
-            linear.bias[:rows].copy_(qkv_bias[0, j * width : j * width + rows])
-    block.output.weight[:, :rows].copy_(own(layer.o_weight)[:rows].T)
-    if block.output.bias is not None:
-        block.output.bias.copy_(own(layer.o_bias)[0])
+    layer.member_attention(m).write_block(block)
     for which in (1, 2):
         norm = getattr(block, f"norm{which}")
         norm.weight.copy_(own(getattr(layer, f"norm{which}_weight")))

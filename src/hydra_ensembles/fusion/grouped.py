@@ -8,6 +8,8 @@ on CPU as M plain matmuls into one output, which MKL runs faster.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -45,3 +47,21 @@ def grouped_layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> T
 def group_scale(x: Tensor, scale: Tensor | None) -> Tensor:
     """x[m] * scale[g(m)] for layer scale; identity when `scale` is None. x (M, N, d), scale (G, d)."""
     return x if scale is None else x * scale[:, None, :]
+
+
+def ragged_linear(x: Tensor, weight: Tensor, bias: Tensor, widths: Sequence[int]) -> Tensor:
+    """y[m] = x[:, cols_m] @ weight[cols_m] + bias[m]: member m's block of features through its block of rows.
+
+    Shapes: x (N, W), weight (W, d_out), bias (M, 1, d_out), returns (M, N, d_out); `widths` (M,) sum to W and
+    cols_m are member m's, after those of members 0..m-1 (a width of 0 gives the bias alone). The ragged
+    attention's output projection: members keep different numbers of heads.
+    """
+    starts = [sum(widths[:m]) for m in range(len(widths))]
+    blocks = [(x[:, s : s + w], weight[s : s + w]) for s, w in zip(starts, widths)]
+    tracking = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad)
+    if tracking:
+        return torch.stack([torch.addmm(bias[m], a, w) for m, (a, w) in enumerate(blocks)])
+    out = x.new_empty(len(widths), x.shape[0], weight.shape[1])
+    for m, (a, w) in enumerate(blocks):  # M plain GEMMs into one output, as `grouped_linear` on CPU
+        torch.addmm(bias[m], a, w, out=out[m])
+    return out

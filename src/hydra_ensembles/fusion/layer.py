@@ -1,45 +1,93 @@
 """One transformer layer of M pruned members, run as a single pass (paper §4.2, Fig. 2, Eq. 4-7).
 
-Symbols: M members, B batch, T tokens, d hidden size, dh head size, Hp = the most heads any member keeps in this
-layer, F MLP width, G = 1 for a tensor the members share (identical, or averaged with mlp="average"), else M.
+Symbols: M members, B batch, T tokens, d hidden size, dh head size, H_m the heads member m keeps in this layer,
+Hp = max_m H_m, H_tot = sum_m H_m, F MLP width, G = 1 for a tensor the members share (identical, or averaged with
+mlp="average"), else M.
 
-Attention: q/k/v for all members come from one grouped matmul; member m's kept heads fill slots 0..H_m-1 of its
-Hp slots and the rest are zero-padded (zero q/k/v weights and zero W_o rows, so a padded head adds exactly
-nothing). All members' heads then go through one `scaled_dot_product_attention` call laid out as
-(M*B, Hp, T, dh) — each member's heads attend within its own stream, as in the paper's Eq. 2-3 — built from
-views of the q/k/v projection without copying.
+Attention has two layouts, chosen per layer from the head counts (each computes no head that is not kept):
+
+- padded, when every member keeps the same number of heads (Hp = H_m: the padding is empty). q/k/v for all
+  members come from one grouped matmul; all members' heads go through one `scaled_dot_product_attention` call
+  laid out as (M*B, Hp, T, dh) — each member's heads attend within its own stream, as in the paper's Eq. 2-3 —
+  built from views of the q/k/v projection without copying. Members with fewer heads than Hp would fill the
+  rest with zero q/k/v weights and zero W_o rows (exactly nothing, at the FLOPs of Hp heads): `with_layout`
+  builds that for comparisons, and ensembles saved before the ragged layout hold it.
+- ragged, when the counts differ. Member m's H_m heads own a block of columns of one q/k/v matrix and of rows of
+  one W_o (member-major, H_tot heads in all); its projections run as M plain matmuls on its own stream, and all
+  H_tot heads go through one `scaled_dot_product_attention` call laid out as (B, H_tot, T, dh): a head attends
+  within its member's stream because its q, k and v all come from that stream.
 
 A family whose layers share an additive score bias (MPNet's relative position bias) passes it in place of the
-boolean mask: float (B, G*H, T, T), one plane per original head of G = 1 or M copies; each member's slot s then
-reads the plane of the original head it holds there (`bias_index`).
+boolean mask: float (B, G*H, T, T), one plane per original head of G = 1 or M copies; each head then reads the
+plane of the original head it is (`bias_index`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..adapters import Block
-from .grouped import group_scale, grouped_layer_norm, grouped_linear
+from .grouped import group_scale, grouped_layer_norm, grouped_linear, ragged_linear
 
 MLPMode = Literal["average", "stack"]
 # Tensors a layer may share between members, each with its group axis G. Attention is never shared.
 SHAREABLE = ("norm1", "norm2", "mlp", "scale1", "scale2")
+ATTENTION = ("qkv_weight", "qkv_bias", "o_weight", "o_bias")
+
+
+class MemberAttention(NamedTuple):
+    """One member's attention in a layer, keeping H_m heads: its block of either layout.
+
+    qkv_weight (d, 3*H_m*dh) with columns [q heads | k heads | v heads], qkv_bias (1, 3*H_m*dh),
+    o_weight (H_m*dh, d), o_bias (1, d)."""
+
+    qkv_weight: Tensor
+    qkv_bias: Tensor
+    o_weight: Tensor
+    o_bias: Tensor
+
+    @classmethod
+    def from_block(cls, block: Block, count: int, head_dim: int) -> MemberAttention:
+        """The first `count` heads of an HF layer (a member with no heads left keeps a zero placeholder: skipped)."""
+        rows = count * head_dim
+        linears = (block.query, block.key, block.value)
+        weight = torch.cat([linear.weight[:rows] for linear in linears]).T  # (d, 3*H_m*dh)
+        biases = [linear.bias[:rows] if linear.bias is not None else weight.new_zeros(rows) for linear in linears]
+        output = block.output
+        o_bias = output.bias if output.bias is not None else weight.new_zeros(output.weight.shape[0])
+        return cls(weight, torch.cat(biases)[None], output.weight[:, :rows].T, o_bias[None])
+
+    def write_block(self, block: Block) -> None:
+        """Into an HF layer that keeps these H_m heads first (the inverse of `from_block`)."""
+        rows = self.o_weight.shape[0]
+        for j, linear in enumerate((block.query, block.key, block.value)):
+            linear.weight[:rows].copy_(self.qkv_weight[:, j * rows : (j + 1) * rows].T)
+            if linear.bias is not None:
+                linear.bias[:rows].copy_(self.qkv_bias[0, j * rows : (j + 1) * rows])
+        block.output.weight[:, :rows].copy_(self.o_weight.T)
+        if block.output.bias is not None:
+            block.output.bias.copy_(self.o_bias[0])
 
 
 class FusedLayer(nn.Module):
     """M members' copies of one layer. `kept_heads[m]`: the original indices of the heads member m keeps here.
 
-    Tensors (see the module docstring for symbols):
-        qkv_weight (M, d, 3*Hp*dh), qkv_bias (M, 1, 3*Hp*dh): columns [q heads | k heads | v heads]
-        o_weight (M, Hp*dh, d), o_bias (M, 1, d)
+    Tensors (see the module docstring for symbols and layouts):
+        padded: qkv_weight (G, d, 3*Hp*dh), qkv_bias (G, 1, 3*Hp*dh): columns [q heads | k heads | v heads];
+            o_weight (G, Hp*dh, d), o_bias (G, 1, d)
+        ragged (no group axis: each tensor holds every member's block): qkv_weight (d, 3*H_tot*dh),
+            qkv_bias (3*H_tot*dh,): member m's columns [q heads | k heads | v heads] after those of members
+            0..m-1; o_weight (H_tot*dh, d), its rows in the same order; o_bias (M, 1, d)
         norm1_weight, norm1_bias, norm2_weight, norm2_bias (G, d)
         mlp_in_weight (G, d, F), mlp_in_bias (G, 1, F), mlp_out_weight (G, F, d), mlp_out_bias (G, 1, d)
         scale1, scale2 (G, d): layer scale (DINOv2), absent otherwise
+    `tensors` may hold the attention in either layout (ensembles saved before the ragged layout are padded); the
+    layer converts it to the one `ragged` names (None: ragged exactly when the members' head counts differ).
     """
 
     def __init__(
@@ -53,26 +101,45 @@ class FusedLayer(nn.Module):
         norm_position: Literal["pre", "post"],
         eps: tuple[float, float],
         activation: Callable[[Tensor], Tensor],
+        ragged: bool | None = None,
     ):
         super().__init__()
+        self.kept_heads = [list(heads) for heads in kept_heads]
+        self.head_counts = [len(heads) for heads in self.kept_heads]
+        self.padded_heads = max(self.head_counts, default=0)  # Hp
+        self.ragged = len(set(self.head_counts)) > 1 if ragged is None else ragged
+        self.head_dim = head_dim
+        stored_ragged = tensors["qkv_weight"].dim() == 2
+        if stored_ragged != self.ragged:
+            members = [_member_attention(tensors, self.head_counts, head_dim, m) for m in range(len(kept_heads))]
+            tensors = tensors | _attention_tensors(members, self.ragged)
         for name, tensor in tensors.items():
             self.register_parameter(name, nn.Parameter(tensor, requires_grad=tensor.is_floating_point()))
         if "scale1" not in tensors:
             self.scale1 = self.scale2 = None
-        self.kept_heads = [list(heads) for heads in kept_heads]
-        self.head_counts = [len(heads) for heads in self.kept_heads]
-        self.padded_heads = max(self.head_counts, default=0)
         self.num_heads = num_heads  # heads per layer of the unpruned model
-        index = torch.zeros(len(self.kept_heads), self.padded_heads, dtype=torch.long)  # padded slots: plane 0
-        for m, heads in enumerate(self.kept_heads):
-            index[m, : len(heads)] = torch.as_tensor(heads, dtype=torch.long)
-        self.register_buffer("bias_index", index, persistent=False)  # (M, Hp), rebuilt from the head maps
-        self.head_dim = head_dim
+        self._register_bias_index()
         self.scaling = scaling
         self.norm_position = norm_position
         self.eps = eps
         self.activation = activation
         self.averaged: list[str] = []  # tensors averaged over members that differ in them (set by from_blocks)
+
+    def _register_bias_index(self) -> None:
+        """Which plane of a shared score bias each head reads, rebuilt from the head maps (not saved).
+
+        padded: bias_index (M, Hp), a padded slot reads plane 0. ragged: bias_index (H_tot,), and head_member
+        (H_tot,) the member each head belongs to."""
+        if self.ragged:
+            heads = [head for kept in self.kept_heads for head in kept]
+            owners = [m for m, kept in enumerate(self.kept_heads) for _ in kept]
+            self.register_buffer("bias_index", torch.as_tensor(heads, dtype=torch.long), persistent=False)
+            self.register_buffer("head_member", torch.as_tensor(owners, dtype=torch.long), persistent=False)
+            return
+        index = torch.zeros(len(self.kept_heads), self.padded_heads, dtype=torch.long)
+        for m, heads in enumerate(self.kept_heads):
+            index[m, : len(heads)] = torch.as_tensor(heads, dtype=torch.long)
+        self.register_buffer("bias_index", index, persistent=False)
 
     @classmethod
     def from_blocks(
@@ -80,31 +147,35 @@ class FusedLayer(nn.Module):
     ) -> FusedLayer:
         """Gather one layer from M members. `blocks[m]` keeps the heads `kept_heads[m]` (its first rows)."""
         head_counts = [len(heads) for heads in kept_heads]
-        head_dim = layer_kwargs["head_dim"]
-        width = max(head_counts, default=0) * head_dim  # Hp * dh
-        first = blocks[0].output.weight
-        members, d = len(blocks), first.shape[0]
-        qkv_weight = first.new_zeros(members, d, 3 * width)
-        qkv_bias = first.new_zeros(members, 1, 3 * width)
-        o_weight = first.new_zeros(members, width, d)
-        o_bias = first.new_zeros(members, 1, d)
-        with torch.no_grad():
-            for m, (block, count) in enumerate(zip(blocks, head_counts)):
-                rows = count * head_dim  # a member with no heads left keeps a zero placeholder: skip it
-                for j, linear in enumerate((block.query, block.key, block.value)):
-                    qkv_weight[m, :, j * width : j * width + rows] = linear.weight[:rows].T
-                    if linear.bias is not None:
-                        qkv_bias[m, 0, j * width : j * width + rows] = linear.bias[:rows]
-                o_weight[m, :rows] = block.output.weight[:, :rows].T
-                if block.output.bias is not None:
-                    o_bias[m, 0] = block.output.bias
-        attention = {"qkv_weight": qkv_weight, "qkv_bias": qkv_bias, "o_weight": o_weight, "o_bias": o_bias}
-        if all(torch.equal(t[m], t[0]) for t in attention.values() for m in range(1, members)):
+        ragged = len(set(head_counts)) > 1
+        with torch.no_grad():  # _attention_tensors copies the members' blocks
+            members = [MemberAttention.from_block(b, n, layer_kwargs["head_dim"]) for b, n in zip(blocks, head_counts)]
+            attention = _attention_tensors(members, ragged)
+        if not ragged and all(torch.equal(t[m], t[0]) for t in attention.values() for m in range(1, len(blocks))):
             attention = {name: t[:1].clone() for name, t in attention.items()}  # identical members: one copy
         rest, averaged = _shared_or_stacked(blocks, mlp)
         layer = cls(attention | rest, kept_heads=kept_heads, **layer_kwargs)
         layer.averaged = averaged
         return layer
+
+    def member_attention(self, m: int, tensors: Mapping[str, Tensor] | None = None) -> MemberAttention:
+        """Member m's attention block (views), of this layer's parameters or of `tensors` laid out as they are
+        (their gradients, say)."""
+        source = dict(self.named_parameters()) if tensors is None else tensors
+        return _member_attention(source, self.head_counts, self.head_dim, m)
+
+    def with_layout(self, ragged: bool) -> FusedLayer:
+        """A copy of this layer with its attention in the given layout (the same function): a padded copy of a
+        ragged layer computes the zero-padded heads the ragged one skips, to measure what they cost."""
+        with torch.no_grad():
+            tensors = {name: p.detach().clone() for name, p in self.named_parameters()}
+        layer = FusedLayer(tensors, kept_heads=self.kept_heads, ragged=ragged, **self._constants())
+        layer.averaged = list(self.averaged)
+        return layer.train(self.training)
+
+    def _constants(self) -> dict:
+        kwargs = {"num_heads": self.num_heads, "head_dim": self.head_dim, "scaling": self.scaling}
+        return kwargs | {"norm_position": self.norm_position, "eps": self.eps, "activation": self.activation}
 
     def repeat(self, members: int, stack: bool) -> FusedLayer:
         """This one-member layer as the same layer of `members` members that start equal: every tensor kept once
@@ -117,9 +188,7 @@ class FusedLayer(nn.Module):
                 name: p.detach().expand(members, *p.shape[1:]).clone() if stack else p.detach().clone()
                 for name, p in self.named_parameters()
             }
-        kwargs = {"num_heads": self.num_heads, "head_dim": self.head_dim, "scaling": self.scaling}
-        kwargs |= {"norm_position": self.norm_position, "eps": self.eps, "activation": self.activation}
-        return FusedLayer(tensors, kept_heads=self.kept_heads * members, **kwargs)
+        return FusedLayer(tensors, kept_heads=self.kept_heads * members, **self._constants())
 
     @property
     def shared(self) -> bool:
@@ -135,11 +204,19 @@ class FusedLayer(nn.Module):
         """
         members, batch, tokens, d = x.shape
         flat = x.reshape(members, batch * tokens, d)  # (M, N, d), N = B*T
-        heads = self.attend(self.attention_input(flat), batch, mask, queries)  # (M, B*q, Hp*dh)
+        attention = self.attention(self.attention_input(flat), batch, mask, queries)  # (M, B*q, d)
         if queries is not None:
             flat = x[:, :, :queries].reshape(members, batch * queries, d)
-        out = self.residuals(flat, grouped_linear(heads, self.o_weight, self.o_bias))
+        out = self.residuals(flat, attention)
         return out.view(members, batch, queries or tokens, d)
+
+    def attention(self, x: Tensor, batch: int, mask: Tensor | None, queries: int | None = None) -> Tensor:
+        """The attention block's output (after W_o, before the residual). x: (M, N, d) -> (M, B*q, d)."""
+        if self.ragged:
+            heads = self.attend_ragged(x, batch, mask, queries)  # (B*q, H_tot*dh)
+            widths = [count * self.head_dim for count in self.head_counts]
+            return ragged_linear(heads, self.o_weight, self.o_bias, widths)
+        return grouped_linear(self.attend(x, batch, mask, queries), self.o_weight, self.o_bias)
 
     def ablation_candidates(
         self, x: Tensor, mask: Tensor | None, slots: Sequence[int], queries: int | None = None
@@ -150,6 +227,8 @@ class FusedLayer(nn.Module):
         attention runs once; candidate c's attention output is the full output minus head c's term
         z_c W_o^(c). Returns (C, B, T, d), or (C, B, q, d) with `queries=q` (see `forward`).
         """
+        if self.ragged:
+            raise ValueError("ablation candidates are scored on a one-member layer; this one has ragged members.")
         _, batch, tokens, d = x.shape
         rows = queries or tokens
         heads = self.attend(self.attention_input(x.reshape(1, batch * tokens, d)), batch, mask, queries)
@@ -173,7 +252,8 @@ class FusedLayer(nn.Module):
         return self.norm(x + self.mlp(x), 2)
 
     def attend(self, x: Tensor, batch: int, mask: Tensor | None, queries: int | None = None) -> Tensor:
-        """All members' heads before the output projection. x: (M, N, d) -> (M, B*q, Hp*dh), q = queries or T."""
+        """Padded layout: all members' heads before the output projection. x: (M, N, d) -> (M, B*q, Hp*dh),
+        q = queries or T."""
         members, rows, _ = x.shape
         tokens, heads, head_dim = rows // batch, self.padded_heads, self.head_dim
         out_rows = batch * (queries or tokens)
@@ -182,10 +262,7 @@ class FusedLayer(nn.Module):
         qkv = grouped_linear(x, self.qkv_weight, self.qkv_bias)  # (M, N, 3*Hp*dh)
         qkv = qkv.view(members * batch, tokens, 3, heads, head_dim)  # (M*B, T, 3, Hp, dh)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (M*B, Hp, T, dh), views: no copy
-        if queries is not None:
-            q = q[:, :, :queries]  # (M*B, Hp, q, dh)
-            if mask is not None and mask.shape[-2] > 1:  # a causal mask has one row per query
-                mask = mask[..., :queries, :]
+        q, mask = _first_queries(q, mask, queries)  # (M*B, Hp, q, dh)
         if mask is not None and mask.is_floating_point():
             mask = self.member_bias(mask, members)  # (M*B, Hp, q|T, T)
         elif mask is not None and mask.dim() == 4 and members > 1:  # (B, 1, 1|T, T) -> (M*B, 1, 1|T, T)
@@ -193,14 +270,40 @@ class FusedLayer(nn.Module):
         z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)  # (M*B, Hp, q, dh)
         return z.transpose(1, 2).reshape(members, out_rows, heads * head_dim)  # (M, B*q, Hp*dh)
 
+    def attend_ragged(self, x: Tensor, batch: int, mask: Tensor | None, queries: int | None = None) -> Tensor:
+        """Ragged layout: all members' heads before the output projection. x: (M, N, d) -> (B*q, H_tot*dh),
+        member m's heads in its block of columns, q = queries or T."""
+        tokens, head_dim = x.shape[1] // batch, self.head_dim
+        parts, start = [], 0
+        for m, count in enumerate(self.head_counts):
+            columns = slice(3 * start * head_dim, 3 * (start + count) * head_dim)
+            start += count
+            if count:  # member m's q/k/v from its own stream: (N, 3*H_m*dh)
+                qkv = torch.addmm(self.qkv_bias[columns], x[m], self.qkv_weight[:, columns])
+                parts.append(qkv.view(batch, tokens, 3, count, head_dim))  # (B, T, 3, H_m, dh)
+        qkv = torch.cat(parts, dim=3)  # (B, T, 3, H_tot, dh)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H_tot, T, dh), views: no copy
+        q, mask = _first_queries(q, mask, queries)  # (B, H_tot, q, dh)
+        if mask is not None and mask.is_floating_point():
+            mask = self.head_bias(mask)  # (B, H_tot, q|T, T); a boolean mask broadcasts over the heads as it is
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)  # (B, H_tot, q, dh)
+        return z.transpose(1, 2).reshape(-1, start * head_dim)  # (B*q, H_tot*dh)
+
     def member_bias(self, bias: Tensor, members: int) -> Tensor:
-        """Each member's slots' planes of a shared score bias: (B, G*H, R, T) -> (M*B, Hp, R, T)."""
+        """Padded layout: each member's slots' planes of a shared score bias: (B, G*H, R, T) -> (M*B, Hp, R, T)."""
         index = self.bias_index[:members]  # (M, Hp); a one-member engine has M = 1
         if bias.shape[1] > self.num_heads:  # G = M copies: member m reads planes m*H..(m+1)*H-1
             index = index + self.num_heads * torch.arange(members, device=index.device)[:, None]
         planes = bias[:, index.flatten()]  # (B, M*Hp, R, T)
         planes = planes.view(bias.shape[0], members, self.padded_heads, *bias.shape[2:]).transpose(0, 1)
         return planes.reshape(members * bias.shape[0], self.padded_heads, *bias.shape[2:])
+
+    def head_bias(self, bias: Tensor) -> Tensor:
+        """Ragged layout: each head's plane of a shared score bias: (B, G*H, R, T) -> (B, H_tot, R, T)."""
+        index = self.bias_index  # (H_tot,)
+        if bias.shape[1] > self.num_heads:  # G = M copies: member m's heads read planes m*H..(m+1)*H-1
+            index = index + self.num_heads * self.head_member
+        return bias[:, index]
 
     def mlp(self, x: Tensor) -> Tensor:
         """x: (M, N, d) -> (M, N, d)."""
@@ -210,6 +313,63 @@ class FusedLayer(nn.Module):
     def norm(self, x: Tensor, which: int) -> Tensor:
         weight, bias = getattr(self, f"norm{which}_weight"), getattr(self, f"norm{which}_bias")
         return grouped_layer_norm(x, weight, bias, self.eps[which - 1])
+
+
+def _first_queries(q: Tensor, mask: Tensor | None, queries: int | None) -> tuple[Tensor, Tensor | None]:
+    """Only the first `queries` query rows (keys and values keep every token). q (..., T, dh) -> (..., q, dh)."""
+    if queries is None:
+        return q, mask
+    if mask is not None and mask.shape[-2] > 1:  # a causal mask or a score bias has one row per query
+        mask = mask[..., :queries, :]
+    return q[..., :queries, :], mask
+
+
+def _member_attention(
+    tensors: Mapping[str, Tensor], head_counts: Sequence[int], head_dim: int, m: int
+) -> MemberAttention:
+    """Member m's block (views) of attention tensors in either layout (a 2-D qkv_weight is ragged)."""
+    qkv_weight, qkv_bias, o_weight, o_bias = (tensors[name] for name in ATTENTION)
+    rows = head_counts[m] * head_dim
+    own_bias = o_bias[m] if o_bias.shape[0] > 1 else o_bias[0]  # (1, d)
+    if qkv_weight.dim() == 2:  # ragged: member m's columns follow those of members 0..m-1
+        start = sum(head_counts[:m]) * head_dim
+        columns = slice(3 * start, 3 * (start + rows))
+        return MemberAttention(
+            qkv_weight[:, columns], qkv_bias[None, columns], o_weight[start : start + rows], own_bias
+        )
+    g = m if qkv_weight.shape[0] > 1 else 0  # padded: G = 1 when the members are identical
+    width = qkv_weight.shape[2] // 3  # Hp*dh
+    blocks = [slice(j * width, j * width + rows) for j in range(3)]  # member m's q, k, v slots
+    return MemberAttention(
+        torch.cat([qkv_weight[g, :, s] for s in blocks], dim=1),
+        torch.cat([qkv_bias[g, :, s] for s in blocks], dim=1),
+        o_weight[g, :rows],
+        own_bias,
+    )
+
+
+def _attention_tensors(members: Sequence[MemberAttention], ragged: bool) -> dict[str, Tensor]:
+    """The layer's attention tensors in one layout from the members' blocks (see `FusedLayer`)."""
+    o_bias = torch.stack([member.o_bias for member in members])  # (M, 1, d)
+    if ragged:
+        return {
+            "qkv_weight": torch.cat([member.qkv_weight for member in members], dim=1),  # (d, 3*H_tot*dh)
+            "qkv_bias": torch.cat([member.qkv_bias[0] for member in members]),  # (3*H_tot*dh,)
+            "o_weight": torch.cat([member.o_weight for member in members]),  # (H_tot*dh, d)
+            "o_bias": o_bias,
+        }
+    first = members[0].o_bias
+    width = max(member.o_weight.shape[0] for member in members)  # Hp*dh
+    qkv_weight = first.new_zeros(len(members), first.shape[1], 3 * width)
+    qkv_bias = first.new_zeros(len(members), 1, 3 * width)
+    o_weight = first.new_zeros(len(members), width, first.shape[1])
+    for m, member in enumerate(members):  # the slots past H_m stay zero
+        rows = member.o_weight.shape[0]
+        for j in range(3):
+            qkv_weight[m, :, j * width : j * width + rows] = member.qkv_weight[:, j * rows : (j + 1) * rows]
+            qkv_bias[m, :, j * width : j * width + rows] = member.qkv_bias[:, j * rows : (j + 1) * rows]
+        o_weight[m, :rows] = member.o_weight
+    return {"qkv_weight": qkv_weight, "qkv_bias": qkv_bias, "o_weight": o_weight, "o_bias": o_bias}
 
 
 def _shared_or_stacked(blocks: Sequence[Block], mlp: MLPMode) -> tuple[dict[str, Tensor], list[str]]:

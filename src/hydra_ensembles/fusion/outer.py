@@ -98,7 +98,7 @@ class OuterModules(nn.Module):
 
         if not self.embeddings_per_member:
             return self._call(self.member_slice(0), embed, inputs)[None]  # (1, B, T, d)
-        return torch.vmap(lambda tensors: self._call(tensors, embed, inputs))(self.member.tensors())
+        return self._each_member(lambda tensors: self._call(tensors, embed, inputs), self.member.tensors())
 
     def attention_bias(self, seq_len: int) -> Tensor | None:
         """The additive score bias every layer shares (`Adapter.attention_bias`, e.g. MPNet's relative position
@@ -111,12 +111,22 @@ class OuterModules(nn.Module):
             return None
         if not self.embeddings_per_member:
             return self._call(self.member_slice(0), bias, seq_len)[None]  # (1, H, T, T)
-        return torch.vmap(lambda tensors: self._call(tensors, bias, seq_len))(self.member.tensors())
+        return self._each_member(lambda tensors: self._call(tensors, bias, seq_len), self.member.tensors())
 
     def head(self, hidden: Tensor, inputs: Mapping[str, Any]) -> Tensor:
         """Each member's own head on its own stream: hidden (M, B, T, d) -> (M, B, C) or (M, B, D)."""
         head = self.adapter.head
-        return torch.vmap(lambda tensors, h: self._call(tensors, head, h, inputs))(self.member.tensors(), hidden)
+        return self._each_member(lambda tensors, h: self._call(tensors, head, h, inputs), self.member.tensors(), hidden)
+
+    @staticmethod
+    def _each_member(fn: Callable[..., Tensor], tensors: Mapping[str, Tensor], *batched: Tensor) -> Tensor:
+        """`fn(member m's tensors, *(x[m] for x in batched))` for every member, stacked: (M, ...). vmapped; a loop
+        while `torch.export` traces, since torch 2.13's vmap rule for layer_norm reads the batch size as an int and
+        so fixes a dynamic batch (`hydra_ensembles.export`)."""
+        if not torch.compiler.is_exporting():
+            return torch.vmap(fn)(tensors, *batched)
+        members = range(next(iter(tensors.values())).shape[0])
+        return torch.stack([fn({k: t[m] for k, t in tensors.items()}, *(x[m] for x in batched)) for m in members])
 
     def member_slice(self, m: int) -> dict[str, Tensor]:
         return {name: tensor[m] for name, tensor in self.member.tensors().items()}

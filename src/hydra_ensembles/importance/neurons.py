@@ -191,7 +191,7 @@ class Entering:
 
     layer: int
     states: list[Tensor]
-    tuples: bool
+    tuples: int  # 0: a block returns the hidden states; n: a tuple of n items, the states first (DeBERTa: 2)
 
 
 def layer_inputs(model: nn.Module, batches: list[Batch], layer: int) -> Entering:
@@ -210,7 +210,9 @@ def layer_inputs(model: nn.Module, batches: list[Batch], layer: int) -> Entering
     layers = adapter.layers(model)
     hooks = [
         layers[layer].register_forward_pre_hook(keep, with_kwargs=True),
-        layers[0].register_forward_hook(lambda module, args, out: tuples.append(isinstance(out, tuple))),
+        layers[0].register_forward_hook(
+            lambda module, args, out: tuples.append(len(out) if isinstance(out, tuple) else 0)
+        ),
     ]
     was_training = model.training
     model.eval()
@@ -223,20 +225,28 @@ def layer_inputs(model: nn.Module, batches: list[Batch], layer: int) -> Entering
         for hook in hooks:
             hook.remove()
         model.train(was_training)
-    return Entering(layer, entering, all(tuples))
+    return Entering(layer, entering, tuples[0] if tuples else 1)
 
 
 class _Replay(nn.Module):
-    """Stands in for blocks 0..l-1: the first hands over the next batch's saved states, the rest pass them on,
-    each in the form the block it replaces returns."""
+    """Stands in for blocks 0..l-1: passes its input on (block l reads the saved states instead, `from_layer`), in
+    the form the block it replaces returns, and with its attributes (the model's layer loop may read them:
+    ModernBERT's `attention_type`)."""
 
-    def __init__(self, states: Iterator[Tensor] | None, tuples: bool):
+    def __init__(self, tuples: int, replaced: nn.Module):
         super().__init__()
-        self.states, self.tuples = states, tuples
+        self.tuples = tuples
+        self.__dict__["replaced"] = replaced  # not a submodule: its parameters stay out of the model
 
-    def forward(self, *args, **kwargs) -> Tensor | tuple[Tensor]:
-        x = next(self.states) if self.states is not None else (args[0] if args else kwargs["hidden_states"])
-        return (x,) if self.tuples else x
+    def __getattr__(self, name: str) -> object:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["replaced"], name)
+
+    def forward(self, *args, **kwargs) -> Tensor | tuple[Tensor | None, ...]:
+        x = args[0] if args else kwargs["hidden_states"]
+        return (x, *[None] * (self.tuples - 1)) if self.tuples else x
 
 
 @contextlib.contextmanager
@@ -250,27 +260,43 @@ def from_layer(model: nn.Module, entering: Entering | None) -> Iterator[nn.Modul
     layers = get_adapter(model).layers(model)
     originals = [layers[i] for i in range(entering.layer)]
     states = iter(entering.states)
+
+    def enter(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        # block l reads the saved states, whatever the skipped blocks and any module between them passed on
+        # (DeBERTa-v2-xlarge's convolution runs after block 0)
+        x = next(states)
+        return ((x, *args[1:]), kwargs) if args else (args, kwargs | {"hidden_states": x})
+
+    hook = layers[entering.layer].register_forward_pre_hook(enter, with_kwargs=True)
     try:
         for i in range(entering.layer):
-            layers[i] = _Replay(states if i == 0 else None, entering.tuples)
+            layers[i] = _Replay(entering.tuples, originals[i])
         yield model
     finally:
+        hook.remove()
         for i, original in enumerate(originals):
             layers[i] = original
 
 
 def magnitude_neuron_scores(model: nn.Module) -> list[Tensor]:
-    """The L2 baseline: each MLP neuron's weight norm, ||[row k of the first linear, its bias, column k of the
-    second linear]||_2, one (F_l,) tensor per layer in the model's current neuron order."""
+    """The L2 baseline: each MLP neuron's weight norm, ||[row k of the first linear (and its gate's row), its
+    bias, column k of the second linear]||_2, one (F_l,) tensor per layer in the model's current neuron order."""
     adapter = get_adapter(model)
     scores = []
     for layer in adapter.layers(model):
         block = adapter.block(layer)
-        parts = [block.mlp_in.weight.detach(), block.mlp_out.weight.detach().T]  # (F, d) each
+        width = block.mlp_out.in_features  # F
+        parts = [_per_neuron(block.mlp_in.weight, width), block.mlp_out.weight.detach().T]  # (F, U*d), (F, d)
         if block.mlp_in.bias is not None:
-            parts.append(block.mlp_in.bias.detach()[:, None])
+            parts.append(_per_neuron(block.mlp_in.bias, width))  # (F, U)
         scores.append(torch.cat(parts, dim=1).float().norm(dim=1).cpu())
     return scores
+
+
+def _per_neuron(tensor: Tensor, width: int) -> Tensor:
+    """A first linear's weight (U*F, d) or bias (U*F,) as one row per neuron, (F, U*d) or (F, U): U = 1, or 2 for a
+    gated MLP whose rows are [input | gate] (a neuron's gate row belongs to it)."""
+    return tensor.detach().reshape(-1, width, *tensor.shape[1:]).transpose(0, 1).reshape(width, -1)
 
 
 def random_neuron_scores(model: nn.Module, seed: int = 0) -> list[Tensor]:

@@ -1,7 +1,7 @@
 """Taylor head importance (paper 000, §D.1.1, after Molchanov et al. 2019).
 
 For head h of layer l, with W one of the input projections W_q, W_k, W_v (shape (H*dh, D), rows grouped per
-head) and G = dL/dW its gradient over the calibration data:
+head; a row block of a fused qkv projection) and G = dL/dW its gradient over the calibration data:
 
     q_h = 1/(dh*D) sum_{r in rows(h)} sum_c |W_rc G_rc|     (likewise k_h, v_h)
     s_h = (q_h + k_h + v_h) / 3
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..adapters import get_adapter
+from ..adapters import Block, get_adapter
 from ..data.loaders import Batch, materialize
 from ..pruning import kept_heads, per_layer, prune_heads
 from .gradients import gradients_for
@@ -96,25 +96,27 @@ def _scores(
     adapter = get_adapter(model)
     layers = list(layers)
     blocks = {layer: adapter.block(adapter.layers(model)[layer]) for layer in layers}
-    weights = [linear.weight for b in blocks.values() for linear in (b.query, b.key, b.value)]
+    linears = {id(linear): linear for b in blocks.values() for linear, _ in b.projection_rows()}  # fused qkv: once
+    weights = [linear.weight for linear in linears.values()]
     grads = [torch.zeros_like(w, dtype=torch.float32) for w in weights]
     with gradients_for(model, weights):
         values = weighted_losses(loss, model, batches, classifier=classifier, temperature=temperature, readout=readout)
         for value, share in tqdm(values, desc=desc, total=len(batches), disable=not progress, leave=False):
             for acc, g in zip(grads, torch.autograd.grad(value * share, weights)):
                 acc += g.float()
-    return _per_head(model, layers, weights, grads)
+    return _per_head(model, blocks, {id(w): g for w, g in zip(weights, grads)})
 
 
-def _per_head(model: nn.Module, layers: list[int], weights: list[Tensor], grads: list[Tensor]) -> Tensor:
+def _per_head(model: nn.Module, blocks: dict[int, Block], grads: dict[int, Tensor]) -> Tensor:
+    """(L, H) scores of `blocks`' layers from the accumulated gradients of their projection weights (by id)."""
     adapter = get_adapter(model)
     head_dim = adapter.head_dim(model)
     kept = kept_heads(model)
     scores = torch.full((adapter.num_layers(model), adapter.num_heads(model)), float("nan"))
-    for i, layer in enumerate(layers):
+    for layer, block in blocks.items():
         per_projection = []
-        for w, g in zip(weights[3 * i : 3 * i + 3], grads[3 * i : 3 * i + 3]):
-            saliency = (w.detach().float() * g).abs()  # (H*dh, D)
+        for linear, rows in block.projection_rows():
+            saliency = (linear.weight.detach()[rows].float() * grads[id(linear.weight)][rows]).abs()  # (H*dh, D)
             per_projection.append(saliency.view(-1, head_dim, saliency.shape[1]).mean(dim=(1, 2)))  # (H,)
         layer_scores = torch.stack(per_projection).mean(dim=0).cpu()  # (H_kept,) or (1,) for a placeholder
         if kept[layer]:

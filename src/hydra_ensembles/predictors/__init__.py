@@ -7,7 +7,21 @@ loader for every kind (`load.py`: each kind saves and loads itself and is found 
 put to work as a classifier (`classifier.py`).
 """
 
-from .baselines import DeepEnsemble, MCDropout, lora_ensemble, reset_classifier, shared_backbone_ensemble
+from .baselines import (
+    MIMO,
+    BatchEnsemble,
+    DeepEnsemble,
+    MCDropout,
+    PackedEnsemble,
+    batch_ensemble,
+    lora_ensemble,
+    mimo,
+    packed_ensemble,
+    reset_classifier,
+    shared_backbone_ensemble,
+    train_mimo,
+    train_packed,
+)
 from .calibration import (
     CALIBRATION_MAPS,
     Calibrated,
@@ -39,6 +53,7 @@ from .load import (
 __all__ = [
     "CALIBRATION_MAPS",
     "PREDICTOR_KINDS",
+    "BatchEnsemble",
     "Calibrated",
     "CalibrationMap",
     "DeepEnsemble",
@@ -47,12 +62,15 @@ __all__ = [
     "HistogramBinning",
     "IsotonicCalibration",
     "MCDropout",
+    "MIMO",
+    "PackedEnsemble",
     "TemperatureScaling",
     "Tower",
     "TwoTowerModel",
     "VectorScaling",
     "ZeroShotEnsemble",
     "base_model",
+    "batch_ensemble",
     "calibrate",
     "check_supported",
     "class_names",
@@ -66,12 +84,16 @@ __all__ = [
     "load_predictor",
     "load_preprocessor",
     "lora_ensemble",
+    "mimo",
     "model_config",
     "num_members",
+    "packed_ensemble",
     "register_predictor",
     "reset_classifier",
     "save_predictor",
     "saved_kind",
     "shared_backbone_ensemble",
+    "train_mimo",
+    "train_packed",
     "zero_shot_ensemble",
 ]

@@ -2,14 +2,17 @@
 (paper 000 §5.3, §C.3, §D.3).
 
 A two-tower model embeds images and texts in one space: each tower is a supported HF encoder (its pooled output,
-(B, d)) followed by a linear projection (d -> P). Zero-shot, a class is described by prompts: its embedding is
-the normalised mean over templates of the normalised text embeddings of "a photo of a {class}", ... and an
-image's logits are logit_scale x the cosine similarities with every class.
+(B, d)) followed by a linear projection (d -> P; the identity for SigLIP, whose towers project by themselves).
+Zero-shot, a class is described by prompts: its embedding is the normalised mean over templates of the normalised
+text embeddings of "a photo of a {class}", ... and an image's logits are logit_scale x the cosine similarities
+with every class, plus logit_bias (SigLIP's, 0 for CLIP). SigLIP trains those logits as independent sigmoids;
+the library reads them, as every predictor's, through a softmax over the classes (single-label zero-shot), which
+the bias does not change; `torch.sigmoid(member_logits)` gives SigLIP's own per-class probabilities.
 
 A zero-shot Hydra Ensemble has M members, member m = (image tower with head map m, text tower with head map m):
 
     class_embeddings[m] = normalise(mean_t normalise(text_m(prompt(c, t))))        (M, C, P), computed once
-    member_logits[b, m] = logit_scale * normalise(image_m(x_b)) @ class_embeddings[m].T   (B, M, C)
+    member_logits[b, m] = logit_scale * normalise(image_m(x_b)) @ class_embeddings[m].T + logit_bias   (B, M, C)
 
 The image members run fused (`HydraEnsemble`, one pass; members pruned from one model share every MLP weight,
 so the merged MLP is exact), and so do the text members when the class embeddings are computed. Members share
@@ -36,7 +39,7 @@ from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ..members import build_members
 from ..outputs import PredictorOutput
 from ..pruning import HeadMap, kept_heads
-from .load import TWO_TOWER_FILE, load_predictor, register_predictor, save_predictor
+from .load import HF_TWO_TOWER_MODELS, TWO_TOWER_FILE, load_predictor, register_predictor, save_predictor
 
 DEFAULT_TEMPLATES = ("a photo of a {}.",)
 
@@ -63,27 +66,50 @@ class Tower(nn.Module):
         return F.normalize(self.projection(pooled), dim=-1)
 
 
+def identity_projection(dim: int) -> nn.Linear:
+    """The projection of a tower whose pooled output is already in the shared space (SigLIP's): x @ I is exactly
+    x in floating point (each output sums x_i and zeros), and it saves and scores as any projection does."""
+    projection = nn.Linear(dim, dim, bias=False)
+    with torch.no_grad():
+        projection.weight.copy_(torch.eye(dim))
+    return projection.requires_grad_(False)
+
+
+def _clip_towers(model: nn.Module) -> tuple[Tower, Tower]:
+    return Tower(model.vision_model, model.visual_projection), Tower(model.text_model, model.text_projection)
+
+
+def _siglip_towers(model: nn.Module) -> tuple[Tower, Tower]:
+    config = model.config
+    image = Tower(model.vision_model, identity_projection(config.vision_config.hidden_size))  # MAP head: (B, d)
+    return image, Tower(model.text_model, identity_projection(config.text_config.projection_size))
+
+
+# HF two-tower class -> its (image, text) towers; see also `load.HF_TWO_TOWER_MODELS` (their model types).
+HF_TWO_TOWERS = {"CLIPModel": _clip_towers, "SiglipModel": _siglip_towers}
+
+
 @register_predictor
 class TwoTowerModel(nn.Module):
-    """An image tower, a text tower and the logit scale (CLIP's exp(logit_scale), e.g. 100). Not a predictor by
-    itself: `zero_shot_ensemble` makes one that classifies given classes."""
+    """An image tower, a text tower, the logit scale (CLIP's exp(logit_scale), e.g. 100) and the logit bias
+    (SigLIP's, e.g. -10; 0 for CLIP). Not a predictor by itself: `zero_shot_ensemble` makes one that classifies
+    given classes."""
 
     kind = "two_tower"
 
-    def __init__(self, image: Tower, text: Tower, logit_scale: float):
+    def __init__(self, image: Tower, text: Tower, logit_scale: float, logit_bias: float = 0.0):
         super().__init__()
         self.image, self.text, self.logit_scale = image, text, float(logit_scale)
+        self.logit_bias = float(logit_bias)
 
     @classmethod
     def from_clip(cls, model: nn.Module) -> TwoTowerModel:
-        """The towers of an HF `CLIPModel` (its modules, not copies)."""
-        if not hasattr(model, "vision_model") or not hasattr(model, "visual_projection"):
-            raise TypeError(f"from_clip needs an HF CLIPModel, got {type(model).__name__}.")
-        return cls(
-            Tower(model.vision_model, model.visual_projection),
-            Tower(model.text_model, model.text_projection),
-            model.logit_scale.exp().item(),
-        )
+        """The towers of an HF CLIP-style model, `CLIPModel` or `SiglipModel` (its modules, not copies)."""
+        towers = next((HF_TWO_TOWERS[c.__name__] for c in type(model).__mro__ if c.__name__ in HF_TWO_TOWERS), None)
+        if towers is None:
+            raise TypeError(f"from_clip needs one of {sorted(HF_TWO_TOWERS)}, got {type(model).__name__}.")
+        bias = model.logit_bias.item() if hasattr(model, "logit_bias") else 0.0
+        return cls(*towers(model), model.logit_scale.exp().item(), bias)
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """image/ and text/ (HF checkpoints), projections.safetensors, two_tower.json; atomically."""
@@ -92,26 +118,27 @@ class TwoTowerModel(nn.Module):
             save_predictor(self.image.encoder, tmp / "image")
             save_predictor(self.text.encoder, tmp / "text")
             _save_projections(tmp, self.image.projection, self.text.projection)
-            write_json_atomic(tmp / TWO_TOWER_FILE, {"logit_scale": self.logit_scale})
+            write_json_atomic(tmp / TWO_TOWER_FILE, {"logit_scale": self.logit_scale, "logit_bias": self.logit_bias})
 
         return save_dir_atomic(path, write)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> TwoTowerModel:
-        """A saved `TwoTowerModel`, or an HF `CLIPModel` checkpoint directory."""
+        """A saved `TwoTowerModel`, or an HF `CLIPModel` / `SiglipModel` checkpoint directory."""
         path = Path(path)
         if (path / TWO_TOWER_FILE).is_file():
             record = json.loads((path / TWO_TOWER_FILE).read_text())
             image, text = _load_projections(path)
             towers = Tower(load_predictor(path / "image"), image), Tower(load_predictor(path / "text"), text)
-            return cls(*towers, record["logit_scale"]).eval()
+            return cls(*towers, record["logit_scale"], record.get("logit_bias", 0.0)).eval()
         config = transformers.AutoConfig.from_pretrained(path)
-        if config.model_type != "clip":
+        if config.model_type not in HF_TWO_TOWER_MODELS:
             raise ValueError(
                 f"{str(path)!r} is a {config.model_type!r} checkpoint; a two-tower model is a saved TwoTowerModel "
-                f"({TWO_TOWER_FILE}) or an HF CLIPModel directory."
+                f"({TWO_TOWER_FILE}) or an HF directory of one of {sorted(HF_TWO_TOWER_MODELS.values())}."
             )
-        return cls.from_clip(transformers.CLIPModel.from_pretrained(path).eval()).eval()
+        model_class = getattr(transformers, HF_TWO_TOWER_MODELS[config.model_type])
+        return cls.from_clip(model_class.from_pretrained(path).eval()).eval()
 
     @classmethod
     def describe(cls, path: Path) -> str:
@@ -161,9 +188,11 @@ class ZeroShotEnsemble(nn.Module):
         classes: Sequence[str],
         templates: Sequence[str],
         embeddings: Tensor,
+        logit_bias: float = 0.0,
     ):
         super().__init__()
         self.image, self.text, self.logit_scale = image, text, float(logit_scale)
+        self.logit_bias = float(logit_bias)  # SigLIP's; adding it changes no softmax over the classes
         self.classes, self.templates = list(classes), list(templates)
         self.register_buffer("embeddings", embeddings)  # (M or 1, C, P)
         self.is_classifier = True
@@ -206,7 +235,8 @@ class ZeroShotEnsemble(nn.Module):
         classes = self.embeddings[min(member, len(self.embeddings) - 1)]  # (C, P)
 
         def logits(pooled: Tensor) -> Tensor:
-            return self.logit_scale * F.normalize(self.image.projection(pooled), dim=-1) @ classes.T.to(pooled.dtype)
+            image = F.normalize(self.image.projection(pooled), dim=-1)
+            return self.logit_scale * image @ classes.T.to(pooled.dtype) + self.logit_bias
 
         return logits
 
@@ -214,7 +244,8 @@ class ZeroShotEnsemble(nn.Module):
         images, classes = self.image(**inputs), self.embeddings  # (B, M or 1, P), (M or 1, C, P)
         members = max(images.shape[1], classes.shape[0])  # a tower left unpruned serves every member
         images, classes = images.expand(-1, members, -1), classes.expand(members, -1, -1).to(images.dtype)
-        return PredictorOutput(member_logits=self.logit_scale * torch.einsum("bmp,mcp->bmc", images, classes))
+        logits = self.logit_scale * torch.einsum("bmp,mcp->bmc", images, classes) + self.logit_bias  # (B, M, C)
+        return PredictorOutput(member_logits=logits)
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """image/ and text/ (HF checkpoints or Hydra Ensembles), projections, class embeddings and
@@ -225,7 +256,8 @@ class ZeroShotEnsemble(nn.Module):
                 save_predictor(tower.encoder, tmp / name)
             _save_projections(tmp, self.image.projection, self.text.projection)
             safetensors.torch.save_file({"embeddings": self.embeddings.contiguous()}, str(tmp / "classes.safetensors"))
-            record = {"kind": self.kind, "logit_scale": self.logit_scale, "classes": self.classes}
+            record = {"kind": self.kind, "logit_scale": self.logit_scale, "logit_bias": self.logit_bias}
+            record |= {"classes": self.classes}
             write_json_atomic(tmp / PREDICTOR_FILE, record | {"templates": self.templates})
 
         return save_dir_atomic(path, write)
@@ -239,7 +271,8 @@ class ZeroShotEnsemble(nn.Module):
         towers = [
             Tower(load_predictor(path / name), projection) for name, projection in (("image", image), ("text", text))
         ]
-        model = cls(*towers, record["logit_scale"], record["classes"], record["templates"], embeddings)
+        scale, bias = record["logit_scale"], record.get("logit_bias", 0.0)  # saves before SigLIP have no bias
+        model = cls(*towers, scale, record["classes"], record["templates"], embeddings, bias)
         return model.eval()
 
     @classmethod
@@ -264,7 +297,8 @@ def zero_shot_ensemble(
         raise ValueError(f"image and text head maps must give the same number of members, got {sorted(counts)}.")
     image = _tower(two_tower.image, image_head_maps)
     text = _tower(two_tower.text, text_head_maps)
-    model = ZeroShotEnsemble(image, text, two_tower.logit_scale, classes, templates, torch.zeros(1, 1, 1))
+    no_classes = torch.zeros(1, 1, 1)
+    model = ZeroShotEnsemble(image, text, two_tower.logit_scale, classes, templates, no_classes, two_tower.logit_bias)
     model.set_classes(classes, templates, tokenizer)
     return model.eval()
 
@@ -287,7 +321,7 @@ def member_logits_one_by_one(
             for tower, maps in ((two_tower.image, image_head_maps), (two_tower.text, text_head_maps))
         ]
         embeddings = class_embeddings(towers[1], prompts, num_classes)[0]  # (C, P)
-        logits.append(two_tower.logit_scale * towers[0](**inputs)[:, 0] @ embeddings.T)
+        logits.append(two_tower.logit_scale * towers[0](**inputs)[:, 0] @ embeddings.T + two_tower.logit_bias)
     return torch.stack(logits, dim=1)
 
 
@@ -310,11 +344,13 @@ def prompt_batches(
     text: Tower,
     batch_size: int = 64,
 ) -> list[dict]:
-    """The tokenised `class_prompts`, in order, with only the inputs the text tower reads."""
+    """The tokenised `class_prompts`, in order, with only the inputs the text tower reads, padded as the tower's
+    family needs (`Adapter.prompt_padding`: SigLIP's to the tokenizer's maximum length)."""
     prompts = class_prompts(classes, templates)
+    padding = _adapter(text.encoder).prompt_padding
     batches = []
     for start in range(0, len(prompts), batch_size):
-        tokens = tokenizer(prompts[start : start + batch_size], padding=True, truncation=True, return_tensors="pt")
+        tokens = tokenizer(prompts[start : start + batch_size], padding=padding, truncation=True, return_tensors="pt")
         batches.append({k: v for k, v in tokens.items() if k in text.input_names})
     return batches
 

@@ -6,7 +6,7 @@ What a directory holds tells its kind:
     predictor.json      {"kind": ...}: a wrapper (temperature, MC dropout), a deep ensemble, an MLP student, or a
                         zero-shot two-tower ensemble, with its models in sub-directories or model.safetensors
     hydra_config.json   "hydra_ensemble" (`HydraEnsemble.save_pretrained`; also a distilled transformer student)
-    two_tower.json      "two_tower" (`TwoTowerModel.save_pretrained`), as is an HF CLIPModel checkpoint
+    two_tower.json      "two_tower" (`TwoTowerModel.save_pretrained`), as is an HF CLIPModel or SiglipModel checkpoint
     config.json         "hf_model": a Hugging Face model, pruned or not (`save_model`; its structure is replayed)
 """
 
@@ -26,10 +26,12 @@ from ..adapters import UnsupportedModelError, adapter_for_class
 from ..distill import MultiHeadMLP
 from ..fusion import HydraEnsemble
 from ..fusion.ensemble import CONFIG_NAME as HYDRA_CONFIG
-from ..io import PREDICTOR_FILE
+from ..io import PREDICTOR_FILE, save_dir_atomic
+from ..model_card import write_card
 from ..pruning import load_model, save_model
 
 TWO_TOWER_FILE = "two_tower.json"
+HF_TWO_TOWER_MODELS = {"clip": "CLIPModel", "siglip": "SiglipModel"}  # model_type -> the HF two-tower class
 
 
 class SavedPredictor(Protocol):
@@ -93,7 +95,7 @@ def saved_kind(path: str | os.PathLike) -> str:
         return HydraEnsemble.kind
     if (path / PREDICTOR_FILE).is_file():
         return str(json.loads((path / PREDICTOR_FILE).read_text()).get("kind"))
-    if (path / TWO_TOWER_FILE).is_file() or _is_clip(path):
+    if (path / TWO_TOWER_FILE).is_file() or _is_hf_two_tower(path):
         return "two_tower"
     if (path / "config.json").is_file():
         return HFModel.kind
@@ -126,12 +128,16 @@ def load_predictor(path: str | os.PathLike) -> nn.Module:
 
 
 def save_predictor(model: nn.Module, path: str | os.PathLike) -> Path:
-    """Save any predictor atomically so that `load_predictor(path)` returns an equal one."""
-    if isinstance(model, transformers.PreTrainedModel):
-        return save_model(model, path)
-    if not isinstance(model, tuple(PREDICTOR_KINDS.values())):
+    """Save any predictor atomically so that `load_predictor(path)` returns an equal one, with its model card
+    (README.md: what it is and costs, `model_card`) beside the weights, in the same atomic save."""
+    if not isinstance(model, (transformers.PreTrainedModel, *PREDICTOR_KINDS.values())):
         raise TypeError(f"no saved kind for a {type(model).__name__}; known kinds: {sorted(PREDICTOR_KINDS)}.")
-    return model.save_pretrained(path)
+
+    def write(tmp: Path) -> None:
+        save_model(model, tmp) if isinstance(model, transformers.PreTrainedModel) else model.save_pretrained(tmp)
+        write_card(model, tmp)  # tmp sits beside path: the card finds the same step records
+
+    return save_dir_atomic(path, write)
 
 
 def base_model(model: nn.Module) -> nn.Module:
@@ -162,9 +168,10 @@ def check_supported(path: str | os.PathLike) -> None:
         raise UnsupportedModelError(f"{str(path)!r}: {error}") from None
 
 
-def _is_clip(path: Path) -> bool:
-    """An HF CLIPModel checkpoint (both towers, not one tower alone)."""
+def _is_hf_two_tower(path: Path) -> bool:
+    """An HF CLIPModel or SiglipModel checkpoint (both towers, not one tower alone)."""
     if not (path / "config.json").is_file():
         return False
     config = json.loads((path / "config.json").read_text())
-    return config.get("model_type") == "clip" and "CLIPModel" in config.get("architectures", ["CLIPModel"])
+    model_class = HF_TWO_TOWER_MODELS.get(config.get("model_type"))
+    return model_class is not None and model_class in config.get("architectures", [model_class])

@@ -4,9 +4,11 @@ A *head map* says, for every layer, which heads are kept, as sorted indices in t
 `{0: [0, 1, 3], 1: [2], ...}`. A pruned model carries its head map in `config.hydra_kept_heads`, a structure
 that `persist.py` records and replays: the model is saved and restored with it (`save_model` / `load_model`).
 
-Pruning head h of a layer removes rows h*dh:(h+1)*dh of W_q, W_k, W_v (and their biases) and the same columns of
-W_o; the model stays a normal HF model. Ablation instead zeroes those columns of W_o in place and restores them
-afterwards; by construction the two give the same outputs (contract 2 in DESIGN.md).
+Pruning head h of a layer removes rows h*dh:(h+1)*dh of W_q, W_k, W_v (and their biases; of each of the three row
+blocks of a fused qkv projection) and the same columns of W_o; the model stays a normal HF model. Ablation instead
+zeroes those columns of W_o in place and restores them afterwards; by construction the two give the same outputs
+(contract 2 in DESIGN.md). Further projections whose rows are grouped per head (`LayerNames.head_rows`: DeBERTa's
+position projections) lose the head's rows too.
 
 Pruning every head of a layer is allowed (the paper allows it): the attention block then adds only W_o's bias.
 HF attention modules cannot run with zero heads, so such a layer keeps one placeholder head whose q/k/v/o weights
@@ -167,12 +169,17 @@ def _rebuild_attention(
     head_dim = adapter.head_dim(model)
     block = adapter.block(layer)
     placeholder = not positions
-    rows = torch.cat([torch.arange(p * head_dim, (p + 1) * head_dim) for p in positions or [0]])
-    query, key, value = (slice_linear(linear, rows, dim=0) for linear in (block.query, block.key, block.value))
+    rows = torch.cat([torch.arange(p * head_dim, (p + 1) * head_dim) for p in positions or [0]])  # (H'*dh,)
+    if block.fused_qkv:  # one Linear, rows [q | k | v]: keep the heads' rows in each of the three blocks
+        width = block.query.out_features // 3
+        query = key = value = slice_linear(block.query, torch.cat([rows + j * width for j in range(3)]), dim=0)
+    else:
+        query, key, value = (slice_linear(linear, rows, dim=0) for linear in (block.query, block.key, block.value))
     output = slice_linear(block.output, rows, dim=1)
+    extras = {path: slice_linear(linear, rows, dim=0) for path, linear in adapter.head_row_linears(layer).items()}
     if placeholder:
         with torch.no_grad():
-            for linear in (query, key, value):
+            for linear in (query, key, value, *extras.values()):
                 linear.weight.zero_()
                 if linear.bias is not None:
                     linear.bias.zero_()
@@ -180,7 +187,11 @@ def _rebuild_attention(
         for tensor in (query.weight, query.bias, key.weight, key.bias, value.weight, value.bias, output.weight):
             if tensor is not None:
                 tensor.requires_grad_(False)  # fine-tuning must leave the placeholder at zero
+        for linear in extras.values():
+            linear.requires_grad_(False)
     adapter.set_projections(layer, (query, key, value, output), num_heads=max(len(positions), 1), kept=kept)
+    for path, linear in extras.items():  # per-head projections beyond q/k/v (DeBERTa's position projections)
+        layer.set_submodule(path, linear)
 
 
 def slice_linear(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:

@@ -5,7 +5,8 @@ A *neuron map* says, for every layer, which MLP hidden neurons are kept, as sort
 numbering: `{0: [0, 3, 4, ...], ...}`. A pruned model carries it in `config.hydra_kept_neurons`, a structure
 that `persist.py` records and replays, so the model saves and reloads as a plain HF model.
 
-Pruning neuron k of a layer removes row k of the MLP's first linear (and its bias) and column k of the second.
+Pruning neuron k of a layer removes row k of the MLP's first linear (and its bias; in a gated MLP also its gate's
+row F + k: a GeGLU unit is input, gate and output together) and column k of the second.
 Ablation instead zeroes column k of the second linear in place (the neuron then adds exactly nothing) and
 restores it afterwards; the two give the same outputs. Every layer keeps at least one neuron.
 """
@@ -32,7 +33,7 @@ def kept_neurons(model: nn.Module) -> NeuronMap:
     stored = getattr(model.config, KEPT_NEURONS_KEY, None)
     if stored is not None:
         return {int(layer): sorted(int(k) for k in kept) for layer, kept in stored.items()}
-    widths = [adapter.block(layer).mlp_in.out_features for layer in adapter.layers(model)]
+    widths = [adapter.block(layer).mlp_out.in_features for layer in adapter.layers(model)]
     return {layer: list(range(width)) for layer, width in enumerate(widths)}
 
 
@@ -55,7 +56,9 @@ def prune_neurons(model: nn.Module, neurons_to_prune: Mapping[int, Iterable[int]
         rows = torch.tensor([kept[layer].index(k) for k in remaining])
         block = adapter.block(layers[layer])
         adapter.set_mlp(
-            layers[layer], slice_linear(block.mlp_in, rows, dim=0), slice_linear(block.mlp_out, rows, dim=1)
+            layers[layer],
+            slice_linear(block.mlp_in, block.mlp_in_rows(rows), dim=0),  # a gated MLP's gate rows go with them
+            slice_linear(block.mlp_out, rows, dim=1),
         )
         kept[layer] = remaining
     setattr(model.config, KEPT_NEURONS_KEY, {str(layer): neurons for layer, neurons in kept.items()})

@@ -95,11 +95,19 @@ def base_fingerprint(model: nn.Module) -> str:
     adapter = get_adapter(model)
     digest = hashlib.sha256(type(adapter).__name__.encode())
     for path in adapter.embedding_paths:
-        module = adapter.backbone(model).get_submodule(path)
+        module = _optional_submodule(adapter.backbone(model), path)  # ELECTRA's projection is optional
         for name, tensor in sorted(module.state_dict().items()):
             digest.update(name.encode())
             digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def _optional_submodule(root: nn.Module, path: str) -> nn.Module:
+    """The submodule at `path`, or an empty module where the model has none."""
+    try:
+        return root.get_submodule(path)
+    except AttributeError:
+        return nn.Module()
 
 
 def record_fingerprint(model: nn.Module) -> None:

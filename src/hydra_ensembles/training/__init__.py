@@ -4,7 +4,16 @@ loop with cross-entropy, on one model (`finetune`) or on a fused ensemble as one
 
 from .augment import AUGMENTATIONS, CropFlip
 from .loop import CHECKPOINT, finetune, finetune_fused, last_hidden_states, recover, train, validate
-from .losses import Contrastive, CrossEntropy, DistillKL, FeatureMSE, GaussianKL, GaussianNLL, gaussian_kl
+from .losses import (
+    Contrastive,
+    CrossEntropy,
+    DistillKL,
+    FeatureMSE,
+    GaussianKL,
+    GaussianNLL,
+    MIMOLoss,
+    gaussian_kl,
+)
 from .recipes import AMP_RECOVERY, IMAGE_RECIPE, OPTIMIZERS, SCHEDULES, TEXT_RECIPE, TrainConfig
 
 __all__ = [
@@ -25,6 +34,7 @@ __all__ = [
     "DistillKL",
     "GaussianKL",
     "GaussianNLL",
+    "MIMOLoss",
     "gaussian_kl",
     "TrainConfig",
     "finetune",

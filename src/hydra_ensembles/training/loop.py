@@ -82,7 +82,7 @@ def train(
         raise ValueError("a regressor has no accuracy to monitor: use monitor='nll'.")
     trainable = _select_trainable(model, _locator(model, adapter if is_hf else None), config)
     augment = AUGMENTATIONS[config.augment] if config.augment is not None else None
-    optimizer = OPTIMIZERS[config.optimizer](trainable, config)
+    optimizer = OPTIMIZERS[config.optimizer](trainable, config, _stacked_vectors(model))
     total = config.epochs * len(batches)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(config, total))
     identity = {"config": config.key(), "loss": getattr(loss, "name", type(loss).__name__)}
@@ -322,6 +322,14 @@ def _select_trainable(
     if not trainable:
         raise ValueError("nothing to train: every parameter is frozen.")
     return trainable
+
+
+def _stacked_vectors(model: nn.Module) -> set[int]:
+    """Ids of the parameters `model` names in `no_weight_decay()` (one bias / norm / scale vector per member,
+    stacked: the optimiser treats them as the 1-D parameters they are per member); empty for a module without it."""
+    base = _unwrapped(model)
+    names = set(base.no_weight_decay()) if hasattr(base, "no_weight_decay") else set()
+    return {id(p) for name, p in base.named_parameters() if name in names}
 
 
 def _save(path: Path, model, optimizer, schedule, identity: dict, state: dict) -> None:

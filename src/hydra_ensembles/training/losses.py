@@ -42,6 +42,28 @@ class CrossEntropy:
         return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
 
 
+class MIMOLoss:
+    """MIMO's training loss (Havasi et al., 2020): each member's mean cross-entropy against the labels of the
+    examples it read, summed over members. `output`: a `predictors.baselines.mimo.MIMOTrainingOutput`, member
+    logits (N, M, C) and permutations (M, N) (member m's row i is example permutations[m, i] of the batch); reads
+    the batch's `labels` (B,)."""
+
+    name = "mimo_cross_entropy"
+
+    def __init__(self, label_smoothing: float = 0.0):
+        self.label_smoothing = label_smoothing
+
+    def __call__(self, output: Any, batch: dict[str, Any]) -> Tensor:
+        labels = batch.get("labels")
+        if labels is None:
+            raise ValueError("MIMO's loss needs batches with 'labels'.")
+        logits, permutations = output.member_logits, output.permutations  # (N, M, C), (M, N)
+        targets = labels.to(logits.device)[permutations.to(logits.device)].T  # (N, M): what member m read
+        members = logits.shape[1]
+        ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), label_smoothing=self.label_smoothing)
+        return ce * members  # the mean over N*M rows times M = the sum over members of each one's mean
+
+
 class GaussianNLL:
     """Heteroscedastic regression: -log N(y; mean, exp(log_var)), averaged over the batch, for member Gaussians
     (B, M, 2) (mean, log-variance) against the batch's float `labels` (B,); each member's own NLL, summed over

@@ -18,7 +18,7 @@ resized crop and horizontal flip of every training batch; off by default).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
@@ -91,20 +91,23 @@ class TrainConfig:
 # ---- optimisers: (trainable parameters, config) -> optimiser ----
 
 
-def adamw(params: list[nn.Parameter], config: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW; weight decay on matrices only (biases and norm weights are 1-D and not decayed)."""
-    decay = [p for p in params if p.dim() >= 2]
-    rest = [p for p in params if p.dim() < 2]
+def adamw(params: list[nn.Parameter], config: TrainConfig, vectors: Collection[int] = ()) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only. Not decayed: 1-D parameters (biases, norm weights) and `vectors`, the
+    ids of parameters that stack one such vector per member (`no_weight_decay()` of a fused ensemble or a
+    BatchEnsemble), so that an ensemble's members are regularised as the single model is."""
+    exempt = set(vectors)
+    decay = [p for p in params if p.dim() >= 2 and id(p) not in exempt]
+    rest = [p for p in params if p.dim() < 2 or id(p) in exempt]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr, betas=tuple(config.betas))
 
 
-def sgd(params: list[nn.Parameter], config: TrainConfig) -> torch.optim.Optimizer:
-    """SGD with momentum."""
+def sgd(params: list[nn.Parameter], config: TrainConfig, vectors: Collection[int] = ()) -> torch.optim.Optimizer:
+    """SGD with momentum; its weight decay (0 in our recipes) applies to every parameter."""
     return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
 
 
-OPTIMIZERS: dict[str, Callable[[list[nn.Parameter], TrainConfig], torch.optim.Optimizer]] = {
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "adamw": adamw,
     "sgd": sgd,
 }

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ...data.loaders import TARGETS, Batch, materialize, rebatch
+from ...data.loaders import Batch, materialize
 from ...data.loaders import batch_size as examples_in
+from .budget import regroup
 
 
 def removal_agreement(first: Sequence[tuple], second: Sequence[tuple], counts: Sequence[int]) -> dict[int, float]:
@@ -55,18 +56,4 @@ def split_halves(batches: Sequence[Batch]) -> tuple[list[Batch], list[Batch]]:
                 pieces.append({k: v[rows] if isinstance(v, Tensor) else v for k, v in batch.items()})
         start += count
     size = examples_in(batches[0])
-    return _regrouped(halves[0], size), _regrouped(halves[1], size)
-
-
-def _regrouped(pieces: list[Batch], size: int) -> list[Batch]:
-    """`pieces` concatenated and cut into batches of `size`, targets cut alongside the inputs."""
-    inputs = rebatch(pieces, size)  # drops the targets
-    carried = [key for key in TARGETS if any(p.get(key) is not None for p in pieces)]
-    for key in carried:
-        if any(p.get(key) is None for p in pieces):
-            raise ValueError(f"some batches carry {key!r} and others do not: give every batch its {key!r}.")
-    targets = {key: torch.cat([p[key] for p in pieces]) for key in carried}
-    return [
-        batch | {key: values[i * size : (i + 1) * size] for key, values in targets.items()}
-        for i, batch in enumerate(inputs)
-    ]
+    return regroup(halves[0], size), regroup(halves[1], size)

@@ -31,9 +31,10 @@ from ...io import tensor_digest, weights_digest
 from ...outputs import labels_of
 from ...pruning import HeadMap, kept_heads
 from .criteria import CRITERIA, TIE_BREAKS
+from .methods import METHODS, Choice
 from .record import CircuitRecord, head_map_from_json, say_ties
 from .scoring import Value
-from .search import METHODS, greedy_removal, search_name, tie_rule
+from .search import greedy_removal, tie_rule
 
 TOWERS = ("image", "text")
 JointHead = tuple[str, int, int]
@@ -175,7 +176,7 @@ def extract_joint_circuit(
         )
     if not towers or any(t not in TOWERS for t in towers):
         raise ValueError(f"towers must be a non-empty subset of {TOWERS}, got {list(towers)}.")
-    score_fn, search_method = CRITERIA[criterion], METHODS[method]
+    score_fn = CRITERIA[criterion]
     tie_break, tie_said = tie_rule(tie_break, score_fn, criterion)
     id_batches = materialize(id_loader, "id_loader")
     if any(batch.get("labels") is None for batch in id_batches):
@@ -190,24 +191,20 @@ def extract_joint_circuit(
             f"budget must be between 1 and {len(candidates) - 1} ({len(candidates)} candidate heads in "
             f"{list(towers)}), got {budget}."
         )
-    scorer = JointScorer(
-        two_tower,
-        id_batches,
-        ood_batches,
-        prompts,
-        num_classes,
-        score_fn,
-        search_method.scorer,
-        batch_size,
-        precision,
-        tie_break,
-    )
-    search = search_name(method, top, precision)
+    choice = Choice(method, top, precision)
+
+    def scorer_for(search: Choice) -> JointScorer:
+        scorer_class = METHODS[search.method].scorer
+        return JointScorer(
+            two_tower, id_batches, ood_batches, prompts, num_classes, score_fn, scorer_class, batch_size,
+            search.precision, tie_break,
+        )  # fmt: skip
+
     identity = {
         "version": 1,
         "criterion": criterion,
         "towers": list(towers),
-        "search": search,
+        "search": choice.name,
         "tie_break": tie_break,
         "logit_scale": two_tower.logit_scale,
         "model": weights_digest(two_tower),
@@ -215,11 +212,18 @@ def extract_joint_circuit(
             v for batch in id_batches + ood_batches + prompts for _, v in sorted(batch.items()) if isinstance(v, Tensor)
         ),
     }
-    removed, scores, baseline, ties = greedy_removal(
-        candidates, scorer, budget, search_method, top, identity, state_path, progress, f"joint circuit ({criterion}"
+    ranking = greedy_removal(
+        candidates, scorer_for, budget, choice, identity, state_path, progress, f"joint circuit ({criterion}"
     )
     circuit = JointCircuit(
-        criterion, list(removed), scores, baseline, kept, search=search, tie_break=tie_break, ties=ties
+        criterion,
+        list(ranking.removed),
+        ranking.scores,
+        ranking.baseline,
+        kept,
+        search=ranking.search_name(),
+        tie_break=tie_break,
+        ties=ranking.ties,
     )
     if tie_said and progress and is_main():
         tqdm.write(f"joint circuit search: {tie_said}")

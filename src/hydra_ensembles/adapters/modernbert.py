@@ -1,0 +1,71 @@
+"""ModernBERT: a pre-norm encoder with a fused qkv projection, rotary positions, alternating global and local
+(sliding-window) attention and a gated (GeGLU) MLP.
+
+ModernBertModel keeps its layers in `layers`; each has `attn_norm` (an Identity in layer 0), `attn.Wqkv` (one
+Linear d -> 3*H*dh, rows [q | k | v], each grouped per head), `attn.Wo`, `mlp_norm`, `mlp.Wi` (d -> 2F, rows
+[input | gate]) and `mlp.Wo`. The attention reads its head count from Wqkv's shape, so pruning only re-sizes the
+linears. Rotary embeddings and the per-layer window masks are computed by the HF forward from the config, which
+pruning leaves as it is (the head size does not change). Heads, neurons, importance and circuits run on the HF
+model; the fused engine has no rotary, window masks or gated MLP yet, so fusion refuses the family (see
+docs/adapters.md, "ModernBERT: what fusion needs").
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from .base import Adapter, Inputs, LayerNames, ModelSpec
+
+
+def _first_token(model: nn.Module, hidden: Tensor, inputs: Inputs) -> Tensor:
+    """What `Adapter.output` reads of ModernBertModel (it has no pooler): the final-normed first token, (B, d)."""
+    return model.final_norm(hidden[:, 0])
+
+
+def _classifier(model: nn.Module, hidden: Tensor, inputs: Inputs) -> Tensor:
+    """ModernBertForSequenceClassification's logits (B, C): final norm, "cls" or masked "mean" pooling, head."""
+    hidden = model.model.final_norm(hidden)  # (B, T, d)
+    if model.config.classifier_pooling == "cls":
+        pooled = hidden[:, 0]
+    else:
+        mask = inputs.get("attention_mask")
+        mask = hidden.new_ones(hidden.shape[:2]) if mask is None else mask.to(hidden.dtype)  # (B, T)
+        pooled = (hidden * mask[..., None]).sum(dim=1) / mask.sum(dim=1, keepdim=True)
+    return model.classifier(model.drop(model.head(pooled)))
+
+
+class ModernBertAdapter(Adapter):
+    name = "modernbert"
+    norm_position = "pre"
+    layer_names = LayerNames(
+        query="attn.Wqkv",
+        key="attn.Wqkv",
+        value="attn.Wqkv",
+        output="attn.Wo",
+        norm1="attn_norm",
+        norm2="mlp_norm",
+        mlp_in="mlp.Wi",
+        mlp_out="mlp.Wo",
+        activation="mlp.act",
+        attention="attn",
+        head_count_attrs=(),  # the attention infers H from Wqkv's output
+        fused_qkv=True,
+        gated_mlp=True,
+    )
+    layers_path = "layers"
+    embedding_paths = ("embeddings",)
+    input_names = ("input_ids", "attention_mask", "position_ids")
+    required_inputs = ("input_ids",)
+    specs = {
+        "ModernBertModel": ModelSpec(backbone="", head=_first_token, classifier=False, head_tokens=1),
+        "ModernBertForSequenceClassification": ModelSpec(backbone="model", head=_classifier, classifier=True),
+    }
+    fusion_unsupported = (
+        "the fused engine has no rotary position embeddings, per-layer sliding-window masks or gated (GeGLU) MLP, "
+        "which ModernBERT needs; its heads and MLP neurons can be scored and pruned on the HF model "
+        "(see docs/adapters.md, 'ModernBERT: what fusion needs')"
+    )
+
+    def embed(self, backbone: nn.Module, inputs: Inputs) -> Tensor:
+        """Token embeddings, normed (positions enter each layer's attention as rotations), (B, T, d)."""
+        return backbone.embeddings(input_ids=inputs["input_ids"])

@@ -1,0 +1,55 @@
+"""Export: a fused Hydra Ensemble, or one (pruned) model, as an ONNX graph for ONNX Runtime and other runtimes.
+
+The graph takes what the model's tokenizer or image processor gives (input_ids, attention_mask, ... or
+pixel_values), for any batch size and sequence length, and returns member_logits (B, M, C): average the members'
+softmax for the ensemble's prediction. It is traced on an example made with the tokenizer or image processor
+saved beside the model. Needs `pip install 'hydra-ensembles[export]'`. See docs/export.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..export import export_onnx, output_name
+from ..predictors import load_predictor, load_preprocessor
+from .common import CommandError
+from .step import check_model_dir
+
+EXAMPLE = """hydra-ens export hydra hydra.onnx          # the fused ensemble in hydra/ (the output of fuse)
+hydra-ens export members/member0 member0.onnx   # one pruned member"""
+# the example the graph is traced on: two texts of different lengths (padded), or two images
+EXAMPLE_TEXTS = ("An example to trace the graph with.", "A second, longer example, so that the batch has padding.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="the saved ensemble or model (a directory with its tokenizer or processor)")
+    parser.add_argument("out", help="the ONNX file to write (e.g. hydra.onnx)")
+
+
+def run(args: argparse.Namespace) -> int:
+    model_dir = check_model_dir(args.model, "MODEL")
+    out = Path(args.out)
+    if out.is_dir():
+        raise CommandError(f"OUT {str(out)!r} is a directory; give a file name such as model.onnx.")
+    predictor, example = load_predictor(model_dir), example_inputs(model_dir)
+    export_onnx(predictor, out, example)
+    output = output_name(predictor)
+    shape = "(B, M, C)" if output == "member_logits" else "(B, M, D)"
+    print(f"wrote {out}: inputs {', '.join(example)} -> {output} {shape}")
+    return 0
+
+
+def example_inputs(model_dir: Path) -> dict[str, Any]:
+    """Two examples made by the tokenizer or image processor saved in `model_dir`."""
+    kind, preprocessor = load_preprocessor(model_dir)
+    if kind == "text":
+        return dict(preprocessor(list(EXAMPLE_TEXTS), padding=True, return_tensors="pt"))
+    noise = np.random.default_rng(0).integers(0, 256, (2, 224, 224, 3), dtype=np.uint8)
+    pixels = preprocessor(images=[Image.fromarray(image) for image in noise], return_tensors="pt")["pixel_values"]
+    return {"pixel_values": torch.as_tensor(pixels)}

@@ -1,0 +1,171 @@
+"""The circuit search's time budget (method "auto") and its progress bar: what it predicts, what it refuses, how it
+falls back when the clock runs out, and a bar that moves within a step. Time is a fake clock that advances by the
+work the fast scorer does, so nothing here depends on how fast this machine is."""
+
+import json
+
+import pytest
+import torch
+from circuit_support import circuit_data, circuit_model
+
+import hydra_ensembles as he
+from hydra_ensembles.data.loaders import batch_size as examples_in
+from hydra_ensembles.importance.circuit import budget as budget_module
+from hydra_ensembles.importance.circuit import scoring
+from hydra_ensembles.importance.circuit import search as search_module
+
+EXAMPLES = 48  # circuit_data: 24 ID + 24 OOD
+BUDGET = 8  # of 12 heads: the exact search evaluates 12 + 11 + ... + 5 = 68 candidates
+
+
+class FakeTime:
+    """A clock in seconds that the fast scorer advances: a candidate evaluation over all EXAMPLES costs 1 s in
+    fp32, 0.5 s in bf16, `slowdown` times that during the search itself (not in the probes)."""
+
+    def __init__(self):
+        self.now, self.slowdown = 0.0, 1.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def spend(self, scorer, candidates: int) -> None:
+        examples = sum(map(examples_in, scorer.chunks))
+        seconds = candidates * examples / EXAMPLES * (0.5 if scorer.precision == "bf16" else 1.0)
+        self.now += seconds * (1.0 if scorer.criterion is None else self.slowdown)  # criterion None: a probe
+
+
+@pytest.fixture
+def fake_time(monkeypatch):
+    clock, outputs = FakeTime(), scoring.FastScorer.outputs
+
+    def timed(scorer, removed, candidates, progress):
+        result = outputs(scorer, removed, candidates, progress)
+        clock.spend(scorer, len(candidates))
+        return result
+
+    monkeypatch.setattr(scoring.FastScorer, "outputs", timed)
+    return clock
+
+
+class _Counting(he.CircuitCriterion):
+    """S_avg that counts its evaluations."""
+
+    needs_ood = True
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return he.CRITERIA["avg"](*args)
+
+
+def _extract(clock, **kwargs):
+    model, (id_batches, ood_batches) = circuit_model(), circuit_data()
+    options = {"progress": False, "clock": clock} | kwargs
+    return he.extract_circuit(model, id_batches, ood_batches, options.pop("criterion", "avg"), BUDGET, **options)
+
+
+def test_a_generous_budget_picks_the_exact_search_and_records_predicted_and_measured_time(fake_time):
+    circuit = _extract(fake_time, time_budget=1800)
+    # probe: 12 candidates on the first 16 of 48 examples = 4 s; the search: 68 candidate evaluations of 1 s
+    assert circuit.search == "exact" and circuit.timing["chose"] == "exact" and circuit.timing["switched"] == []
+    assert circuit.timing["probe_s"] == pytest.approx(4.0) and circuit.timing["predicted_s"] == pytest.approx(72.0)
+    assert circuit.timing["measured_s"] == pytest.approx(72.0) and circuit.timing["per_candidate_s"] == {"fp32": 1.0}
+    exact = _extract(fake_time, method="fast")
+    assert circuit.removed == exact.removed and circuit.scores == exact.scores  # "auto" changes nothing it runs
+
+
+def test_when_nothing_fits_it_refuses_before_any_step_and_names_what_fits(fake_time, tmp_path):
+    counting, state = _Counting(), tmp_path / "state.json"
+    he.register_criterion("avg_counted", counting)
+    with pytest.raises(ValueError) as refused:
+        _extract(fake_time, criterion="avg_counted", time_budget=10, state_path=state)
+    # probes 4 s (fp32) + 2 s (bf16); the fastest, multi-8-bf16, is one step of 12 at 0.5 s: 6 + 6 = 12 s > 10 s
+    message = str(refused.value)
+    assert "the fastest, multi-8-bf16, is predicted at 0.2 min" in message
+    assert "`--max-examples 1`" in message  # the exact search: 68 s x 2/48 within 90 % of the 4 s left
+    assert "`--method multi --top 8 --precision bf16 --max-examples 14`" in message  # 6 s x 28/48 <= 3.6 s
+    assert "`--time-budget 1m`" in message and "max_examples=14" in message
+    assert counting.calls == 0 and not state.exists()  # no step began
+    fitted = _extract(fake_time, time_budget=10, max_examples=1)  # what it offered does fit
+    assert fitted.search == "exact" and fitted.timing["predicted_s"] <= 10
+
+
+def test_a_search_that_falls_behind_runs_its_remaining_removals_coarser_and_says_so(fake_time, tmp_path):
+    exact = _extract(fake_time, method="fast")
+    fake_time.now, fake_time.slowdown = 0.0, 3.0  # predicted 72 s within 100 s; the search runs 3x slower
+    state = tmp_path / "state.json"
+    with pytest.warns(RuntimeWarning, match=r"36 s measured against 12 s predicted \(3.00x\)"):
+        circuit = _extract(fake_time, time_budget=100, state_path=state)
+    # after removal 1 (36 s + 4 s probe), exact would end at 208 s; probing bf16 (2 s), fast-bf16 would need 126 s
+    # and multi-2-bf16 (11 + 9 + 7 + 5 candidates at 1.5 s) 42 + 48 = 90 s: it runs that
+    assert circuit.search == "exact, then multi-2-bf16 from removal 2"
+    assert circuit.timing["switched"] == [[1, "multi-2-bf16"]] and "multi-2-bf16" in circuit.note
+    assert circuit.timing["measured_s"] == pytest.approx(90.0) and circuit.timing["predicted_s"] == pytest.approx(72.0)
+    assert circuit.removed[0] == exact.removed[0] and len(set(circuit.removed)) == BUDGET
+    saved = json.loads(state.read_text())
+    assert saved["segments"] == [[0, "fast", 8, "fp32"], [1, "multi", 2, "bf16"]]
+    fake_time.now = 0.0
+    again = _extract(fake_time, time_budget=100, state_path=state)  # resumes the saved plan: no probe, no step
+    assert fake_time.now == 0.0 and again.removed == circuit.removed and again.search == circuit.search
+
+
+def test_the_bar_moves_within_a_step_one_candidate_at_a_time(monkeypatch, tmp_path):
+    updates, postfixes = [], []
+
+    class Recording(search_module.tqdm):
+        def update(self, n=1):
+            updates.append(n)
+            return super().update(n)
+
+        def set_postfix(self, ordered_dict=None, refresh=True, **kwargs):
+            postfixes.append(dict(ordered_dict or {}) | kwargs)
+            return super().set_postfix(ordered_dict, refresh, **kwargs)
+
+    monkeypatch.setattr(search_module, "tqdm", Recording)
+    model, (id_batches, ood_batches) = circuit_model(), circuit_data()
+    state = tmp_path / "state.json"
+    he.extract_circuit(model, id_batches, ood_batches, "avg", 1, method="fast", batch_size=4, state_path=state)
+    # 12 chunks of 4 examples x 2 layers of 6 candidates: a tick each time a whole candidate's work is done
+    assert updates == [1] * 12 and postfixes[0]["removal"] == "1/1"
+    updates.clear()
+    he.extract_circuit(model, id_batches, ood_batches, "avg", 3, method="fast", batch_size=4, state_path=state)
+    assert sum(updates) == 11 + 10 and len(updates) == 21  # resumed after removal 1: its 12 were counted before
+    assert [p["removal"] for p in postfixes[-2:]] == ["2/3", "3/3"]
+
+
+def test_the_fast_scorer_reports_whole_candidates_as_their_work_completes():
+    ticks = []
+    counter = scoring.Ticks(ticks.append, examples=10)
+    for work in (4, 4, 4, 30, 8):  # candidate-examples: 0.4, 0.8, 1.2, 4.2, 5.0 candidates
+        counter.add(work)
+    assert ticks == [1, 3, 1]
+
+
+def test_a_subsample_is_deterministic_in_order_and_keeps_labels():
+    id_batches, _ = circuit_data()
+    labels = torch.cat([b["labels"] for b in id_batches])
+    first = budget_module.subsample(id_batches, 15, seed=3)
+    again = budget_module.subsample(id_batches, 15, seed=3)
+    other = budget_module.subsample(id_batches, 15, seed=4)
+    assert [examples_in(b) for b in first] == [12, 3]  # in batches of the first batch's size
+    assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(first, again))
+    assert not torch.equal(first[0]["input_ids"], other[0]["input_ids"])
+    chosen = torch.randperm(24, generator=torch.Generator().manual_seed(3))[:15].sort().values
+    assert torch.equal(torch.cat([b["labels"] for b in first]), labels[chosen])
+    assert budget_module.subsample(id_batches, 100) == id_batches
+
+
+def test_an_old_state_without_timing_resumes(tmp_path):
+    """A state saved before the time budget was recorded (no segments, elapsed or plan) resumes as before."""
+    model, (id_batches, ood_batches) = circuit_model(), circuit_data()
+    state = tmp_path / "state.json"
+    fresh = he.extract_circuit(model, id_batches, ood_batches, "avg", 3, method="fast", progress=False)
+    he.extract_circuit(model, id_batches, ood_batches, "avg", 1, method="fast", state_path=state, progress=False)
+    old = {k: v for k, v in json.loads(state.read_text()).items() if k not in ("segments", "elapsed_s", "plan")}
+    state.write_text(json.dumps(old))
+    resumed = he.extract_circuit(
+        model, id_batches, ood_batches, "avg", 3, method="fast", state_path=state, progress=False
+    )
+    assert resumed.removed == fresh.removed and resumed.search == "exact"
