@@ -5,6 +5,7 @@
     python benchmarks/inference.py --device cuda --dtype bfloat16    # on a GPU
     python benchmarks/inference.py --onnx                            # + the ONNX Runtime (CPU) rows
     python benchmarks/inference.py --model tiny --onnx --batches 2   # a smoke run on a tiny random BERT
+    python benchmarks/inference.py --precision bf16 --compile        # as users run it on a CPU: bf16, compiled
 
 Rows (M = 3 members, each keeping 8 of 12 heads per layer):
   single            the HF model
@@ -20,6 +21,10 @@ Rows (M = 3 members, each keeping 8 of 12 heads per layer):
 Latency: every row timed in turn, in rounds (interleaved, the order rotated each round, so that drift of the
 machine hits all rows alike; `he.cost.interleaved_latency`); ratios to the single model are per round, shown as
 the median with the lowest and highest round, next to the ratio of FLOPs counted by torch.utils.flop_counter.
+--precision bf16 and --compile prepare every row alike, Single too (`hydra_ensembles.inference.prepare`, what
+`hydra-ens predict` / `evaluate` run: bf16 autocast; torch.compile with dynamic shapes, compiled in the untimed
+warm-up); each row then shows its largest deviation from its own fp32 eager logits on the timed batch ("max dev").
+The first line names the machine: CPU model and the instruction sets bf16 depends on, threads.
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ import transformers as T
 
 import hydra_ensembles as he
 from hydra_ensembles.cost import format_latency, interleaved_latency
+from hydra_ensembles.evaluation.compare import machine
+from hydra_ensembles.inference import describe, prepare
+from hydra_ensembles.outputs import member_logits_of
 
 
 def build(model_name: str, tokens: int, members: int):
@@ -81,6 +89,19 @@ def build(model_name: str, tokens: int, members: int):
         "hydra stack": [he.HydraEnsemble.fuse(tuned, mlp="stack")],
     }
     return models, inputs
+
+
+def row_logits(models: list, batch: dict) -> torch.Tensor:
+    """A row's logits on `batch`, its models' side by side: (B, M, C), float32."""
+    with torch.inference_mode():
+        return torch.cat([member_logits_of(model(**batch)).float() for model in models], dim=1)
+
+
+def deviations(eager: dict, prepared: dict, batch: dict) -> dict:
+    """Each row's largest |logit| difference between its prepared models and its fp32 eager ones on `batch`."""
+    return {
+        name: (row_logits(prepared[name], batch) - row_logits(eager[name], batch)).abs().max().item() for name in eager
+    }
 
 
 def runner(models: list, batch: dict, device: str):
@@ -139,9 +160,16 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--onnx", action="store_true", help="also time ONNX Runtime (CPU, fp32) sessions")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: every row under autocast")
+    parser.add_argument("--compile", action="store_true", help="every row compiled by torch.compile (dynamic shapes)")
     args = parser.parse_args()
     if args.onnx and (args.device != "cpu" or args.dtype != "float32"):
         parser.error("--onnx times ONNX Runtime's CPU session in float32: leave --device and --dtype at cpu, float32.")
+    prepared_rows = args.precision != "fp32" or args.compile
+    if prepared_rows and (args.onnx or args.dtype != "float32"):
+        parser.error("--precision bf16 and --compile prepare fp32 models: leave --dtype at float32 and --onnx off.")
+    if args.compile:  # every row's own graphs (and the pruned members' shapes) under one code object
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     onnx_folder = Path(tempfile.mkdtemp(prefix="inference-onnx-"))
     T.utils.logging.set_verbosity_error()
     dtype = getattr(torch, args.dtype)
@@ -155,8 +183,10 @@ def main() -> None:
     for name, group in models.items():
         flops[name] = sum(he.count_flops(m, probe) for m in group)
     params = {name: sum(he.count_parameters(m) for m in group) for name, group in models.items()}
-    where = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"{args.model}, {args.dtype}, {where}, M={args.members}, {args.repeats} interleaved rounds")
+    prepared = {name: [prepare(m, args.precision, args.compile) for m in group] for name, group in models.items()}
+    where = torch.cuda.get_device_name() if args.device == "cuda" else machine()
+    run_as = describe(prepared["single"][0]) if args.dtype == "float32" else args.dtype
+    print(f"{args.model}, {run_as}, M={args.members}, {args.repeats} interleaved rounds; machine: {where}")
     print(f"{'':<18}{'params':>9}{'x':>6}{'FLOPs x':>9}")  # x: ratio to the HF single model
     for name in models:
         print(
@@ -166,17 +196,20 @@ def main() -> None:
     for batch_size in args.batches:
         batch = {k: v.to(args.device) for k, v in make_inputs(batch_size).items()}
         batch = {k: v.to(dtype) if v.is_floating_point() else v for k, v in batch.items()}
-        runs = {name: runner(group, batch, args.device) for name, group in models.items()}
+        runs = {name: runner(group, batch, args.device) for name, group in prepared.items()}
+        deviation = deviations(models, prepared, batch) if prepared_rows else None  # compiles: an untimed warm-up
         if args.onnx:
             runs |= onnx_runners(models, make_inputs(2), batch, onnx_folder)
         stats = interleaved_latency(runs, repeats=args.repeats)
         header = f"{'latency ms':>12}{'examples/s':>12}{'x single (min-max)':>20}{'FLOPs x':>9}{'time/FLOPs':>11}"
+        header += f"{'max dev':>10}" if deviation else ""
         print(f"\nbatch {batch_size}:".ljust(23) + header)
         for name, stat in stats.items():
             seconds, flop_ratio = stat["seconds"], flops[name.removesuffix(" (ORT)")] / flops["single"]
             print(
                 f"  {name:<20}{seconds * 1e3:>12.1f}{batch_size / seconds:>12.1f}{format_latency(stat):>20}"
                 f"{flop_ratio:>9.2f}{stat['median'] / flop_ratio:>11.2f}"
+                + (f"{deviation[name]:>10.1e}" if deviation else "")
             )
         if args.onnx:
             print("\n".join(ratio_lines(stats)))

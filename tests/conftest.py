@@ -194,8 +194,7 @@ CONTRACT_MODELS = [
     "modernbert_encoder",
 ]
 # Families the fused engine refuses (Adapter.fusion_unsupported), left out of the fusion contracts: the reason.
-NOT_FUSED = dict.fromkeys(DEBERTA, "disentangled attention (c2p, p2c) is not in the fused engine yet")
-NOT_FUSED |= dict.fromkeys(("modernbert", "modernbert_encoder"), "rotary, local attention, gated MLP: not fused yet")
+NOT_FUSED = {"deberta_encoder": "DeBERTa-v2's ConvLayer (conv_kernel_size) is not in the fused engine"}
 FUSED_MODELS = [name for name in CONTRACT_MODELS if name not in NOT_FUSED]
 
 # At HF's init (weights std 0.02) the post-norm text classifiers' logits are ~0.03 and removing their least

@@ -1,6 +1,7 @@
 """DeBERTa-v2/v3 beyond the shared contract tests (conftest.DEBERTA runs in CONTRACT_MODELS: pruned == ablated,
 neurons pruned == zeroed): the position projections follow their heads, a head's position terms matter and go
-away when the head is ablated, Taylor scores and reference circuits run, fusion refuses with its reason."""
+away when the head is ablated, Taylor scores run, the fast circuit search (fused engine) equals the reference one,
+fusion refuses the ConvLayer with its reason."""
 
 import copy
 
@@ -106,16 +107,17 @@ def test_taylor_scores_follow_pruning():
     torch.testing.assert_close(sequential[0], scores[0])  # layer 0 is scored before anything is pruned
 
 
-def test_reference_circuit_runs_and_fusion_refuses_with_its_reason():
+def test_fast_circuit_equals_reference_and_the_conv_refuses_fusion_with_its_reason():
+    """The fast search scores candidates on the fused engine (position terms included): it must remove the heads
+    the reference search (the HF model) removes. v2-xlarge's ConvLayer is not fused: a ValueError says so."""
     model = at_trained_scale("deberta")
     id_batches = [make_inputs("deberta", seed=s) | {"labels": torch.tensor([0, 1, 2, 1])} for s in (1, 2)]
     ood_batches = [make_inputs("deberta", seed=s) for s in (3, 4)]
     circuit = he.extract_circuit(model, id_batches, ood_batches, "avg", budget=3, method="reference", progress=False)
     assert len(set(circuit.removed)) == 3 and he.kept_heads(model) == {i: list(range(HEADS)) for i in range(3)}
-    auto = he.extract_circuit(model, id_batches, ood_batches, "avg", budget=3, progress=False)  # "auto"
-    assert auto.removed == circuit.removed
-    with pytest.raises(ValueError, match="disentangled attention.*method='reference'"):
-        he.extract_circuit(model, id_batches, ood_batches, "avg", budget=3, method="fast", progress=False)
-    members = he.build_members(model, [{0: [0, 1]}, {0: [2, 3]}])
-    with pytest.raises(ValueError, match="DebertaV2ForSequenceClassification cannot be fused: DeBERTa's disentangled"):
+    fast = he.extract_circuit(model, id_batches, ood_batches, "avg", budget=3, method="fast", progress=False)
+    assert fast.removed == circuit.removed
+    encoder = at_trained_scale("deberta_encoder")
+    members = he.build_members(encoder, [{0: [0, 1]}, {0: [2, 3]}])
+    with pytest.raises(ValueError, match="DebertaV2Model cannot be fused: .*convolution after layer 0"):
         he.HydraEnsemble.fuse(members)

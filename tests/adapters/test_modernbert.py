@@ -2,15 +2,15 @@
 
 The contracts of tests/pruning (pruned == ablated heads and neurons) run on it through CONTRACT_MODELS, padded and
 under SDPA (the CPU default). Here: the same contracts under eager attention and without padding, the shapes of
-the fused tensors after pruning, save/reload, Taylor scores read from the fused projection, circuit search on the
-HF model, and fusion's refusal.
+the fused tensors after pruning, save/reload, Taylor scores read from the fused projection. Fusion's contracts
+(tests/fusion) and the fast circuit search on the fused engine (tests/importance/test_circuit.py) cover it too.
 """
 
 import copy
 
 import pytest
 import torch
-from conftest import HEADS, LAYERS, MODELS, at_trained_scale, make_inputs, output
+from conftest import HEADS, LAYERS, at_trained_scale, make_inputs, output
 from tolerances import CONTRACT, DEFECT
 
 import hydra_ensembles as he
@@ -105,20 +105,3 @@ def test_neuron_scores_are_one_per_gated_unit():
     mlp = model.model.layers[1].mlp  # neuron k: its input row k, its gate row 37 + k, its output column k
     expected = torch.cat([mlp.Wi.weight[:37], mlp.Wi.weight[37:], mlp.Wo.weight.T], dim=1).norm(dim=1)
     torch.testing.assert_close(magnitudes[1], expected.detach())
-
-
-def test_circuit_search_runs_on_the_hf_model_and_the_fast_search_says_why_not():
-    model = at_trained_scale("modernbert")
-    id_batches = [make_inputs("modernbert", seed=s) | {"labels": torch.tensor([0, 1, 2, 1])} for s in (1, 2)]
-    ood_batches = [make_inputs("modernbert", seed=s) for s in (3, 4)]
-    circuit = he.extract_circuit(model, id_batches, ood_batches, "avg", budget=3, method="reference", progress=False)
-    assert len(circuit.removed) == 3 and sum(map(len, circuit.head_map().values())) == LAYERS * HEADS - 3
-    auto = he.extract_circuit(model, id_batches, ood_batches, "avg", budget=3, progress=False)  # method "auto"
-    assert auto.removed == circuit.removed and auto.search == circuit.search
-    with pytest.raises(ValueError, match="cannot be fused: .*rotary"):
-        he.extract_circuit(model, id_batches, ood_batches, "avg", budget=3, method="fast", progress=False)
-
-
-def test_fusion_refuses_modernbert_and_names_the_reason():
-    with pytest.raises(ValueError, match="ModernBertForSequenceClassification cannot be fused: .*rotary.*sliding"):
-        he.HydraEnsemble.fuse([MODELS["modernbert"]()])

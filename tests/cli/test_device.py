@@ -13,10 +13,11 @@ from cli_support import TOPICS, hydra_ens, text_encoder, text_files
 
 from hydra_ensembles import metrics
 from hydra_ensembles.cli import bench, build_parser, main
-from hydra_ensembles.cli.common import CommandError, inference_precision, resolve_device
+from hydra_ensembles.cli.common import CommandError, resolve_device
 from hydra_ensembles.cli.predict import predictions
 from hydra_ensembles.data.files import read_encoded
 from hydra_ensembles.evaluation.ood import OOD_SCORES
+from hydra_ensembles.inference import prepare
 from hydra_ensembles.outputs import collect_member_logits
 from hydra_ensembles.predictors import load_classifier, load_preprocessor
 from hydra_ensembles.uncertainty import ensemble_probs
@@ -155,8 +156,7 @@ def test_bf16_inference_on_cpu_is_close_to_fp32_and_not_the_same(classifier, tex
     kind, tokenizer = load_preprocessor(classifier)
     batches = read_encoded(text_files["new"], kind, tokenizer, model.config, labelled=False).batches
     fp32 = collect_member_logits(model, batches)
-    with inference_precision("bf16", torch.device("cpu")):
-        bf16 = collect_member_logits(model, batches)
+    bf16 = collect_member_logits(prepare(model, "bf16"), batches)
     assert bf16.dtype == torch.float32 and not torch.equal(bf16, fp32)  # autocast ran: the logits moved a little
     torch.testing.assert_close(ensemble_probs(bf16.double()), ensemble_probs(fp32.double()), atol=2e-2, rtol=0)
 

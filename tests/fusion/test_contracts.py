@@ -65,12 +65,11 @@ def test_contract4_average_is_exact_for_members_sharing_their_mlps(name, num_mem
     """Zero-shot members differ only in their heads (and their classifiers): averaging changes nothing."""
     model, inputs = at_trained_scale(name), make_inputs(name)
     members = he.build_members(model, random_head_maps(num_members, seed=5))
+    # MPNet's relative position bias and DeBERTa's distance-table norm are shared by all layers, so not the
+    # classifier's: a shift would hide
+    shared = ("layer", "embeddings", "pre_layrnorm", "relative_attention_bias", "encoder.LayerNorm")
     for i, member in enumerate(members[1:], start=1):  # own classifiers, shared everything else
-        head = [
-            p
-            for n, p in member.named_parameters()
-            if not any(k in n for k in ("layer", "embeddings", "pre_layrnorm", "relative_attention_bias"))
-        ]  # MPNet's relative position bias is shared by all layers, so not the classifier's: a shift would hide
+        head = [p for n, p in member.named_parameters() if not any(k in n for k in shared)]
         with torch.no_grad():
             for p in head:
                 p.add_(0.05 * i)

@@ -12,7 +12,21 @@ import hydra_ensembles as he
 from hydra_ensembles.fusion import ensemble as ensemble_module
 
 
-@pytest.mark.parametrize("name", ["bert", "dinov2", "clip_text", "clip_classifier", "siglip_text", "siglip_vision"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "bert",
+        "dinov2",
+        "clip_text",
+        "clip_classifier",
+        "siglip_text",
+        "siglip_vision",
+        "modernbert",
+        "modernbert_encoder",
+        "deberta",
+        "deberta_p2c",
+    ],
+)
 @pytest.mark.parametrize("mlp", ["average", "stack"])
 def test_reload_gives_identical_outputs(name, mlp, tmp_path):
     members = [perturb(m, seed=i) for i, m in enumerate(he.build_members(MODELS[name](), random_head_maps(3, seed=7)))]

@@ -16,7 +16,8 @@ import hydra_ensembles as he
 from hydra_ensembles import training as ft
 from hydra_ensembles.predictors import load_predictor
 
-CLASSIFIERS = ["bert", "roberta", "mpnet", "distilbert", "vit", "deit_teacher", "dinov2"]
+CLASSIFIERS = ["bert", "roberta", "mpnet", "distilbert", "vit", "deit_teacher", "dinov2", "modernbert", "deberta"]
+CLASSIFIERS += ["deberta_c2p"]  # DeBERTa-v2's own position projections, trained in the fused layer
 ONE_STEP = ft.TEXT_RECIPE.with_(epochs=1, lr=1e-2, warmup=0.0, patience=None)
 
 

@@ -246,6 +246,7 @@ def _labelled(name, seeds, classes):
         ("dinov2", 5, "avg", 3),
         ("mpnet", 3, "avg", 4),
         ("distilbert", 3, "ood", 3),
+        ("modernbert", 3, "avg", 4),
     ],
 )
 def test_fast_equals_reference(name, classes, criterion, budget):

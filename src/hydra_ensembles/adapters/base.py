@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -48,6 +48,29 @@ class LayerNames:
     head_rows: tuple[str, ...] = ()
 
 
+class LayerAttention(NamedTuple):
+    """What one layer's attention takes besides its input, for families whose layers differ in it.
+
+    mask: bool, True = may attend: (B, 1, 1|T, T) or (T, T), or None for full attention.
+    rotary: (cos, sin), each (1|B, T, dh): rotary position embeddings rotated into every head's q and k, or None.
+    positions: (P, d), a table of position embeddings that every head projects through its own query and key
+        projections (DeBERTa's relative-distance table), or None; (M, P, d) in the fused engine when the members'
+        embeddings differ (each member's heads project its own table).
+    score_bias: `score_bias(q, k, pos_q, pos_k)` -> the additive scores (..., H, T, T) of each head, from its q and
+        k (..., H, T, dh) (all T query rows) and its projections of `positions`, pos_q and pos_k (..., H, P, dh)
+        (the leading axes broadcast; None where `position_blocks` names none); the engine adds them to
+        q.k * scaling before the softmax. None: no bias.
+    position_blocks: which of a head's projections make pos_q and pos_k: 0, 1, 2 its query, key and value, 3...
+        the `Block.position_projections` the layer has, in order; None for none.
+    """
+
+    mask: Tensor | None
+    rotary: tuple[Tensor, Tensor] | None = None
+    positions: Tensor | None = None
+    score_bias: Callable[[Tensor, Tensor, Tensor | None, Tensor | None], Tensor] | None = None
+    position_blocks: tuple[int | None, int | None] = (0, 1)
+
+
 @dataclass
 class Block:
     """One layer's modules as fusion reads them (the live HF modules, not copies).
@@ -56,13 +79,16 @@ class Block:
     query/key/value: Linear d -> H*dh (rows grouped per head), or with fused_qkv one Linear d -> 3*H*dh (rows
     [q | k | v]) for all three; output: Linear H*dh -> d (columns per head); mlp_in: Linear d -> F, or with
     gated_mlp d -> 2F (rows [input | gate]); mlp_out: Linear F -> d; scale1/scale2: (d,) layer-scale vectors or None.
+    A Linear or LayerNorm may lack its bias (ModernBERT); norm1 may be an Identity (ModernBERT's first layer).
+    position_projections: further Linears d -> H*dh with rows grouped per head that the layer applies to a
+    position table, not to its input (`LayerNames.head_rows`: DeBERTa's pos_key_proj, pos_query_proj).
     """
 
     query: nn.Linear
     key: nn.Linear
     value: nn.Linear
     output: nn.Linear
-    norm1: nn.LayerNorm
+    norm1: nn.LayerNorm | nn.Identity
     norm2: nn.LayerNorm
     mlp_in: nn.Linear
     mlp_out: nn.Linear
@@ -71,6 +97,11 @@ class Block:
     scale2: Tensor | None
     fused_qkv: bool = False
     gated_mlp: bool = False
+    position_projections: tuple[nn.Linear, ...] = ()
+
+    def fused_rows(self) -> tuple[tuple[nn.Linear, slice], ...]:
+        """What fusion keeps per head: `projection_rows`, then each position projection whole."""
+        return self.projection_rows() + tuple((linear, slice(None)) for linear in self.position_projections)
 
     def projection_rows(self) -> tuple[tuple[nn.Linear, slice], ...]:
         """Where the query, key and value projections sit: (Linear, its rows) for each, in that order; the three
@@ -123,8 +154,7 @@ class Adapter(ABC):
             longest, for towers that mask padding and pool a token they find) or "max_length" (SigLIP's text
             tower pools the last position, so its embeddings depend on the padded length: pad as it was trained).
         specs: supported HF class name -> `ModelSpec`.
-        fusion_unsupported: why the fused engine cannot run this family (`HydraEnsemble.fuse` refuses with it);
-            None when it can.
+    Override `fusion_unsupported` for models the fused engine cannot run.
     """
 
     name: ClassVar[str]
@@ -137,7 +167,10 @@ class Adapter(ABC):
     causal: ClassVar[bool] = False
     prompt_padding: ClassVar[bool | str] = True
     specs: ClassVar[dict[str, ModelSpec]]
-    fusion_unsupported: ClassVar[str | None] = None
+
+    def fusion_unsupported(self, model: nn.Module) -> str | None:
+        """Why the fused engine cannot run `model` (`HydraEnsemble.fuse` refuses with it); None when it can."""
+        return None
 
     # ---- what runs before the first layer and after the last one ----
 
@@ -254,6 +287,7 @@ class Adapter(ABC):
             scale2=_get_attr(layer, names.scale2) if names.scale2 else None,
             fused_qkv=names.fused_qkv,
             gated_mlp=names.gated_mlp,
+            position_projections=tuple(self.head_row_linears(layer).values()),
         )
 
     def head_row_linears(self, layer: nn.Module) -> dict[str, nn.Linear]:
@@ -270,6 +304,13 @@ class Adapter(ABC):
         """An additive bias that every layer adds to its attention scores, one plane per original head,
         (H, T, T), computed once before the first layer from tensors under `embedding_paths` (MPNet's relative
         position bias); None for families without one."""
+        return None
+
+    def layer_attention(self, backbone: nn.Module, inputs: Inputs, seq_len: int) -> list[LayerAttention] | None:
+        """One `LayerAttention` per layer, for families whose layers differ in their masks or take rotary
+        positions (ModernBERT: sliding-window masks in its local layers, a rotary table per layer type), computed
+        once before the first layer from tensors under `embedding_paths` that all members share. Families that
+        override it get these in place of `attention_mask` (and `attention_bias`); None: they do not."""
         return None
 
     def set_projections(

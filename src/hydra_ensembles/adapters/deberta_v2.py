@@ -14,18 +14,22 @@ grouped per head as W_q and W_k do, so pruning a head removes its rows of every 
 scale sqrt(dh * (1 + number of position terms)), does not change; `num_attention_heads` and `all_head_size` do.
 Ablating a head (zeroing its columns of W_o) removes its position terms with it: they only shape its attention.
 
-The fused engine does not carry the position terms yet (docs/adapters.md, "DeBERTa: what fusion needs"), so this
-adapter refuses fusion (`fusion_unsupported`). Pruning, MLP-neuron pruning, Taylor head scores and circuit search
-with `method="reference"` work, as they run the HF model. `ConvLayer` (`conv_kernel_size` > 0, v2-xlarge), which
-runs after layer 0, is left whole.
+The fused engine carries both terms: `layer_attention` hands every layer the normed distance table and
+`_disentangled_scores`, and each fused head projects the table through its own rows of W_pq and W_pk (kept in the
+fused layer beside its q, k, v rows) or, with `share_att_key`, of W_q and W_k (docs/adapters.md, "DeBERTa:
+fusion"). It refuses (`fusion_unsupported`) v2-xlarge's `ConvLayer` (`conv_kernel_size` > 0, run after layer 0):
+such models prune, score and run circuit search with `method="reference"`, as HF models.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import Tensor, nn
+from transformers.models.deberta_v2.modeling_deberta_v2 import build_relative_position
 
-from .base import Adapter, Inputs, LayerNames, ModelSpec
+from .base import Adapter, Inputs, LayerAttention, LayerNames, ModelSpec
 
 
 def _first_token(model: nn.Module, hidden: Tensor, inputs: Inputs) -> Tensor:
@@ -59,10 +63,6 @@ class DebertaV2Adapter(Adapter):
     embedding_paths = ("embeddings", "encoder.rel_embeddings", "encoder.LayerNorm")
     input_names = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
     required_inputs = ("input_ids",)
-    fusion_unsupported = (
-        "DeBERTa's disentangled attention (its c2p and p2c position scores) is not in the fused engine yet; "
-        "prune, score and evaluate the members as HF models (circuit search: method='reference')"
-    )
     specs = {
         "DebertaV2Model": ModelSpec(backbone="", head=_first_token, classifier=False, head_tokens=1),
         "DebertaV2ForSequenceClassification": ModelSpec(
@@ -80,3 +80,68 @@ class DebertaV2Adapter(Adapter):
             position_ids=inputs.get("position_ids"),
             mask=torch.ones_like(ids) if padding is None else padding,
         )  # (B, T, d)
+
+    def fusion_unsupported(self, model: nn.Module) -> str | None:
+        if getattr(self.config(model), "conv_kernel_size", 0) <= 0:
+            return None
+        return (
+            "the fused engine does not carry DeBERTa-v2's convolution after layer 0 (conv_kernel_size > 0); prune, "
+            "score and evaluate the members as HF models (circuit search: method='reference')"
+        )
+
+    def scaling(self, model: nn.Module) -> float:
+        """1 / sqrt(dh * (1 + number of position terms)), as HF scales content and position scores alike."""
+        return (self.head_dim(model) * (1 + len(_position_terms(self.config(model))))) ** -0.5
+
+    def layer_attention(self, backbone: nn.Module, inputs: Inputs, seq_len: int) -> list[LayerAttention]:
+        """Every layer: the padding mask and, with relative attention, the normed distance table (2S, d) and the
+        scores of `_disentangled_scores` for T = seq_len tokens."""
+        config = backbone.config
+        mask = self.attention_mask(inputs, seq_len)  # (B, 1, 1, T) or None
+        terms = _position_terms(config)
+        if not (config.relative_attention and terms):
+            return [LayerAttention(mask)] * config.num_hidden_layers
+        encoder = backbone.encoder
+        span = encoder.position_buckets if encoder.position_buckets > 0 else encoder.max_relative_positions  # S
+        tokens = encoder.rel_embeddings.weight.new_empty(seq_len, 0)  # build_relative_position reads T only
+        relative = build_relative_position(tokens, tokens, encoder.position_buckets, encoder.max_relative_positions)
+        scores = partial(
+            _disentangled_scores,
+            c2p=(relative[0] + span).clamp(0, 2 * span - 1) if "c2p" in terms else None,
+            p2c=(span - relative[0]).clamp(0, 2 * span - 1) if "p2c" in terms else None,
+            scale=(self.head_dim(backbone) * (1 + len(terms))) ** 0.5,
+        )
+        table = encoder.get_rel_embedding()[: 2 * span]  # (2S, d)
+        attention = LayerAttention(mask, positions=table, score_bias=scores, position_blocks=_position_blocks(config))
+        return [attention] * config.num_hidden_layers
+
+
+def _position_blocks(config) -> tuple[int | None, int | None]:
+    """Which per-head projections of a fused layer (0 q, 1 k, 2 v, 3... the `head_rows` a layer has: pos_key_proj,
+    pos_query_proj) make pos_q and pos_k: W_q and W_k with `share_att_key`, else the layer's own."""
+    if config.share_att_key:
+        return 0, 1
+    own = [name for name in ("c2p", "p2c") if name in _position_terms(config)]  # pos_key_proj for c2p first
+    return (3 + own.index("p2c") if "p2c" in own else None), (3 if "c2p" in own else None)
+
+
+def _position_terms(config) -> list[str]:
+    return [term for term in ("c2p", "p2c") if term in (config.pos_att_type or [])]
+
+
+def _disentangled_scores(
+    q: Tensor, k: Tensor, pos_q: Tensor, pos_k: Tensor, *, c2p: Tensor | None, p2c: Tensor | None, scale: float
+) -> Tensor:
+    """HF's `disentangled_attention_bias` per head: c2p[i, j] = q_i . pos_k[c2p(i, j)] and p2c[i, j] =
+    k_j . pos_q[p2c(j, i)], each divided by `scale`. q, k (..., H, T, dh); pos_q, pos_k (..., H, 2S, dh)
+    (broadcastable); c2p, p2c: (T, T) bucket indices into the table, or None where the model lacks the term.
+    Returns (..., H, T, T)."""
+    scores = 0
+    if c2p is not None:
+        by_bucket = q @ pos_k.transpose(-1, -2)  # (..., H, T, 2S)
+        scores = scores + by_bucket.gather(-1, c2p.expand(*by_bucket.shape[:-1], c2p.shape[-1])) / scale
+    if p2c is not None:
+        by_bucket = k @ pos_q.transpose(-1, -2)  # (..., H, T, 2S)
+        gathered = by_bucket.gather(-1, p2c.expand(*by_bucket.shape[:-1], p2c.shape[-1]))
+        scores = scores + gathered.transpose(-1, -2) / scale
+    return scores

@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="score on at most N ID and N OOD validation examples, drawn without replacement by --sample-seed "
         "(faster: a search's time is proportional to the examples; default: all)",
     )
-    parser.add_argument("--sample-seed", type=int, default=0, help="seed of the --max-examples subsample (default: 0)")
+    parser.add_argument("--sample-seed", type=int, default=0, help="seed of the --max-examples subsample")
     parser.add_argument(
         "--top",
         type=int,

@@ -4,7 +4,6 @@ model it does not take. The output directory each step records is `step.py`."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
 import shlex
@@ -17,10 +16,10 @@ from torch import nn
 
 from ..adapters import UnsupportedModelError
 from ..data.files import Encoded, read_encoded
+from ..inference import PRECISION_CONTEXTS, prepare
 from ..predictors import check_supported, describe_saved, load_classifier, load_preprocessor, saved_kind
 from ..predictors.clip_zero_shot import DEFAULT_TEMPLATES, TwoTowerModel
 from ..predictors.load import HFModel
-from ..training.recipes import PRECISIONS
 
 
 class CommandError(Exception):
@@ -160,21 +159,26 @@ def add_device_argument(parser: argparse.ArgumentParser, applies_to: str = "") -
     )
 
 
-def add_inference_precision_argument(parser: argparse.ArgumentParser) -> None:
-    """--precision of the commands that only run models forward (predict, evaluate)."""
+def add_inference_options(parser: argparse.ArgumentParser) -> None:
+    """--precision and --compile of the commands that only run models forward (predict, evaluate)."""
     parser.add_argument(
         "--precision",
-        choices=PRECISIONS,
+        choices=list(PRECISION_CONTEXTS),
         default="fp32",
         help="bf16: the forward passes under bfloat16 autocast (faster on GPUs and on CPUs with AMX or "
         "AVX512-BF16; probabilities differ from fp32 by about 1e-2); metrics are computed in float64 either way",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="run the model compiled by torch.compile (dynamic shapes): the same outputs up to float rounding, "
+        "after a compilation of seconds to minutes that pays off over many batches (docs/performance.md)",
+    )
 
 
-def inference_precision(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """The context the forward passes run in: as the model is (fp32), or under bfloat16 autocast. Autocast leaves
-    float64 tensors alone, so the metrics computed inside it are unchanged."""
-    return torch.autocast(device.type, torch.bfloat16, enabled=precision == "bf16")
+def prepared(model: nn.Module, args: argparse.Namespace) -> nn.Module:
+    """The model as --precision and --compile run it (`hydra_ensembles.inference.prepare`); on its device."""
+    return prepare(model, args.precision, args.compile)
 
 
 def resolve_device(name: str) -> torch.device:

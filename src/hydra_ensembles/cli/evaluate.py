@@ -14,6 +14,7 @@ each model's result is recorded in results.json and its logits kept in logits/ a
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -46,6 +47,7 @@ from ..evaluation.tables import (
     table_lines,
 )
 from ..fusion import HydraEnsemble
+from ..inference import describe
 from ..io import without_late_defaults, write_json_atomic
 from ..model_card import write_card
 from ..outputs import labels_of
@@ -56,12 +58,12 @@ from .common import (
     CommandError,
     add_data_options,
     add_device_argument,
-    add_inference_precision_argument,
+    add_inference_options,
     add_zero_shot_options,
     classifier_at,
     data_settings,
-    inference_precision,
     named_sources,
+    prepared,
     read_data,
     resolve_device,
     zero_shot_options,
@@ -118,7 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_data_options(parser)
     add_zero_shot_options(parser)
     add_device_argument(parser)
-    add_inference_precision_argument(parser)
+    add_inference_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -140,7 +142,9 @@ def run(args: argparse.Namespace) -> int:
         "sets": {group: {n: fingerprint_path(p, f"--{group}") for n, p in s.items()} for group, s in sets.items()},
         **data_settings(args),
         # reports made before the flag ran in fp32: they stay valid for it
-        **without_late_defaults({"precision": args.precision}, {"precision": "fp32"}),
+        **without_late_defaults(
+            {"precision": args.precision, "compile": args.compile}, {"precision": "fp32", "compile": False}
+        ),
         **without_late_defaults({"conformal": args.conformal}, {"conformal": None}),
         **without_late_defaults({"score": args.score}, {"score": "msp"}),
         **({} if args.shift is None else {"shift": args.shift, "severities": args.severities}),
@@ -151,24 +155,23 @@ def run(args: argparse.Namespace) -> int:
     built = _built(args, models, sets, device)
     _check_conformal(args.conformal, len(labels_of(next(iter(built.values())).data.test)))
     shifted = None if args.shift is None else _shift_inputs(args, models, built)
-    builds = {name: (lambda name=name: built[name]) for name in built}
-    with inference_precision(args.precision, device):  # the metrics are float64: autocast leaves them alone
-        results = compare(
-            builds,
-            None,
-            out.path / "results.json",
-            out.path / "logits",
-            progress=not args.quiet,
-            require_logits=True,
-            score=args.score,
-        )
+    run = {name: replace(row, predictor=prepared(row.predictor, args)) for name, row in built.items()}
+    builds = {name: (lambda name=name: run[name]) for name in run}
+    results = compare(
+        builds,
+        None,
+        out.path / "results.json",
+        out.path / "logits",
+        progress=not args.quiet,
+        require_logits=True,
+        score=args.score,
+    )
     logits = {name: torch.load(row_file(out.path / "logits", name)) for name in results}
     labels = labels_of(next(iter(built.values())).data.test)
     latency = None
     if args.latency_repeats:
-        batches = {name: row.data.test[0] for name, row in built.items()}
-        with inference_precision(args.precision, device):
-            latency = time_rows({name: row.predictor for name, row in built.items()}, batches, args.latency_repeats)
+        batches = {name: row.data.test[0] for name, row in run.items()}
+        latency = time_rows({name: row.predictor for name, row in run.items()}, batches, args.latency_repeats)
     rows = aggregate({0: results})
     selective = {name: selective_metrics(logits[name]["test"], labels) for name in results}  # from the kept logits
     for name, values in selective.items():
@@ -179,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         f"Test data: `{args.data}` ({len(labels)} examples); OOD sets: "
         + (", ".join(f"{n} (`{p}`, {g})" for g, s in sets.items() for n, p in s.items()) or "none"),
         "",
-        f"Machine: {machine()}",
+        f"Machine: {machine()}; models run {describe(next(iter(run.values())).predictor)}",
         "",
         *table_lines(rows, latency, EVALUATE_COLUMNS),
         "",
@@ -205,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
             "latency": latency,
             "selective": {"coverage": COVERAGE_LEVEL, "risk": RISK_LEVEL, "models": selective},
             "conformal": None if conformal is None else {"alpha": args.conformal, "models": conformal},
+            "inference": {"precision": args.precision, "compile": args.compile},
         },
     )
     for name, path in models.items():  # each model's card (README.md beside its weights) shows these metrics
@@ -214,10 +218,9 @@ def run(args: argparse.Namespace) -> int:
     curves = {name: (ensemble_probs(v["test"]), labels) for name, v in logits.items()}
     plots.risk_coverage(curves, out.path / "risk_coverage.png", "evaluation: risk-coverage (test)")
     if shifted is not None:
-        with inference_precision(args.precision, device):
-            by_model = {
-                name: shift_curve(built[name].predictor, **kw, progress=not args.quiet) for name, kw in shifted.items()
-            }
+        by_model = {
+            name: shift_curve(run[name].predictor, **kw, progress=not args.quiet) for name, kw in shifted.items()
+        }
         _write_shift(by_model, args.data, out.path)
     out.finish({"models": list(results)})
     print("\n".join(lines))

@@ -20,6 +20,7 @@ import torch
 from ..evaluation.conformal import SCORES as CONFORMAL_SCORES
 from ..evaluation.conformal import SplitConformal, miscoverage
 from ..evaluation.scores import collect_scores
+from ..inference import describe
 from ..outputs import collect_member_logits, labels_of
 from ..predictors import class_names, model_config
 from ..uncertainty import ensemble_probs, mutual_information
@@ -27,10 +28,10 @@ from .common import (
     CommandError,
     add_data_options,
     add_device_argument,
-    add_inference_precision_argument,
+    add_inference_options,
     add_zero_shot_options,
     classifier_at,
-    inference_precision,
+    prepared,
     read_data,
     resolve_device,
     zero_shot_options,
@@ -78,29 +79,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_data_options(parser)
     add_zero_shot_options(parser)
     add_device_argument(parser)
-    add_inference_precision_argument(parser)
+    add_inference_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model_dir = check_model_dir(args.model)
     model = classifier_at(model_dir, zero_shot=zero_shot_options(args)).to(device)  # first: what it is decides
+    model = prepared(model, args)  # --precision, --compile
     if (args.calibration is None) == (args.threshold is None):
         raise CommandError("give either --calibration (ID validation inputs) or --threshold, exactly one of them.")
     if not 0 < args.tpr <= 1:
         raise CommandError(f"--tpr must be in (0, 1], got {args.tpr}.")
     if args.conformal is not None and args.calibration is None:
         raise CommandError("--conformal calibrates on labelled --calibration inputs: give them, not --threshold.")
-    threshold, origin = _threshold(args, model, model_dir, device)
-    conformal = _conformal(args, model, model_dir, device) if args.conformal is not None else None
+    threshold, origin = _threshold(args, model, model_dir)
+    conformal = _conformal(args, model, model_dir) if args.conformal is not None else None
     data = read_data(args, args.inputs, model_dir, model_config(model), labelled=False, flag="--inputs")
-    with inference_precision(args.precision, device):
-        member_logits, scores = collect_scores(model, data.batches, args.score, not args.quiet)
+    member_logits, scores = collect_scores(model, data.batches, args.score, not args.quiet)
     member_logits = member_logits.double()  # (N, M, C), as evaluation
     rows = predictions(member_logits, scores, threshold, class_names(model), data.examples.names)
     header = (
         f"OOD flag: {args.score} score > {threshold:.4f} (threshold {origin}); "
-        f"{sum(r['ood'] for r in rows)} of {len(rows)} inputs flagged; members: {member_logits.shape[1]}"
+        f"{sum(r['ood'] for r in rows)} of {len(rows)} inputs flagged; members: {member_logits.shape[1]}; "
+        f"run: {describe(model)}"
     )
     if conformal is not None:
         header += "\n" + _add_sets(rows, conformal, member_logits, class_names(model))
@@ -119,26 +121,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _threshold(args: argparse.Namespace, model, model_dir, device: torch.device) -> tuple[float, str]:
+def _threshold(args: argparse.Namespace, model, model_dir) -> tuple[float, str]:
     """The OOD threshold, and where it came from: --threshold, or chosen on the --calibration inputs."""
     if args.calibration is None:
         return args.threshold, "given by --threshold"
     calibration = read_data(
         args, args.calibration, model_dir, model_config(model), labelled=False, flag="--calibration"
     )
-    with inference_precision(args.precision, device):
-        _, id_scores = collect_scores(model, calibration.batches, args.score, not args.quiet)
+    _, id_scores = collect_scores(model, calibration.batches, args.score, not args.quiet)
     threshold, accepted = id_threshold(id_scores, args.tpr)
     return threshold, (
         f"chosen on {len(id_scores)} ID calibration inputs to accept {args.tpr:.1%} of them (accepts {accepted:.1%})"
     )
 
 
-def _conformal(args: argparse.Namespace, model, model_dir, device: torch.device) -> SplitConformal:
+def _conformal(args: argparse.Namespace, model, model_dir) -> SplitConformal:
     """Split conformal at --conformal with --conformal-score, calibrated on the labelled --calibration inputs."""
     calibration = read_data(args, args.calibration, model_dir, model_config(model), labelled=True, flag="--calibration")
-    with inference_precision(args.precision, device):
-        member_logits = collect_member_logits(model, calibration.batches, not args.quiet)
+    member_logits = collect_member_logits(model, calibration.batches, not args.quiet)
     probs, labels = ensemble_probs(member_logits.double()), labels_of(calibration.batches)
     return SplitConformal(args.conformal, args.conformal_score).calibrate(probs, labels)
 

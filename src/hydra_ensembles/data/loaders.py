@@ -69,7 +69,8 @@ def check_shapes(inputs: Mapping[str, Any]) -> None:
             shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
             raise ValueError(f"{key} must be a (batch, seq_len) tensor, got {shape}. Batch your sequences.")
     shapes = {key: tuple(inputs[key].shape) for key in _TOKEN_INPUTS if inputs.get(key) is not None}
-    if len(set(shapes.values())) > 1:
+    # compared, not hashed into a set: hashing would fix the shapes for torch.compile (one graph per shape)
+    if any(shape != next(iter(shapes.values())) for shape in shapes.values()):
         raise ValueError(f"token inputs disagree in shape: {shapes}. Pad them to one (batch, seq_len).")
     pixels = inputs.get("pixel_values")
     if pixels is not None and (not isinstance(pixels, Tensor) or pixels.dim() != 4):

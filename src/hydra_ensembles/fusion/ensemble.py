@@ -23,7 +23,7 @@ import torch
 import transformers
 from torch import Tensor, nn
 
-from ..adapters import Adapter, Block, adapter_by_name, get_adapter
+from ..adapters import Adapter, adapter_by_name, get_adapter
 from ..data.loaders import Batch, split_batch, to_device
 from ..io import reading_dir, save_dir_atomic, write_json_atomic
 from ..outputs import PredictorOutput
@@ -31,7 +31,7 @@ from ..pruning import HeadMap, base_fingerprint, kept_heads
 from ..pruning.persist import clear_structures
 from ..uncertainty import ensemble_probs
 from ..version import __version__
-from .layer import FusedLayer, MLPMode, share_average_or_stack
+from .layer import FusedLayer, MLPMode, batch_rows, layer_inputs, repeat_rows, share_average_or_stack
 from .outer import OuterModules, TensorStore
 
 CONFIG_NAME = "hydra_config.json"
@@ -226,7 +226,7 @@ class HydraEnsemble(nn.Module):
             member = copy.deepcopy(template)
             with torch.no_grad():
                 for layer, hf_layer in zip(self.layers, self.adapter.layers(member)):
-                    _write_block(layer, m, self.adapter.block(hf_layer))
+                    layer.write_member(m, self.adapter.block(hf_layer))
                 state = dict(member.named_parameters()) | dict(member.named_buffers())
                 for name, tensor in self.outer.shared.tensors().items():
                     state[name].copy_(tensor)
@@ -243,14 +243,20 @@ class HydraEnsemble(nn.Module):
         inputs, _ = split_batch(self.adapter, inputs)
         x, mask = self.embed(inputs)  # x: (1, B, T, d) when shared, else (M, B, T, d)
         batch, tokens = x.shape[1], x.shape[2]
-        step = batch if self.max_rows is None else max(1, self.max_rows // (self.num_members * tokens))
-        chunks = max(1, math.ceil(batch / step))
-        step = max(1, math.ceil(batch / chunks))  # chunks of even size: 32 at <= 10 a chunk is 4 x 8, not 10+10+10+2
+        whole = torch.compiler.is_compiling()  # compiled: one unsliced chunk, or each batch size would recompile
+        step = batch if self.max_rows is None or whole else max(1, self.max_rows // (self.num_members * tokens))
+        if not whole:
+            chunks = max(1, math.ceil(batch / step))
+            step = max(1, math.ceil(batch / chunks))  # even chunks: 32 at <= 10 a chunk is 4 x 8, not 10+10+10+2
         outs, hiddens = [], []
-        for start in range(0, batch, step):  # rows are independent: chunks only bound the working set
+        for start in [0] if whole else range(0, batch, step):  # rows are independent: chunks bound the working set
             rows = slice(start, start + step)
-            part = {k: v[rows] if isinstance(v, Tensor) and v.shape[0] == batch else v for k, v in inputs.items()}
-            part_mask = mask[rows] if mask is not None and mask.dim() == 4 else mask
+            part = (
+                inputs
+                if whole
+                else {k: v[rows] if isinstance(v, Tensor) and v.shape[0] == batch else v for k, v in inputs.items()}
+            )
+            part_mask = mask if whole else batch_rows(mask, rows, batch)
             h = self.run_layers(x[:, rows], part_mask, queries=None if output_hidden_states else self.head_tokens)
             outs.append(self.classify(h, part))  # (M, b, C) or (M, b, D)
             hiddens.append(h if output_hidden_states else None)
@@ -270,9 +276,14 @@ class HydraEnsemble(nn.Module):
         Returns x (1, B, T, d) when the members share their embeddings (else (M, B, T, d)) and the mask, as every
         layer takes it: bool, (B, 1, 1|T, T) or (T, T), or None; or, for families whose layers share an additive
         score bias (MPNet), float (B, G*H, T, T): one plane per original head of each of G = 1 or M bias copies,
-        -inf where the padding mask forbids."""
+        -inf where the padding mask forbids; or, for families whose layers differ in it (ModernBERT), a list of
+        one `LayerAttention` per layer (mask and rotary table). Pass it on as it is: the engine's steps pick
+        each layer's part."""
         x = self.outer.embed(inputs)
         batch, tokens = x.shape[1], x.shape[2]
+        per_layer = self.outer.layer_attention(inputs, tokens)
+        if per_layer is not None:
+            return x, per_layer
         mask = self.adapter.attention_mask(inputs, tokens)
         bias = self.outer.attention_bias(tokens)  # (G, H, T, T) or None
         if bias is None:
@@ -287,8 +298,8 @@ class HydraEnsemble(nn.Module):
         layers <= last share, since turning a head off in layer l changes nothing below l."""
         x, mask = self.embed(inputs)
         states = [x]
-        for layer in self.layers[:last]:
-            states.append(layer(states[-1], mask))
+        for index, layer in enumerate(self.layers[:last]):
+            states.append(layer(states[-1], layer_inputs(mask, index)))
         return states, mask
 
     def ablation_candidates(
@@ -296,7 +307,13 @@ class HydraEnsemble(nn.Module):
     ) -> Tensor:
         """Layer `layer`'s output once per candidate head (slot) turned off, from its input x (1, B, T, d) of a
         one-member engine: (C, B, T, d), or (C, B, q, d) with `queries` (see `FusedLayer.ablation_candidates`)."""
-        return self.layers[layer].ablation_candidates(x, mask, slots, queries)
+        return self.layers[layer].ablation_candidates(x, layer_inputs(mask, layer), slots, queries)
+
+    @staticmethod
+    def tile_mask(mask: Any, count: int, batch: int) -> Any:
+        """The mask as `embed` returned it for a batch of `batch` rows, for `count` copies of that batch stacked
+        copy-major on the batch axis (candidates scored as streams): per-example parts repeated, shared ones kept."""
+        return repeat_rows(mask, count, batch)
 
     def classify(self, hidden: Tensor, inputs: dict[str, Any]) -> Tensor:
         """Each member's head (final norm, pooler, classifier) on its last-layer states hidden (M, B, T|q, d):
@@ -314,7 +331,7 @@ class HydraEnsemble(nn.Module):
         for index in range(start, len(self.layers)):
             if index >= self.trunk:
                 x = x.expand(self.num_members, *x.shape[1:])
-            x = self.layers[index](x, mask, queries if index == last else None)
+            x = self.layers[index](x, layer_inputs(mask, index), queries if index == last else None)
         return x.expand(self.num_members, *x.shape[1:])
 
     # ---- saving ----
@@ -411,8 +428,8 @@ def _check_members(members: Sequence[nn.Module], mlp: str) -> None:
             "hydra_ensembles.prune_heads(base, {}) on the base before copying it, to record its fingerprint."
         )
     adapter = get_adapter(members[0])
-    if adapter.fusion_unsupported:
-        raise ValueError(f"{classes[0]} cannot be fused: {adapter.fusion_unsupported}.")
+    if refusal := adapter.fusion_unsupported(members[0]):
+        raise ValueError(f"{classes[0]} cannot be fused: {refusal}.")
     for field in ("hidden_size", "num_hidden_layers", "num_attention_heads"):
         values = [getattr(adapter.config(m), field, None) for m in members]
         if len(set(values)) > 1:
@@ -479,27 +496,6 @@ def fusion_deviation(
     return worst
 
 
-def _write_block(layer: FusedLayer, m: int, block: Block) -> None:
-    """Member m's slice of a fused layer into its HF layer `block` (the inverse of `FusedLayer.from_blocks`); a
-    tensor with one copy (G = 1) is the members' shared one."""
-
-    def own(tensor: Tensor) -> Tensor:
-        return tensor[m] if tensor.shape[0] > 1 else tensor[0]
-
-    layer.member_attention(m).write_block(block)
-    for which in (1, 2):
-        norm = getattr(block, f"norm{which}")
-        norm.weight.copy_(own(getattr(layer, f"norm{which}_weight")))
-        norm.bias.copy_(own(getattr(layer, f"norm{which}_bias")))
-    block.mlp_in.weight.copy_(own(layer.mlp_in_weight).T)
-    block.mlp_in.bias.copy_(own(layer.mlp_in_bias)[0])
-    block.mlp_out.weight.copy_(own(layer.mlp_out_weight).T)
-    block.mlp_out.bias.copy_(own(layer.mlp_out_bias)[0])
-    if block.scale1 is not None:
-        block.scale1.copy_(own(layer.scale1))
-        block.scale2.copy_(own(layer.scale2))
-
-
 def _member_output(adapter: Adapter, member: nn.Module, inputs: dict) -> Tensor:
     was_training = member.training
     member.eval()
@@ -526,9 +522,10 @@ def _skeleton(
         "head_dim": adapter.head_dim(model),
         "scaling": adapter.scaling(model),
         "norm_position": adapter.norm_position,
-        "eps": (block.norm1.eps, block.norm2.eps),
+        "eps": (getattr(block.norm1, "eps", block.norm2.eps), block.norm2.eps),  # ModernBERT: an Identity norm1
         "activation": block.activation,
         "num_heads": adapter.num_heads(model),
+        "projections": len(block.fused_rows()),
     }
     adapter.backbone(model).set_submodule(adapter.layers_path, nn.ModuleList())
     return model.eval(), layer_kwargs

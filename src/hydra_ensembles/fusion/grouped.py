@@ -15,33 +15,50 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def grouped_linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """y[m] = x[m] @ weight[g(m)] + bias[g(m)].
+def grouped_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """y[m] = x[m] @ weight[g(m)] + bias[g(m)] (no bias term where `bias` is None).
 
     Shapes: x (M, N, d_in); weight (G, d_in, d_out); bias (G, 1, d_out); returns (M, N, d_out); G in {1, M}.
     Note the weight is stored transposed relative to `nn.Linear` (d_in first) so `baddbmm` reads it directly.
     """
     members, rows, d_in = x.shape
     if weight.shape[0] == 1:  # shared: one matmul over all member rows
-        return torch.addmm(bias[0], x.reshape(members * rows, d_in), weight[0]).view(members, rows, -1)
-    tracking = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad)
-    if x.device.type != "cpu" or tracking:
-        return torch.baddbmm(bias, x, weight)  # one batched kernel (and the only path autograd can follow)
+        return _affine(x.reshape(members * rows, d_in), weight[0], bias, 0).view(members, rows, -1)
+    if x.device.type != "cpu" or not _may_write_out(x, weight, bias):  # one batched kernel
+        return torch.bmm(x, weight) if bias is None else torch.baddbmm(bias, x, weight)
     # On CPU, MKL's batched GEMM ran 15-30% slower than M plain GEMMs into one output (benchmarks/inference.py)
     out = x.new_empty(members, rows, weight.shape[2])
     for m in range(members):
-        torch.addmm(bias[m], x[m], weight[m], out=out[m])
+        _affine(x[m], weight[m], bias, m, out=out[m])
     return out
 
 
-def grouped_layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
-    """LayerNorm over the last axis with per-member (G = M) or shared (G = 1) affine parameters.
+def _affine(x: Tensor, weight: Tensor, bias: Tensor | None, m: int, out: Tensor | None = None) -> Tensor:
+    """x @ weight + bias[m], written to `out` when given. x (N, d_in), weight (d_in, d_out), bias (G, 1, d_out)."""
+    if bias is None:
+        return torch.mm(x, weight, out=out)
+    return torch.addmm(bias[m], x, weight, out=out)
+
+
+def _may_write_out(x: Tensor, *tensors: Tensor | None) -> bool:
+    """Whether ops may write into a preallocated output: not while autograd records (it follows only
+    out-of-place ops), nor under autocast (which skips out= ops)."""
+    tracking = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, *tensors))
+    return not tracking and not torch.is_autocast_enabled(x.device.type)
+
+
+def grouped_layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:
+    """LayerNorm over the last axis with per-member (G = M) or shared (G = 1) affine parameters (no bias where
+    `bias` is None).
 
     Shapes: x (M, N, d); weight, bias (G, d); returns (M, N, d).
     """
     if weight.shape[0] == 1:
-        return F.layer_norm(x, x.shape[-1:], weight[0], bias[0], eps)
-    return torch.addcmul(bias[:, None, :], F.layer_norm(x, x.shape[-1:], eps=eps), weight[:, None, :])
+        return F.layer_norm(x, x.shape[-1:], weight[0], None if bias is None else bias[0], eps)
+    normed = F.layer_norm(x, x.shape[-1:], eps=eps)
+    if bias is None:
+        return normed * weight[:, None, :]
+    return torch.addcmul(bias[:, None, :], normed, weight[:, None, :])
 
 
 def group_scale(x: Tensor, scale: Tensor | None) -> Tensor:
@@ -49,8 +66,9 @@ def group_scale(x: Tensor, scale: Tensor | None) -> Tensor:
     return x if scale is None else x * scale[:, None, :]
 
 
-def ragged_linear(x: Tensor, weight: Tensor, bias: Tensor, widths: Sequence[int]) -> Tensor:
-    """y[m] = x[:, cols_m] @ weight[cols_m] + bias[m]: member m's block of features through its block of rows.
+def ragged_linear(x: Tensor, weight: Tensor, bias: Tensor | None, widths: Sequence[int]) -> Tensor:
+    """y[m] = x[:, cols_m] @ weight[cols_m] + bias[m]: member m's block of features through its block of rows
+    (no bias term where `bias` is None).
 
     Shapes: x (N, W), weight (W, d_out), bias (M, 1, d_out), returns (M, N, d_out); `widths` (M,) sum to W and
     cols_m are member m's, after those of members 0..m-1 (a width of 0 gives the bias alone). The ragged
@@ -58,10 +76,9 @@ def ragged_linear(x: Tensor, weight: Tensor, bias: Tensor, widths: Sequence[int]
     """
     starts = [sum(widths[:m]) for m in range(len(widths))]
     blocks = [(x[:, s : s + w], weight[s : s + w]) for s, w in zip(starts, widths)]
-    tracking = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad)
-    if tracking:
-        return torch.stack([torch.addmm(bias[m], a, w) for m, (a, w) in enumerate(blocks)])
+    if not _may_write_out(x, weight, bias):
+        return torch.stack([_affine(a, w, bias, m) for m, (a, w) in enumerate(blocks)])
     out = x.new_empty(len(widths), x.shape[0], weight.shape[1])
     for m, (a, w) in enumerate(blocks):  # M plain GEMMs into one output, as `grouped_linear` on CPU
-        torch.addmm(bias[m], a, w, out=out[m])
+        _affine(a, w, bias, m, out=out[m])
     return out

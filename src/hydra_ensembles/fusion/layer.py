@@ -19,7 +19,18 @@ Attention has two layouts, chosen per layer from the head counts (each computes 
 
 A family whose layers share an additive score bias (MPNet's relative position bias) passes it in place of the
 boolean mask: float (B, G*H, T, T), one plane per original head of G = 1 or M copies; each head then reads the
-plane of the original head it is (`bias_index`).
+plane of the original head it is (`bias_index`). A family whose layers differ in their masks or take rotary
+positions (ModernBERT) passes each layer its `LayerAttention` (the adapter's `layer_attention`): its mask, and
+(cos, sin) rotated into every head's q and k before the attention. A family whose heads score positions through
+their own projections (DeBERTa's disentangled c2p and p2c terms) passes a position table and a `score_bias`
+function: each head projects the table through its own q and k columns of the layer (so a member's heads use
+that member's weights, in either layout) and the function turns q, k and those projections into additive scores,
+which go to `scaled_dot_product_attention` as a float mask (the padding mask folded in).
+
+The MLP is act(x W_in + b_in) W_out + b_out, or gated (GeGLU, ModernBERT: `mlp_gate_weight` present)
+(act(x W_in + b_in) * (x W_gate + b_gate)) W_out + b_out. A bias the members lack (ModernBERT has none) and a
+norm they lack (ModernBERT's first layer has an Identity before its attention) are absent here too: no tensor,
+no term, so that nothing trains what the HF members cannot hold.
 """
 
 from __future__ import annotations
@@ -32,45 +43,54 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..adapters import Block
+from ..adapters.base import LayerAttention
 from .grouped import group_scale, grouped_layer_norm, grouped_linear, ragged_linear
 
 MLPMode = Literal["average", "stack"]
 # Tensors a layer may share between members, each with its group axis G. Attention is never shared.
 SHAREABLE = ("norm1", "norm2", "mlp", "scale1", "scale2")
+# What a layer's attention takes besides its input: a mask, a score bias (see the module docstring) or, per layer,
+# a `LayerAttention` (mask and rotary positions)
+AttentionInputs = Tensor | LayerAttention | None
 ATTENTION = ("qkv_weight", "qkv_bias", "o_weight", "o_bias")
+# Tensors a layer holds only where its family has them
+OPTIONAL = ("qkv_bias", "o_bias", "norm1_weight", "scale1", "scale2", "mlp_gate_weight")
+OPTIONAL += tuple(f"{prefix}_bias" for prefix in ("norm1", "norm2", "mlp_in", "mlp_gate", "mlp_out"))
 
 
 class MemberAttention(NamedTuple):
     """One member's attention in a layer, keeping H_m heads: its block of either layout.
 
-    qkv_weight (d, 3*H_m*dh) with columns [q heads | k heads | v heads], qkv_bias (1, 3*H_m*dh),
-    o_weight (H_m*dh, d), o_bias (1, d)."""
+    qkv_weight (d, n*H_m*dh) with columns [q heads | k heads | v heads | further per-head rows], qkv_bias
+    (1, n*H_m*dh), o_weight (H_m*dh, d), o_bias (1, d); n = 3 + the family's further per-head projections
+    (`Block.position_projections`: DeBERTa's W_pk, W_pq, applied to its position table only); a bias is None
+    where the HF layer has none (q, k and v: none of them)."""
 
     qkv_weight: Tensor
-    qkv_bias: Tensor
+    qkv_bias: Tensor | None
     o_weight: Tensor
-    o_bias: Tensor
+    o_bias: Tensor | None
 
     @classmethod
     def from_block(cls, block: Block, count: int, head_dim: int) -> MemberAttention:
         """The first `count` heads of an HF layer (a member with no heads left keeps a zero placeholder: skipped)."""
         rows = count * head_dim
-        linears = (block.query, block.key, block.value)
-        weight = torch.cat([linear.weight[:rows] for linear in linears]).T  # (d, 3*H_m*dh)
-        biases = [linear.bias[:rows] if linear.bias is not None else weight.new_zeros(rows) for linear in linears]
-        output = block.output
-        o_bias = output.bias if output.bias is not None else weight.new_zeros(output.weight.shape[0])
-        return cls(weight, torch.cat(biases)[None], output.weight[:, :rows].T, o_bias[None])
+        projections = block.fused_rows()  # (Linear, its rows) for q, k, v and any further per-head projection
+        weight = torch.cat([linear.weight[own][:rows] for linear, own in projections]).T  # (d, n*H_m*dh)
+        biases = [_bias_rows(linear, own, rows, weight) for linear, own in projections]
+        qkv_bias = None if all(linear.bias is None for linear, _ in projections) else torch.cat(biases)[None]
+        o_bias = None if block.output.bias is None else block.output.bias[None]
+        return cls(weight, qkv_bias, block.output.weight[:, :rows].T, o_bias)
 
     def write_block(self, block: Block) -> None:
         """Into an HF layer that keeps these H_m heads first (the inverse of `from_block`)."""
         rows = self.o_weight.shape[0]
-        for j, linear in enumerate((block.query, block.key, block.value)):
-            linear.weight[:rows].copy_(self.qkv_weight[:, j * rows : (j + 1) * rows].T)
-            if linear.bias is not None:
-                linear.bias[:rows].copy_(self.qkv_bias[0, j * rows : (j + 1) * rows])
+        for j, (linear, own) in enumerate(block.fused_rows()):
+            linear.weight[own][:rows].copy_(self.qkv_weight[:, j * rows : (j + 1) * rows].T)
+            if linear.bias is not None and self.qkv_bias is not None:
+                linear.bias[own][:rows].copy_(self.qkv_bias[0, j * rows : (j + 1) * rows])
         block.output.weight[:, :rows].copy_(self.o_weight.T)
-        if block.output.bias is not None:
+        if block.output.bias is not None and self.o_bias is not None:
             block.output.bias.copy_(self.o_bias[0])
 
 
@@ -78,14 +98,16 @@ class FusedLayer(nn.Module):
     """M members' copies of one layer. `kept_heads[m]`: the original indices of the heads member m keeps here.
 
     Tensors (see the module docstring for symbols and layouts):
-        padded: qkv_weight (G, d, 3*Hp*dh), qkv_bias (G, 1, 3*Hp*dh): columns [q heads | k heads | v heads];
-            o_weight (G, Hp*dh, d), o_bias (G, 1, d)
-        ragged (no group axis: each tensor holds every member's block): qkv_weight (d, 3*H_tot*dh),
-            qkv_bias (3*H_tot*dh,): member m's columns [q heads | k heads | v heads] after those of members
+        padded: qkv_weight (G, d, n*Hp*dh), qkv_bias (G, 1, n*Hp*dh): columns [q heads | k heads | v heads]
+            (and n - 3 further per-head blocks, see `MemberAttention`); o_weight (G, Hp*dh, d), o_bias (G, 1, d)
+        ragged (no group axis: each tensor holds every member's block): qkv_weight (d, n*H_tot*dh),
+            qkv_bias (n*H_tot*dh,): member m's columns [q heads | k heads | v heads | ...] after those of members
             0..m-1; o_weight (H_tot*dh, d), its rows in the same order; o_bias (M, 1, d)
-        norm1_weight, norm1_bias, norm2_weight, norm2_bias (G, d)
+        norm1_weight, norm1_bias, norm2_weight, norm2_bias (G, d): norm1 absent where the layer has none
         mlp_in_weight (G, d, F), mlp_in_bias (G, 1, F), mlp_out_weight (G, F, d), mlp_out_bias (G, 1, d)
+        mlp_gate_weight (G, d, F), mlp_gate_bias (G, 1, F): a gated MLP's gate (ModernBERT), absent otherwise
         scale1, scale2 (G, d): layer scale (DINOv2), absent otherwise
+        every bias is absent where the members have none (ModernBERT)
     `tensors` may hold the attention in either layout (ensembles saved before the ragged layout are padded); the
     layer converts it to the one `ragged` names (None: ragged exactly when the members' head counts differ).
     """
@@ -101,6 +123,7 @@ class FusedLayer(nn.Module):
         norm_position: Literal["pre", "post"],
         eps: tuple[float, float],
         activation: Callable[[Tensor], Tensor],
+        projections: int = 3,
         ragged: bool | None = None,
     ):
         super().__init__()
@@ -109,14 +132,18 @@ class FusedLayer(nn.Module):
         self.padded_heads = max(self.head_counts, default=0)  # Hp
         self.ragged = len(set(self.head_counts)) > 1 if ragged is None else ragged
         self.head_dim = head_dim
+        self.projections = projections  # n: per-head projection blocks of qkv_weight (see `MemberAttention`)
         stored_ragged = tensors["qkv_weight"].dim() == 2
         if stored_ragged != self.ragged:
-            members = [_member_attention(tensors, self.head_counts, head_dim, m) for m in range(len(kept_heads))]
-            tensors = tensors | _attention_tensors(members, self.ragged)
+            members = [
+                _member_attention(tensors, self.head_counts, head_dim, m, projections) for m in range(len(kept_heads))
+            ]
+            tensors = tensors | _attention_tensors(members, self.ragged, projections)
         for name, tensor in tensors.items():
             self.register_parameter(name, nn.Parameter(tensor, requires_grad=tensor.is_floating_point()))
-        if "scale1" not in tensors:
-            self.scale1 = self.scale2 = None
+        for name in OPTIONAL:
+            if name not in tensors:
+                setattr(self, name, None)
         self.num_heads = num_heads  # heads per layer of the unpruned model
         self._register_bias_index()
         self.scaling = scaling
@@ -150,7 +177,7 @@ class FusedLayer(nn.Module):
         ragged = len(set(head_counts)) > 1
         with torch.no_grad():  # _attention_tensors copies the members' blocks
             members = [MemberAttention.from_block(b, n, layer_kwargs["head_dim"]) for b, n in zip(blocks, head_counts)]
-            attention = _attention_tensors(members, ragged)
+            attention = _attention_tensors(members, ragged, layer_kwargs.get("projections", 3))
         if not ragged and all(torch.equal(t[m], t[0]) for t in attention.values() for m in range(1, len(blocks))):
             attention = {name: t[:1].clone() for name, t in attention.items()}  # identical members: one copy
         rest, averaged = _shared_or_stacked(blocks, mlp)
@@ -162,7 +189,7 @@ class FusedLayer(nn.Module):
         """Member m's attention block (views), of this layer's parameters or of `tensors` laid out as they are
         (their gradients, say)."""
         source = dict(self.named_parameters()) if tensors is None else tensors
-        return _member_attention(source, self.head_counts, self.head_dim, m)
+        return _member_attention(source, self.head_counts, self.head_dim, m, self.projections)
 
     def with_layout(self, ragged: bool) -> FusedLayer:
         """A copy of this layer with its attention in the given layout (the same function): a padded copy of a
@@ -175,6 +202,7 @@ class FusedLayer(nn.Module):
 
     def _constants(self) -> dict:
         kwargs = {"num_heads": self.num_heads, "head_dim": self.head_dim, "scaling": self.scaling}
+        kwargs["projections"] = self.projections
         return kwargs | {"norm_position": self.norm_position, "eps": self.eps, "activation": self.activation}
 
     def repeat(self, members: int, stack: bool) -> FusedLayer:
@@ -195,9 +223,9 @@ class FusedLayer(nn.Module):
         """True when every tensor has one copy (G = 1): the layer is the same function for every member."""
         return all(p.shape[0] == 1 for p in self.parameters()) and len({tuple(h) for h in self.kept_heads}) <= 1
 
-    def forward(self, x: Tensor, mask: Tensor | None, queries: int | None = None) -> Tensor:
+    def forward(self, x: Tensor, mask: AttentionInputs, queries: int | None = None) -> Tensor:
         """x: (M, B, T, d) member streams; mask: bool, (B, 1, 1|T, T) or (T, T), or None; or a score bias
-        (B, G*H, T, T) (see the module docstring).
+        (B, G*H, T, T); or a `LayerAttention` (see the module docstring).
 
         Returns (M, B, T, d), or (M, B, q, d) with `queries=q`: only the first q token rows are computed (keys
         and values still come from all T tokens) — all a last layer needs when the head reads [CLS] only.
@@ -210,7 +238,7 @@ class FusedLayer(nn.Module):
         out = self.residuals(flat, attention)
         return out.view(members, batch, queries or tokens, d)
 
-    def attention(self, x: Tensor, batch: int, mask: Tensor | None, queries: int | None = None) -> Tensor:
+    def attention(self, x: Tensor, batch: int, mask: AttentionInputs, queries: int | None = None) -> Tensor:
         """The attention block's output (after W_o, before the residual). x: (M, N, d) -> (M, B*q, d)."""
         if self.ragged:
             heads = self.attend_ragged(x, batch, mask, queries)  # (B*q, H_tot*dh)
@@ -219,7 +247,7 @@ class FusedLayer(nn.Module):
         return grouped_linear(self.attend(x, batch, mask, queries), self.o_weight, self.o_bias)
 
     def ablation_candidates(
-        self, x: Tensor, mask: Tensor | None, slots: Sequence[int], queries: int | None = None
+        self, x: Tensor, mask: AttentionInputs, slots: Sequence[int], queries: int | None = None
     ) -> Tensor:
         """This layer's output once per candidate, each with one head turned off (W_o's block zeroed, §D.1.2).
 
@@ -251,7 +279,7 @@ class FusedLayer(nn.Module):
         x = self.norm(x + attention, 1)
         return self.norm(x + self.mlp(x), 2)
 
-    def attend(self, x: Tensor, batch: int, mask: Tensor | None, queries: int | None = None) -> Tensor:
+    def attend(self, x: Tensor, batch: int, mask: AttentionInputs, queries: int | None = None) -> Tensor:
         """Padded layout: all members' heads before the output projection. x: (M, N, d) -> (M, B*q, Hp*dh),
         q = queries or T."""
         members, rows, _ = x.shape
@@ -259,35 +287,83 @@ class FusedLayer(nn.Module):
         out_rows = batch * (queries or tokens)
         if heads == 0:  # no member keeps a head here: the block adds W_o's bias only
             return x.new_zeros(members, out_rows, 0)
-        qkv = grouped_linear(x, self.qkv_weight, self.qkv_bias)  # (M, N, 3*Hp*dh)
+        width = 3 * heads * head_dim  # the q, k, v columns (further per-head blocks project positions only)
+        bias = None if self.qkv_bias is None else self.qkv_bias[..., :width]
+        qkv = grouped_linear(x, self.qkv_weight[..., :width], bias)  # (M, N, 3*Hp*dh)
         qkv = qkv.view(members * batch, tokens, 3, heads, head_dim)  # (M*B, T, 3, Hp, dh)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (M*B, Hp, T, dh), views: no copy
+        inputs = _split(mask)
+        scores = None if inputs.score_bias is None else self.position_scores(inputs, q, k, members)
+        mask, rotary = inputs.mask, inputs.rotary
         q, mask = _first_queries(q, mask, queries)  # (M*B, Hp, q, dh)
+        if rotary is not None:
+            q, k = _rotate(q, rotary, members), _rotate(k, rotary, members)
         if mask is not None and mask.is_floating_point():
             mask = self.member_bias(mask, members)  # (M*B, Hp, q|T, T)
         elif mask is not None and mask.dim() == 4 and members > 1:  # (B, 1, 1|T, T) -> (M*B, 1, 1|T, T)
             mask = mask.expand(members, *mask.shape).reshape(members * batch, *mask.shape[1:])
+        if scores is not None:
+            mask = _with_scores(scores, mask, queries)  # (M*B, Hp, q, T)
         z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)  # (M*B, Hp, q, dh)
         return z.transpose(1, 2).reshape(members, out_rows, heads * head_dim)  # (M, B*q, Hp*dh)
 
-    def attend_ragged(self, x: Tensor, batch: int, mask: Tensor | None, queries: int | None = None) -> Tensor:
+    def attend_ragged(self, x: Tensor, batch: int, mask: AttentionInputs, queries: int | None = None) -> Tensor:
         """Ragged layout: all members' heads before the output projection. x: (M, N, d) -> (B*q, H_tot*dh),
         member m's heads in its block of columns, q = queries or T."""
         tokens, head_dim = x.shape[1] // batch, self.head_dim
         parts, start = [], 0
         for m, count in enumerate(self.head_counts):
-            columns = slice(3 * start * head_dim, 3 * (start + count) * head_dim)
+            begin = self.projections * start * head_dim  # member m's block; its q, k, v columns come first
+            columns = slice(begin, begin + 3 * count * head_dim)
             start += count
             if count:  # member m's q/k/v from its own stream: (N, 3*H_m*dh)
-                qkv = torch.addmm(self.qkv_bias[columns], x[m], self.qkv_weight[:, columns])
+                weight = self.qkv_weight[:, columns]
+                bias = None if self.qkv_bias is None else self.qkv_bias[columns]
+                qkv = x[m] @ weight if bias is None else torch.addmm(bias, x[m], weight)
                 parts.append(qkv.view(batch, tokens, 3, count, head_dim))  # (B, T, 3, H_m, dh)
         qkv = torch.cat(parts, dim=3)  # (B, T, 3, H_tot, dh)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H_tot, T, dh), views: no copy
+        inputs = _split(mask)
+        scores = None if inputs.score_bias is None else self.position_scores_ragged(inputs, q, k)
+        mask, rotary = inputs.mask, inputs.rotary
         q, mask = _first_queries(q, mask, queries)  # (B, H_tot, q, dh)
+        if rotary is not None:
+            q, k = _rotate(q, rotary), _rotate(k, rotary)
         if mask is not None and mask.is_floating_point():
             mask = self.head_bias(mask)  # (B, H_tot, q|T, T); a boolean mask broadcasts over the heads as it is
+        if scores is not None:
+            mask = _with_scores(scores, mask, queries)  # (B, H_tot, q, T)
         z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)  # (B, H_tot, q, dh)
         return z.transpose(1, 2).reshape(-1, start * head_dim)  # (B*q, H_tot*dh)
+
+    def position_scores(self, inputs: LayerAttention, q: Tensor, k: Tensor, members: int) -> Tensor:
+        """Padded layout: the family's score bias of every slot, from its own projections of the position table.
+        q, k (M*B, Hp, T, dh) -> (M*B, Hp, T, T)."""
+        table = inputs.positions  # (P, d), or (M, P, d): each member's own
+        table = table if table.dim() == 3 else table.expand(self.qkv_weight.shape[0], *table.shape)  # (G', P, d)
+        groups, positions, heads, head_dim = table.shape[0], table.shape[1], self.padded_heads, self.head_dim
+        pos = grouped_linear(table, self.qkv_weight, self.qkv_bias)  # (G', P, n*Hp*dh), G' = M if either has M
+        pos = pos.view(groups, 1, positions, self.projections, heads, head_dim).permute(3, 0, 1, 4, 2, 5)
+        per_member = [t.reshape(members, -1, *t.shape[1:]) for t in (q, k)]  # (M, B, Hp, T, dh)
+        pos_q, pos_k = (None if j is None else pos[j] for j in inputs.position_blocks)  # (G', 1, Hp, P, dh)
+        return inputs.score_bias(*per_member, pos_q, pos_k).flatten(0, 1)
+
+    def position_scores_ragged(self, inputs: LayerAttention, q: Tensor, k: Tensor) -> Tensor:
+        """Ragged layout: as `position_scores`, each head projecting the table through its member's columns.
+        q, k (B, H_tot, T, dh) -> (B, H_tot, T, T)."""
+        table = inputs.positions  # (P, d), or (M, P, d): each member's own
+        parts, start = [], 0
+        for m, count in enumerate(self.head_counts):  # member m's columns [q | k | v heads] follow those of 0..m-1
+            width = self.projections * self.head_dim  # per head
+            columns = slice(start * width, (start + count) * width)
+            start += count
+            own = table[m] if table.dim() == 3 else table  # (P, d)
+            weight = self.qkv_weight[:, columns]
+            pos = own @ weight if self.qkv_bias is None else torch.addmm(self.qkv_bias[columns], own, weight)
+            parts.append(pos.view(own.shape[0], self.projections, count, self.head_dim))  # (P, n, H_m, dh)
+        pos = torch.cat(parts, dim=2).permute(1, 2, 0, 3)  # (n, H_tot, P, dh)
+        pos_q, pos_k = (None if j is None else pos[j] for j in inputs.position_blocks)  # (H_tot, P, dh)
+        return inputs.score_bias(q, k, pos_q, pos_k)
 
     def member_bias(self, bias: Tensor, members: int) -> Tensor:
         """Padded layout: each member's slots' planes of a shared score bias: (B, G*H, R, T) -> (M*B, Hp, R, T)."""
@@ -308,11 +384,77 @@ class FusedLayer(nn.Module):
     def mlp(self, x: Tensor) -> Tensor:
         """x: (M, N, d) -> (M, N, d)."""
         hidden = self.activation(grouped_linear(x, self.mlp_in_weight, self.mlp_in_bias))  # (M, N, F)
+        if self.mlp_gate_weight is not None:
+            hidden = hidden * grouped_linear(x, self.mlp_gate_weight, self.mlp_gate_bias)
         return grouped_linear(hidden, self.mlp_out_weight, self.mlp_out_bias)
 
     def norm(self, x: Tensor, which: int) -> Tensor:
         weight, bias = getattr(self, f"norm{which}_weight"), getattr(self, f"norm{which}_bias")
-        return grouped_layer_norm(x, weight, bias, self.eps[which - 1])
+        return x if weight is None else grouped_layer_norm(x, weight, bias, self.eps[which - 1])
+
+    def write_member(self, m: int, block: Block) -> None:
+        """Member m's slice of this layer into its HF layer `block` (the inverse of `from_blocks`); a tensor with
+        one copy (G = 1) is the members' shared one."""
+        self.member_attention(m).write_block(block)
+        for tensors in _block_groups(block).values():
+            for name, target in tensors.items():  # views of the HF tensors
+                target.copy_(_own(getattr(self, name), m))
+
+
+def _split(mask: AttentionInputs) -> LayerAttention:
+    """A layer's mask (or score bias), rotary table and position scoring, whichever way they were passed."""
+    return mask if isinstance(mask, LayerAttention) else LayerAttention(mask)
+
+
+def _with_scores(scores: Tensor, mask: Tensor | None, queries: int | None) -> Tensor:
+    """A family's additive scores (R, H, T, T) as SDPA's float mask: the first `queries` rows, the lowest float
+    where the boolean `mask` (broadcastable) forbids (as HF's masked_fill), (R, H, q, T)."""
+    scores = scores if queries is None else scores[..., :queries, :]
+    return scores if mask is None else scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+
+
+def _rotate(x: Tensor, rotary: tuple[Tensor, Tensor], members: int = 1) -> Tensor:
+    """Rotary position embedding of q or k, in float32 as HF applies it. x (R*b, H, t, dh) for R = `members`
+    stacked streams of b = 1|B rows each; cos, sin (1|B, T, dh), of which the first t positions are used."""
+    cos, sin = (table[:, : x.shape[-2]] for table in rotary)
+    if cos.shape[0] > 1 and members > 1:  # per-row positions: one table per row of each member's stream
+        cos, sin = cos.repeat(members, 1, 1), sin.repeat(members, 1, 1)
+    cos, sin = cos[:, None], sin[:, None]  # (1|R*B, 1, t, dh)
+    x32 = x.float()
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
+    return (x32 * cos + rotated * sin).to(x.dtype)
+
+
+def layer_inputs(mask: AttentionInputs | Sequence[LayerAttention], layer: int) -> AttentionInputs:
+    """What layer `layer` takes of what `HydraEnsemble.embed` returned: its own `LayerAttention` where the
+    family gives one per layer, else the one mask (or score bias) all layers share."""
+    return mask[layer] if isinstance(mask, (list, tuple)) and not isinstance(mask, LayerAttention) else mask
+
+
+def batch_rows(mask: AttentionInputs | Sequence[LayerAttention], rows: slice, batch: int):
+    """The rows `rows` of a mask, score bias, `LayerAttention` or per-layer list of them for a batch of `batch`
+    rows (a tensor with one row, or none, is shared by all rows and kept whole)."""
+    return _per_example(mask, batch, lambda tensor: tensor[rows])
+
+
+def repeat_rows(mask: AttentionInputs | Sequence[LayerAttention], count: int, batch: int):
+    """A mask, score bias, `LayerAttention` or per-layer list of them for `count` copies of a batch of `batch`
+    rows stacked copy-major on the batch axis (count*batch rows); a tensor with one row, or none, stays shared."""
+    return _per_example(mask, batch, lambda tensor: tensor.repeat(count, *[1] * (tensor.dim() - 1)))
+
+
+def _per_example(mask: AttentionInputs | Sequence[LayerAttention], batch: int, fn: Callable[[Tensor], Tensor]):
+    """`fn` applied to every per-example tensor (its first axis the `batch` rows: a mask, a score bias, a rotary
+    table) of a mask, `LayerAttention` or per-layer list of them; the same structure back."""
+    if isinstance(mask, Tensor):
+        return fn(mask) if mask.dim() >= 3 and mask.shape[0] == batch else mask
+    if isinstance(mask, LayerAttention):
+        rotary = None if mask.rotary is None else tuple(_per_example(t, batch, fn) for t in mask.rotary)
+        return mask._replace(mask=_per_example(mask.mask, batch, fn), rotary=rotary)
+    if isinstance(mask, (list, tuple)):
+        return [_per_example(entry, batch, fn) for entry in mask]
+    return mask
 
 
 def _first_queries(q: Tensor, mask: Tensor | None, queries: int | None) -> tuple[Tensor, Tensor | None]:
@@ -325,73 +467,74 @@ def _first_queries(q: Tensor, mask: Tensor | None, queries: int | None) -> tuple
 
 
 def _member_attention(
-    tensors: Mapping[str, Tensor], head_counts: Sequence[int], head_dim: int, m: int
+    tensors: Mapping[str, Tensor], head_counts: Sequence[int], head_dim: int, m: int, projections: int
 ) -> MemberAttention:
-    """Member m's block (views) of attention tensors in either layout (a 2-D qkv_weight is ragged)."""
-    qkv_weight, qkv_bias, o_weight, o_bias = (tensors[name] for name in ATTENTION)
+    """Member m's block (views) of attention tensors in either layout (a 2-D qkv_weight is ragged), whose
+    qkv_weight holds `projections` per-head blocks."""
+    qkv_weight, qkv_bias, o_weight, o_bias = (tensors.get(name) for name in ATTENTION)
     rows = head_counts[m] * head_dim
-    own_bias = o_bias[m] if o_bias.shape[0] > 1 else o_bias[0]  # (1, d)
+    own_bias = None if o_bias is None else _own(o_bias, m)  # (1, d)
     if qkv_weight.dim() == 2:  # ragged: member m's columns follow those of members 0..m-1
         start = sum(head_counts[:m]) * head_dim
-        columns = slice(3 * start, 3 * (start + rows))
-        return MemberAttention(
-            qkv_weight[:, columns], qkv_bias[None, columns], o_weight[start : start + rows], own_bias
-        )
+        columns = slice(projections * start, projections * (start + rows))
+        own_qkv_bias = None if qkv_bias is None else qkv_bias[None, columns]
+        return MemberAttention(qkv_weight[:, columns], own_qkv_bias, o_weight[start : start + rows], own_bias)
     g = m if qkv_weight.shape[0] > 1 else 0  # padded: G = 1 when the members are identical
-    width = qkv_weight.shape[2] // 3  # Hp*dh
-    blocks = [slice(j * width, j * width + rows) for j in range(3)]  # member m's q, k, v slots
+    width = qkv_weight.shape[2] // projections  # Hp*dh
+    blocks = [slice(j * width, j * width + rows) for j in range(projections)]  # member m's q, k, v, ... slots
     return MemberAttention(
         torch.cat([qkv_weight[g, :, s] for s in blocks], dim=1),
-        torch.cat([qkv_bias[g, :, s] for s in blocks], dim=1),
+        None if qkv_bias is None else torch.cat([qkv_bias[g, :, s] for s in blocks], dim=1),
         o_weight[g, :rows],
         own_bias,
     )
 
 
-def _attention_tensors(members: Sequence[MemberAttention], ragged: bool) -> dict[str, Tensor]:
-    """The layer's attention tensors in one layout from the members' blocks (see `FusedLayer`)."""
-    o_bias = torch.stack([member.o_bias for member in members])  # (M, 1, d)
+def _attention_tensors(members: Sequence[MemberAttention], ragged: bool, projections: int) -> dict[str, Tensor]:
+    """The layer's attention tensors in one layout from the members' blocks (see `FusedLayer`); no bias tensor
+    where the members have none."""
     if ragged:
-        return {
-            "qkv_weight": torch.cat([member.qkv_weight for member in members], dim=1),  # (d, 3*H_tot*dh)
-            "qkv_bias": torch.cat([member.qkv_bias[0] for member in members]),  # (3*H_tot*dh,)
+        tensors = {
+            "qkv_weight": torch.cat([member.qkv_weight for member in members], dim=1),  # (d, n*H_tot*dh)
             "o_weight": torch.cat([member.o_weight for member in members]),  # (H_tot*dh, d)
-            "o_bias": o_bias,
         }
-    first = members[0].o_bias
-    width = max(member.o_weight.shape[0] for member in members)  # Hp*dh
-    qkv_weight = first.new_zeros(len(members), first.shape[1], 3 * width)
-    qkv_bias = first.new_zeros(len(members), 1, 3 * width)
-    o_weight = first.new_zeros(len(members), width, first.shape[1])
-    for m, member in enumerate(members):  # the slots past H_m stay zero
+        if members[0].qkv_bias is not None:
+            tensors["qkv_bias"] = torch.cat([member.qkv_bias[0] for member in members])  # (n*H_tot*dh,)
+    else:
+        tensors = _padded_attention(members, projections)
+    if members[0].o_bias is not None:
+        tensors["o_bias"] = torch.stack([member.o_bias for member in members])  # (M, 1, d)
+    return tensors
+
+
+def _padded_attention(members: Sequence[MemberAttention], projections: int) -> dict[str, Tensor]:
+    """q/k/v (and further per-head blocks) and W_o of the padded layout: member m's H_m heads in its first slots,
+    the slots past H_m zero."""
+    first = members[0].qkv_weight
+    d, width = first.shape[0], max(member.o_weight.shape[0] for member in members)  # width = Hp*dh
+    qkv_weight = first.new_zeros(len(members), d, projections * width)
+    qkv_bias = first.new_zeros(len(members), 1, projections * width)
+    o_weight = first.new_zeros(len(members), width, d)
+    for m, member in enumerate(members):
         rows = member.o_weight.shape[0]
-        for j in range(3):
+        for j in range(projections):
             qkv_weight[m, :, j * width : j * width + rows] = member.qkv_weight[:, j * rows : (j + 1) * rows]
-            qkv_bias[m, :, j * width : j * width + rows] = member.qkv_bias[:, j * rows : (j + 1) * rows]
+            if member.qkv_bias is not None:
+                qkv_bias[m, :, j * width : j * width + rows] = member.qkv_bias[:, j * rows : (j + 1) * rows]
         o_weight[m, :rows] = member.o_weight
-    return {"qkv_weight": qkv_weight, "qkv_bias": qkv_bias, "o_weight": o_weight, "o_bias": o_bias}
+    tensors = {"qkv_weight": qkv_weight, "o_weight": o_weight}
+    return tensors if members[0].qkv_bias is None else tensors | {"qkv_bias": qkv_bias}
 
 
 def _shared_or_stacked(blocks: Sequence[Block], mlp: MLPMode) -> tuple[dict[str, Tensor], list[str]]:
     """Norm, MLP and layer-scale tensors: one copy when all members hold the same values (exact), otherwise the
     members' average (mlp="average", the paper's merged MLP) or all of them stacked (mlp="stack", exact).
     Also returns the names of the tensors averaged although the members differ in them (the approximation)."""
-    groups = {
-        "norm1": {"norm1_weight": [b.norm1.weight for b in blocks], "norm1_bias": [b.norm1.bias for b in blocks]},
-        "norm2": {"norm2_weight": [b.norm2.weight for b in blocks], "norm2_bias": [b.norm2.bias for b in blocks]},
-        "mlp": {
-            "mlp_in_weight": [b.mlp_in.weight.T for b in blocks],  # (d, F)
-            "mlp_in_bias": [b.mlp_in.bias[None] for b in blocks],  # (1, F)
-            "mlp_out_weight": [b.mlp_out.weight.T for b in blocks],  # (F, d)
-            "mlp_out_bias": [b.mlp_out.bias[None] for b in blocks],  # (1, d)
-        },
-    }
-    if blocks[0].scale1 is not None:
-        groups["scale1"] = {"scale1": [b.scale1 for b in blocks]}
-        groups["scale2"] = {"scale2": [b.scale2 for b in blocks]}
+    per_block = [_block_groups(block) for block in blocks]
     out: dict[str, Tensor] = {}
     averaged: list[str] = []
-    for group in groups.values():
+    for key, first in per_block[0].items():
+        group = {name: [groups[key][name] for groups in per_block] for name in first}
         shapes = {name: {tuple(t.shape) for t in ts} for name, ts in group.items()}
         uneven = {name: sorted(s) for name, s in shapes.items() if len(s) > 1}
         if uneven:
@@ -400,6 +543,45 @@ def _shared_or_stacked(blocks: Sequence[Block], mlp: MLPMode) -> tuple[dict[str,
         out |= combined
         averaged += list(group) if approximate else []
     return out, averaged
+
+
+def _block_groups(block: Block) -> dict[str, dict[str, Tensor]]:
+    """One HF layer's norm, MLP and layer-scale tensors, by the group (`SHAREABLE`) and name they have here, as
+    views of the HF tensors laid out as here: weights (d, F), (F, d), biases (1, F), (1, d), norms (d,). An absent
+    bias, an Identity in place of a norm and a missing gate or scale are left out."""
+    groups = {}
+    for which, norm in ((1, block.norm1), (2, block.norm2)):
+        if not isinstance(norm, nn.Identity):
+            groups[f"norm{which}"] = {f"norm{which}_weight": norm.weight, f"norm{which}_bias": norm.bias}
+    width = block.mlp_out.in_features  # F
+    mlp_in = block.mlp_in.weight.T  # (d, F), or (d, 2F) with columns [input | gate] when gated
+    mlp_in_bias = None if block.mlp_in.bias is None else block.mlp_in.bias[None]  # (1, F|2F)
+    mlp_out_bias = None if block.mlp_out.bias is None else block.mlp_out.bias[None]  # (1, d)
+    groups["mlp"] = {
+        "mlp_in_weight": mlp_in[:, :width],  # (d, F)
+        "mlp_in_bias": None if mlp_in_bias is None else mlp_in_bias[:, :width],  # (1, F)
+        "mlp_out_weight": block.mlp_out.weight.T,  # (F, d)
+        "mlp_out_bias": mlp_out_bias,
+    }
+    if block.gated_mlp:
+        gate_bias = None if mlp_in_bias is None else mlp_in_bias[:, width:]  # (1, F)
+        groups["mlp"] |= {"mlp_gate_weight": mlp_in[:, width:], "mlp_gate_bias": gate_bias}
+    if block.scale1 is not None:
+        groups["scale1"] = {"scale1": block.scale1}
+        groups["scale2"] = {"scale2": block.scale2}
+    return {key: {name: t for name, t in group.items() if t is not None} for key, group in groups.items()}
+
+
+def _bias_rows(linear: nn.Linear, own: slice, rows: int | None, like: Tensor) -> Tensor:
+    """The first `rows` (None: all) of a Linear's bias within its rows `own` (a view), or zeros where it has none."""
+    if linear.bias is not None:
+        return linear.bias[own][:rows]
+    return like.new_zeros(linear.weight[own][:rows].shape[0])
+
+
+def _own(tensor: Tensor, m: int) -> Tensor:
+    """Member m's copy of a tensor with a group axis G first (G = 1: the members' shared copy)."""
+    return tensor[m] if tensor.shape[0] > 1 else tensor[0]
 
 
 def share_average_or_stack(group: Mapping[str, Sequence[Tensor]], mlp: MLPMode) -> tuple[dict[str, Tensor], bool]:

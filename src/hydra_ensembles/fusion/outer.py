@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from ..adapters import Adapter
+from ..adapters.base import LayerAttention
 
 
 class TensorStore(nn.Module):
@@ -113,6 +114,27 @@ class OuterModules(nn.Module):
             return self._call(self.member_slice(0), bias, seq_len)[None]  # (1, H, T, T)
         return self._each_member(lambda tensors: self._call(tensors, bias, seq_len), self.member.tensors())
 
+    def layer_attention(self, inputs: Mapping[str, Any], seq_len: int) -> list[LayerAttention] | None:
+        """Each layer's mask, rotary table and position scoring (`Adapter.layer_attention`) for families that give
+        them per layer (ModernBERT, DeBERTa), from member 0's tensors; else None. Position tables (DeBERTa's
+        relative-distance embeddings) are embedding tensors: when the members' embeddings differ, each layer gets
+        every member's table, (M, P, d), computed vmapped over members."""
+        if type(self.adapter).layer_attention is Adapter.layer_attention:  # not overridden: no call at all
+            return None
+
+        def per_layer(model: nn.Module, inputs: Mapping[str, Any], seq_len: int) -> list[LayerAttention]:
+            return self.adapter.layer_attention(self.adapter.backbone(model), inputs, seq_len)
+
+        layers = self._call(self.member_slice(0), per_layer, inputs, seq_len)
+        if not self.embeddings_per_member or all(layer.positions is None for layer in layers):
+            return layers
+
+        def tables(model: nn.Module, inputs: Mapping[str, Any], seq_len: int) -> Tensor:
+            return torch.stack([layer.positions for layer in per_layer(model, inputs, seq_len)])  # (L, P, d)
+
+        stacked = self._each_member(lambda t: self._call(t, tables, inputs, seq_len), self.member.tensors())
+        return [layer._replace(positions=stacked[:, i]) for i, layer in enumerate(layers)]  # (M, P, d) each
+
     def head(self, hidden: Tensor, inputs: Mapping[str, Any]) -> Tensor:
         """Each member's own head on its own stream: hidden (M, B, T, d) -> (M, B, C) or (M, B, D)."""
         head = self.adapter.head
@@ -122,8 +144,8 @@ class OuterModules(nn.Module):
     def _each_member(fn: Callable[..., Tensor], tensors: Mapping[str, Tensor], *batched: Tensor) -> Tensor:
         """`fn(member m's tensors, *(x[m] for x in batched))` for every member, stacked: (M, ...). vmapped; a loop
         while `torch.export` traces, since torch 2.13's vmap rule for layer_norm reads the batch size as an int and
-        so fixes a dynamic batch (`hydra_ensembles.export`)."""
-        if not torch.compiler.is_exporting():
+        so fixes a dynamic batch (`hydra_ensembles.export`; under torch.compile too: a graph per batch size)."""
+        if not (torch.compiler.is_exporting() or torch.compiler.is_compiling()):
             return torch.vmap(fn)(tensors, *batched)
         members = range(next(iter(tensors.values())).shape[0])
         return torch.stack([fn({k: t[m] for k, t in tensors.items()}, *(x[m] for x in batched)) for m in members])

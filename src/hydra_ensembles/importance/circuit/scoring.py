@@ -223,8 +223,7 @@ class FastScorer(CandidateScorer):
         last = layer == self.engine.num_layers - 1
         y = self.engine.ablation_candidates(layer, x, mask, slots, queries if last else None)  # (C, B, T, d)
         y = y.reshape(1, count * batch, *y.shape[2:])  # candidates stacked on the batch axis
-        if mask is not None and mask.dim() == 4:  # (B, 1, 1|T, T): per example; a (T, T) causal mask is not
-            mask = mask.repeat(count, 1, 1, 1)
+        mask = self.engine.tile_mask(mask, count, batch)  # per-example masks (and rotary tables) follow the streams
         y = self.engine.run_layers(y, mask, start=layer + 1, queries=queries)
         tiled = {k: _tile(v, count) for k, v in chunk.items()}
         return self.engine.classify(y, tiled)[0].view(count, batch, -1)

@@ -206,7 +206,7 @@ def extract_circuit(
         return gather_dict({"elapsed": elapsed()} if is_main() else {})["elapsed"]
 
     plan = None
-    if method == "auto" and adapter.fusion_unsupported:  # the other searches score candidates on the fused engine
+    if method == "auto" and adapter.fusion_unsupported(model):  # the other searches score on the fused engine
         method = "reference"
     if method == "auto":  # a resumed search keeps the plan it saved: no new probe, the same search
         costs = costs_of(model, id_batches, ood_batches, batch_size, clock)

@@ -1,0 +1,137 @@
+"""A predictor prepared for inference as users run it: fp32 or bf16, eager or compiled (`torch.compile`).
+
+`prepare` is the one way `hydra-ens predict`, `hydra-ens evaluate` and benchmarks/inference.py set a model up, so
+that what the benchmark times is what a user runs, and every row of it (Single too) is treated the same way.
+
+bf16 is bfloat16 autocast around the whole forward pass, not the weights cast to bf16. On this project's CPU
+(AMD EPYC with AVX512-BF16, no AMX) the two ran within each other's round-to-round spread (a random BERT of
+MiniLM's shape, 64 tokens, 15 interleaved rounds on 2 cores busy with another job, so indicative only: one
+model at batch 1, 25 ms under autocast, 23 ms cast, 37 ms fp32; a fused M = 3 ensemble at batch 8, 273, 260 and
+530 ms). Autocast keeps layer norms, softmax and everything after the logits in fp32 / float64, so it moved the
+logits half as far (0.4-0.6 % of their largest magnitude on the tiny test models, cast 1.1-1.2 %), and it runs
+every predictor unchanged: inputs, calibration maps, feature detectors and float64 buffers need no cast.
+
+Compiled is `torch.compile(dynamic=True)` of the prepared module (in its place: the predictor itself is left
+eager), so that batches of other sizes and lengths reuse one graph. Compiling takes seconds to minutes on a CPU
+(a C++ toolchain is needed); it pays off over many batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .evaluation.scores import detectors_of
+from .outputs import member_logits_of
+from .predictors.load import Wrapper, num_members
+
+# The context each precision runs the forward pass in, by device type ("cpu", "cuda").
+PRECISION_CONTEXTS: dict[str, Callable[[str], contextlib.AbstractContextManager]] = {
+    "fp32": lambda device_type: contextlib.nullcontext(),
+    "bf16": lambda device_type: torch.autocast(device_type, torch.bfloat16),
+}
+# /proc/cpuinfo flags of bf16 matrix instructions: x86 AVX512-BF16 and AMX, ARM's BF16 extension
+BF16_CPU_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
+
+
+class Prepared(Wrapper):
+    """A predictor whose forward pass runs at a precision (under its context); `compiled` says whether `prepare`
+    compiled this module. Returns what the predictor returns."""
+
+    def __init__(self, model: nn.Module, precision: str, device_type: str):
+        super().__init__()
+        self.model, self.precision, self.device_type = model, precision, device_type
+        self.compiled = False
+
+    @property
+    def base(self) -> nn.Module:
+        return self.model
+
+    @property
+    def num_members(self) -> int:
+        return num_members(self.model)
+
+    @property
+    def stored_parameters(self) -> int | None:
+        """The wrapped predictor's, if it says how many parameters it stores (a deep ensemble of shared copies)."""
+        return getattr(self.model, "stored_parameters", None)
+
+    def context(self) -> contextlib.AbstractContextManager:
+        return PRECISION_CONTEXTS[self.precision](self.device_type)
+
+    def forward(self, **inputs: Any) -> Any:
+        with self.context():
+            return self.model(**inputs)
+
+    def ood_scores(self, inputs: Mapping[str, Any], name: str) -> tuple[Tensor, Tensor]:
+        """A feature score (`evaluation.scores.collect_scores`) at this precision, eager: the fitted detectors'
+        own pass (member logits (B, M, C), scores (B,)), the logits from the whole predictor when a wrapper
+        between changes them."""
+        scored = detectors_of(self.model, name)  # the ValueError that says how to fit detectors, if none
+        with self.context():
+            logits, scores = scored.ood_scores(inputs, name)
+            if scored is not self.model:
+                logits = member_logits_of(self.model(**inputs))
+        return logits, scores
+
+
+def prepare(predictor: nn.Module, precision: str = "fp32", compile: bool = False) -> nn.Module:
+    """The module to call for inference: `predictor` in eval mode at `precision` ("fp32" as it is, "bf16"
+    under bfloat16 autocast), compiled with `torch.compile(dynamic=True)` when `compile`.
+
+    fp32 eager returns `predictor` itself; otherwise a `Prepared` wrapper (a `Wrapper`: `base_model` and the
+    class names see through it), the predictor left as it was. Move the predictor to its device first. Warns
+    when bf16 runs on a CPU without bf16 matrix instructions, where it is slower than fp32.
+    """
+    if precision not in PRECISION_CONTEXTS:
+        raise ValueError(f"precision must be one of {sorted(PRECISION_CONTEXTS)}, got {precision!r}.")
+    predictor.eval()
+    if precision == "fp32" and not compile:
+        return predictor
+    device_type = next(predictor.parameters()).device.type
+    if precision == "bf16" and device_type == "cpu" and not native_bf16_cpu():
+        warnings.warn(
+            "bf16 on this CPU will be slow: it has no bf16 matrix instructions (AVX512-BF16 or AMX; ARM BF16), so "
+            "bfloat16 is emulated and runs slower than fp32. Use --precision fp32 (precision='fp32') here.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    prepared = Prepared(predictor, precision, device_type).eval()
+    if compile:
+        prepared.compile(dynamic=True)
+        prepared.compiled = True
+    return prepared
+
+
+def native_bf16_cpu() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16, AMX or ARM BF16), as torch's CPU
+    checks or the kernel's CPU flags say. Without, oneDNN emulates bf16 with fp32 instructions."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private: absent from some torch builds
+    if any(getattr(torch.cpu, check, lambda: False)() for check in checks):
+        return True
+    return bool(BF16_CPU_FLAGS & cpu_flags())
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The instruction-set flags of the first CPU in /proc/cpuinfo ("flags" on x86, "Features" on ARM); empty
+    where there is no such file."""
+    if not cpuinfo.exists():
+        return set()
+    for line in cpuinfo.read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+def describe(predictor: nn.Module) -> str:
+    """How a prepared predictor runs, for a command's output: "fp32, eager", "bf16, compiled"."""
+    if not isinstance(predictor, Prepared):
+        return "fp32, eager"
+    return f"{predictor.precision}, {'compiled' if predictor.compiled else 'eager'}"
