@@ -76,3 +76,13 @@ def test_interleaved_latency_rotates_the_order_and_gives_ratios_per_round():
     assert he.cost.format_latency({"median": 1.934, "min": 1.851, "max": 2.02}) == "1.93 (1.85-2.02)"
     with pytest.raises(ValueError, match="repeats >= 1"):
         he.cost.interleaved_latency(runs, repeats=0)
+
+
+def test_counting_flops_leaves_every_submodule_in_its_mode():
+    """A wrapper in training mode may hold members in eval mode (a saved predictor's card counts its FLOPs):
+    counting must not switch the members' dropout on."""
+    wrapper = torch.nn.ModuleDict({"member": MODELS["bert"]()}).train()
+    wrapper["member"].eval()
+    wrapper.forward = lambda **inputs: wrapper["member"](**inputs)
+    he.count_flops(wrapper, make_inputs("bert"))
+    assert wrapper.training and not any(module.training for module in wrapper["member"].modules())

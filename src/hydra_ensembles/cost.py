@@ -37,14 +37,16 @@ def count_parameters(module: nn.Module) -> int:
 
 @torch.no_grad()
 def count_flops(module: nn.Module, inputs: Mapping[str, Any]) -> int:
-    """FLOPs of one forward pass of `module(**inputs)`."""
-    was_training = module.training
+    """FLOPs of one forward pass of `module(**inputs)`, in eval mode; every submodule's mode is restored after (a
+    wrapper in training mode may hold members in eval mode: `module.train()` would switch their dropout on)."""
+    modes = {sub: sub.training for sub in module.modules()}
     module.eval()
     try:
         with FlopCounterMode(display=False, custom_mapping=_SDPA_ON_CPU) as counter:
             module(**to_device(inputs, next(module.parameters()).device))
     finally:
-        module.train(was_training)
+        for sub, training in modes.items():
+            sub.training = training
     return counter.get_total_flops()
 
 
