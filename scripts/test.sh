@@ -7,4 +7,4 @@ bash scripts/install.sh --pretrained
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 lint-imports
-python -m pytest -q "$@"
+python -m pytest -q --durations=25 "$@"

@@ -38,15 +38,24 @@ def count_parameters(module: nn.Module) -> int:
 @torch.no_grad()
 def count_flops(module: nn.Module, inputs: Mapping[str, Any]) -> int:
     """FLOPs of one forward pass of `module(**inputs)`, in eval mode; every submodule's mode is restored after (a
-    wrapper in training mode may hold members in eval mode: `module.train()` would switch their dropout on)."""
+    wrapper in training mode may hold members in eval mode: `module.train()` would switch their dropout on).
+
+    The parameters are counted with requires_grad off (restored after): a view of a parameter taken under no_grad
+    still says it requires grad, and one returned by a submodule (a fused DeBERTa's distance table) would make
+    the counter's module tracker fail."""
     modes = {sub: sub.training for sub in module.modules()}
+    trainable = [p for p in module.parameters() if p.requires_grad]
     module.eval()
     try:
+        for p in trainable:
+            p.requires_grad_(False)
         with FlopCounterMode(display=False, custom_mapping=_SDPA_ON_CPU) as counter:
             module(**to_device(inputs, next(module.parameters()).device))
     finally:
         for sub, training in modes.items():
             sub.training = training
+        for p in trainable:
+            p.requires_grad_(True)
     return counter.get_total_flops()
 
 

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from .evaluation.scores import detectors_of
 from .outputs import member_logits_of
-from .predictors.load import Wrapper, num_members
+from .predictors.load import ModelWrapper
 
 # The context each precision runs the forward pass in, by device type ("cpu", "cuda").
 PRECISION_CONTEXTS: dict[str, Callable[[str], contextlib.AbstractContextManager]] = {
@@ -40,22 +40,14 @@ PRECISION_CONTEXTS: dict[str, Callable[[str], contextlib.AbstractContextManager]
 BF16_CPU_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
 
 
-class Prepared(Wrapper):
+class Prepared(ModelWrapper):
     """A predictor whose forward pass runs at a precision (under its context); `compiled` says whether `prepare`
     compiled this module. Returns what the predictor returns."""
 
     def __init__(self, model: nn.Module, precision: str, device_type: str):
-        super().__init__()
-        self.model, self.precision, self.device_type = model, precision, device_type
+        super().__init__(model)
+        self.precision, self.device_type = precision, device_type
         self.compiled = False
-
-    @property
-    def base(self) -> nn.Module:
-        return self.model
-
-    @property
-    def num_members(self) -> int:
-        return num_members(self.model)
 
     @property
     def stored_parameters(self) -> int | None:

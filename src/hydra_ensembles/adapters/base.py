@@ -71,6 +71,18 @@ class LayerAttention(NamedTuple):
     position_blocks: tuple[int | None, int | None] = (0, 1)
 
 
+class InputConv(NamedTuple):
+    """A convolution over a layer's input x (B, T, d), mixed into the layer's output y (B, T, d) (DeBERTa-v2's
+    `ConvLayer` after layer 0): norm(y + act(conv(x) zeroed at padding)) * mask, mask (B, T) the padding mask.
+    conv: Conv1d d -> d, kernel k, padding (k - 1) // 2, any groups; `path`: where the HF module holding it sits,
+    relative to the backbone (fusion keeps it with the layer, not with the modules around the layers)."""
+
+    conv: nn.Conv1d
+    norm: nn.LayerNorm
+    activation: Callable[[Tensor], Tensor]
+    path: str
+
+
 @dataclass
 class Block:
     """One layer's modules as fusion reads them (the live HF modules, not copies).
@@ -82,6 +94,7 @@ class Block:
     A Linear or LayerNorm may lack its bias (ModernBERT); norm1 may be an Identity (ModernBERT's first layer).
     position_projections: further Linears d -> H*dh with rows grouped per head that the layer applies to a
     position table, not to its input (`LayerNames.head_rows`: DeBERTa's pos_key_proj, pos_query_proj).
+    input_conv: a convolution the model runs beside this layer (`InputConv`), or None (`Adapter.layer_block`).
     """
 
     query: nn.Linear
@@ -98,6 +111,7 @@ class Block:
     fused_qkv: bool = False
     gated_mlp: bool = False
     position_projections: tuple[nn.Linear, ...] = ()
+    input_conv: InputConv | None = None
 
     def fused_rows(self) -> tuple[tuple[nn.Linear, slice], ...]:
         """What fusion keeps per head: `projection_rows`, then each position projection whole."""
@@ -289,6 +303,11 @@ class Adapter(ABC):
             gated_mlp=names.gated_mlp,
             position_projections=tuple(self.head_row_linears(layer).values()),
         )
+
+    def layer_block(self, model: nn.Module, index: int) -> Block:
+        """Layer `index` of `model` as fusion reads it: its `block`, with what the model runs beside the layer and
+        fusion keeps with it (a family's override: DeBERTa-v2's convolution after layer 0)."""
+        return self.block(self.layers(model)[index])
 
     def head_row_linears(self, layer: nn.Module) -> dict[str, nn.Linear]:
         """The further per-head projections (`LayerNames.head_rows`) that `layer` has, by path."""

@@ -17,8 +17,8 @@ Ablating a head (zeroing its columns of W_o) removes its position terms with it:
 The fused engine carries both terms: `layer_attention` hands every layer the normed distance table and
 `_disentangled_scores`, and each fused head projects the table through its own rows of W_pq and W_pk (kept in the
 fused layer beside its q, k, v rows) or, with `share_att_key`, of W_q and W_k (docs/adapters.md, "DeBERTa:
-fusion"). It refuses (`fusion_unsupported`) v2-xlarge's `ConvLayer` (`conv_kernel_size` > 0, run after layer 0):
-such models prune, score and run circuit search with `method="reference"`, as HF models.
+fusion"). v2-xlarge's `ConvLayer` (`conv_kernel_size` > 0: a convolution over layer 0's input, mixed into its
+output) goes with layer 0 (`layer_block`): fused layer 0 carries it, and training counts it as part of layer 0.
 """
 
 from __future__ import annotations
@@ -27,9 +27,12 @@ from functools import partial
 
 import torch
 from torch import Tensor, nn
+from transformers.activations import ACT2FN
 from transformers.models.deberta_v2.modeling_deberta_v2 import build_relative_position
 
-from .base import Adapter, Inputs, LayerAttention, LayerNames, ModelSpec
+from .base import Adapter, Block, InputConv, Inputs, LayerAttention, LayerNames, ModelSpec
+
+CONV_PATH = "encoder.conv"  # v2-xlarge's ConvLayer, relative to the backbone
 
 
 def _first_token(model: nn.Module, hidden: Tensor, inputs: Inputs) -> Tensor:
@@ -81,13 +84,21 @@ class DebertaV2Adapter(Adapter):
             mask=torch.ones_like(ids) if padding is None else padding,
         )  # (B, T, d)
 
-    def fusion_unsupported(self, model: nn.Module) -> str | None:
-        if getattr(self.config(model), "conv_kernel_size", 0) <= 0:
-            return None
-        return (
-            "the fused engine does not carry DeBERTa-v2's convolution after layer 0 (conv_kernel_size > 0); prune, "
-            "score and evaluate the members as HF models (circuit search: method='reference')"
-        )
+    def layer_block(self, model: nn.Module, index: int) -> Block:
+        """Layer `index`'s block; layer 0's with the encoder's `ConvLayer` (v2-xlarge), which HF runs on layer 0's
+        input and mixes into its output."""
+        block = super().layer_block(model, index)
+        conv = self.backbone(model).encoder.conv
+        if index != 0 or conv is None:
+            return block
+        block.input_conv = InputConv(conv.conv, conv.LayerNorm, ACT2FN[conv.conv_act], CONV_PATH)
+        return block
+
+    def locate(self, model: nn.Module, parameter: str) -> tuple[str, int | None]:
+        """As `Adapter.locate`, the `ConvLayer` in layer 0 (where fusion keeps it)."""
+        if parameter.startswith(self.full_path(model, CONV_PATH) + "."):
+            return "layer", 0
+        return super().locate(model, parameter)
 
     def scaling(self, model: nn.Module) -> float:
         """1 / sqrt(dh * (1 + number of position terms)), as HF scales content and position scores alike."""

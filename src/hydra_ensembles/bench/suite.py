@@ -538,12 +538,15 @@ def members_lines(summary: dict) -> list[str]:
     return ["", said, "", *render(["Hydra row", "overlap", "disagreement", "MI"], body, "markdown")] if body else []
 
 
+MEASURED_ON = "Rows (seed, row) measured on:"  # the line that says so starts with this
+
+
 def measured_on_lines(summary: dict) -> list[str]:
     """Where the rows were measured, when that is not only the machine of this run."""
     machines = summary.get("measured_on", {})
     if list(machines) in ([], [summary["machine"]]):
         return []
-    return ["Rows (seed, row) measured on: " + "; ".join(f"{where} ({n})" for where, n in machines.items()) + "  "]
+    return [f"{MEASURED_ON} " + "; ".join(f"{where} ({n})" for where, n in machines.items()) + "  "]
 
 
 DIFFERENCES = (  # (A, B): is A really better than B? Paper rows against the baselines, and the controls

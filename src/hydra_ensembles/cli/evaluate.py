@@ -49,9 +49,9 @@ from ..evaluation.tables import (
 from ..fusion import HydraEnsemble
 from ..inference import describe
 from ..io import without_late_defaults, write_json_atomic
-from ..model_card import write_card
 from ..outputs import labels_of
 from ..predictors import ZeroShotEnsemble, base_model, class_names, load_preprocessor, model_config
+from ..predictors.card import write_card
 from ..pruning import kept_heads
 from ..uncertainty import ensemble_probs
 from .common import (

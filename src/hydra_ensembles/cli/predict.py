@@ -21,7 +21,7 @@ from ..evaluation.conformal import SCORES as CONFORMAL_SCORES
 from ..evaluation.conformal import SplitConformal, miscoverage
 from ..evaluation.scores import collect_scores
 from ..inference import describe
-from ..outputs import collect_member_logits, labels_of
+from ..outputs import labels_of
 from ..predictors import class_names, model_config
 from ..uncertainty import ensemble_probs, mutual_information
 from .common import (
@@ -93,8 +93,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--tpr must be in (0, 1], got {args.tpr}.")
     if args.conformal is not None and args.calibration is None:
         raise CommandError("--conformal calibrates on labelled --calibration inputs: give them, not --threshold.")
-    threshold, origin = _threshold(args, model, model_dir)
-    conformal = _conformal(args, model, model_dir) if args.conformal is not None else None
+    threshold, origin, conformal = _calibrate(args, model, model_dir)
     data = read_data(args, args.inputs, model_dir, model_config(model), labelled=False, flag="--inputs")
     member_logits, scores = collect_scores(model, data.batches, args.score, not args.quiet)
     member_logits = member_logits.double()  # (N, M, C), as evaluation
@@ -121,26 +120,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _threshold(args: argparse.Namespace, model, model_dir) -> tuple[float, str]:
-    """The OOD threshold, and where it came from: --threshold, or chosen on the --calibration inputs."""
+def _calibrate(args: argparse.Namespace, model, model_dir) -> tuple[float, str, SplitConformal | None]:
+    """The OOD threshold and where it came from (--threshold, or chosen on the --calibration inputs), and with
+    --conformal the split conformal sets calibrated on those labelled inputs: one pass over them for both."""
     if args.calibration is None:
-        return args.threshold, "given by --threshold"
+        return args.threshold, "given by --threshold", None
+    labelled = args.conformal is not None
     calibration = read_data(
-        args, args.calibration, model_dir, model_config(model), labelled=False, flag="--calibration"
+        args, args.calibration, model_dir, model_config(model), labelled=labelled, flag="--calibration"
     )
-    _, id_scores = collect_scores(model, calibration.batches, args.score, not args.quiet)
+    member_logits, id_scores = collect_scores(model, calibration.batches, args.score, not args.quiet)
     threshold, accepted = id_threshold(id_scores, args.tpr)
-    return threshold, (
-        f"chosen on {len(id_scores)} ID calibration inputs to accept {args.tpr:.1%} of them (accepts {accepted:.1%})"
-    )
-
-
-def _conformal(args: argparse.Namespace, model, model_dir) -> SplitConformal:
-    """Split conformal at --conformal with --conformal-score, calibrated on the labelled --calibration inputs."""
-    calibration = read_data(args, args.calibration, model_dir, model_config(model), labelled=True, flag="--calibration")
-    member_logits = collect_member_logits(model, calibration.batches, not args.quiet)
+    inputs = len(id_scores)
+    origin = f"chosen on {inputs} ID calibration inputs to accept {args.tpr:.1%} of them (accepts {accepted:.1%})"
+    if not labelled:
+        return threshold, origin, None
     probs, labels = ensemble_probs(member_logits.double()), labels_of(calibration.batches)
-    return SplitConformal(args.conformal, args.conformal_score).calibrate(probs, labels)
+    return threshold, origin, SplitConformal(args.conformal, args.conformal_score).calibrate(probs, labels)
 
 
 def _add_sets(rows: list[dict], conformal: SplitConformal, member_logits: torch.Tensor, names: list[str]) -> str:

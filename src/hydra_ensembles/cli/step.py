@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from ..io import write_json_atomic
-from ..model_card import CARD_NAME
 from ..predictors import saved_kind
+from ..predictors.card import CARD_NAME
 from ..version import __version__
 from .common import CommandError
 

@@ -31,7 +31,7 @@ from ..pruning import HeadMap, base_fingerprint, kept_heads
 from ..pruning.persist import clear_structures
 from ..uncertainty import ensemble_probs
 from ..version import __version__
-from .layer import FusedLayer, MLPMode, batch_rows, layer_inputs, repeat_rows, share_average_or_stack
+from .layer import ConvConstants, FusedLayer, MLPMode, batch_rows, layer_inputs, repeat_rows, share_average_or_stack
 from .outer import OuterModules, TensorStore
 
 CONFIG_NAME = "hydra_config.json"
@@ -104,7 +104,7 @@ class HydraEnsemble(nn.Module):
         for name, tensor in self.named_parameters():
             last = name.rsplit(".", 1)[-1]
             if name.startswith("layers."):
-                vector = last.endswith("_bias") or last.startswith(("norm", "scale"))
+                vector = last.endswith("_bias") or last.startswith(("norm", "scale", "conv_norm"))
             else:  # the outer stores: a member tensor has a leading M axis
                 vector = tensor.dim() - name.startswith("outer.member.") < 2
             if vector:
@@ -138,9 +138,9 @@ class HydraEnsemble(nn.Module):
         skeleton, layer_kwargs = _skeleton(model_class, members[0].config, adapter)
         layers = []
         for index in range(adapter.num_layers(members[0])):
-            blocks = [adapter.block(adapter.layers(m)[index]) for m in members]
+            blocks = [adapter.layer_block(m, index) for m in members]
             kept = [head_map[index] for head_map in head_maps]
-            layers.append(FusedLayer.from_blocks(blocks, kept, mlp, **layer_kwargs))
+            layers.append(FusedLayer.from_blocks(blocks, kept, mlp, **layer_kwargs[index]))
         shared, member, parameters, averaged = _outer_tensors(adapter, skeleton, members, mlp)
         outer = OuterModules(adapter, skeleton, shared, member, parameters)
         config = _clean_config(members[0].config)
@@ -225,8 +225,8 @@ class HydraEnsemble(nn.Module):
                 )
             member = copy.deepcopy(template)
             with torch.no_grad():
-                for layer, hf_layer in zip(self.layers, self.adapter.layers(member)):
-                    layer.write_member(m, self.adapter.block(hf_layer))
+                for index, layer in enumerate(self.layers):
+                    layer.write_member(m, self.adapter.layer_block(member, index))
                 state = dict(member.named_parameters()) | dict(member.named_buffers())
                 for name, tensor in self.outer.shared.tensors().items():
                     state[name].copy_(tensor)
@@ -373,7 +373,7 @@ class HydraEnsemble(nn.Module):
             prefix = f"layers.{index}."
             tensors = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
             kept = [head_map[index] for head_map in head_maps]
-            layers.append(FusedLayer(tensors, kept_heads=kept, **layer_kwargs))
+            layers.append(FusedLayer(tensors, kept_heads=kept, **layer_kwargs[index]))
         shared = TensorStore.from_state(state, "outer.shared.")
         member = TensorStore.from_state(state, "outer.member.")
         outer = OuterModules(adapter, skeleton, shared, member, set(saved["parameters"]))
@@ -511,14 +511,15 @@ def _clean_config(config: transformers.PretrainedConfig) -> transformers.Pretrai
 
 def _skeleton(
     model_class: type, config: transformers.PretrainedConfig, adapter: Adapter
-) -> tuple[nn.Module, dict[str, Any]]:
-    """Build `model_class` without layers on the meta device (no memory), and read the per-layer constants
-    fusion needs from its first layer."""
+) -> tuple[nn.Module, list[dict[str, Any]]]:
+    """Build `model_class` on the meta device (no memory) without its layers and what runs beside them (an
+    `InputConv`: fused layers hold it), and read the constants fusion needs, one dict per layer."""
     config = _clean_config(config)
     with torch.device("meta"):
         model = model_class(config)
-    block = adapter.block(adapter.layers(model)[0])
-    layer_kwargs = {
+    blocks = [adapter.layer_block(model, index) for index in range(adapter.num_layers(model))]
+    block = blocks[0]
+    shared = {
         "head_dim": adapter.head_dim(model),
         "scaling": adapter.scaling(model),
         "norm_position": adapter.norm_position,
@@ -527,8 +528,12 @@ def _skeleton(
         "num_heads": adapter.num_heads(model),
         "projections": len(block.fused_rows()),
     }
-    adapter.backbone(model).set_submodule(adapter.layers_path, nn.ModuleList())
-    return model.eval(), layer_kwargs
+    backbone = adapter.backbone(model)
+    for beside in {b.input_conv.path for b in blocks if b.input_conv is not None}:
+        parent, _, name = beside.rpartition(".")
+        setattr(backbone.get_submodule(parent), name, None)  # as HF models without it hold it
+    backbone.set_submodule(adapter.layers_path, nn.ModuleList())
+    return model.eval(), [shared | {"conv": ConvConstants.of(b.input_conv)} for b in blocks]
 
 
 def _outer_tensors(

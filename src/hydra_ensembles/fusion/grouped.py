@@ -82,3 +82,23 @@ def ragged_linear(x: Tensor, weight: Tensor, bias: Tensor | None, widths: Sequen
     for m, (a, w) in enumerate(blocks):  # M plain GEMMs into one output, as `grouped_linear` on CPU
         _affine(a, w, bias, m, out=out[m])
     return out
+
+
+def grouped_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """A 1-D convolution over the token axis, padding (k - 1) // 2 (T rows out for an odd kernel k), with
+    per-member (G = M) or shared (G = 1) kernels of g groups (d / g input channels each).
+
+    Shapes: x (S, B, T, d), S in {1, M} streams; weight (G, d, d/g, k); bias (G, d); returns (max(S, G), B, T, d).
+    Per-member kernels run as one grouped convolution, the members' channels side by side (M*g groups).
+    """
+    streams, batch, tokens, d = x.shape
+    members, kernel = weight.shape[0], weight.shape[-1]
+    groups, padding = d // weight.shape[2], (kernel - 1) // 2
+    if members == 1:  # shared: every stream's rows are more batch rows
+        rows = x.reshape(streams * batch, tokens, d).transpose(1, 2)  # (S*B, d, T)
+        out = F.conv1d(rows, weight[0], None if bias is None else bias[0], padding=padding, groups=groups)
+        return out.transpose(1, 2).reshape(streams, batch, -1, d)
+    channels = x.expand(members, *x.shape[1:]).permute(1, 0, 3, 2).reshape(batch, members * d, tokens)  # (B, M*d, T)
+    flat_bias = None if bias is None else bias.flatten()  # (M*d,)
+    out = F.conv1d(channels, weight.flatten(0, 1), flat_bias, padding=padding, groups=members * groups)  # (B, M*d, T)
+    return out.view(batch, members, d, -1).permute(1, 0, 3, 2)  # (M, B, T, d)

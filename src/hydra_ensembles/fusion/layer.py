@@ -31,6 +31,11 @@ The MLP is act(x W_in + b_in) W_out + b_out, or gated (GeGLU, ModernBERT: `mlp_g
 (act(x W_in + b_in) * (x W_gate + b_gate)) W_out + b_out. A bias the members lack (ModernBERT has none) and a
 norm they lack (ModernBERT's first layer has an Identity before its attention) are absent here too: no tensor,
 no term, so that nothing trains what the HF members cannot hold.
+
+A layer the model runs a convolution beside (DeBERTa-v2-xlarge's `ConvLayer` after layer 0: `InputConv`) mixes
+it into its output y: norm(y + act(conv(x) zeroed at padding)) * mask, x the layer's input, mask (B, T) the
+padding mask read off the layer's boolean attention mask. Per-member kernels run as one grouped convolution
+(`grouped_conv1d`), not a loop over members. With `queries` the convolution still reads all T input rows.
 """
 
 from __future__ import annotations
@@ -43,12 +48,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..adapters import Block
-from ..adapters.base import LayerAttention
-from .grouped import group_scale, grouped_layer_norm, grouped_linear, ragged_linear
+from ..adapters.base import InputConv, LayerAttention
+from .grouped import group_scale, grouped_conv1d, grouped_layer_norm, grouped_linear, ragged_linear
 
 MLPMode = Literal["average", "stack"]
 # Tensors a layer may share between members, each with its group axis G. Attention is never shared.
-SHAREABLE = ("norm1", "norm2", "mlp", "scale1", "scale2")
+SHAREABLE = ("norm1", "norm2", "mlp", "scale1", "scale2", "conv")
 # What a layer's attention takes besides its input: a mask, a score bias (see the module docstring) or, per layer,
 # a `LayerAttention` (mask and rotary positions)
 AttentionInputs = Tensor | LayerAttention | None
@@ -56,6 +61,19 @@ ATTENTION = ("qkv_weight", "qkv_bias", "o_weight", "o_bias")
 # Tensors a layer holds only where its family has them
 OPTIONAL = ("qkv_bias", "o_bias", "norm1_weight", "scale1", "scale2", "mlp_gate_weight")
 OPTIONAL += tuple(f"{prefix}_bias" for prefix in ("norm1", "norm2", "mlp_in", "mlp_gate", "mlp_out"))
+OPTIONAL += ("conv_weight", "conv_bias", "conv_norm_weight", "conv_norm_bias")
+
+
+class ConvConstants(NamedTuple):
+    """What a layer's input convolution (`adapters.base.InputConv`) is besides its tensors, whose shapes give its
+    kernel size and groups: the activation after it and the eps of the norm that mixes it in."""
+
+    activation: Callable[[Tensor], Tensor]
+    eps: float
+
+    @classmethod
+    def of(cls, conv: InputConv | None) -> ConvConstants | None:
+        return None if conv is None else cls(conv.activation, conv.norm.eps)
 
 
 class MemberAttention(NamedTuple):
@@ -107,6 +125,9 @@ class FusedLayer(nn.Module):
         mlp_in_weight (G, d, F), mlp_in_bias (G, 1, F), mlp_out_weight (G, F, d), mlp_out_bias (G, 1, d)
         mlp_gate_weight (G, d, F), mlp_gate_bias (G, 1, F): a gated MLP's gate (ModernBERT), absent otherwise
         scale1, scale2 (G, d): layer scale (DINOv2), absent otherwise
+        conv_weight (G, d, d/g, k), conv_bias (G, d), conv_norm_weight, conv_norm_bias (G, d): the convolution
+            run beside the layer (see the module docstring; g groups, kernel k), absent otherwise; `conv` holds
+            its constants
         every bias is absent where the members have none (ModernBERT)
     `tensors` may hold the attention in either layout (ensembles saved before the ragged layout are padded); the
     layer converts it to the one `ragged` names (None: ragged exactly when the members' head counts differ).
@@ -125,6 +146,7 @@ class FusedLayer(nn.Module):
         activation: Callable[[Tensor], Tensor],
         projections: int = 3,
         ragged: bool | None = None,
+        conv: ConvConstants | None = None,
     ):
         super().__init__()
         self.kept_heads = [list(heads) for heads in kept_heads]
@@ -150,6 +172,12 @@ class FusedLayer(nn.Module):
         self.norm_position = norm_position
         self.eps = eps
         self.activation = activation
+        if (conv is None) != (self.conv_weight is None):
+            raise ValueError(
+                f"a fused layer's convolution tensors and constants go together: tensors {self.conv_weight is not None}"
+                f", constants {conv is not None}; rebuild the layer from its model's config (HydraEnsemble)."
+            )
+        self.conv = conv
         self.averaged: list[str] = []  # tensors averaged over members that differ in them (set by from_blocks)
 
     def _register_bias_index(self) -> None:
@@ -202,7 +230,7 @@ class FusedLayer(nn.Module):
 
     def _constants(self) -> dict:
         kwargs = {"num_heads": self.num_heads, "head_dim": self.head_dim, "scaling": self.scaling}
-        kwargs["projections"] = self.projections
+        kwargs |= {"projections": self.projections, "conv": self.conv}
         return kwargs | {"norm_position": self.norm_position, "eps": self.eps, "activation": self.activation}
 
     def repeat(self, members: int, stack: bool) -> FusedLayer:
@@ -236,7 +264,7 @@ class FusedLayer(nn.Module):
         if queries is not None:
             flat = x[:, :, :queries].reshape(members, batch * queries, d)
         out = self.residuals(flat, attention)
-        return out.view(members, batch, queries or tokens, d)
+        return self.mix_input(x, out.view(members, batch, queries or tokens, d), mask)
 
     def attention(self, x: Tensor, batch: int, mask: AttentionInputs, queries: int | None = None) -> Tensor:
         """The attention block's output (after W_o, before the residual). x: (M, N, d) -> (M, B*q, d)."""
@@ -266,7 +294,24 @@ class FusedLayer(nn.Module):
         index = torch.as_tensor(list(slots), device=x.device)
         terms = torch.einsum("nhk,hkd->hnd", per_head[:, index], blocks[index])  # (C, B*rows, d)
         residual = x[:, :, :rows].reshape(1, batch * rows, d)
-        return self.residuals(residual, full - terms).view(len(index), batch, rows, d)
+        out = self.residuals(residual, full - terms).view(len(index), batch, rows, d)
+        return self.mix_input(x, out, mask)  # every candidate reads the same input
+
+    def mix_input(self, x: Tensor, out: Tensor, mask: AttentionInputs) -> Tensor:
+        """The input convolution mixed into the layer's output, where the layer has one (see the module
+        docstring); `out` as it is otherwise. x (1|M, B, T, d): the layer's input; out (C, B, q, d): its first q
+        token rows, C = M members, or C candidates of one member from one input x. Returns (C, B, q, d)."""
+        if self.conv is None:
+            return out
+        streams, batch, rows, d = out.shape
+        conv = grouped_conv1d(x, self.conv_weight, self.conv_bias)[:, :, :rows]  # (1|M, B, q, d): all T rows read
+        keep = _token_mask(_split(mask).mask)  # (1|B, T, 1) or None
+        keep = None if keep is None else keep[:, :rows]
+        conv = self.conv.activation(conv if keep is None else conv.masked_fill(~keep, 0))
+        mixed = (out + conv).reshape(streams, batch * rows, d)
+        mixed = grouped_layer_norm(mixed, self.conv_norm_weight, self.conv_norm_bias, self.conv.eps)
+        mixed = mixed.view(streams, batch, rows, d)
+        return mixed if keep is None else mixed * keep.to(mixed.dtype)
 
     def attention_input(self, x: Tensor) -> Tensor:
         return self.norm(x, 1) if self.norm_position == "pre" else x
@@ -337,32 +382,45 @@ class FusedLayer(nn.Module):
         return z.transpose(1, 2).reshape(-1, start * head_dim)  # (B*q, H_tot*dh)
 
     def position_scores(self, inputs: LayerAttention, q: Tensor, k: Tensor, members: int) -> Tensor:
-        """Padded layout: the family's score bias of every slot, from its own projections of the position table.
+        """Padded layout: the family's score bias of every slot, from its own projections of the position table
+        through the blocks `position_blocks` names (no other: their FLOPs are the members' own).
         q, k (M*B, Hp, T, dh) -> (M*B, Hp, T, T)."""
         table = inputs.positions  # (P, d), or (M, P, d): each member's own
         table = table if table.dim() == 3 else table.expand(self.qkv_weight.shape[0], *table.shape)  # (G', P, d)
         groups, positions, heads, head_dim = table.shape[0], table.shape[1], self.padded_heads, self.head_dim
-        pos = grouped_linear(table, self.qkv_weight, self.qkv_bias)  # (G', P, n*Hp*dh), G' = M if either has M
-        pos = pos.view(groups, 1, positions, self.projections, heads, head_dim).permute(3, 0, 1, 4, 2, 5)
+
+        def project(j: int | None) -> Tensor | None:  # block j of every slot: (G', 1, Hp, P, dh)
+            if j is None:
+                return None
+            columns = slice(j * heads * head_dim, (j + 1) * heads * head_dim)
+            bias = None if self.qkv_bias is None else self.qkv_bias[..., columns]
+            pos = grouped_linear(table, self.qkv_weight[..., columns], bias)  # (G', P, Hp*dh), G' = M if either has M
+            return pos.view(groups, 1, positions, heads, head_dim).transpose(2, 3)
+
         per_member = [t.reshape(members, -1, *t.shape[1:]) for t in (q, k)]  # (M, B, Hp, T, dh)
-        pos_q, pos_k = (None if j is None else pos[j] for j in inputs.position_blocks)  # (G', 1, Hp, P, dh)
+        pos_q, pos_k = (project(j) for j in inputs.position_blocks)
         return inputs.score_bias(*per_member, pos_q, pos_k).flatten(0, 1)
 
     def position_scores_ragged(self, inputs: LayerAttention, q: Tensor, k: Tensor) -> Tensor:
         """Ragged layout: as `position_scores`, each head projecting the table through its member's columns.
         q, k (B, H_tot, T, dh) -> (B, H_tot, T, T)."""
         table = inputs.positions  # (P, d), or (M, P, d): each member's own
-        parts, start = [], 0
-        for m, count in enumerate(self.head_counts):  # member m's columns [q | k | v heads] follow those of 0..m-1
-            width = self.projections * self.head_dim  # per head
-            columns = slice(start * width, (start + count) * width)
-            start += count
-            own = table[m] if table.dim() == 3 else table  # (P, d)
-            weight = self.qkv_weight[:, columns]
-            pos = own @ weight if self.qkv_bias is None else torch.addmm(self.qkv_bias[columns], own, weight)
-            parts.append(pos.view(own.shape[0], self.projections, count, self.head_dim))  # (P, n, H_m, dh)
-        pos = torch.cat(parts, dim=2).permute(1, 2, 0, 3)  # (n, H_tot, P, dh)
-        pos_q, pos_k = (None if j is None else pos[j] for j in inputs.position_blocks)  # (H_tot, P, dh)
+
+        def project(j: int | None) -> Tensor | None:  # block j of every head: (H_tot, P, dh)
+            if j is None:
+                return None
+            parts, start = [], 0
+            for m, count in enumerate(self.head_counts):  # member m's columns [q | k | v heads | ...] follow 0..m-1's
+                begin = (self.projections * start + j * count) * self.head_dim  # its block j
+                columns = slice(begin, begin + count * self.head_dim)
+                start += count
+                own = table[m] if table.dim() == 3 else table  # (P, d)
+                weight = self.qkv_weight[:, columns]
+                pos = own @ weight if self.qkv_bias is None else torch.addmm(self.qkv_bias[columns], own, weight)
+                parts.append(pos.view(own.shape[0], count, self.head_dim))  # (P, H_m, dh)
+            return torch.cat(parts, dim=1).transpose(0, 1)
+
+        pos_q, pos_k = (project(j) for j in inputs.position_blocks)
         return inputs.score_bias(q, k, pos_q, pos_k)
 
     def member_bias(self, bias: Tensor, members: int) -> Tensor:
@@ -399,6 +457,17 @@ class FusedLayer(nn.Module):
         for tensors in _block_groups(block).values():
             for name, target in tensors.items():  # views of the HF tensors
                 target.copy_(_own(getattr(self, name), m))
+
+
+def _token_mask(mask: Tensor | None) -> Tensor | None:
+    """Which tokens are real, (1|B, T, 1) bool, from a boolean attention mask (B, 1, 1|T, T) or (T, T): those some
+    query may attend to (as HF's DeBERTa reads its ConvLayer's mask off a 4-D one); None (no mask): all."""
+    if mask is None:
+        return None
+    if mask.is_floating_point():
+        raise ValueError("a layer with an input convolution reads its padding off a boolean mask; got a score bias.")
+    keys = mask.any(-2)  # (B, 1, T) or (T,)
+    return keys.reshape(keys.shape[0] if keys.dim() > 1 else 1, keys.shape[-1], 1)
 
 
 def _split(mask: AttentionInputs) -> LayerAttention:
@@ -546,9 +615,10 @@ def _shared_or_stacked(blocks: Sequence[Block], mlp: MLPMode) -> tuple[dict[str,
 
 
 def _block_groups(block: Block) -> dict[str, dict[str, Tensor]]:
-    """One HF layer's norm, MLP and layer-scale tensors, by the group (`SHAREABLE`) and name they have here, as
-    views of the HF tensors laid out as here: weights (d, F), (F, d), biases (1, F), (1, d), norms (d,). An absent
-    bias, an Identity in place of a norm and a missing gate or scale are left out."""
+    """One HF layer's norm, MLP, layer-scale and input-convolution tensors, by the group (`SHAREABLE`) and name
+    they have here, as views of the HF tensors laid out as here: weights (d, F), (F, d), biases (1, F), (1, d),
+    norms (d,), convolution (d, d/g, k). An absent bias, an Identity in place of a norm and a missing gate, scale
+    or convolution are left out."""
     groups = {}
     for which, norm in ((1, block.norm1), (2, block.norm2)):
         if not isinstance(norm, nn.Identity):
@@ -569,6 +639,14 @@ def _block_groups(block: Block) -> dict[str, dict[str, Tensor]]:
     if block.scale1 is not None:
         groups["scale1"] = {"scale1": block.scale1}
         groups["scale2"] = {"scale2": block.scale2}
+    if block.input_conv is not None:
+        conv, norm = block.input_conv.conv, block.input_conv.norm
+        groups["conv"] = {
+            "conv_weight": conv.weight,  # (d, d/g, k)
+            "conv_bias": conv.bias,  # (d,)
+            "conv_norm_weight": norm.weight,
+            "conv_norm_bias": norm.bias,
+        }
     return {key: {name: t for name, t in group.items() if t is not None} for key, group in groups.items()}
 
 

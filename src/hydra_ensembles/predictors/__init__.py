@@ -40,7 +40,7 @@ from .clip_zero_shot import Tower, TwoTowerModel, ZeroShotEnsemble, class_prompt
 from .feature_scored import FeatureScored, fit_feature_scores
 from .load import (
     PREDICTOR_KINDS,
-    base_model,
+    ModelWrapper,
     check_supported,
     describe_saved,
     load_predictor,
@@ -49,9 +49,11 @@ from .load import (
     save_predictor,
     saved_kind,
 )
+from .wrapper import Wrapper, base_model, wrapper_chain
 
 __all__ = [
     "CALIBRATION_MAPS",
+    "MIMO",
     "PREDICTOR_KINDS",
     "BatchEnsemble",
     "Calibrated",
@@ -62,12 +64,13 @@ __all__ = [
     "HistogramBinning",
     "IsotonicCalibration",
     "MCDropout",
-    "MIMO",
+    "ModelWrapper",
     "PackedEnsemble",
     "TemperatureScaling",
     "Tower",
     "TwoTowerModel",
     "VectorScaling",
+    "Wrapper",
     "ZeroShotEnsemble",
     "base_model",
     "batch_ensemble",
@@ -95,5 +98,6 @@ __all__ = [
     "shared_backbone_ensemble",
     "train_mimo",
     "train_packed",
+    "wrapper_chain",
     "zero_shot_ensemble",
 ]

@@ -40,18 +40,10 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
+from ..io import PREDICTOR_FILE
 from ..outputs import PredictorOutput, member_logits_of
 from ..uncertainty import ensemble_probs
-from .load import (
-    PREDICTOR_KINDS,
-    Wrapper,
-    describe_saved,
-    load_predictor,
-    num_members,
-    register_predictor,
-    save_predictor,
-)
+from .load import PREDICTOR_KINDS, ModelWrapper, describe_saved, num_members, register_predictor
 
 PROBABILITY_FLOOR = 1e-6  # a probability map's per-class value before renormalising: a class it maps to 0 (no
 # validation example of it in that bin or range) still costs a finite NLL on test data
@@ -427,19 +419,15 @@ def fit_calibration(method: str, member_logits: Tensor, labels: Tensor) -> Calib
 
 
 @register_predictor
-class Calibrated(Wrapper):
+class Calibrated(ModelWrapper):
     """Any predictor with a calibration map applied to its member logits. Returns member_logits (B, M, C) for a
     logit map, (B, 1, C) log-probabilities for a probability map (see the module docstring)."""
 
     kind = "calibrated"
 
     def __init__(self, model: nn.Module, calibration_map: CalibrationMap):
-        super().__init__()
-        self.model, self.calibration_map = model, calibration_map
-
-    @property
-    def base(self) -> nn.Module:
-        return self.model
+        super().__init__(model)
+        self.calibration_map = calibration_map
 
     @property
     def num_members(self) -> int:
@@ -450,19 +438,14 @@ class Calibrated(Wrapper):
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """model/ (the predictor it calibrates) and predictor.json (kind, map name, map state), atomically."""
-        record = {"kind": self.kind, "map": self.calibration_map.name, "state": self.calibration_map.state()}
-
-        def write(tmp: Path) -> None:
-            save_predictor(self.model, tmp / "model")
-            write_json_atomic(tmp / PREDICTOR_FILE, record)
-
-        return save_dir_atomic(path, write)
+        return self.save_wrapped(path, {"map": self.calibration_map.name, "state": self.calibration_map.state()})
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> Calibrated:
-        record = _saved_record(Path(path))
+        model, record = cls.load_wrapped(path)
+        record = _upgraded(record)
         calibration_map = calibration_map_class(record["map"]).from_state(record["state"])
-        return cls(load_predictor(Path(path) / "model"), calibration_map).eval()
+        return cls(model, calibration_map).eval()
 
     @classmethod
     def describe(cls, path: Path) -> str:
@@ -472,7 +455,11 @@ class Calibrated(Wrapper):
 def _saved_record(path: Path) -> dict:
     """predictor.json of a calibrated predictor; the format written before there were several maps,
     {"kind": "temperature", "temperature": T}, read as the temperature map (saved predictors keep loading)."""
-    record = json.loads((path / PREDICTOR_FILE).read_text())
+    return _upgraded(json.loads((path / PREDICTOR_FILE).read_text()))
+
+
+def _upgraded(record: dict) -> dict:
+    """A calibrated predictor's record in the current format (see `_saved_record`)."""
     if record["kind"] == EARLIER_KIND:
         return {"kind": Calibrated.kind, "map": "temperature", "state": {"temperature": record["temperature"]}}
     return record

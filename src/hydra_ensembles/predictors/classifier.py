@@ -15,7 +15,8 @@ from torch import nn
 from ..adapters import get_adapter
 from ..fusion import HydraEnsemble
 from .clip_zero_shot import DEFAULT_TEMPLATES, TwoTowerModel, ZeroShotEnsemble, zero_shot_ensemble
-from .load import base_model, describe_saved, load_predictor
+from .load import describe_saved, load_predictor
+from .wrapper import base_model
 
 PREPROCESSOR_FILES = (
     "tokenizer.json",

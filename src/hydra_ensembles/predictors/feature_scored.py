@@ -20,11 +20,11 @@ from typing import Any
 import safetensors.torch
 from torch import Tensor, nn
 
-from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
+from ..io import PREDICTOR_FILE
 from ..outputs import labels_of, member_logits_of
 from .feature_ood import CONCAT, FEATURE_SCORES, EnsembleDetector, Settings, TrainingFeatures
 from .features import collect_features, feature_source, member_features
-from .load import Wrapper, describe_saved, load_predictor, num_members, register_predictor, save_predictor
+from .load import ModelWrapper, describe_saved, register_predictor
 
 FEATURE_SCORE_NAMES = [name + variant for name in FEATURE_SCORES for variant in ("", CONCAT)]
 
@@ -32,26 +32,17 @@ DETECTORS_FILE = "detectors.safetensors"
 
 
 @register_predictor
-class FeatureScored(Wrapper):
+class FeatureScored(ModelWrapper):
     """Any classifier with fitted feature-space detectors. Returns the classifier's member_logits (B, M, C);
     `ood_scores` adds OOD scores. `examples`: how many training inputs the detectors were fit on."""
 
     kind = "feature_scored"
 
     def __init__(self, model: nn.Module, detectors: Mapping[str, EnsembleDetector], settings: Settings, examples: int):
-        super().__init__()
-        self.model = model
+        super().__init__(model)
         self.detectors = dict(detectors)
         self.settings = settings
         self.examples = examples
-
-    @property
-    def base(self) -> nn.Module:
-        return self.model
-
-    @property
-    def num_members(self) -> int:
-        return num_members(self.model)
 
     @property
     def score_names(self) -> list[str]:
@@ -84,29 +75,26 @@ class FeatureScored(Wrapper):
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """model/ (the classifier), detectors.safetensors and predictor.json (kind, scores, settings), atomically."""
 
-        def write(tmp: Path) -> None:
-            save_predictor(self.model, tmp / "model")
-            safetensors.torch.save_file(_flatten(self.detectors), tmp / DETECTORS_FILE)
-            record = {
-                "kind": self.kind,
-                "scores": list(self.detectors),
-                "members": len(next(iter(self.detectors.values())).members),
-                "k": self.settings.k,
-                "vim_dim": self.settings.vim_dim,
-                "examples": self.examples,
-            }
-            write_json_atomic(tmp / PREDICTOR_FILE, record)
+        record = {
+            "scores": list(self.detectors),
+            "members": len(next(iter(self.detectors.values())).members),
+            "k": self.settings.k,
+            "vim_dim": self.settings.vim_dim,
+            "examples": self.examples,
+        }
 
-        return save_dir_atomic(path, write)
+        def write_detectors(tmp: Path) -> None:
+            safetensors.torch.save_file(_flatten(self.detectors), tmp / DETECTORS_FILE)
+
+        return self.save_wrapped(path, record, write_detectors)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> FeatureScored:
-        path = Path(path)
-        record = json.loads((path / PREDICTOR_FILE).read_text())
-        state = safetensors.torch.load_file(path / DETECTORS_FILE)
+        model, record = cls.load_wrapped(path)
+        state = safetensors.torch.load_file(Path(path) / DETECTORS_FILE)
         detectors = {name: _unflatten(state, name, record["members"]) for name in record["scores"]}
         settings = Settings(k=record["k"], vim_dim=record["vim_dim"])
-        return cls(load_predictor(path / "model"), detectors, settings, record["examples"]).eval()
+        return cls(model, detectors, settings, record["examples"]).eval()
 
     @classmethod
     def describe(cls, path: Path) -> str:

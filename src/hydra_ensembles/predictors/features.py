@@ -25,7 +25,7 @@ from ..adapters import get_adapter
 from ..fusion import HydraEnsemble
 from ..outputs import map_batches, member_logits_of
 from .baselines import DeepEnsemble
-from .load import Wrapper
+from .wrapper import Wrapper
 
 
 @dataclass

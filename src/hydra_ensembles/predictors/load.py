@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar, Protocol
 
@@ -26,9 +26,10 @@ from ..adapters import UnsupportedModelError, adapter_for_class
 from ..distill import MultiHeadMLP
 from ..fusion import HydraEnsemble
 from ..fusion.ensemble import CONFIG_NAME as HYDRA_CONFIG
-from ..io import PREDICTOR_FILE, save_dir_atomic
-from ..model_card import write_card
+from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ..pruning import load_model, save_model
+from .card import write_card
+from .wrapper import Wrapper
 
 TWO_TOWER_FILE = "two_tower.json"
 HF_TWO_TOWER_MODELS = {"clip": "CLIPModel", "siglip": "SiglipModel"}  # model_type -> the HF two-tower class
@@ -64,15 +65,6 @@ class HFModel:
     def describe(cls, path: Path) -> str:
         config = json.loads((path / "config.json").read_text())
         return f"one model ({(config.get('architectures') or [config.get('model_type')])[0]})"
-
-
-class Wrapper(nn.Module, ABC):
-    """A predictor built on other models (temperature scaling, MC dropout, a deep ensemble)."""
-
-    @property
-    @abstractmethod
-    def base(self) -> nn.Module:
-        """The model whose config names the classes (the first member of a deep ensemble)."""
 
 
 PREDICTOR_KINDS: dict[str, type[SavedPredictor]] = {
@@ -127,29 +119,60 @@ def load_predictor(path: str | os.PathLike) -> nn.Module:
     return predictor_kind(path).from_pretrained(path).eval()
 
 
-def save_predictor(model: nn.Module, path: str | os.PathLike) -> Path:
+def save_predictor(model: nn.Module, path: str | os.PathLike, *, card: bool = True) -> Path:
     """Save any predictor atomically so that `load_predictor(path)` returns an equal one, with its model card
-    (README.md: what it is and costs, `model_card`) beside the weights, in the same atomic save."""
+    (README.md: what it is and costs, `card.py`) beside the weights, in the same atomic save; card=False for a
+    model saved inside a wrapper's directory (the wrapper's card describes both)."""
     if not isinstance(model, (transformers.PreTrainedModel, *PREDICTOR_KINDS.values())):
         raise TypeError(f"no saved kind for a {type(model).__name__}; known kinds: {sorted(PREDICTOR_KINDS)}.")
 
     def write(tmp: Path) -> None:
         save_model(model, tmp) if isinstance(model, transformers.PreTrainedModel) else model.save_pretrained(tmp)
-        write_card(model, tmp)  # tmp sits beside path: the card finds the same step records
+        if card:
+            write_card(model, tmp)  # tmp sits beside path: the card finds the same step records
 
     return save_dir_atomic(path, write)
-
-
-def base_model(model: nn.Module) -> nn.Module:
-    """The HF model, Hydra Ensemble or zero-shot ensemble that a wrapper predictor is built on (else `model`)."""
-    while isinstance(model, Wrapper):
-        model = model.base
-    return model
 
 
 def num_members(model: nn.Module) -> int:
     """M, the members whose outputs a predictor returns (1 for a plain model)."""
     return 1 if isinstance(model, transformers.PreTrainedModel) else model.num_members
+
+
+class ModelWrapper(Wrapper):
+    """A wrapper around one predictor, `model` (calibration, MC dropout, fitted detectors, a precision), saved as
+    `model/` beside the wrapper's predictor.json. Returns its M members unless a subclass says otherwise."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    @property
+    def base(self) -> nn.Module:
+        return self.model
+
+    @property
+    def num_members(self) -> int:
+        return num_members(self.model)
+
+    def save_wrapped(
+        self, path: str | os.PathLike, record: dict, write_more: Callable[[Path], None] | None = None
+    ) -> Path:
+        """Write model/ (the wrapped predictor), what `write_more(tmp)` adds and predictor.json ({"kind": ...} and
+        `record`), atomically."""
+
+        def write(tmp: Path) -> None:
+            save_predictor(self.model, tmp / "model", card=False)
+            if write_more is not None:
+                write_more(tmp)
+            write_json_atomic(tmp / PREDICTOR_FILE, {"kind": self.kind} | record)
+
+        return save_dir_atomic(path, write)
+
+    @staticmethod
+    def load_wrapped(path: str | os.PathLike) -> tuple[nn.Module, dict]:
+        """The wrapped predictor saved at `path`/model and the wrapper's predictor.json record."""
+        return load_predictor(Path(path) / "model"), json.loads((Path(path) / PREDICTOR_FILE).read_text())
 
 
 def check_supported(path: str | os.PathLike) -> None:

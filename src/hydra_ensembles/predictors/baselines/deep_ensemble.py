@@ -14,7 +14,8 @@ from ...adapters import get_adapter
 from ...io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ...outputs import PredictorOutput
 from ...pruning import load_model, save_model
-from ..load import Wrapper, register_predictor
+from ..load import register_predictor
+from ..wrapper import Wrapper
 
 
 @register_predictor

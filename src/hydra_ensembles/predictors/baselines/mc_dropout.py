@@ -10,13 +10,13 @@ import torch
 from torch import nn
 
 from ...adapters import get_adapter
-from ...io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
+from ...io import PREDICTOR_FILE
 from ...outputs import PredictorOutput
-from ..load import Wrapper, describe_saved, load_predictor, register_predictor, save_predictor
+from ..load import ModelWrapper, describe_saved, register_predictor
 
 
 @register_predictor
-class MCDropout(Wrapper):
+class MCDropout(ModelWrapper):
     """One model, `samples` stochastic passes with its dropout (hidden and attention) switched on.
 
     The dropout masks come from `seed` and a call counter, so a sequence of calls is reproducible.
@@ -25,16 +25,12 @@ class MCDropout(Wrapper):
     kind = "mc_dropout"
 
     def __init__(self, model: nn.Module, samples: int = 10, seed: int = 0):
-        super().__init__()
+        super().__init__(model)
         if samples < 1:
             raise ValueError(f"samples must be >= 1, got {samples}.")
         if not any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
             raise ValueError(f"{type(model).__name__} has no dropout with p > 0: MC dropout would return copies.")
-        self.model, self.samples, self.seed, self.calls = model, samples, seed, 0
-
-    @property
-    def base(self) -> nn.Module:
-        return self.model
+        self.samples, self.seed, self.calls = samples, seed, 0
 
     @property
     def num_members(self) -> int:
@@ -57,18 +53,12 @@ class MCDropout(Wrapper):
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """model/ (the model) and predictor.json (kind, samples, seed), atomically; a loaded copy starts its call
         counter again."""
-
-        def write(tmp: Path) -> None:
-            save_predictor(self.model, tmp / "model")
-            record = {"kind": self.kind, "samples": self.samples, "seed": self.seed}
-            write_json_atomic(tmp / PREDICTOR_FILE, record)
-
-        return save_dir_atomic(path, write)
+        return self.save_wrapped(path, {"samples": self.samples, "seed": self.seed})
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> MCDropout:
-        record = json.loads((Path(path) / PREDICTOR_FILE).read_text())
-        return cls(load_predictor(Path(path) / "model"), record["samples"], record["seed"]).eval()
+        model, record = cls.load_wrapped(path)
+        return cls(model, record["samples"], record["seed"]).eval()
 
     @classmethod
     def describe(cls, path: Path) -> str:

@@ -46,7 +46,8 @@ from ...io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ...outputs import PredictorOutput
 from ...training import TrainConfig, train
 from ...training.losses import MIMOLoss
-from ..load import Wrapper, register_predictor
+from ..load import register_predictor
+from ..wrapper import Wrapper
 
 WEIGHTS = "model.safetensors"
 

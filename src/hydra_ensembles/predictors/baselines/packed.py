@@ -33,7 +33,8 @@ from ...io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ...outputs import PredictorOutput
 from ...pruning.persist import FINGERPRINT_KEY
 from ...training import TrainConfig, finetune_fused
-from ..load import Wrapper, register_predictor
+from ..load import register_predictor
+from ..wrapper import Wrapper
 
 FUSED_DIR = "fused"
 WIDTH_FIELDS = ("hidden_size", "num_attention_heads", "intermediate_size")

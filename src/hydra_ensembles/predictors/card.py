@@ -21,13 +21,14 @@ import torch
 import transformers
 from torch import nn
 
-from .adapters import UnsupportedModelError, get_adapter
-from .cost import count_flops, count_parameters
-from .fusion import HydraEnsemble
-from .io import replacing
-from .pruning import kept_heads, kept_neurons
-from .pruning.persist import clear_structures
-from .version import __version__
+from ..adapters import UnsupportedModelError, get_adapter
+from ..cost import count_flops, count_parameters
+from ..fusion import HydraEnsemble
+from ..io import replacing
+from ..pruning import kept_heads, kept_neurons
+from ..pruning.persist import clear_structures
+from ..version import __version__
+from .wrapper import base_model, wrapper_chain
 
 CARD_NAME = "README.md"
 RECORD = "hydra-ens.json"  # a CLI step's record (cli/step.py), read here to say where the heads came from
@@ -46,7 +47,7 @@ def write_card(predictor: nn.Module, path: str | os.PathLike, evaluation: Mappin
 
 def card_text(predictor: nn.Module, path: Path | None = None, evaluation: Mapping[str, Any] | None = None) -> str:
     """The card of `predictor` (see the module docstring) as Markdown."""
-    inner = _unwrap(predictor)
+    inner = base_model(predictor)
     lines = [*_header(inner), f"# {_title(predictor, inner)}", ""]
     lines += [f"Made with hydra-ensembles {__version__}; load it with `hydra_ensembles.load_predictor(path)`.", ""]
     lines += _base_lines(inner) + _method_lines(predictor, inner, path) + _cost_lines(predictor, inner)
@@ -75,7 +76,7 @@ def _title(predictor: nn.Module, inner: nn.Module) -> str:
         title = f"A Hydra Ensemble of {inner.num_members} pruned {what} members, fused"
     else:
         title = f"{'A pruned' if _is_hf(inner) and _is_pruned(inner) else 'A'} {what}"
-    wrappers = [getattr(m, "kind", type(m).__name__) for m in _chain(predictor)[:-1]]
+    wrappers = [getattr(m, "kind", type(m).__name__) for m in wrapper_chain(predictor)[:-1]]
     return title + (f" ({' + '.join(wrappers)})" if wrappers else "")
 
 
@@ -101,7 +102,7 @@ def _base_lines(inner: nn.Module) -> list[str]:
 
 def _method_lines(predictor: nn.Module, inner: nn.Module, path: Path | None) -> list[str]:
     lines = ["## Method and settings", ""]
-    for wrapper in _chain(predictor)[:-1]:
+    for wrapper in wrapper_chain(predictor)[:-1]:
         lines.append(f"- wrapper: `{getattr(wrapper, 'kind', type(wrapper).__name__)}` around the model below")
     if isinstance(inner, HydraEnsemble):
         lines += [
@@ -191,18 +192,6 @@ def _evaluation_lines(evaluation: Mapping[str, Any] | None) -> list[str]:
 
 
 # ---- helpers ----
-
-
-def _chain(predictor: nn.Module) -> list[nn.Module]:
-    """The predictor and the models it wraps (a wrapper's `base`, `predictors.load.Wrapper`), outermost first."""
-    chain = [predictor]
-    while isinstance(getattr(chain[-1], "base", None), nn.Module):
-        chain.append(chain[-1].base)
-    return chain
-
-
-def _unwrap(predictor: nn.Module) -> nn.Module:
-    return _chain(predictor)[-1]
 
 
 def _is_hf(model: nn.Module) -> bool:

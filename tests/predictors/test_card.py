@@ -11,7 +11,7 @@ import transformers as T
 from conftest import MODELS, random_head_maps
 
 import hydra_ensembles as he
-import hydra_ensembles.model_card as model_card
+import hydra_ensembles.predictors.card as model_card
 from hydra_ensembles.cli import main
 from hydra_ensembles.predictors import load_predictor, save_predictor
 
@@ -50,6 +50,17 @@ def test_card_of_a_wrapper_costs_the_whole_predictor_not_its_first_member(member
     text = card(save_predictor(ensemble, tmp_path / "deep"))
     ratio = he.count_parameters(ensemble) / he.count_parameters(MODELS["bert"]())
     assert ratio > 2 and f"| ratio | {ratio:.2f}x |" in text
+
+
+def test_a_wrapper_writes_one_card_for_itself_and_none_inside(members, tmp_path):
+    """Temperature scaling of MC dropout of a pruned model: one card, at the top, naming both wrappers (a card
+    per nested save would count the inner model's FLOPs again and describe only a part)."""
+    wrapped = he.predictors.Calibrated(
+        he.predictors.MCDropout(members[0], samples=2), he.predictors.TemperatureScaling(1.5)
+    )
+    path = save_predictor(wrapped, tmp_path / "calibrated")
+    assert sorted(p.name for p in path.rglob("README.md")) == ["README.md"] and (path / "README.md").is_file()
+    assert "(calibrated + mc_dropout)" in card(path)
 
 
 def test_card_of_a_pruned_model_lists_neurons_and_keeps_an_hf_folder(members, tmp_path):
