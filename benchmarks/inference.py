@@ -129,6 +129,9 @@ def onnx_runners(models: dict, example: dict, batch: dict, folder: Path) -> dict
 
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = torch.get_num_threads(), 1
+    # ORT's threads spin-wait after a run by default: in interleaved rounds they would take the cores from the
+    # next row (eager PyTorch) and slow it; off, every row starts on idle cores
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     feed = {k: v.numpy() for k, v in batch.items()}
     runs = {}
     for name in ONNX_ROWS:

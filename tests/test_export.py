@@ -81,11 +81,12 @@ def test_torch_export_of_fused_module_matches_eager(fused):
         assert (got - eager(ensemble, inputs)).abs().max() <= CONTRACT
 
 
-@pytest.mark.parametrize("family", ["deberta", "modernbert"])
+@pytest.mark.parametrize("family", ["deberta", "modernbert", "electra", "siglip_classifier"])
 def test_onnx_runtime_reproduces_the_newer_families(family, tmp_path):
-    """DeBERTa-v3 (disentangled position scores: a gather over distance buckets) and ModernBERT (rotary, local
-    and global layers) in ONNX Runtime, ragged members, at shapes other than the example's (ModernBERT's local
-    window is wider than these inputs: its masks are checked in the family's contract tests)."""
+    """DeBERTa-v3 (disentangled position scores: a gather over distance buckets), ModernBERT (rotary, local and
+    global layers), ELECTRA (an embedding projection) and SigLIP's image classifier in ONNX Runtime, ragged
+    members, at shapes other than the example's (ModernBERT's local window is wider than these inputs: its masks
+    are checked in the family's contract tests)."""
     members = he.build_members(at_trained_scale(family), random_head_maps(3, seed=1))
     ensemble = he.HydraEnsemble.fuse([perturb(m, scale=0.05, seed=i) for i, m in enumerate(members)], mlp="stack")
     path = ensemble.export_onnx(tmp_path / "fused.onnx", make_inputs(family))
