@@ -6,12 +6,17 @@ an attention mask); CLIP text rows end with the end-of-text token.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import importlib.util
 import math
 import os
 import re
 import string
-from collections.abc import Callable, Sequence
+import sys
+import types
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import pytest
 import torch
@@ -309,6 +314,44 @@ def build_clip_tokenizer(
 def clip_tokenizer() -> T.CLIPTokenizer:
     """The tokenizer of `tiny_clip` models: `build_clip_tokenizer()`."""
     return build_clip_tokenizer()
+
+
+BENCHMARK_SCRIPTS = Path(__file__).parents[1] / "benchmarks"
+
+
+def load_script(name: str) -> types.ModuleType:
+    """benchmarks/`name`.py imported as a module (the scripts are not a package), registered in sys.modules so that
+    its dataclasses can look their module up."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARK_SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def labelled_batches(kind: str = "vit", batches: int = 3, seed: int = 30) -> list[dict[str, torch.Tensor]]:
+    """`batches` batches of `make_inputs(kind)` (seeds seed, seed + 1, ...), labelled 0, 1, 2, 3: training data."""
+    return [make_inputs(kind, seed=seed + i) | {"labels": torch.arange(4)} for i in range(batches)]
+
+
+@contextlib.contextmanager
+def killed_at_step(step: int) -> Iterator[None]:
+    """Inside, the `step`-th AdamW step (counted from 1) raises KeyboardInterrupt, as a run killed there would stop;
+    the training called inside must be interrupted (the block asserts it). AdamW is itself again on leaving."""
+    original, steps = torch.optim.AdamW.step, {"n": 0}
+
+    def dies(self, *args, **kwargs):
+        steps["n"] += 1
+        if steps["n"] == step:
+            raise KeyboardInterrupt("killed")
+        return original(self, *args, **kwargs)
+
+    torch.optim.AdamW.step = dies
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            yield
+    finally:
+        torch.optim.AdamW.step = original
 
 
 def random_head_maps(num_members: int, seed: int = 0, min_heads: int = 0) -> list[dict[int, list[int]]]:

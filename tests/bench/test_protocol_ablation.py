@@ -1,19 +1,9 @@
 """benchmarks/protocol_ablation.py: each step is the step above with one change, the last is the current task."""
 
-import importlib.util
 from dataclasses import fields
-from pathlib import Path
 
+from conftest import load_script
 from test_suite import tiny_task  # noqa: F401, F811 (the fixture)
-
-SCRIPT = Path(__file__).parents[2] / "benchmarks" / "protocol_ablation.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("protocol_ablation", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _changed(a, b) -> set[str]:
@@ -21,7 +11,7 @@ def _changed(a, b) -> set[str]:
 
 
 def test_each_step_changes_one_thing_and_the_last_is_the_current_task(tiny_task):  # noqa: F811
-    ablation = _script()
+    ablation = load_script("protocol_ablation")
     current = tiny_task.__class__(**{f.name: getattr(tiny_task, f.name) for f in fields(tiny_task)})
     current.circuit_tie_break, current.dropout_model = "score", lambda seed: tiny_task.new_model(seed)
     crops = tiny_task.far["far"]
@@ -39,6 +29,7 @@ def test_each_step_changes_one_thing_and_the_last_is_the_current_task(tiny_task)
 
 
 def test_protocol_1s_photo_crops_are_fixed_grey_images():
-    crops = _script().photo_crops(6)
+    ablation = load_script("protocol_ablation")
+    crops = ablation.photo_crops(6)
     assert crops.shape == (6, 28, 28) and 0 <= crops.min() and crops.max() <= 1
-    assert (crops - _script().photo_crops(6, seed=1)).abs().amax(dim=(1, 2)).min() > 0.01
+    assert (crops - ablation.photo_crops(6, seed=1)).abs().amax(dim=(1, 2)).min() > 0.01

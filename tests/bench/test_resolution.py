@@ -1,26 +1,20 @@
 """image-dinov2's input resolution (issue 39, item 4): `dinov2_pixels` at any side of whole 14 px patches, and
 benchmarks/resolution.py's choice on validation, on hand-made records and a tiny task (no real data or model)."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 from test_suite import tiny_task  # noqa: F401 (the fixture)
 
 from hydra_ensembles.bench import suite, tasks
 from hydra_ensembles.io import write_json_atomic
 
-SCRIPT = Path(__file__).parents[2] / "benchmarks" / "resolution.py"
-
 
 @pytest.fixture(scope="module")
 def resolution():
-    spec = importlib.util.spec_from_file_location("resolution", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("resolution")
 
 
 @pytest.mark.parametrize("pixels", [56, 84])

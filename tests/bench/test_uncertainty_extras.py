@@ -1,15 +1,13 @@
 """benchmarks/uncertainty_extras.py end to end on the bench tests' tiny task: the rows `hydra-ens bench` cached,
 the detector chosen on validation, a row not trained reported as missing (and not trained), a rerun that resumes."""
 
-import importlib.util
 import json
-import sys
 import zlib
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 from sklearn.metrics import roc_auc_score
 from test_suite import _batches, tiny_task  # noqa: F401 (the fixture)
 
@@ -19,16 +17,6 @@ from hydra_ensembles.evaluation.scores import collect_scores
 from hydra_ensembles.evaluation.shift import TextData
 from hydra_ensembles.outputs import labels_of
 from hydra_ensembles.predictors import fit_feature_scores
-
-SCRIPT = Path(__file__).parents[2] / "benchmarks" / "uncertainty_extras.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("uncertainty_extras", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def _token_texts(batches) -> TextData:
@@ -86,7 +74,7 @@ def _validation_aurocs(task, predictor, feature_names) -> dict[str, float]:
 
 
 def test_the_report_of_cached_rows_chooses_on_validation_and_reports_a_missing_row(tiny_task, tmp_path, monkeypatch):  # noqa: F811
-    extras = _script()
+    extras = load_script("uncertainty_extras")
     task = replace(
         tiny_task,
         train=_batches((1, 2, 14, 15, 16)),

@@ -3,17 +3,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "cli"))
 from cli_support import text_encoder  # noqa: E402, F401 (fixture)
 
-SCRIPT = Path(__file__).parents[2] / "benchmarks" / "workflow_times.py"
 STEPS = [
     "finetune",
     "scores",
@@ -30,19 +29,11 @@ STEPS = [
 ]
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("workflow_times", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def timed(tmp_path_factory, text_encoder) -> tuple[dict, str, Path]:  # noqa: F811 (the fixture)
     root = tmp_path_factory.mktemp("workflow-times")
     args = ["--model", str(text_encoder), "--size", "smoke", "--work", str(root / "work")]
-    _script().main([*args, "--results", str(root / "workflow-times")])
+    load_script("workflow_times").main([*args, "--results", str(root / "workflow-times")])
     report = json.loads((root / "workflow-times.json").read_text())
     return report, (root / "workflow-times.md").read_text(), root / "work"
 
@@ -73,4 +64,4 @@ def test_the_report_gives_the_data_sizes_and_the_steps_wrote_what_a_user_gets(ti
 def test_a_work_folder_holding_files_is_refused(tmp_path):
     (tmp_path / "old").write_text("")
     with pytest.raises(SystemExit, match="is not empty"):
-        _script().main(["--model", "unused", "--work", str(tmp_path)])
+        load_script("workflow_times").main(["--model", "unused", "--work", str(tmp_path)])

@@ -1,28 +1,18 @@
 """Circuits on two disjoint halves of the data (issue 39): removal agreement, the split, and the halves script."""
 
-import importlib.util
 import json
 import random
 import time
-from pathlib import Path
 
 import pytest
 import torch
 from circuit_support import circuit_data, circuit_model
-from conftest import HEADS, LAYERS, make_inputs
+from conftest import HEADS, LAYERS, load_script, make_inputs
 
 import hydra_ensembles as he
 from hydra_ensembles.importance.circuit import chance_agreement, removal_agreement, split_halves
 
-SCRIPT = Path(__file__).parents[2] / "benchmarks" / "circuit_halves.py"
 A, B, C, D, E, F = [(0, h) for h in range(4)] + [(1, 0), (1, 1)]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("circuit_halves", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ---- agreement ----
@@ -115,7 +105,7 @@ def _doubled(batches: list[dict]) -> list[dict]:
 
 
 def test_halves_of_doubled_data_agree_at_every_k_and_the_report_says_so(tmp_path):
-    script, (id_batches, ood_batches) = _script(), circuit_data()
+    script, (id_batches, ood_batches) = load_script("circuit_halves"), circuit_data()
     report = script.halves_report(
         circuit_model(), _doubled(id_batches), _doubled(ood_batches), "avg", [1, 2, 4], progress=False
     )
@@ -133,8 +123,9 @@ def test_halves_of_doubled_data_agree_at_every_k_and_the_report_says_so(tmp_path
 
 def test_halves_report_rejects_counts_the_circuit_cannot_remove():
     id_batches, ood_batches = circuit_data()
+    script = load_script("circuit_halves")
     with pytest.raises(ValueError, match=rf"--first: each k must be in 1\.\.{LAYERS * HEADS - 1}"):
-        _script().halves_report(circuit_model(), id_batches, ood_batches, "avg", [4, LAYERS * HEADS], progress=False)
+        script.halves_report(circuit_model(), id_batches, ood_batches, "avg", [4, LAYERS * HEADS], progress=False)
 
 
 class _Task:
@@ -147,7 +138,7 @@ class _Task:
 def test_missing_single_model_names_the_command_that_trains_it(tmp_path, monkeypatch):
     monkeypatch.setenv("HYDRA_ENSEMBLES_CACHE", str(tmp_path))
     with pytest.raises(SystemExit, match=r"hydra-ens bench text --seeds 2 --rows Single --quick"):
-        _script().single_model("text", _Task(), "quick", 2)
+        load_script("circuit_halves").single_model("text", _Task(), "quick", 2)
 
 
 # ---- wall time across resumed runs ----
@@ -159,7 +150,7 @@ def _extract(script, state, budget: int) -> dict:
 
 
 def test_resumed_extraction_reports_the_seconds_of_every_run_added_up(tmp_path):
-    script, state = _script(), tmp_path / "avg-half1-4.state.json"
+    script, state = load_script("circuit_halves"), tmp_path / "avg-half1-4.state.json"
     runs = [_extract(script, state, budget) for budget in (2, 4, 4)]  # fresh, resumed half-way, resumed when done
     assert [run["runs"] for run in runs] == [1, 2, 3]
     assert runs[-1]["seconds"] == pytest.approx(sum(run["this_run_seconds"] for run in runs))
@@ -169,7 +160,7 @@ def test_resumed_extraction_reports_the_seconds_of_every_run_added_up(tmp_path):
 
 
 def test_a_killed_run_counts_up_to_its_last_saved_step(tmp_path, monkeypatch):
-    script, state = _script(), tmp_path / "avg-half1-4.state.json"
+    script, state = load_script("circuit_halves"), tmp_path / "avg-half1-4.state.json"
     extract = script.extract_circuit
 
     def killed_after_two_removals(model, id_batches, ood_batches, criterion, budget, **kwargs):
@@ -188,7 +179,7 @@ def test_a_killed_run_counts_up_to_its_last_saved_step(tmp_path, monkeypatch):
 
 
 def test_a_state_saved_without_a_time_record_says_its_earlier_time_is_unknown(tmp_path):
-    script, state = _script(), tmp_path / "avg-half1-2.state.json"
+    script, state = load_script("circuit_halves"), tmp_path / "avg-half1-2.state.json"
     _extract(script, state, 2)
     script.time_path(state).unlink()
     resumed = _extract(script, state, 2)

@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 import transformers as T
-from conftest import CONTRACT_MODELS, MODELS, at_trained_scale, make_inputs, output
+from conftest import CONTRACT_MODELS, MODELS, at_trained_scale, killed_at_step, make_inputs, output
 from tolerances import CONTRACT
 
 import hydra_ensembles as he
@@ -107,7 +107,7 @@ def test_it_saves_and_loads_back_equal_on_a_pruned_checkpoint(tmp_path):
     assert all(isinstance(layer, BatchEnsembleLinear) for _, layer in ensemble.layers())  # saving put them back
 
 
-def test_fine_tuning_trains_the_members_seeded_resumable_with_the_embeddings_frozen(tmp_path, monkeypatch):
+def test_fine_tuning_trains_the_members_seeded_resumable_with_the_embeddings_frozen(tmp_path):
     data = [make_inputs("bert", seed=5 + i) | {"labels": torch.arange(4) % 3} for i in range(3)]
     config = ft.TEXT_RECIPE.with_(epochs=3, lr=1e-2, patience=None, freeze_embeddings=True)
 
@@ -120,18 +120,8 @@ def test_fine_tuning_trains_the_members_seeded_resumable_with_the_embeddings_fro
     for key, value in uninterrupted.items():
         frozen = ".embeddings." in key
         assert torch.equal(before[key], value) == frozen, key  # embeddings kept, everything else trained
-    steps, original = {"n": 0}, torch.optim.AdamW.step
-
-    def dies_in_epoch_3(self, *args, **kwargs):
-        steps["n"] += 1
-        if steps["n"] == 8:  # 3 steps per epoch: the 2nd step of epoch 3
-            raise KeyboardInterrupt("killed")
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(torch.optim.AdamW, "step", dies_in_epoch_3)
-    with pytest.raises(KeyboardInterrupt):
+    with killed_at_step(8):  # 3 steps per epoch: the 2nd step of epoch 3
         tuned(checkpoint_dir=tmp_path)
-    monkeypatch.setattr(torch.optim.AdamW, "step", original)
     resumed = tuned(checkpoint_dir=tmp_path).state_dict()
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
 

@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import MODELS, make_inputs, output
+from conftest import MODELS, killed_at_step, labelled_batches, make_inputs, output
 from tolerances import CONTRACT
 
 import hydra_ensembles as he
@@ -97,28 +97,13 @@ def test_mimo_loss_sums_each_members_cross_entropy_on_the_labels_it_read():
     assert torch.allclose(loss, expected)
 
 
-def _train(batches: int = 3) -> list[dict]:
-    labels = torch.tensor([0, 1, 2, 3])
-    return [make_inputs("vit", seed=30 + i) | {"labels": labels} for i in range(batches)]
-
-
-def test_training_through_the_loop_is_seeded_and_a_killed_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
+def test_training_through_the_loop_is_seeded_and_a_killed_run_resumes_to_the_same_weights(tmp_path):
     model = MODELS["vit"]()
-    uninterrupted = train_mimo(mimo(model, seed=0), _train(), RECIPE, progress=False)
-    again = train_mimo(mimo(model, seed=0), _train(), RECIPE, progress=False)
-    original, steps = torch.optim.AdamW.step, {"n": 0}
-
-    def dies_in_epoch_2(self, *args, **kwargs):
-        steps["n"] += 1
-        if steps["n"] == 5:  # 3 steps per epoch: the 2nd step of epoch 2
-            raise KeyboardInterrupt("killed")
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(torch.optim.AdamW, "step", dies_in_epoch_2)
-    with pytest.raises(KeyboardInterrupt):
-        train_mimo(mimo(model, seed=0), _train(), RECIPE, checkpoint_dir=tmp_path, progress=False)
-    monkeypatch.setattr(torch.optim.AdamW, "step", original)
-    resumed = train_mimo(mimo(model, seed=0), _train(), RECIPE, checkpoint_dir=tmp_path, progress=False)
+    uninterrupted = train_mimo(mimo(model, seed=0), labelled_batches(), RECIPE, progress=False)
+    again = train_mimo(mimo(model, seed=0), labelled_batches(), RECIPE, progress=False)
+    with killed_at_step(5):  # 3 steps per epoch: the 2nd step of epoch 2
+        train_mimo(mimo(model, seed=0), labelled_batches(), RECIPE, checkpoint_dir=tmp_path, progress=False)
+    resumed = train_mimo(mimo(model, seed=0), labelled_batches(), RECIPE, checkpoint_dir=tmp_path, progress=False)
     untrained = mimo(model, seed=0)
     for a, b, c in zip(*(m.state_dict().values() for m in (uninterrupted, again, resumed))):
         assert torch.equal(a, b) and torch.equal(a, c)  # the draws too: seeded per epoch by the loop

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from conftest import MODELS, make_inputs, output
+from conftest import MODELS, killed_at_step, labelled_batches, make_inputs, output
 from tolerances import CONTRACT
 
 import hydra_ensembles as he
@@ -21,11 +21,6 @@ def _narrow_members(model, members: int, alpha: float, seed: int) -> list[torch.
     config = packed_config(model.config, members, alpha)
     torch.manual_seed(seed)
     return [type(model)(copy.deepcopy(config)).eval() for _ in range(members)]
-
-
-def _train(batches: int = 3) -> list[dict]:
-    labels = torch.tensor([0, 1, 2, 3])
-    return [make_inputs("vit", seed=30 + i) | {"labels": labels} for i in range(batches)]
 
 
 def test_the_narrow_config_rounds_heads_and_mlp_width_half_up():
@@ -87,22 +82,16 @@ def test_members_do_not_leak_into_each_other():
     assert torch.equal(after[:, [0, 2]], before[:, [0, 2]]) and not torch.allclose(after[:, 1], before[:, 1])
 
 
-def test_training_is_seeded_resumes_after_a_kill_and_stays_its_members(tmp_path, monkeypatch):
+def test_training_is_seeded_resumes_after_a_kill_and_stays_its_members(tmp_path):
     model, inputs = MODELS["vit"](), make_inputs("vit")
-    runs = [train_packed(packed_ensemble(model, seed=0), _train(), RECIPE, progress=False) for _ in range(2)]
-    original, steps = torch.optim.AdamW.step, {"n": 0}
 
-    def dies_in_epoch_2(self, *args, **kwargs):
-        steps["n"] += 1
-        if steps["n"] == 5:  # 3 steps per epoch: the 2nd step of epoch 2
-            raise KeyboardInterrupt("killed")
-        return original(self, *args, **kwargs)
+    def trained(**kwargs):
+        return train_packed(packed_ensemble(model, seed=0), labelled_batches(), RECIPE, progress=False, **kwargs)
 
-    monkeypatch.setattr(torch.optim.AdamW, "step", dies_in_epoch_2)
-    with pytest.raises(KeyboardInterrupt):
-        train_packed(packed_ensemble(model, seed=0), _train(), RECIPE, checkpoint_dir=tmp_path, progress=False)
-    monkeypatch.setattr(torch.optim.AdamW, "step", original)
-    runs.append(train_packed(packed_ensemble(model, seed=0), _train(), RECIPE, checkpoint_dir=tmp_path, progress=False))
+    runs = [trained(), trained()]
+    with killed_at_step(5):  # 3 steps per epoch: the 2nd step of epoch 2
+        trained(checkpoint_dir=tmp_path)
+    runs.append(trained(checkpoint_dir=tmp_path))
     first = runs[0]
     for a, b, c in zip(*(run.state_dict().values() for run in runs)):
         assert torch.equal(a, b) and torch.equal(a, c)

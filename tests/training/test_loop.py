@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import MODELS, make_inputs
+from conftest import MODELS, killed_at_step, make_inputs
 
 from hydra_ensembles import training as ft
 from hydra_ensembles.distill import attach_teacher
@@ -18,21 +18,10 @@ def _data(name="bert", batches=3, seed=5):
 CONFIG = ft.TEXT_RECIPE.with_(epochs=3, lr=1e-3, patience=None)
 
 
-def test_a_killed_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
+def test_a_killed_run_resumes_to_the_same_weights(tmp_path):
     uninterrupted = ft.finetune(MODELS["bert"](), _data(), CONFIG, progress=False).state_dict()
-    steps = {"n": 0}
-    original = torch.optim.AdamW.step
-
-    def dies_in_epoch_3(self, *args, **kwargs):
-        steps["n"] += 1
-        if steps["n"] == 8:  # 3 steps per epoch: the 2nd step of epoch 3
-            raise KeyboardInterrupt("killed")
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(torch.optim.AdamW, "step", dies_in_epoch_3)
-    with pytest.raises(KeyboardInterrupt):
+    with killed_at_step(8):  # 3 steps per epoch: the 2nd step of epoch 3
         ft.finetune(MODELS["bert"](), _data(), CONFIG, checkpoint_dir=tmp_path, progress=False)
-    monkeypatch.setattr(torch.optim.AdamW, "step", original)
     assert torch.load(tmp_path / ft.CHECKPOINT, weights_only=False)["state"]["epoch"] == 2
     resumed = ft.finetune(MODELS["bert"](), _data(), CONFIG, checkpoint_dir=tmp_path, progress=False).state_dict()
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)  # same operations: bit-identical
