@@ -133,3 +133,22 @@ def test_evaluate_writes_its_metrics_into_the_card_and_a_rerun_is_a_no_op(tmp_pa
     capsys.readouterr()
     assert main(command) == 0  # the card changed, but it is no input: the finished step is not redone
     assert "already done" in capsys.readouterr().out
+
+
+def test_a_baseline_that_is_its_own_method_says_so_in_its_title():
+    """Packed-Ensembles are no pruned Hydra members, MIMO no plain ViT: each of these kinds names its method."""
+    vit, bert = MODELS["vit"](), MODELS["bert"]()
+    titles = [
+        (
+            "Packed-Ensembles (Laurent et al., 2023): 3 narrow ViTForImageClassification",
+            he.predictors.packed_ensemble(vit),
+        ),
+        ("MIMO (Havasi et al., 2020): one ViTForImageClassification that reads 3 inputs", he.predictors.mimo(vit)),
+        (
+            "BatchEnsemble (Wen et al., 2020): 2 members of one BertForSequenceClassification",
+            he.predictors.batch_ensemble(bert, members=2),
+        ),
+    ]
+    for title, predictor in titles:
+        text = model_card.card_text(predictor)
+        assert f"# {title}" in text and "Hydra Ensemble" not in text.split("\n## ")[0]

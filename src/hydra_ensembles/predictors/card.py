@@ -71,7 +71,11 @@ def _header(inner: nn.Module) -> list[str]:
 
 
 def _title(predictor: nn.Module, inner: nn.Module) -> str:
+    """A kind that is its own method (a baseline built on a model) names itself (its `title`); else the title says
+    what the model is, and which wrappers sit over it."""
     what = _model_name(inner)
+    if (own := getattr(predictor, "title", None)) is not None:
+        return own.format(members=predictor.num_members, model=what)
     if isinstance(inner, HydraEnsemble):
         title = f"A Hydra Ensemble of {inner.num_members} pruned {what} members, fused"
     else:

@@ -154,6 +154,7 @@ class BatchEnsemble(Wrapper):
     them. Wraps `model` in place; `batch_ensemble` works on a copy."""
 
     kind = "batch_ensemble"
+    title = "BatchEnsemble (Wen et al., 2020): {members} members of one {model}, rank-1 fast weights around its own"
     is_classifier = True
 
     def __init__(self, model: nn.Module, members: int, linears: Sequence[str] | None = None):

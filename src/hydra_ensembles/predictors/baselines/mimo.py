@@ -76,6 +76,7 @@ class MIMO(Wrapper):
     """An HF image classifier shaped for M inputs and M heads (see the module docstring); member logits (B, M, C)."""
 
     kind = "mimo"
+    title = "MIMO (Havasi et al., 2020): one {model} that reads {members} inputs and gives {members} predictions"
 
     def __init__(self, model: nn.Module, members: int, rho: float = 0.5, batch_repetition: int = 4):
         super().__init__()

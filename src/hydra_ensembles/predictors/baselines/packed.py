@@ -73,6 +73,8 @@ class PackedEnsemble(Wrapper):
     """M narrow transformers fused into one module (`fused`, a `HydraEnsemble`); member logits (B, M, C)."""
 
     kind = "packed_ensemble"
+    # the model card's title (`card.py`)
+    title = "Packed-Ensembles (Laurent et al., 2023): {members} narrow {model} networks trained from scratch, fused"
 
     def __init__(self, fused: HydraEnsemble, alpha: float, gamma: int = 1):
         super().__init__()
