@@ -1,11 +1,14 @@
 """Fixtures and helpers for the CLI tests: tiny models saved as a user would have them on disk (with their
-tokenizer / image processor), data files of the kinds users have, and `hydra-ens` run in a subprocess.
+tokenizer / image processor), data files of the kinds users have, and `hydra-ens` run in a subprocess (or, for
+refusals, in this process: `refused`).
 
 Test modules import the fixtures they use from here (a second conftest.py would shadow tests/conftest.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import random
@@ -19,6 +22,8 @@ import torch
 import transformers as T
 from conftest import build_clip_tokenizer
 from PIL import Image
+
+from hydra_ensembles.cli import main
 
 TOPICS = {
     "sports": "match goal team player coach league score win season cup",
@@ -50,6 +55,19 @@ def hydra_ens(*args: str, check: bool = True, timeout: float = 300) -> subproces
             f"hydra-ens {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
         )
     return result
+
+
+def refused(*args: str) -> subprocess.CompletedProcess:
+    """`hydra-ens ARGS` run in this process (`main`, what the console script calls), for commands expected to be
+    refused: they stop before any work, so a new process would spend its time on start-up alone (~4 s of torch
+    and transformers imports a call). Returns what `hydra_ens` returns: exit code, stdout, stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([*args, "--quiet"])
+        except SystemExit as exit:  # argparse's own refusals
+            code = exit.code
+    return subprocess.CompletedProcess(["hydra-ens", *args], code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="session")

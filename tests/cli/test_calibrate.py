@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 import transformers as T
-from cli_support import TOPICS, hydra_ens, text_encoder, text_files
+from cli_support import TOPICS, hydra_ens, refused, text_encoder, text_files
 
 from hydra_ensembles import metrics
 from hydra_ensembles.cli.step import RECORD
@@ -110,9 +110,9 @@ def test_predict_runs_on_the_calibrated_predictor(calibrated, classifier, text_f
 
 
 def test_an_unknown_method_is_refused_by_name(tmp_path, classifier, text_files):
-    result = hydra_ens(
+    result = refused(
         "calibrate", "--model", str(classifier), "--val", str(text_files["val"]), "--out", str(tmp_path / "o"),
-        "--method", "platt", check=False,
+        "--method", "platt"
     )  # fmt: skip
     assert result.returncode == 2
     assert "invalid choice: 'platt'" in result.stderr and "temperature" in result.stderr and "isotonic" in result.stderr

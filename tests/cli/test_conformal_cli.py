@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import torch
-from cli_support import hydra_ens, image_classifier, image_files  # noqa: F401 (fixtures)
+from cli_support import hydra_ens, image_classifier, image_files, refused  # noqa: F401 (fixtures)
 
 from hydra_ensembles.data.files import read_encoded
 from hydra_ensembles.evaluation.conformal import SplitConformal
@@ -63,11 +63,9 @@ def test_evaluate_reports_selective_columns_conformal_coverage_and_a_risk_covera
 def test_conformal_flags_say_what_is_wrong(tmp_path, image_classifier, image_files):  # noqa: F811
     model, f = str(image_classifier), {k: str(v) for k, v in image_files.items()}
     evaluate = ["evaluate", "--model", model, "--data", f["test"], "--out", str(tmp_path / "report")]
-    bad = hydra_ens(*evaluate, "--conformal", "1.5", check=False)
+    bad = refused(*evaluate, "--conformal", "1.5")
     assert bad.returncode == 2 and "argument --conformal: invalid miscoverage value: '1.5'" in bad.stderr
-    few = hydra_ens(*evaluate, "--conformal", "0.12", check=False)  # 8 to calibrate: more than half of 12
+    few = refused(*evaluate, "--conformal", "0.12")  # 8 to calibrate: more than half of 12
     assert few.returncode == 2 and "(6 of its 12 examples) and needs at least 8" in few.stderr
-    fixed = hydra_ens(
-        "predict", "--model", model, "--inputs", f["ood"], "--threshold", "0.5", "--conformal", "0.2", check=False
-    )
+    fixed = refused("predict", "--model", model, "--inputs", f["ood"], "--threshold", "0.5", "--conformal", "0.2")
     assert fixed.returncode == 2 and "--conformal calibrates on labelled --calibration inputs" in fixed.stderr

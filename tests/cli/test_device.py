@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 import transformers as T
-from cli_support import TOPICS, hydra_ens, text_encoder, text_files
+from cli_support import TOPICS, hydra_ens, refused, text_encoder, text_files
 
 from hydra_ensembles import metrics
 from hydra_ensembles.cli import bench, build_parser, main
@@ -84,21 +84,21 @@ def test_resolve_device(monkeypatch):
 
 @NO_GPU
 def test_cuda_without_a_gpu_is_refused(tmp_path, classifier, text_files):
-    result = hydra_ens(
+    result = refused(
         "predict", "--model", str(classifier), "--inputs", str(text_files["new"]), "--threshold", "0.5",
-        "--device", "cuda", check=False,
+        "--device", "cuda"
     )  # fmt: skip
     assert result.returncode == 2 and result.stdout == ""
     message = result.stderr.strip()
     assert message.startswith("hydra-ens predict: error: --device cuda: no CUDA GPU") and "--device cpu" in message
-    result = hydra_ens(
+    result = refused(
         "evaluate", "--model", str(classifier), "--data", str(text_files["val"]), "--out", str(tmp_path / "o"),
-        "--device", "cuda", check=False,
+        "--device", "cuda"
     )  # fmt: skip
     assert result.returncode == 2 and "--device cpu" in result.stderr
     assert not (tmp_path / "o").exists()  # refused before anything is written
     for command in (("demo", "--size", "smoke"), ("bench", "text", "--quick")):
-        result = hydra_ens(*command, "--out", str(tmp_path / "o"), "--device", "cuda", check=False)
+        result = refused(*command, "--out", str(tmp_path / "o"), "--device", "cuda")
         assert result.returncode == 2 and "--device cuda: no CUDA GPU" in result.stderr, command
     assert not (tmp_path / "o").exists()
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 import transformers as T
-from cli_support import clip_model, hydra_ens, text_encoder, text_files
+from cli_support import clip_model, hydra_ens, refused, text_encoder, text_files
 
 import hydra_ensembles as he
 from hydra_ensembles.cli.common import duration_seconds
@@ -35,7 +35,7 @@ def ensemble(tmp_path_factory, classifier):
 
 
 def fails(*args: str) -> str:
-    result = hydra_ens(*args, check=False)
+    result = refused(*args)
     assert result.returncode == 2, (result.stdout, result.stderr)
     message = result.stderr.strip()
     assert len(message.splitlines()) == 1, message  # one line, no traceback
@@ -85,9 +85,7 @@ def test_unreadable_data(tmp_path, classifier, text_files):
         "scores", "--model", str(classifier), "--data", str(text_files["val"]), "--sequential", "9", "--out", out
     )
     assert "sequential_budget for layer 0 is 9" in too_many and "prune fewer heads" in too_many
-    usage = hydra_ens(
-        "scores", "--model", str(classifier), "--data", "x", "--sequential", "a", "--out", out, check=False
-    )
+    usage = refused("scores", "--model", str(classifier), "--data", "x", "--sequential", "a", "--out", out)
     assert (
         usage.returncode == 2 and "--sequential: expected a number of heads or a comma-separated list" in usage.stderr
     )
@@ -177,9 +175,7 @@ def test_budget_out_of_range(tmp_path, classifier, text_files):
 def test_an_unsupported_architecture_is_refused_before_anything_else(tmp_path, text_files):
     gpt2 = tmp_path / "gpt2"  # no tokenizer saved either: the architecture must be what is reported
     T.GPT2LMHeadModel(T.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=50)).save_pretrained(gpt2)
-    result = hydra_ens(
-        "finetune", "--model", str(gpt2), "--data", str(text_files["train"]), "--out", str(tmp_path / "o"), check=False
-    )
+    result = refused("finetune", "--model", str(gpt2), "--data", str(text_files["train"]), "--out", str(tmp_path / "o"))
     assert result.returncode == 2
     assert "no adapter for GPT2LMHeadModel" in result.stderr and "Supported classes" in result.stderr
     assert "fine-tuning" not in result.stdout and "classification head" not in result.stdout

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 import transformers as T
-from cli_support import TOPICS, hydra_ens, image_classifier, image_files, text_encoder, text_files  # noqa: F401
+from cli_support import TOPICS, hydra_ens, image_classifier, image_files, refused, text_encoder, text_files  # noqa: F401
 
 from hydra_ensembles.data.files import read_encoded
 from hydra_ensembles.evaluation.shift import PixelSpace, shift_curve, shifts_of
@@ -97,9 +97,9 @@ def test_wrong_shifts_and_severities_are_user_errors(tmp_path, text_classifier, 
         "review",
     ]
     evaluate += ["--out", str(tmp_path / "report")]
-    unknown = hydra_ens(*evaluate, "--shift", "fog", check=False)
+    unknown = refused(*evaluate, "--shift", "fog")
     assert unknown.returncode == 2 and "unknown shift(s) ['fog']; the known ones are image:" in unknown.stderr
-    wrong = hydra_ens(*evaluate, "--shift", "gaussian_blur", check=False)
+    wrong = refused(*evaluate, "--shift", "gaussian_blur")
     assert wrong.returncode == 2 and "['gaussian_blur'] do not apply to text data; the text shifts are" in wrong.stderr
-    severe = hydra_ens(*evaluate, "--shift", "--severities", "6", check=False)
+    severe = refused(*evaluate, "--shift", "--severities", "6")
     assert severe.returncode == 2 and "severities must be integers 1..5, got [6]" in severe.stderr

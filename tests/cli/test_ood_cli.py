@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 import transformers as T
-from cli_support import TOPICS, hydra_ens, text_encoder, text_files
+from cli_support import TOPICS, hydra_ens, refused, text_encoder, text_files
 
 from hydra_ensembles.cli.step import RECORD
 from hydra_ensembles.data.files import read_encoded
@@ -79,8 +79,8 @@ def test_predict_and_evaluate_take_a_feature_score(fitted, tmp_path, text_files)
 
 
 def test_a_feature_score_without_detectors_says_how_to_fit_them(classifier, text_files):
-    result = hydra_ens(
+    result = refused(
         "predict", "--model", str(classifier), "--inputs", str(text_files["new"]), "--threshold", "1",
-        "--score", "vim", check=False,
+        "--score", "vim"
     )  # fmt: skip
     assert result.returncode == 2 and "hydra-ens ood --model" in result.stderr

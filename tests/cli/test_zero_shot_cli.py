@@ -3,7 +3,7 @@ circuit over both towers, zero-shot members, and the errors that teach the flags
 
 import json
 
-from cli_support import clip_model, hydra_ens, image_files  # noqa: F401 (fixtures)
+from cli_support import clip_model, hydra_ens, image_files, refused  # noqa: F401 (fixtures)
 
 
 def test_zero_shot_predict_circuit_members_evaluate(tmp_path, clip_model, image_files):  # noqa: F811
@@ -63,9 +63,9 @@ def test_zero_shot_predict_circuit_members_evaluate(tmp_path, clip_model, image_
 
 def test_zero_shot_errors_name_the_fix(clip_model, image_files):  # noqa: F811
     f = {k: str(v) for k, v in image_files.items()}
-    missing = hydra_ens("predict", "--model", str(clip_model), "--inputs", f["ood"], "--threshold", "0", check=False)
+    missing = refused("predict", "--model", str(clip_model), "--inputs", f["ood"], "--threshold", "0")
     assert missing.returncode == 2 and "--classes" in missing.stderr
-    bad = hydra_ens(
+    bad = refused(
         "predict",
         "--model",
         str(clip_model),
@@ -77,6 +77,5 @@ def test_zero_shot_errors_name_the_fix(clip_model, image_files):  # noqa: F811
         f["ood"],
         "--threshold",
         "0",
-        check=False,
     )
     assert bad.returncode == 2 and "{}" in bad.stderr
