@@ -73,6 +73,24 @@ def test_a_fused_ensemble_gives_each_members_own_features(name):
     torch.testing.assert_close(found.bias, alone_found.bias, rtol=0, atol=0)
 
 
+def test_a_batch_ensemble_gives_each_members_own_features():
+    """Member m of a BatchEnsemble (its fast weights random) has the features and classifier of `member(m)`, the
+    plain HF model holding its weights; the detectors fit and score through the one pass."""
+    ensemble = he.predictors.batch_ensemble(at_trained_scale("bert"), members=2, seed=0)
+    inputs = make_inputs("bert")
+    got, found = collect_features(ensemble, [inputs])
+    alone, alone_found = collect_features(DeepEnsemble([ensemble.member(m) for m in range(2)]), [inputs])
+    assert got.features.shape == alone.features.shape == (4, 2, 32)
+    assert (got.features[:, 1] - got.features[:, 0]).abs().max() > 1e-2  # the members differ
+    assert (got.features - alone.features).abs().max().item() <= CONTRACT
+    assert (got.logits - alone.logits).abs().max().item() <= CONTRACT
+    torch.testing.assert_close(found.weight, alone_found.weight, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(found.bias, alone_found.bias, rtol=0, atol=0)
+    scored = fit_feature_scores(ensemble, _batches("bert"), **SETTINGS)
+    logits, scores = collect_scores(scored, [inputs], "mds")
+    assert logits.shape == (4, 2, 3) and scores.shape == (4,) and torch.isfinite(scores).all()
+
+
 def test_an_ensembles_score_is_the_mean_of_its_members_scores():
     """Fit on a deep ensemble, each score equals the mean of the scores of detectors fit on each member alone."""
     members = [perturb(at_trained_scale("bert"), seed=i) for i in range(3)]

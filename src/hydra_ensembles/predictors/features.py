@@ -7,7 +7,9 @@ Hydra Ensemble, whose members' heads run under `torch.vmap`: a tensor recorded t
 
 Which model's features: wrappers that only change the logits (calibration, MC dropout's sampling) are looked
 through to the model they wrap (`feature_source`); a deep ensemble has one feature set per member, a Hydra
-Ensemble one per fused member, an HF classifier one (M = 1). Shapes: B inputs, M members, D features, C classes.
+Ensemble one per fused member, a BatchEnsemble one per member (what its classifier reads in member m's rows; the
+member's classifier is W ∘ (s_m r_m^T), b_m), an HF classifier one (M = 1). Shapes: B inputs, M members, D
+features, C classes.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from torch import Tensor, nn
 from ..adapters import get_adapter
 from ..fusion import HydraEnsemble
 from ..outputs import map_batches, member_logits_of
-from .baselines import DeepEnsemble
+from .baselines import BatchEnsemble, DeepEnsemble
+from .baselines.batch_ensemble import BatchEnsembleLinear
 from .wrapper import Wrapper
 
 
@@ -41,23 +44,27 @@ class Classifiers:
     """The final linear layers that read the features (hooked), and each member's weights: weight (M, C, D),
     bias (M, C)."""
 
-    layers: list[nn.Linear]
+    layers: list[nn.Module]
     weight: Tensor
     bias: Tensor
 
 
 def feature_source(model: nn.Module) -> nn.Module:
     """The model whose members' features a predictor's feature scores read: a wrapper that changes only the
-    logits is looked through; a deep ensemble is its own source (its `base` is only its first member)."""
-    while isinstance(model, Wrapper) and not isinstance(model, DeepEnsemble):
+    logits is looked through; a deep ensemble or a BatchEnsemble is its own source (its `base` is only its first
+    member, or the shared model)."""
+    while isinstance(model, Wrapper) and not isinstance(model, (DeepEnsemble, BatchEnsemble)):
         model = model.base
     return model
 
 
 def classifiers(source: nn.Module) -> Classifiers:
-    """The final classifier layers of an HF classifier, a Hydra Ensemble or a deep ensemble of HF classifiers."""
+    """The final classifier layers of an HF classifier, a Hydra Ensemble, a BatchEnsemble or a deep ensemble of HF
+    classifiers."""
     if isinstance(source, HydraEnsemble):
         return _fused_classifiers(source)
+    if isinstance(source, BatchEnsemble):
+        return _batch_ensemble_classifiers(source)
     if isinstance(source, DeepEnsemble):
         parts = [classifiers(member) for member in source.models]
         return Classifiers(
@@ -68,18 +75,20 @@ def classifiers(source: nn.Module) -> Classifiers:
         bias = layer.bias if layer.bias is not None else layer.weight.new_zeros(layer.out_features)
         return Classifiers([layer], layer.weight.detach()[None], bias.detach()[None])
     raise ValueError(
-        f"feature-space OOD scores read the penultimate features of an HF classifier, a Hydra Ensemble or a deep "
-        f"ensemble (or a calibrated one of these); got a {type(source).__name__}."
+        f"feature-space OOD scores read the penultimate features of an HF classifier, a Hydra Ensemble, a "
+        f"BatchEnsemble or a deep ensemble (or a calibrated one of these); got a {type(source).__name__}."
     )
 
 
-def final_linear(model: nn.Module, classes: int, layers_path: str = "") -> tuple[str, nn.Linear]:
-    """The one `nn.Linear` with `classes` outputs outside the encoder layers, by name; refused when there are
-    none or several (DeiT with a distillation token averages two classifiers: no one feature vector)."""
+def final_linear(model: nn.Module, classes: int, layers_path: str = "") -> tuple[str, nn.Module]:
+    """The one linear layer (`nn.Linear`, or a BatchEnsemble's wrapped one) with `classes` outputs outside the
+    encoder layers, by name; refused when there are none or several (DeiT with a distillation token averages two
+    classifiers: no one feature vector)."""
+    linears = (nn.Linear, BatchEnsembleLinear)
     found = [
         (name, module)
         for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and module.out_features == classes and not _inside(name, layers_path)
+        if isinstance(module, linears) and module.out_features == classes and not _inside(name, layers_path)
     ]
     if len(found) != 1:
         names = [name for name, _ in found]
@@ -110,8 +119,18 @@ def _fused_classifiers(ensemble: HydraEnsemble) -> Classifiers:
     return Classifiers([layer], weight, bias)
 
 
+def _batch_ensemble_classifiers(ensemble: BatchEnsemble) -> Classifiers:
+    """A BatchEnsemble's classifier layer (hooked: in member-major rows it reads each member's features) and each
+    member's own weights of it, W ∘ (s_m r_m^T) and b_m."""
+    model = ensemble.model
+    _, layer = final_linear(model, model.config.num_labels, get_adapter(model).layers_path)
+    weight = layer.weight[None] * (layer.s[:, :, None] * layer.r[:, None, :])  # (M, C, D)
+    bias = layer.bias if layer.bias is not None else weight.new_zeros(weight.shape[:2])  # (M, C)
+    return Classifiers([layer], weight.detach(), bias.detach())
+
+
 @contextmanager
-def exposing_features(layers: Iterable[nn.Linear]) -> Iterator[None]:
+def exposing_features(layers: Iterable[nn.Module]) -> Iterator[None]:
     """While inside, each of `layers` returns its input and output concatenated, [f, z] (..., D + C)."""
 
     def both(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
