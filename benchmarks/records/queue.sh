@@ -18,9 +18,9 @@ set -x
 # left out for cost: ~4x 56 px a step, ~12 h a seed's rows on 2 cores), seed 0 first, the rows the issue's questions
 # need before the others
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single CircAvg "Hydra (Circ)"
+hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single "Single, trained as long" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
 # issue 44 (circuits a user can afford): each approximate search against seed 0's exact ranking (cached), timed
 python benchmarks/circuit_approx.py image-dinov2 --seed 0 --methods fast:bf16 multi-2 multi-4 multi-4:bf16 multi-8
-hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single "Single, trained as long" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single Taylor "Hydra (Taylor)" "Hydra (Circ), fused then fine-tuned"
 # issue 41: the cheap ensembles (BatchEnsemble, Packed-Ensembles, MIMO) next to Single, Deep Ensembles and Hydra (Circ)
 # on the ViT trained from scratch, and BatchEnsemble on a text task (BBC, MiniLM), three seeds each
