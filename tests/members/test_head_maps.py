@@ -131,3 +131,37 @@ def test_head_maps_that_do_not_fit_the_model_are_rejected():
         he.build_members(MODELS["bert"](), [{0: [0, 1], 5: [1]}])
     with pytest.raises(ValueError, match="keeps heads the model no longer has"):
         he.build_members(he.prune_heads(MODELS["bert"](), {0: [1]}), [{0: [1, 2]}])
+
+
+LONG_RANKING = ((0, 1), (2, 3), (1, 0), (0, 3), (2, 2), (1, 1), (2, 0), (1, 3), (0, 0), (2, 1))
+
+
+@pytest.mark.parametrize("trunk", [1, 2])
+def test_a_trunk_keeps_circavgs_heads_in_the_first_layers_and_draws_the_rest_from_the_pool(trunk):
+    circuit, budget, pool = _circuit(LONG_RANKING), 4, 8
+    circavg = circuit.head_map(budget)  # one model pruned by the circuit's first 4 heads
+    later_pool = {head for head in circuit.removed[:pool] if head[0] >= trunk}
+    for seed in range(10):
+        maps = he.sample_members(circuit, num_members=3, budget=budget, pool=pool, seed=seed, trunk=trunk)
+        assert len({str(m) for m in maps}) == 3
+        for head_map in maps:
+            assert all(head_map[layer] == circavg[layer] for layer in range(trunk))
+            pruned = {(layer, h) for layer in range(LAYERS) for h in range(HEADS) if h not in head_map[layer]}
+            assert len(pruned) == budget  # as many heads as a member without a trunk
+            assert {head for head in pruned if head[0] >= trunk} <= later_pool
+    # fused, the trunk runs once; the members stay exact
+    members = he.build_members(MODELS["bert"](), maps)
+    assert he.HydraEnsemble.fuse(members).trunk == trunk
+
+
+def test_a_trunk_is_refused_where_it_cannot_apply():
+    with pytest.raises(ValueError, match=f"between 1 and {LAYERS - 1}.*got {LAYERS}"):
+        he.sample_members(_circuit(LONG_RANKING), budget=4, trunk=LAYERS)
+    with pytest.raises(ValueError, match="trunk applies to members drawn from one Circuit.*got Tensor"):
+        he.sample_members(SCORES, trunk=1)
+    with pytest.raises(
+        ValueError,
+        match="a trunk of 2 layers.*2 of the budget's 3 heads lie in the trunk.*first 3 heads hold 1 in layers 2"
+        ".*share fewer layers",
+    ):
+        he.sample_members(_circuit(LONG_RANKING), budget=3, pool=3, trunk=2)

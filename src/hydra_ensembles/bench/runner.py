@@ -93,6 +93,7 @@ class Table:
     summarize: Callable[[BenchTask, dict, dict[int, Path]], dict] = lambda task, summary, seed_dirs: {}
     figures: Callable[[BenchTask, dict, Path, Path], None] | None = None
     timed: Callable[[Any], tuple[str, Models]] | None = None  # (latency record, models) of a seed; default: rows
+    timed_rows: Rows | None = None  # the rows' builds for timing, when `rows` also measure more than the model
     latency_batch: int | None = None  # examples timed; default: the first test batch
 
     def ordered_rows(self, rows: Sequence[str] | None, known: Mapping[str, Build]) -> list[str]:
@@ -222,7 +223,7 @@ def _latency(
     if table.timed is not None:
         record, models = table.timed(pieces())
     else:
-        known = table.rows(pieces)
+        known = (table.timed_rows or table.rows)(pieces)
         record = "latency.json"
         models = {row: (lambda row=row: known[row](pieces()).predictor) for row in table.ordered_rows(rows, known)}
 

@@ -6,7 +6,8 @@ Hydra Ensembles per seed, then mean ± std over seeds as markdown and JSON table
 with the merged (averaged) MLP (§4.2); "…, stacked MLP" fuses the same members keeping each one's own MLP (exact,
 more parameters). `REVIEW_ROWS` answer reviewers (paper §B.1-B.3): no fine-tuning (Table 4), CircAcc and CircOOD
 (Table 6); after them come the paper's efficient ensembles (Table 1; Packed-Ensembles and MIMO train from scratch,
-so only on a task whose Single does: image-fmnist). `head_sweep` gives Figures 5-6. Choices are made on validation
+so only on a task whose Single does: image-fmnist), then Hydra (Circ) with members identical in their first half or
+three quarters of the layers, run once when fused (`TRUNK_ROWS`, drawn by `bench.curve`'s cost/quality table). `head_sweep` gives Figures 5-6. Choices are made on validation
 data only (early stopping, the temperature); no row is chosen or dropped after seeing test data.
 """
 
@@ -373,11 +374,14 @@ def _hydra_taylor(p: Pieces, mlp: str) -> Built:
     return _fused(p.fine_tuned_members("hydra-taylor", head_maps), mlp, {"heads": heads, **_members(head_maps, p)})
 
 
-def _circ_members(p: Pieces) -> tuple[list[dict[int, list[int]]], dict]:
-    """Hydra (Circ)'s members' head maps (drawn from the CircAvg circuit's pool) and what its rows record of them."""
+def _circ_members(p: Pieces, trunk: int = 0) -> tuple[list[dict[int, list[int]]], dict]:
+    """Hydra (Circ)'s members' head maps (drawn from the CircAvg circuit's pool; identical in their first `trunk`
+    layers, `sample_members`) and what its rows record of them."""
     task, circuit = p.task, p.circuit()
     budget = task.prune_per_layer * p.layers
-    head_maps = sample_members(circuit, num_members=task.members, budget=budget, pool=task.circuit_pool, seed=p.seed)
+    head_maps = sample_members(
+        circuit, num_members=task.members, budget=budget, pool=task.circuit_pool, seed=p.seed, trunk=trunk
+    )
     heads = f"{p.heads - task.prune_per_layer}x{task.members} (avg)"
     return head_maps, {"heads": heads, **_members(head_maps, p), "circuit_search": _search(circuit)}
 
@@ -387,18 +391,25 @@ def _hydra_circ(p: Pieces, mlp: str, fine_tune: bool = True) -> Built:
     return _fused(p.fine_tuned_members("hydra-circ", head_maps, fine_tune), mlp, recorded)
 
 
-def _hydra_circ_fused_first(p: Pieces) -> Built:
+def _hydra_circ_fused_first(p: Pieces, trunk: float = 0.0) -> Built:
     """Hydra (Circ)'s members pruned and fused (exact: unfine-tuned members share their MLPs), then fine-tuned as
     one module (`finetune_fused`, paper 000 Fig. 1) with the members' recipe: the merged MLP, norms and
-    classifier-side layers learn from every member's loss (the embeddings frozen when the recipe freezes them)."""
-    head_maps, recorded = _circ_members(p)
-    name = f"hydra-circ-fused-{_digest(head_maps[0])}"
+    classifier-side layers learn from every member's loss (the embeddings frozen when the recipe freezes them).
+
+    `trunk`: the fraction of the layers (rounded, at least 1, at most all but the last) in which the members are
+    identical (CircAvg's heads; the rest of each member's budget drawn from the circuit's pool in the later layers):
+    fused, those layers are one copy, run once and trained on every member's loss, a cheaper ensemble on the same
+    base (issue 44)."""
+    shared = min(max(round(trunk * p.layers), 1), p.layers - 1) if trunk else 0
+    head_maps, recorded = _circ_members(p, shared)
+    name = f"hydra-circ-fused-{_digest(head_maps[0])}" + (f"-trunk{shared}" if shared else "")
 
     def build() -> nn.Module:
         ensemble = HydraEnsemble.fuse(build_members(p.single(), head_maps), mlp="average")
         return p.fine_tuned(ensemble, name, p.seed, train=finetune_fused)
 
-    return _ensemble_row(p.trained(name, build, checkpoint=name), "average", recorded)
+    ensemble = p.trained(name, build, checkpoint=name)
+    return _ensemble_row(ensemble, "average", recorded | ({"trunk": ensemble.trunk} if shared else {}))
 
 
 def _fused(members: list[nn.Module], mlp: str, recorded: dict) -> Built:
@@ -435,9 +446,13 @@ BUILDS: dict[str, Callable[[Pieces], Built]] = {
     "BatchEnsemble": _batch_ensemble,
     "Packed-Ensembles": _packed,
     "MIMO": _mimo,
+    # cheaper ensembles on the same base (issue 44): members identical in their first layers, run once
+    "Hydra (Circ), shared trunk 1/2": partial(_hydra_circ_fused_first, trunk=1 / 2),
+    "Hydra (Circ), shared trunk 3/4": partial(_hydra_circ_fused_first, trunk=3 / 4),
 }
 ALL_ROWS = tuple(BUILDS)
 FROM_SCRATCH_ROWS = ("Packed-Ensembles", "MIMO")  # refused unless the task's Single is trained from scratch
+TRUNK_ROWS = ("Hydra (Circ), shared trunk 1/2", "Hydra (Circ), shared trunk 3/4")
 ROWS, REVIEW_ROWS = ALL_ROWS[:15], ALL_ROWS[15:]
 
 

@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..adapters import get_adapter
-from ..bench import amp, cache_dir, distillation, runner, suite, zero_shot
+from ..bench import amp, cache_dir, curve, distillation, runner, suite, zero_shot
 from ..bench.records import copy_records
 from ..bench.tasks import TASKS, Task
 from .common import CommandError, add_device_argument, resolve_device
@@ -71,6 +71,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="B",
         help="instead of the table: Taylor and CircAvg models pruning B heads per layer, zero-shot and fine-tuned "
         "(the paper's Figures 5-6); writes sweep.md, sweep.json, head_sweep.png",
+    )
+    parser.add_argument(
+        "--cost-curve",
+        action="store_true",
+        help="instead of the table: Single, Deep Ensembles, Hydra (Circ) and the cheaper ensembles on the same base "
+        f"({', '.join(curve.CURVE_ROWS[1:-2])}) at their FLOPs and latency, each chosen at a cost limit on "
+        "validation data; writes cost_curve.md, cost_curve.json, cost_curve.png",
     )
     parser.add_argument(
         "--prune-per-layer",
@@ -155,6 +162,13 @@ def run(args: argparse.Namespace) -> int:
                 task, seeds, args.head_sweep, out, cache, command, progress=not args.quiet, device=device
             )
             print((out / "sweep.md").read_text())
+            print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
+            return 0
+        if args.cost_curve:
+            summary = curve.run(
+                task, seeds, out, cache, command=command, rows=args.rows, progress=not args.quiet, device=device
+            )
+            print((out / "cost_curve.md").read_text())
             print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
             return 0
         summary = runner.run(

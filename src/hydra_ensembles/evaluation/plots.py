@@ -1,5 +1,5 @@
 """Figures saved next to the benchmark tables: reliability diagrams, OOD score histograms, head heatmaps,
-risk-coverage curves, shift curves."""
+risk-coverage curves, shift curves, cost against quality."""
 
 from __future__ import annotations
 
@@ -153,6 +153,32 @@ def sweep_figure(summary: Mapping, path: str | os.PathLike) -> Path:
                     ax.plot(budgets[: len(values)], values, style, color=color, marker="o", label=f"{method}, {stage}")
         ax.set(title=title, xlabel="heads pruned per layer", xticks=list(budgets))
     axes[0].legend(fontsize=7)
+    return _save(fig, path)
+
+
+def cost_curve(summary: Mapping, path: str | os.PathLike, title: str = "Cost and quality") -> Path:
+    """Quality against cost, one point per row: test all-OOD AUROC (%) and test NLL against latency x Single
+    (FLOPs x Single when the rows were not timed), Single's values as dashed lines. `summary`: a benchmark table's
+    ("rows": {row: aggregated stats}, optional "latency": {row: {"median"}})."""
+    rows, latency = summary["rows"], summary.get("latency") or {}
+    single = rows["Single"]["flops_per_example"]["mean"]
+    timed = all(row in latency for row in rows)
+    cost = {
+        row: latency[row]["median"] if timed else stats["flops_per_example"]["mean"] / single
+        for row, stats in rows.items()
+    }
+    panels = (("AUROC, all OOD (%)", "all.auroc", 100), ("NLL", "id.nll", 1))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8))
+    for ax, (label, key, scale) in zip(axes, panels):
+        for row, stats in rows.items():
+            if key in stats:
+                value = scale * stats[key]["mean"]
+                ax.scatter(cost[row], value, color="grey" if row == "Single" else "tab:blue", zorder=3)
+                ax.annotate(row, (cost[row], value), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        if key in rows["Single"]:
+            ax.axhline(scale * rows["Single"][key]["mean"], color="grey", ls="--", lw=1)
+        ax.set(title=label, xlabel="latency x Single" if timed else "FLOPs x Single", ylabel=label)
+    fig.suptitle(title, fontsize=9)
     return _save(fig, path)
 
 

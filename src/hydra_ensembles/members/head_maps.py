@@ -11,6 +11,7 @@ drawn again, and settings that cannot give M distinct members are refused (unles
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -29,6 +30,7 @@ def sample_members(
     pool: int | Sequence[int] | None = None,
     seed: int = 0,
     allow_identical: bool = False,
+    trunk: int = 0,
 ) -> list[HeadMap]:
     """Turn importance into M head maps (kept heads per layer, original numbering).
 
@@ -47,9 +49,22 @@ def sample_members(
     arguments, same seed, same maps) and distinct: a draw equal to an earlier member is drawn again, and when
     fewer than M distinct members exist (e.g. `pool == budget`) a ValueError says what to change.
     `allow_identical=True` skips both, for a deliberate ensemble of equal members.
+
+    `trunk` (a `Circuit` only): members identical in their first `trunk` layers, so that the fused ensemble runs
+    those layers once (`HydraEnsemble.trunk`; keep them equal by fine-tuning after fusing,
+    `training.finetune_fused`). There every member keeps the heads one model pruned by the circuit's first `budget`
+    heads keeps (CircAvg's); in the later layers each member prunes the rest of its `budget`, drawn from those of
+    the circuit's first `pool` heads that lie in them. Every member prunes `budget` heads either way.
     """
+    if trunk and not isinstance(source, Circuit):
+        raise ValueError(
+            f"trunk applies to members drawn from one Circuit (their shared first layers follow its ranking); got "
+            f"{type(source).__name__}: sample from a circuit, or share no layers (trunk=0)."
+        )
     if isinstance(source, Tensor):
         return _from_scores(source, num_members, budget, pool, seed, allow_identical)
+    if isinstance(source, Circuit) and trunk:
+        return _with_trunk(source, trunk, num_members, budget, pool, seed, allow_identical)
     if isinstance(source, Circuit | JointCircuit):
         return _from_circuit(source, num_members, budget, pool, seed, allow_identical)
     circuits = list(source)
@@ -157,6 +172,44 @@ def _from_circuit(
         return circuit.without(circuit.removed[i] for i in _draw(pool, budget, generator))
 
     return _draw_members(draw, num_members, seed, allow_identical)
+
+
+def _with_trunk(
+    circuit: Circuit, trunk: int, num_members: int, budget: int | None, pool: int | None, seed: int, allow: bool
+) -> list[HeadMap]:
+    """`_from_circuit` on the circuit's ranking of layers `trunk`.. alone, starting from the heads CircAvg keeps in
+    layers ..`trunk` - 1: budget and pool count the whole ranking's heads, as without a trunk."""
+    layers = len(circuit.kept)
+    if not isinstance(trunk, int) or not 0 < trunk < layers:
+        raise ValueError(
+            f"trunk must be a number of leading layers between 1 and {layers - 1} (the model has {layers}; members "
+            f"identical in every layer are one model), got {trunk!r}."
+        )
+    budget = _check_global(_third(circuit) if budget is None else budget, len(circuit.removed))
+    pool = min(2 * budget, len(circuit.removed)) if pool is None else int(pool)
+    if not budget <= pool <= len(circuit.removed):
+        raise ValueError(
+            f"pool must be between the budget {budget} and the {len(circuit.removed)} heads the "
+            f"circuit ranked, got {pool}."
+        )
+    shared = [head for head in circuit.first_removed(budget) if head[0] < trunk]
+    later = [step for step, head in enumerate(circuit.removed) if head[0] >= trunk]
+    rest = dataclasses.replace(
+        circuit,
+        removed=[circuit.removed[step] for step in later],
+        scores=[circuit.scores[step] for step in later],
+        ties=[circuit.ties[step] for step in later] if circuit.ties else [],
+        kept=circuit.without(shared),
+    )
+    in_pool = sum(1 for head in circuit.first_removed(pool) if head[0] >= trunk)
+    if not allow and math.comb(in_pool, budget - len(shared)) < num_members:
+        raise ValueError(
+            f"a trunk of {trunk} layers leaves {num_members} members too little to differ in: {len(shared)} of the "
+            f"budget's {budget} heads lie in the trunk, and the circuit's first {pool} heads hold {in_pool} in layers "
+            f"{trunk}.. to draw the other {budget - len(shared)} from (only {math.comb(in_pool, budget - len(shared))} "
+            "distinct member(s)): share fewer layers, or draw from a larger pool (extract the circuit further)."
+        )
+    return _from_circuit(rest, num_members, budget - len(shared), in_pool, seed, allow)
 
 
 def _draw_members(draw, num_members: int, seed: int, allow_identical: bool) -> list[HeadMap]:

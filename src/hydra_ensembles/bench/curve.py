@@ -1,0 +1,156 @@
+"""Cost against quality on one base (issue 44): Single, Deep Ensembles, Hydra (Circ) and the cheaper ensembles of
+the same fine-tuned model, each at its FLOPs and at its latency timed interleaved with the others in one run.
+
+The cheaper variants (rows of `bench.suite`): one pruned model (CircAvg); members identical in their first half or
+three quarters of the layers, which the fused ensemble runs once ("Hydra (Circ), shared trunk 1/2", "3/4"); Hydra
+(Circ)'s members fused, then fine-tuned as one module. Each row also records the numbers a user chooses by, measured
+on validation data only: ID validation NLL and accuracy, and the all-OOD AUROC (maximum softmax probability) of
+the ID validation split against the OOD sources' validation parts (the circuit's OOD data, disjoint from the OOD
+test sets). At each cost limit (`LIMITS`, FLOPs x Single) the row of best validation AUROC within it is chosen (ties:
+lower validation NLL); the test columns are read after, never used to choose. Writes cost_curve.md, cost_curve.json
+and cost_curve.png beside the task's table, with records of its own (`cost_curve.json`, `curve-logits/` in each
+seed's cache) so that it renders from records like the table.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from ..evaluation import plots
+from ..evaluation.compare import Built
+from ..evaluation.report import evaluate
+from ..evaluation.tables import CONVENTIONS, render
+from ..outputs import collect_member_logits, labels_of
+from . import runner, suite
+from .runner import Table
+
+CURVE_ROWS = (
+    "Single",
+    "CircAvg",
+    "Hydra (Circ), shared trunk 3/4",
+    "Hydra (Circ), shared trunk 1/2",
+    "Hydra (Circ), fused then fine-tuned",
+    "Hydra (Circ)",
+    "Deep Ensembles",
+)
+LIMITS = (1.0, 1.5, 2.0, 3.0)  # FLOPs x Single within which a row is chosen on validation
+
+
+def validation_metrics(predictor: torch.nn.Module, task) -> dict[str, float]:
+    """{"nll", "acc"} of the ensemble on the task's ID validation split and "auroc", its maximum softmax
+    probability separating that split (negative) from the OOD validation data (`task.circuit_ood`, positive)."""
+    val_logits = collect_member_logits(predictor, task.val)  # (N, M, C)
+    ood_logits = collect_member_logits(predictor, task.circuit_ood)
+    said = evaluate(val_logits, labels_of(task.val), ood={"ood validation": ood_logits})
+    return {"nll": said["id"]["nll"], "acc": said["id"]["acc"], "auroc": said["all"]["auroc"]}
+
+
+def _validated(build: Callable[[suite.Pieces], Built], p: suite.Pieces) -> Built:
+    built = build(p)
+    return Built(built.predictor, built.extra | {"validation": validation_metrics(built.predictor, p.task)})
+
+
+ROWS = {row: partial(_validated, suite.BUILDS[row]) for row in CURVE_ROWS}
+
+
+def validation_means(per_seed: Mapping) -> dict[str, dict[str, float]]:
+    """{row: {"nll", "acc", "auroc"}}: each validation number's mean over the seeds that ran the row."""
+    runs: dict[str, list[dict]] = {}
+    for results in per_seed.values():
+        for row, result in results.items():
+            runs.setdefault(row, []).append(result["validation"])
+    return {row: {k: statistics.fmean(r[k] for r in said) for k in said[0]} for row, said in runs.items()}
+
+
+def choose(summary: Mapping, limits: Sequence[float] = LIMITS) -> dict[str, str | None]:
+    """{limit: the row of best validation AUROC among those costing at most `limit` x Single's FLOPs (ties: lower
+    validation NLL), or None}. Reads validation numbers and FLOPs only."""
+    validation, rows = summary["validation"], summary["rows"]
+    single = rows["Single"]["flops_per_example"]["mean"]
+    chosen = {}
+    for limit in limits:
+        within = [r for r in rows if rows[r]["flops_per_example"]["mean"] <= limit * single * (1 + 1e-9)]
+        best = max(within, key=lambda r: (validation[r]["auroc"], -validation[r]["nll"]), default=None)
+        chosen[f"{limit:g}"] = best
+    return chosen
+
+
+def _summarize(task, summary: dict, seed_dirs: Mapping[int, Path]) -> dict:
+    said = {"validation": validation_means(summary["per_seed"])}
+    return said | {"chosen": choose(summary | said)}
+
+
+def markdown(summary: dict) -> str:
+    rows, validation, latency = summary["rows"], summary["validation"], summary.get("latency") or {}
+    single = rows["Single"]["flops_per_example"]["mean"]
+    header = ["Row", "FLOPs x", "Latency x", "val NLL", "val AUROC", "Acc", "NLL", "ECE", "AUROC all"]
+    body = []
+    for row, stats in rows.items():
+        timed = latency.get(row)
+        body.append(
+            [
+                row,
+                f"{stats['flops_per_example']['mean'] / single:.2f}",
+                f"{timed['median']:.2f}" if timed else "–",
+                f"{validation[row]['nll']:.3f}",
+                f"{100 * validation[row]['auroc']:.1f}",
+                f"{100 * stats['id.acc']['mean']:.1f}",
+                f"{stats['id.nll']['mean']:.3f}",
+                f"{100 * stats['id.ece']['mean']:.1f}",
+                f"{100 * stats['all.auroc']['mean']:.1f}" if "all.auroc" in stats else "–",
+            ]
+        )
+    chosen = [
+        f"- at most {limit}x Single's FLOPs: {row}" if row else f"- at most {limit}x Single's FLOPs: no row"
+        for limit, row in summary["chosen"].items()
+    ]
+    lines = [
+        f"# {summary['task']}: cost and quality of cheaper ensembles on one base",
+        "",
+        f"Command: `{summary['command']}`  ",
+        f"Machine (this run): {summary['machine']}  ",
+        f"Seeds: {summary['seeds']} (means over seeds)  ",
+        f"Wall time: {summary['wall_time_s'] / 60:.1f} min for this run",
+        "",
+        *render(header, body, "markdown"),
+        "",
+        "Validation columns: ID validation NLL, and the all-OOD AUROC (%, maximum softmax probability) of the ID "
+        "validation split against the OOD validation data (the OOD sources' validation parts; the circuit rows "
+        "were searched on it, so their validation AUROC is optimistic). Test columns as in the task's table. "
+        + CONVENTIONS,
+        "",
+        "Chosen on validation (best validation AUROC within the cost limit; ties: lower validation NLL):",
+        "",
+        *chosen,
+        "",
+        *(f"- {note}" for note in summary["notes"]),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _figure(task, summary: dict, seed_cache: Path, out_dir: Path) -> None:
+    plots.cost_curve(summary, out_dir / "cost_curve.png", title=f"{task.name}: cost and quality")
+
+
+TABLE = Table(
+    rows=runner.fixed(ROWS),
+    pieces=suite.Pieces,
+    markdown=markdown,
+    output="cost_curve",
+    record="cost_curve.json",
+    logits="curve-logits",
+    summarize=_summarize,
+    figures=_figure,
+    timed_rows=runner.fixed({row: suite.BUILDS[row] for row in CURVE_ROWS}),  # timed without validating again
+)
+
+
+def run(task, seeds: Sequence[int], out_dir: Path, cache_dir: Path, **kwargs) -> dict:
+    """`runner.run` of the curve's rows (`CURVE_ROWS`) on `task`: `kwargs` as runner.run's (command, progress,
+    device, rows: a subset, Single always)."""
+    return runner.run(task, TABLE, seeds, out_dir, cache_dir, **kwargs)

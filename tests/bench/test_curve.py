@@ -1,0 +1,50 @@
+"""The cost/quality curve on a tiny BERT: every row measured on validation, the choice made on validation alone,
+the shared-trunk rows fused with their first layers run once."""
+
+import json
+from dataclasses import replace
+
+import torch
+from sklearn.metrics import log_loss, roc_auc_score
+from test_suite import tiny_task  # noqa: F401 (the fixture)
+
+from hydra_ensembles.bench import curve, runner, suite
+from hydra_ensembles.outputs import collect_member_logits, labels_of
+from hydra_ensembles.uncertainty import ensemble_probs
+
+
+def test_the_curve_measures_every_row_on_validation_and_chooses_on_it(tiny_task, tmp_path):  # noqa: F811
+    # members sharing 2 of 3 layers draw from the last layer's heads: a circuit of every head, ranked by data
+    tiny_task = replace(tiny_task, circuit_pool=11, circuit_tie_break="score")
+    summary = curve.run(tiny_task, [0], tmp_path / "out", tmp_path / "cache", progress=False, latency_repeats=1)
+    assert list(summary["rows"]) == list(curve.CURVE_ROWS) and set(summary["latency"]) == set(curve.CURVE_ROWS)
+    seed_dir = runner.seed_dir(tmp_path / "cache", tiny_task, 0)
+    for row in ("Single", "Hydra (Circ), shared trunk 1/2"):  # the validation numbers, against scikit-learn's
+        predictor = suite.cached_row(tiny_task, 0, seed_dir, row).predictor
+        probs = {
+            split: ensemble_probs(collect_member_logits(predictor, data)).double()
+            for split, data in (("val", tiny_task.val), ("ood", tiny_task.circuit_ood))
+        }
+        msp = torch.cat([probs["val"].max(dim=1).values, probs["ood"].max(dim=1).values])
+        is_ood = [0] * len(probs["val"]) + [1] * len(probs["ood"])
+        said = summary["validation"][row]
+        assert abs(said["auroc"] - roc_auc_score(is_ood, -msp.numpy())) < 1e-9
+        val_probs = probs["val"] / probs["val"].sum(dim=1, keepdim=True)  # sums to 1 within float64's precision
+        nll = log_loss(labels_of(tiny_task.val).numpy(), val_probs.numpy(), labels=[0, 1, 2])
+        assert abs(said["nll"] - nll) < 1e-6
+    trunk = summary["per_seed"][0]["Hydra (Circ), shared trunk 1/2"]
+    assert trunk["trunk"] == 2 and all(m["0"] == trunk["head_maps"][0]["0"] for m in trunk["head_maps"])
+    flops = {row: stats["flops_per_example"]["mean"] for row, stats in summary["rows"].items()}
+    assert flops["Hydra (Circ), shared trunk 1/2"] < flops["Hydra (Circ), fused then fine-tuned"]
+    # the choice: the best validation AUROC within each cost limit, whatever the test columns say
+    for limit, chosen in summary["chosen"].items():
+        within = [row for row in flops if flops[row] <= float(limit) * flops["Single"] * (1 + 1e-9)]
+        best = max(summary["validation"][row]["auroc"] for row in within)
+        assert chosen in within and summary["validation"][chosen]["auroc"] == best
+    table = (tmp_path / "out" / "cost_curve.md").read_text()
+    assert all(f"| {row} |" in table for row in curve.CURVE_ROWS) and "Chosen on validation" in table
+    assert (tmp_path / "out" / "cost_curve.png").stat().st_size > 5000
+    assert json.loads((tmp_path / "out" / "cost_curve.json").read_text())["chosen"] == summary["chosen"]
+    # rendered again from its records: nothing rebuilt, the same numbers
+    again = curve.run(tiny_task, [0], tmp_path / "out2", tmp_path / "cache", progress=False, latency_repeats=1)
+    assert again["validation"] == summary["validation"] and again["latency"] == summary["latency"]
