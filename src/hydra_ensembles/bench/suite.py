@@ -7,8 +7,9 @@ with the merged (averaged) MLP (§4.2); "…, stacked MLP" fuses the same member
 more parameters). `REVIEW_ROWS` answer reviewers (paper §B.1-B.3): no fine-tuning (Table 4), CircAcc and CircOOD
 (Table 6); after them come the paper's efficient ensembles (Table 1; Packed-Ensembles and MIMO train from scratch,
 so only on a task whose Single does: image-fmnist), then Hydra (Circ) with members identical in their first half or
-three quarters of the layers, run once when fused (`TRUNK_ROWS`, drawn by `bench.curve`'s cost/quality table). `head_sweep` gives Figures 5-6. Choices are made on validation
-data only (early stopping, the temperature); no row is chosen or dropped after seeing test data.
+three quarters of the layers, run once when fused (`TRUNK_ROWS`, drawn by `bench.curve`'s cost/quality table).
+`head_sweep` gives Figures 5-6. Choices are made on validation data only (early stopping, the temperature); no row
+is chosen or dropped after seeing test data.
 """
 
 from __future__ import annotations
