@@ -41,10 +41,35 @@ def test_the_curve_measures_every_row_on_validation_and_chooses_on_it(tiny_task,
         within = [row for row in flops if flops[row] <= float(limit) * flops["Single"] * (1 + 1e-9)]
         best = max(summary["validation"][row]["auroc"] for row in within)
         assert chosen in within and summary["validation"][chosen]["auroc"] == best
+    pairs = {tuple(pair["rows"]) for pair in summary["differences"]["pairs"]}  # each row against Single
+    assert pairs == {(row, "Single") for row in curve.CURVE_ROWS[1:]} | {("CircAvg, temp. scaling", "Temp. scaling")}
     table = (tmp_path / "out" / "cost_curve.md").read_text()
+    assert "- CircAvg vs Single: NLL" in table and "at most 1.1x Single's latency: " in table
     assert all(f"| {row} |" in table for row in curve.CURVE_ROWS) and "Chosen on validation" in table
     assert (tmp_path / "out" / "cost_curve.png").stat().st_size > 5000
     assert json.loads((tmp_path / "out" / "cost_curve.json").read_text())["chosen"] == summary["chosen"]
     # rendered again from its records: nothing rebuilt, the same numbers
     again = curve.run(tiny_task, [0], tmp_path / "out2", tmp_path / "cache", progress=False, latency_repeats=1)
     assert again["validation"] == summary["validation"] and again["latency"] == summary["latency"]
+
+
+def test_one_models_price_needs_all_three_intervals_better_within_the_latency():
+    better = {"nll": (-0.02, -0.03, -0.01), "ece": (-0.01, -0.02, -0.005), "auroc_all": (0.02, 0.01, 0.03)}
+
+    def pair(row, other="Single", **changed):
+        said = better | changed
+        return {"rows": [row, other]} | {k: dict(zip(("point", "low", "high"), v)) for k, v in said.items()}
+
+    summary = {
+        "latency": {"A": {"median": 0.9}, "B": {"median": 1.05}, "C": {"median": 1.2}, "D": {"median": 1.0}},
+        "differences": {
+            "pairs": [
+                pair("A"),
+                pair("B", ece=(-0.01, -0.02, 0.001)),  # ECE not separated
+                pair("C"),  # too slow
+                pair("D", other="Temp. scaling"),  # not against Single
+            ]
+        },
+    }
+    assert curve.beats_single(summary) == ["A"]
+    assert curve.beats_single(summary, latency_limit=1.3) == ["A", "C"]

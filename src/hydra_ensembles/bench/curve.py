@@ -1,13 +1,16 @@
 """Cost against quality on one base (issue 44): Single, Deep Ensembles, Hydra (Circ) and the cheaper ensembles of
 the same fine-tuned model, each at its FLOPs and at its latency timed interleaved with the others in one run.
 
-The cheaper variants (rows of `bench.suite`): one pruned model (CircAvg); members identical in their first half or
+The cheaper variants (rows of `bench.suite`): one pruned model (CircAvg), also with a temperature fit on
+validation (next to Single's, "Temp. scaling"); members identical in their first half or
 three quarters of the layers, which the fused ensemble runs once ("Hydra (Circ), shared trunk 1/2", "3/4"); Hydra
 (Circ)'s members fused, then fine-tuned as one module. Each row also records the numbers a user chooses by, measured
 on validation data only: ID validation NLL and accuracy, and the all-OOD AUROC (maximum softmax probability) of
 the ID validation split against the OOD sources' validation parts (the circuit's OOD data, disjoint from the OOD
 test sets). At each cost limit (`LIMITS`, FLOPs x Single) the row of best validation AUROC within it is chosen (ties:
-lower validation NLL); the test columns are read after, never used to choose. Writes cost_curve.md, cost_curve.json
+lower validation NLL); the test columns are read after, never used to choose. Each row is compared with Single by
+the paired bootstrap (`evaluation.bootstrap`), and the table says which rows, if any, beat Single on NLL, ECE and
+all-OOD AUROC at most `ONE_MODEL` x its latency. Writes cost_curve.md, cost_curve.json
 and cost_curve.png beside the task's table, with records of its own (`cost_curve.json`, `curve-logits/` in each
 seed's cache) so that it renders from records like the table.
 """
@@ -22,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ..evaluation import plots
+from ..evaluation.bootstrap import Interval, difference_lines, row_differences, verdict
 from ..evaluation.compare import Built
 from ..evaluation.report import evaluate
 from ..evaluation.tables import CONVENTIONS, render
@@ -31,7 +35,9 @@ from .runner import Table
 
 CURVE_ROWS = (
     "Single",
+    "Temp. scaling",
     "CircAvg",
+    "CircAvg, temp. scaling",
     "Hydra (Circ), shared trunk 3/4",
     "Hydra (Circ), shared trunk 1/2",
     "Hydra (Circ), fused then fine-tuned",
@@ -39,6 +45,8 @@ CURVE_ROWS = (
     "Deep Ensembles",
 )
 LIMITS = (1.0, 1.5, 2.0, 3.0)  # FLOPs x Single within which a row is chosen on validation
+TABLE_LOGITS = "curve-logits"  # each seed's folder of the rows' logits, for the intervals
+ONE_MODEL = 1.1  # latency x Single that counts as one model's cost (issue 44's question)
 
 
 def validation_metrics(predictor: torch.nn.Module, task) -> dict[str, float]:
@@ -82,7 +90,26 @@ def choose(summary: Mapping, limits: Sequence[float] = LIMITS) -> dict[str, str 
 
 def _summarize(task, summary: dict, seed_dirs: Mapping[int, Path]) -> dict:
     said = {"validation": validation_means(summary["per_seed"])}
-    return said | {"chosen": choose(summary | said)}
+    rows = list(summary["rows"])
+    pairs = [(row, "Single") for row in rows[1:]]  # every row against the model it would replace
+    pairs += [pair for pair in [("CircAvg, temp. scaling", "Temp. scaling")] if set(pair) <= set(rows)]
+    differences = row_differences(seed_dirs, labels_of(task.test), pairs, logits=TABLE_LOGITS)
+    return said | {"chosen": choose(summary | said), "differences": differences}
+
+
+def beats_single(summary: Mapping, latency_limit: float = ONE_MODEL) -> list[str]:
+    """The rows timed at most `latency_limit` x Single's latency (median) whose paired bootstrap interval against
+    Single is "better" on NLL, ECE and all-OOD AUROC alike."""
+    latency, pairs = summary.get("latency") or {}, (summary.get("differences") or {}).get("pairs", [])
+    rows = []
+    for pair in pairs:
+        row, other = pair["rows"]
+        timed = latency.get(row)
+        if other != "Single" or timed is None or timed["median"] > latency_limit:
+            continue
+        if all(k in pair and verdict(k, Interval(**pair[k])) == "better" for k in ("nll", "ece", "auroc_all")):
+            rows.append(row)
+    return rows
 
 
 def markdown(summary: dict) -> str:
@@ -109,6 +136,12 @@ def markdown(summary: dict) -> str:
         f"- at most {limit}x Single's FLOPs: {row}" if row else f"- at most {limit}x Single's FLOPs: no row"
         for limit, row in summary["chosen"].items()
     ]
+    one_model = beats_single(summary)
+    answer = (
+        f"Better than Single on NLL, ECE and all-OOD AUROC alike (the intervals above), at most {ONE_MODEL}x "
+        f"Single's latency: {', '.join(one_model) if one_model else 'none of these rows'}."
+    )
+    differences = summary.get("differences")
     lines = [
         f"# {summary['task']}: cost and quality of cheaper ensembles on one base",
         "",
@@ -128,6 +161,7 @@ def markdown(summary: dict) -> str:
         "",
         *chosen,
         "",
+        *([*difference_lines(differences), "", answer, ""] if differences else []),
         *(f"- {note}" for note in summary["notes"]),
     ]
     return "\n".join(lines) + "\n"
@@ -143,7 +177,7 @@ TABLE = Table(
     markdown=markdown,
     output="cost_curve",
     record="cost_curve.json",
-    logits="curve-logits",
+    logits=TABLE_LOGITS,
     summarize=_summarize,
     figures=_figure,
     timed_rows=runner.fixed({row: suite.BUILDS[row] for row in CURVE_ROWS}),  # timed without validating again

@@ -450,6 +450,7 @@ BUILDS: dict[str, Callable[[Pieces], Built]] = {
     # cheaper ensembles on the same base (issue 44): members identical in their first layers, run once
     "Hydra (Circ), shared trunk 1/2": partial(_hydra_circ_fused_first, trunk=1 / 2),
     "Hydra (Circ), shared trunk 3/4": partial(_hydra_circ_fused_first, trunk=3 / 4),
+    "CircAvg, temp. scaling": partial(_temperature, row=partial(_circuit, criterion="avg")),
 }
 ALL_ROWS = tuple(BUILDS)
 FROM_SCRATCH_ROWS = ("Packed-Ensembles", "MIMO")  # refused unless the task's Single is trained from scratch
