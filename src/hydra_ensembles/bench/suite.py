@@ -574,6 +574,9 @@ DIFFERENCES = (  # (A, B): is A really better than B? Paper rows against the bas
     ("CircAvg", "Single"),
     ("Hydra (Circ)", "Single, trained as long"),
     ("Hydra (Circ), temp. scaling", "Temp. scaling"),
+    ("Hydra (Circ)", "BatchEnsemble"),  # the paper's efficient ensembles (Table 1)
+    ("Hydra (Circ)", "Packed-Ensembles"),
+    ("Hydra (Circ)", "MIMO"),
 )
 
 
