@@ -44,6 +44,7 @@ def flow(tmp_path_factory, text_files, text_encoder):
             "members",
             "members-circ",
             "members-default",
+            "members-trunk",
             "tuned",
             "hydra",
             "hydra-exact",
@@ -115,6 +116,21 @@ def flow(tmp_path_factory, text_files, text_encoder):
         "members-default": hydra_ens(
             "members", "--model", d["single"], "--circuit", d["circuit"], "--out", d["members-default"]
         ),
+        "members-trunk": hydra_ens(
+            "members",
+            "--model",
+            d["single"],
+            "--circuit",
+            d["circuit"],
+            "--budget",
+            "2",
+            "--pool",
+            "5",
+            "--trunk",
+            "1",
+            "--out",
+            d["members-trunk"],
+        ),  # fmt: skip
         "fuse-exact": hydra_ens("fuse", "--members", d["members"], "--out", d["hydra-exact"]),
         "tune": hydra_ens(
             "finetune",
@@ -256,6 +272,17 @@ def test_members_from_a_circuit_with_default_settings_are_distinct_and_use_the_r
         pruned = {(layer, h) for layer, heads in circuit.kept.items() for h in heads if h not in head_map[layer]}
         assert len(pruned) == 2 and pruned <= set(circuit.removed[:4])
     assert maps == he.sample_members(circuit, seed=0)
+
+
+def test_members_with_a_trunk_share_their_first_layers_and_fuse_with_them_run_once(flow):
+    root, d, f, runs = flow
+    circuit = he.Circuit.load(f"{d['circuit']}/circuit.json")
+    index = json.loads((root / "members-trunk" / "members.json").read_text())
+    maps = [{int(k): v for k, v in h.items()} for h in index["head_maps"]]
+    assert maps == he.sample_members(circuit, num_members=3, budget=2, pool=5, seed=0, trunk=1)
+    assert all(m[0] == circuit.head_map(2)[0] for m in maps)  # layer 0: the heads the circuit's first 2 keep
+    members = [he.load_model(root / "members-trunk" / name) for name in index["members"]]
+    assert he.HydraEnsemble.fuse(members).trunk == 1
 
 
 def test_fuse_says_whether_the_fused_model_is_exact_and_measures_how_far_it_is(flow):

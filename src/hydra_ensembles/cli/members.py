@@ -2,11 +2,12 @@
 
 From Taylor scores (--scores): each member prunes --budget heads in every layer, drawn from that layer's --pool
 least useful. From a circuit (--circuit): each member prunes --budget heads in the whole model, drawn from the
-first --pool heads of the removal order. Defaults (the paper's 48 of 144 heads, drawn from the least useful):
-a third of the heads, from a pool of twice as many. Members are always distinct; settings that would give
-identical members are refused (--allow-identical makes them anyway). Writes members.json (every member's kept
-heads) and member0/, member1/, ... (HF checkpoints that `load_model` restores). Fine-tune them with
-`hydra-ens finetune --model <this dir>`.
+first --pool heads of the removal order; with --trunk K, members identical in their first K layers (fused, those
+run once: fuse them first, `fuse --finetune-train`, so that fine-tuning keeps them one copy). Defaults (the
+paper's 48 of 144 heads, drawn from the least useful): a third of the heads, from a pool of twice as many.
+Members are always distinct; settings that would give identical members are refused (--allow-identical makes
+them anyway). Writes members.json (every member's kept heads) and member0/, member1/, ... (HF checkpoints that
+`load_model` restores). Fine-tune them with `hydra-ens finetune --model <this dir>`.
 
 A joint circuit of a two-tower model (`circuit --classes ...`): the members are zero-shot — no fine-tuning —
 so this writes model/, the zero-shot Hydra Ensemble itself (each tower's members fused), for `evaluate` and
@@ -32,7 +33,8 @@ from .common import CommandError, add_zero_shot_options, check_one_model, classi
 from .step import MEMBERS_FILE, RECORD, add_output_options, check_model_dir, fingerprint_path, start_step
 
 EXAMPLE = """hydra-ens members --model my-classifier --scores scores --num-members 3 --budget 6 --pool 8 --out members
-hydra-ens members --model my-classifier --circuit circuit --budget 24 --pool 48 --out members-circ"""
+hydra-ens members --model my-classifier --circuit circuit --budget 24 --pool 48 --out members-circ
+hydra-ens members --model my-classifier --circuit circuit --trunk 6 --out members-trunk  # first 6 layers shared"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +54,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="pruning seed")
     parser.add_argument(
+        "--trunk",
+        type=int,
+        default=0,
+        metavar="K",
+        help="with --circuit: members identical in their first K layers (the heads the circuit's first --budget "
+        "keep there), different after; fused first (fuse --finetune-train) those layers run once, a cheaper "
+        "ensemble",
+    )
+    parser.add_argument(
         "--allow-identical", action="store_true", help="accept identical members (refused by default: no diversity)"
     )
     add_output_options(parser)
@@ -66,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         "model": fingerprint_path(model_dir, "--model"),
         "source": fingerprint_path(source_path, "--scores" if args.scores else "--circuit"),
         **{k: getattr(args, k) for k in ("num_members", "budget", "pool", "seed", "allow_identical")},
+        **({"trunk": args.trunk} if args.trunk else {}),  # absent at 0: earlier runs' settings still match
         "zero_shot": vars(zero_shot_options(args)),
     }
     out = start_step(args, "members", settings)
@@ -120,6 +132,8 @@ def _zero_shot_members(args: argparse.Namespace, out, model_dir: Path, source_pa
 
 def _sample(args: argparse.Namespace, source) -> list:
     """`sample_members` with the command's flags; its refusals as command errors that name the flag."""
+    if args.trunk and not isinstance(source, Circuit):
+        raise CommandError("--trunk takes members from a circuit (--circuit, of one model): give it a circuit.")
     try:
         return sample_members(
             source,
@@ -128,9 +142,11 @@ def _sample(args: argparse.Namespace, source) -> list:
             pool=args.pool,
             seed=args.seed,
             allow_identical=args.allow_identical,
+            trunk=args.trunk,
         )
     except ValueError as error:
-        raise CommandError(str(error).replace("allow_identical=True", "--allow-identical")) from None
+        said = str(error).replace("allow_identical=True", "--allow-identical")
+        raise CommandError(said.replace("a trunk of", "--trunk: a trunk of")) from None
 
 
 def write_members(path: Path, base: Path, head_maps: list[dict], extra: dict) -> None:
