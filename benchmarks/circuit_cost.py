@@ -1,0 +1,72 @@
+"""Issue 44 item 5: what each circuit search would cost on a user's validation set — a 144-head model (MPNet-base)
+with 1,000 validation examples — predicted from probes timed on this machine, as `method="auto"` predicts it.
+
+The probe (`importance.circuit.budget.costs_of`) times every candidate of the first step on one batch, fp32 and
+bf16; a search's time is then its candidate evaluations (`Choice.evaluations`) times that cost per example. The
+model is all-mpnet-base-v2 with a new 2-class head (the cost does not depend on the weights' training), the
+examples sentiment-task sentences at 64 tokens (ID validation and the OOD validation texts: the timing only).
+
+    python benchmarks/circuit_cost.py --examples 360 1000 --budget 96 48 --time-budget 30
+
+Prints, for each search `auto` may run (`budget.ladder`: exact, exact in bf16, multi-2/4/8), the predicted minutes
+for `budget` removals at each example count, and the largest number of examples (ID and OOD, half each) with which
+it fits `--time-budget` minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import transformers
+
+from hydra_ensembles.bench import tasks
+from hydra_ensembles.bench.pretrained import mpnet_base
+from hydra_ensembles.data.loaders import rebatch
+from hydra_ensembles.evaluation.compare import machine
+from hydra_ensembles.importance.circuit.budget import costs_of, ladder
+from hydra_ensembles.pruning import kept_heads
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--examples", type=int, nargs="+", default=[360, 1000], help="validation examples, in all")
+    parser.add_argument("--budget", type=int, nargs="+", default=[96, 48], help="removals the search ranks")
+    parser.add_argument("--time-budget", type=float, default=30.0, help="minutes")
+    parser.add_argument("--probe-examples", type=int, default=64, help="examples the probes read (cost per example)")
+    args = parser.parse_args()
+    transformers.utils.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(str(mpnet_base()), num_labels=2).eval()
+    task = tasks.TASKS["sentiment-mpnet"]("full")
+    half = args.probe_examples // 2
+    id_batches = rebatch(task.circuit_id, 16)[: max(1, half // 16)]
+    ood_batches = rebatch(task.circuit_ood, 16)[: max(1, half // 16)]
+    started = time.perf_counter()
+    costs = costs_of(model, id_batches, ood_batches)
+    candidates = sum(map(len, kept_heads(model).values()))
+    rungs = ladder(costs)
+    print(f"# Circuit search cost: all-mpnet-base-v2 ({candidates} heads), 64 tokens")
+    print(f"Machine: {machine()}")
+    per = ", ".join(f"{p} {1e3 * s / sum(costs.examples):.2f} ms" for p, s in costs.per_candidate.items())
+    print(f"Probe: {time.perf_counter() - started:.0f} s; one candidate evaluation per example: {per}")
+    print()
+    header = ["search", *(f"{b} removals, {n} ex. (min)" for b in args.budget for n in args.examples)]
+    header += [f"fits {args.time_budget:g} min with ({b} removals)" for b in args.budget]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    seconds = args.time_budget * 60
+    for rung in rungs:
+        cells = [rung.name]
+        for budget in args.budget:
+            for n in args.examples:
+                cells.append(f"{costs.seconds(rung, candidates, 0, budget, n) / 60:.1f}")
+        for budget in args.budget:
+            per_example = costs.seconds(rung, candidates, 0, budget, 1)
+            cells.append(f"{int(seconds / per_example)} examples")
+        print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
