@@ -25,6 +25,9 @@ hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --cost-curve
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single Taylor "Hydra (Taylor)" "Hydra (Circ), fused then fine-tuned"
 # issue 44 (circuits a user can afford): each approximate search against seed 0's exact ranking (cached), timed
 python benchmarks/circuit_approx.py image-dinov2 --seed 0 --methods fast:bf16 multi-2 multi-4 multi-4:bf16 multi-8
+# issue 44: seed 0's Deep Ensembles and Hydra (Circ) distilled into students with 1 and 2 head layers
+hydra-ens bench distill-image-dinov2 --seeds 0 --quiet
+hydra-ens bench distill-image-dinov2 --seeds 0 --quiet --head-layers 2
 # issue 41: the cheap ensembles (BatchEnsemble, Packed-Ensembles, MIMO) next to Single, Deep Ensembles and Hydra (Circ)
 # on the ViT trained from scratch, and BatchEnsemble on a text task (BBC, MiniLM), three seeds each
 hydra-ens bench image --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ensembles" "Hydra (Circ)" BatchEnsemble Packed-Ensembles MIMO

@@ -279,7 +279,10 @@ def test_every_run_of_the_records_queue_is_a_valid_bench_command():
     assert runs, f"no `hydra-ens bench` line in {script}"
     for words in runs:
         args = build_parser().parse_args([word.replace("$R", "benchmarks/records") for word in words[1:]])
-        assert args.records == Path("benchmarks/records") and args.seeds, words
+        assert args.seeds, words
+        if args.task.startswith("distill-"):  # keeps no records: its students are cached, its teachers recorded
+            continue
+        assert args.records == Path("benchmarks/records"), words
         if args.rows:
             suite.TABLE.ordered_rows(args.rows, suite.BUILDS)  # an unknown row is refused by name
 

@@ -58,3 +58,12 @@ def test_the_cost_curve_refuses_a_row_it_does_not_draw_before_any_work(tmp_path)
     assert said.returncode != 0 and "unknown row(s) ['MIMO']" in said.stderr
     assert "Hydra (Circ), shared trunk 1/2" in said.stderr  # what it does draw
     assert not (tmp_path / "out").exists() and not list((tmp_path / "cache").rglob("*.safetensors"))
+
+
+def test_head_layers_is_refused_where_no_transformer_student_is_distilled():
+    from cli_support import refused
+
+    said = refused("bench", "distill-spiral", "--head-layers", "2")
+    assert said.returncode != 0 and "--head-layers applies to the transformer students" in said.stderr
+    said = refused("bench", "text", "--quick", "--head-layers", "2")
+    assert said.returncode != 0 and "applies to the distill-* tasks" in said.stderr

@@ -192,7 +192,7 @@ def regression_experiment(seeds: Sequence[int], out_dir: str | os.PathLike, comm
 
 # ---- (b) the benchmark tasks: transformer students ----
 
-TEACHERS = ("Deep Ensembles", "Hydra (Taylor)")
+TEACHERS = ("Deep Ensembles", "Hydra (Circ)")  # protocol 2: Hydra (Circ), the suite rows issue 44 names
 BENCH_COLUMNS = (
     *QUALITY,
     ("MU test", "mi", 1, 3),
@@ -230,7 +230,7 @@ def benchmark_seed(
             lambda: HydraEnsemble.fuse([task.new_model(seed)]),
             task.train,
             task.val,
-            task.recipe.with_(seed=seed, monitor="nll", freeze_embeddings=False),
+            task.recipe.with_(seed=seed, monitor="nll"),  # the embeddings frozen where Single's recipe freezes them
             temperatures=temperatures,
             head_layers=head_layers,
             cache=cache / "distill" / f"{slug}-k{head_layers}",
@@ -275,11 +275,23 @@ def _benchmark_row(logits: dict[str, Tensor], teacher: dict[str, Tensor] | None,
     return row
 
 
-def benchmark_experiment(task: Task, seeds: Sequence[int], out_dir, cache, command: str = "", progress: bool = True):
-    def seed_rows(seed: int) -> dict[str, dict]:
-        return benchmark_seed(task, seed, runner.seed_dir(cache, task, seed), progress=progress)
+def benchmark_experiment(
+    task: Task,
+    seeds: Sequence[int],
+    out_dir,
+    cache,
+    command: str = "",
+    progress: bool = True,
+    head_layers: int = 1,
+):
+    """`benchmark_seed` of every seed, as distill-<task> (distill-<task>-k<k> for `head_layers` k > 1)."""
 
-    return experiment(f"distill-{task.name}", seeds, seed_rows, BENCH_COLUMNS, out_dir, command)
+    def seed_rows(seed: int) -> dict[str, dict]:
+        seed_cache = runner.seed_dir(cache, task, seed)
+        return benchmark_seed(task, seed, seed_cache, head_layers=head_layers, progress=progress)
+
+    name = f"distill-{task.name}" + (f"-k{head_layers}" if head_layers != 1 else "")
+    return experiment(name, seeds, seed_rows, BENCH_COLUMNS, out_dir, command)
 
 
 # ---- shared ----

@@ -7,9 +7,10 @@ text-mpnet, sentiment-mpnet: the same two tasks on the pretrained all-mpnet-base
 image: a small ViT trained on Fashion-MNIST (near-OOD: held-out classes; far-OOD: MNIST, digits, solar cells).
 image-dinov2: the pretrained DINOv2-S (12 x 6 heads) fine-tuned on the same Fashion-MNIST splits
 (`bash scripts/install.sh --pretrained` first).
-distill-spiral, distill-regression, distill-text, distill-image: Hydra distillation (paper 001) against
-knowledge distillation — a toy spiral (with its uncertainty maps), a tabular regression, and the text and image
-tasks' Deep Ensemble and Hydra Ensemble distilled into transformer students.
+distill-spiral, distill-regression, distill-text, distill-image, distill-image-dinov2, distill-sentiment-mpnet: Hydra
+distillation (paper 001) against knowledge distillation — a toy spiral (with its uncertainty maps), a tabular
+regression, and the suite tasks' Deep Ensembles and Hydra (Circ) (from the suite's cache) distilled into
+transformer students whose heads are the last --head-layers layers.
 amp-text, amp-image-dinov2: adaptive MLP pruning (paper 002) of the task's single model — a delta-E sweep, the
 criteria, uniform-width baselines, each before and after recovery — and Hydra Ensembles on the pruned base
 against the unpruned one, at the base the cost rule picks and along the sweep (writes amp.md, amp.json).
@@ -48,7 +49,8 @@ from .common import CommandError, add_device_argument, resolve_device
 EXAMPLE = """hydra-ens bench text --quick                 # one seed, small splits (about 10 minutes)
 hydra-ens bench image --seeds 0 1 2 --out benchmarks/results/image-fmnist
 hydra-ens bench distill-spiral                # Hydra distillation on the spiral toy set (about 3 minutes)"""
-DISTILL = {f"distill-{name}": name for name in (*distillation.EXPERIMENTS, "text", "image")}
+DISTILL_TASKS = ("text", "image", "image-dinov2", "sentiment-mpnet")  # suite tasks whose ensembles are distilled
+DISTILL = {f"distill-{name}": name for name in (*distillation.EXPERIMENTS, *DISTILL_TASKS)}
 AMP = {"amp-text": "text", "amp-image-dinov2": "image-dinov2"}
 PUSH_MINUTES = 10  # --records: how often a running benchmark copies its records out
 
@@ -71,6 +73,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="B",
         help="instead of the table: Taylor and CircAvg models pruning B heads per layer, zero-shot and fine-tuned "
         "(the paper's Figures 5-6); writes sweep.md, sweep.json, head_sweep.png",
+    )
+    parser.add_argument(
+        "--head-layers",
+        type=int,
+        default=1,
+        metavar="K",
+        help="distill-<task>: the students' heads are the last K layers (the body, the others, runs once)",
     )
     parser.add_argument(
         "--cost-curve",
@@ -143,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if (args.records or args.records_only) and (args.task in DISTILL or args.task in zero_shot.TASKS):
         raise SystemExit(f"--records and --records-only apply to the suite and amp-* tables, not to {args.task}.")
+    if args.head_layers != 1 and args.task not in DISTILL:
+        raise CommandError(f"--head-layers applies to the distill-* tasks (their students), not to {args.task}.")
     if args.task in DISTILL:
         return _distill(args)
     if args.task in AMP:
@@ -255,12 +266,18 @@ def _distill(args: argparse.Namespace) -> int:
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     out = args.out or Path("benchmarks") / "results" / "distillation"
     command = "hydra-ens " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    if name in distillation.EXPERIMENTS and args.head_layers != 1:
+        raise CommandError(
+            f"--head-layers applies to the transformer students (distill-{', distill-'.join(DISTILL_TASKS)})."
+        )
     if name in distillation.EXPERIMENTS:
         summary = distillation.EXPERIMENTS[name](seeds, out, command=command)
     else:
         task = TASKS[name]("quick" if args.quick else "full")
         cache = (args.cache or cache_dir() / "bench") / ("quick" if args.quick else "full")
-        summary = distillation.benchmark_experiment(task, seeds, out, cache, command=command, progress=not args.quiet)
+        summary = distillation.benchmark_experiment(
+            task, seeds, out, cache, command=command, progress=not args.quiet, head_layers=args.head_layers
+        )
     print((out / f"{summary['experiment']}.md").read_text())
     print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
     return 0
