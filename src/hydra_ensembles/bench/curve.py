@@ -154,8 +154,8 @@ def markdown(summary: dict) -> str:
         "",
         "Validation columns: ID validation NLL, and the all-OOD AUROC (%, maximum softmax probability) of the ID "
         "validation split against the OOD validation data (the OOD sources' validation parts; the circuit rows "
-        "were searched on it, so their validation AUROC is optimistic). Test columns as in the task's table. "
-        + CONVENTIONS,
+        "were searched on it, so their validation AUROC is optimistic; a temp. scaling row's temperature was fit on "
+        "the ID validation split, so its validation NLL is too). Test columns as in the task's table. " + CONVENTIONS,
         "",
         "Chosen on validation (best validation AUROC within the cost limit; ties: lower validation NLL):",
         "",
