@@ -28,6 +28,8 @@ python benchmarks/circuit_approx.py image-dinov2 --seed 0 --methods fast:bf16 mu
 # issue 44: seed 0's Deep Ensembles and Hydra (Circ) distilled into students with 1 and 2 head layers
 hydra-ens bench distill-image-dinov2 --seeds 0 --quiet
 hydra-ens bench distill-image-dinov2 --seeds 0 --quiet --head-layers 2
+# issue 44: the AMP base (paper 002) of seed 0's Single at one model's FLOPs, with Single and Hydra on it
+hydra-ens bench amp-image-dinov2 --seeds 0 --records $R --quiet --tables free
 # issue 41: the cheap ensembles (BatchEnsemble, Packed-Ensembles, MIMO) next to Single, Deep Ensembles and Hydra (Circ)
 # on the ViT trained from scratch, and BatchEnsemble on a text task (BBC, MiniLM), three seeds each
 hydra-ens bench image --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ensembles" "Hydra (Circ)" BatchEnsemble Packed-Ensembles MIMO
