@@ -53,6 +53,10 @@ def flow(tmp_path_factory, text_files, text_encoder):
         )
     }
     f = {k: str(v) for k, v in text_files.items()}
+
+    def from_circuit(out: str, *flags: str):
+        return hydra_ens("members", "--model", d["single"], "--circuit", d["circuit"], *flags, "--out", d[out])
+
     runs = {
         "finetune": hydra_ens(
             "finetune",
@@ -100,37 +104,9 @@ def flow(tmp_path_factory, text_files, text_encoder):
             "--out",
             d["members"],
         ),
-        "members-circ": hydra_ens(
-            "members",
-            "--model",
-            d["single"],
-            "--circuit",
-            d["circuit"],
-            "--budget",
-            "4",
-            "--pool",
-            "5",
-            "--out",
-            d["members-circ"],
-        ),
-        "members-default": hydra_ens(
-            "members", "--model", d["single"], "--circuit", d["circuit"], "--out", d["members-default"]
-        ),
-        "members-trunk": hydra_ens(
-            "members",
-            "--model",
-            d["single"],
-            "--circuit",
-            d["circuit"],
-            "--budget",
-            "2",
-            "--pool",
-            "5",
-            "--trunk",
-            "1",
-            "--out",
-            d["members-trunk"],
-        ),  # fmt: skip
+        "members-circ": from_circuit("members-circ", "--budget", "4", "--pool", "5"),
+        "members-default": from_circuit("members-default"),
+        "members-trunk": from_circuit("members-trunk", "--budget", "2", "--pool", "5", "--trunk", "1"),
         "fuse-exact": hydra_ens("fuse", "--members", d["members"], "--out", d["hydra-exact"]),
         "tune": hydra_ens(
             "finetune",
