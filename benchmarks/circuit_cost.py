@@ -7,6 +7,7 @@ model is all-mpnet-base-v2 with a new 2-class head (the cost does not depend on 
 examples sentiment-task sentences at 64 tokens (ID validation and the OOD validation texts: the timing only).
 
     python benchmarks/circuit_cost.py --examples 360 1000 --budget 96 48 --time-budget 30
+    python benchmarks/circuit_cost.py --random --device cuda --batch-size 64 --probe-examples 256   # on a GPU
 
 Prints, for each search `auto` may run (`budget.ladder`: exact, exact in bf16, multi-2/4/8), the predicted minutes
 for `budget` removals at each example count, and the largest number of examples (ID and OOD, half each) with which
@@ -35,20 +36,47 @@ def main() -> None:
     parser.add_argument("--budget", type=int, nargs="+", default=[96, 48], help="removals the search ranks")
     parser.add_argument("--time-budget", type=float, default=30.0, help="minutes")
     parser.add_argument("--probe-examples", type=int, default=64, help="examples the probes read (cost per example)")
+    parser.add_argument("--batch-size", type=int, default=16, help="examples a candidate evaluation runs at once")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--random", action="store_true", help="MPNet-base's shape with random weights and tokens (no packages needed)"
+    )
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
     torch.manual_seed(0)
-    model = transformers.AutoModelForSequenceClassification.from_pretrained(str(mpnet_base()), num_labels=2).eval()
-    task = tasks.TASKS["sentiment-mpnet"]("full")
     half = args.probe_examples // 2
-    id_batches = rebatch(task.circuit_id, 16)[: max(1, half // 16)]
-    ood_batches = rebatch(task.circuit_ood, 16)[: max(1, half // 16)]
+    if args.random:  # the cost depends on the shapes alone
+        config = transformers.MPNetConfig(vocab_size=30527, num_labels=2)
+        model = transformers.MPNetForSequenceClassification(config).eval()
+        ids = torch.randint(1000, 30000, (2 * half, 64))
+        batches = [
+            {"input_ids": ids[i : i + 16], "attention_mask": torch.ones(len(ids[i : i + 16]), 64, dtype=torch.long)}
+            | {"labels": torch.randint(0, 2, (len(ids[i : i + 16]),))}
+            for i in range(0, 2 * half, 16)
+        ]
+        id_batches, ood_batches = (
+            batches[: len(batches) // 2],
+            [{k: v for k, v in b.items() if k != "labels"} for b in batches[len(batches) // 2 :]],
+        )
+    else:
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(str(mpnet_base()), num_labels=2)
+        task = tasks.TASKS["sentiment-mpnet"]("full")
+        id_batches = rebatch(task.circuit_id, 16)[: max(1, half // 16)]
+        ood_batches = rebatch(task.circuit_ood, 16)[: max(1, half // 16)]
+    model = model.eval().to(args.device)
+
+    def clock() -> float:  # a GPU runs asynchronously: the probe's clock waits for it
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     started = time.perf_counter()
-    costs = costs_of(model, id_batches, ood_batches)
+    costs = costs_of(model, id_batches, ood_batches, batch_size=args.batch_size, clock=clock)
     candidates = sum(map(len, kept_heads(model).values()))
     rungs = ladder(costs)
     print(f"# Circuit search cost: all-mpnet-base-v2 ({candidates} heads), 64 tokens")
-    print(f"Machine: {machine()}")
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else machine()
+    print(f"Machine: {where}; batch {args.batch_size}" + ("; random weights and tokens" if args.random else ""))
     per = ", ".join(f"{p} {1e3 * s / sum(costs.examples):.2f} ms" for p, s in costs.per_candidate.items())
     print(f"Probe: {time.perf_counter() - started:.0f} s; one candidate evaluation per example: {per}")
     print()
