@@ -46,18 +46,14 @@ def main() -> None:
     torch.manual_seed(0)
     half = args.probe_examples // 2
     if args.random:  # the cost depends on the shapes alone
-        config = transformers.MPNetConfig(vocab_size=30527, num_labels=2)
-        model = transformers.MPNetForSequenceClassification(config).eval()
-        ids = torch.randint(1000, 30000, (2 * half, 64))
-        batches = [
-            {"input_ids": ids[i : i + 16], "attention_mask": torch.ones(len(ids[i : i + 16]), 64, dtype=torch.long)}
-            | {"labels": torch.randint(0, 2, (len(ids[i : i + 16]),))}
-            for i in range(0, 2 * half, 16)
-        ]
-        id_batches, ood_batches = (
-            batches[: len(batches) // 2],
-            [{k: v for k, v in b.items() if k != "labels"} for b in batches[len(batches) // 2 :]],
-        )
+
+        def sentences(count: int) -> dict:  # random tokens, 64 a sentence
+            ids = torch.randint(1000, 30000, (count, 64))
+            return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+        model = transformers.MPNetForSequenceClassification(transformers.MPNetConfig(vocab_size=30527, num_labels=2))
+        id_batches = rebatch([sentences(half) | {"labels": torch.randint(0, 2, (half,))}], 16)
+        ood_batches = rebatch([sentences(half)], 16)
     else:
         model = transformers.AutoModelForSequenceClassification.from_pretrained(str(mpnet_base()), num_labels=2)
         task = tasks.TASKS["sentiment-mpnet"]("full")

@@ -63,7 +63,7 @@ def sample_members(
         )
     if isinstance(source, Tensor):
         return _from_scores(source, num_members, budget, pool, seed, allow_identical)
-    if isinstance(source, Circuit) and trunk:
+    if trunk:  # a Circuit, checked above
         return _with_trunk(source, trunk, num_members, budget, pool, seed, allow_identical)
     if isinstance(source, Circuit | JointCircuit):
         return _from_circuit(source, num_members, budget, pool, seed, allow_identical)
@@ -151,6 +151,19 @@ def _from_circuit(
     allow_identical: bool,
 ) -> list[HeadMap]:
     _check_members(num_members)
+    budget, pool = _budget_and_pool(circuit, budget, pool)
+    if not allow_identical:
+        _check_enough(math.comb(pool, budget), num_members, f"budget {budget} and pool {pool}")
+
+    def draw(generator: torch.Generator) -> HeadMap:
+        return circuit.without(circuit.removed[i] for i in _draw(pool, budget, generator))
+
+    return _draw_members(draw, num_members, seed, allow_identical)
+
+
+def _budget_and_pool(circuit: Circuit | JointCircuit, budget: int | None, pool: int | None) -> tuple[int, int]:
+    """A global budget and pool of `circuit`'s ranking, the defaults filled in (a third of the heads, twice that),
+    refused when they do not fit what the circuit ranked."""
     ranked = len(circuit.removed)
     if budget is None and _third(circuit) >= ranked:
         raise ValueError(
@@ -165,13 +178,7 @@ def _from_circuit(
             f"pool must be between the budget {budget} and the {ranked} heads the circuit ranked, "
             f"got {pool}; extract the circuit with a larger budget to sample from a larger pool."
         )
-    if not allow_identical:
-        _check_enough(math.comb(pool, budget), num_members, f"budget {budget} and pool {pool}")
-
-    def draw(generator: torch.Generator) -> HeadMap:
-        return circuit.without(circuit.removed[i] for i in _draw(pool, budget, generator))
-
-    return _draw_members(draw, num_members, seed, allow_identical)
+    return budget, pool
 
 
 def _with_trunk(
@@ -185,13 +192,7 @@ def _with_trunk(
             f"trunk must be a number of leading layers between 1 and {layers - 1} (the model has {layers}; members "
             f"identical in every layer are one model), got {trunk!r}."
         )
-    budget = _check_global(_third(circuit) if budget is None else budget, len(circuit.removed))
-    pool = min(2 * budget, len(circuit.removed)) if pool is None else int(pool)
-    if not budget <= pool <= len(circuit.removed):
-        raise ValueError(
-            f"pool must be between the budget {budget} and the {len(circuit.removed)} heads the "
-            f"circuit ranked, got {pool}."
-        )
+    budget, pool = _budget_and_pool(circuit, budget, pool)
     shared = [head for head in circuit.first_removed(budget) if head[0] < trunk]
     later = [step for step, head in enumerate(circuit.removed) if head[0] >= trunk]
     rest = dataclasses.replace(
