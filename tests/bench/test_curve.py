@@ -42,7 +42,8 @@ def test_the_curve_measures_every_row_on_validation_and_chooses_on_it(tiny_task,
         best = max(summary["validation"][row]["auroc"] for row in within)
         assert chosen in within and summary["validation"][chosen]["auroc"] == best
     pairs = {tuple(pair["rows"]) for pair in summary["differences"]["pairs"]}  # each row against Single
-    assert pairs == {(row, "Single") for row in curve.CURVE_ROWS[1:]} | {("CircAvg, temp. scaling", "Temp. scaling")}
+    calibrated = {("CircAvg, temp. scaling", "Temp. scaling"), ("Hydra (Circ), temp. scaling", "Temp. scaling")}
+    assert pairs == {(row, "Single") for row in curve.CURVE_ROWS[1:]} | calibrated
     table = (tmp_path / "out" / "cost_curve.md").read_text()
     assert "- CircAvg vs Single: NLL" in table and "at most 1.1x Single's latency: " in table
     assert all(f"| {row} |" in table for row in curve.CURVE_ROWS) and "Chosen on validation" in table
