@@ -85,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cost-curve",
         action="store_true",
         help="instead of the table: Single, Deep Ensembles, Hydra (Circ) and the cheaper ensembles on the same base "
-        f"({', '.join(curve.CHEAPER_ROWS)}) at their FLOPs and latency, each chosen at a cost limit on "
+        f"({'; '.join(curve.CHEAPER_ROWS)}) at their FLOPs and latency, each chosen at a cost limit on "
         "validation data; writes cost_curve.md, cost_curve.json, cost_curve.png",
     )
     parser.add_argument(
