@@ -2,8 +2,10 @@
 # The benchmark runs still under way (issue 39: the protocol of OOD validation splits, informative circuits, pools
 # twice the budget, validation-selected training), in order. Each goes on from these records on any machine and keeps
 # them up to date (--records); a run whose rows are all recorded renders its table from them in seconds, so the
-# whole queue can be started again after any stop. One CPU-heavy job at a time: run it alone, e.g.
-#   bash scripts/install.sh --pretrained && nohup bash benchmarks/records/queue.sh > queue.log 2>&1 &
+# whole queue can be started again after any stop. One CPU-heavy job per core: this queue on one core,
+# queue-core1.sh (the text tasks, sentiment-mpnet, image-dinov2's seeds 1-2) on the other, each with one torch thread
+# (OMP_NUM_THREADS=1 taskset -c K); e.g.
+#   bash scripts/install.sh --pretrained && OMP_NUM_THREADS=1 nohup taskset -c 0 bash benchmarks/records/queue.sh > queue.log 2>&1 &
 # Before a machine goes away: hydra-ens bench <task> --seeds ... --records benchmarks/records --records-only
 # (bash reads a script as it runs it: to edit this file meanwhile, run a copy from the repository root:
 # `cp benchmarks/records/queue.sh /tmp/q.sh && HYDRA_REPO=$PWD bash /tmp/q.sh`)
@@ -19,6 +21,8 @@ set -x
 # need before the others
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single CircAvg "Hydra (Circ)"
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single "Single, trained as long" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
+# issue 42: the post-hoc OOD scores, selective prediction, conformal sets and shift curves of seed 0's rows
+python benchmarks/uncertainty_extras.py image-dinov2 --seeds 0 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" --quiet
 # issue 44: the cost/quality curve on seed 0's base (CircAvg and it calibrated, the shared trunks, fused then
 # fine-tuned, Hydra (Circ), Deep Ensembles), each row's validation numbers and its choice at a cost limit
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --cost-curve

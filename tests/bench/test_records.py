@@ -272,9 +272,10 @@ def test_a_single_model_trained_again_for_rows_recorded_without_digests_is_check
         )
 
 
-def test_every_run_of_the_records_queue_is_a_valid_bench_command():
-    """benchmarks/records/queue.sh is the list of runs under way: each line must parse, and name known rows."""
-    script = Path(__file__).parents[2] / "benchmarks" / "records" / "queue.sh"
+@pytest.mark.parametrize("queue", ["queue.sh", "queue-core1.sh"])
+def test_every_run_of_the_records_queues_is_a_valid_bench_command(queue):
+    """benchmarks/records/queue*.sh list the runs under way: each line must parse, and name known rows."""
+    script = Path(__file__).parents[2] / "benchmarks" / "records" / queue
     runs = [shlex.split(line) for line in script.read_text().splitlines() if line.startswith("hydra-ens bench ")]
     assert runs, f"no `hydra-ens bench` line in {script}"
     for words in runs:
