@@ -13,7 +13,8 @@ For each row and seed (`bench.suite.cached_row` loads it as the benchmark built 
 - selective: AURC, AUGRC, risk at 80 % coverage, coverage at 5 % risk (test);
 - conformal: split conformal APS and RAPS at alpha 0.1, calibrated on the ID validation split, on test;
 - shift: `evaluation.shift` curves of the test split, mean over the task's shifts per severity.
-Writes <out> (markdown), <out stem>.json (the summary) and, beside them, <out stem>-seed<k>.json (every number of
+Writes <out> (markdown), <out stem>.json (the summary), its figures (<out stem>-risk-coverage.png, -shift-acc.png,
+-shift-ece.png) and, beside them, <out stem>-seed<k>.json (every number of
 the seed; each part written as soon as it is done, so a rerun resumes) and <out stem>-scores/ (per-example scores,
 for the bootstrap). Default out: benchmarks/results/<task name>/extras.md.
 """
@@ -40,6 +41,7 @@ from tqdm.auto import tqdm
 from hydra_ensembles.bench import cache_dir, runner, suite
 from hydra_ensembles.bench.tasks import FASHION_MEAN, FASHION_STD, IMAGENET_MEAN, IMAGENET_STD, TASKS, TEXT_DATA
 from hydra_ensembles.data.loaders import Batch
+from hydra_ensembles.evaluation import plots
 from hydra_ensembles.evaluation.bootstrap import paired_bootstrap, verdict
 from hydra_ensembles.evaluation.compare import machine, row_file
 from hydra_ensembles.evaluation.conformal import SplitConformal, coverage_and_size
@@ -345,10 +347,45 @@ def run(
             done[part] = PART_RUNS[part](measuring)
             write_json_atomic(places.seed(seed), record)  # resumable: each part kept when done
     summary = summarize(task, per_seed, seeds, rows, missing, places, resamples)
+    first_seed = runner.seed_dir(cache, task, seeds[0])
     summary |= {"command": command, "machine": machine(), "out": str(out)}
+    summary["figures"] = draw_figures(summary, out, labels_of(task.test), first_seed)
     write_json_atomic(out.with_suffix(".json"), summary)
     out.write_text(markdown(summary))
     return summary
+
+
+def draw_figures(summary: dict, out: Path, labels: Tensor, first_seed: Path) -> dict[str, str]:
+    """The report's figures beside `out`, {part: file name}: the risk-coverage curves of the first seed, from each
+    row's recorded test logits (a row without them is left out), and accuracy and ECE against shift severity, mean
+    over the task's shifts and the seeds."""
+    figures = {}
+    curves = {}
+    for row in summary["rows"]:
+        logits = recorded_logits(first_seed, row) if summary["selective"].get(row) else None
+        if logits is not None:
+            curves[row] = (ensemble_probs(logits["test"].double()), labels)
+    title = f"{summary['task']}, seed {summary['seeds'][0]}: test split"
+    if curves:
+        figures["selective"] = plots.risk_coverage(curves, out.with_name(f"{out.stem}-risk-coverage.png"), title).name
+    for metric, label in (("acc", "accuracy (%)"), ("ece", "ECE (%)")):
+        series = {
+            row: {
+                int(s): 100 * statistics.fmean(r["mean"][s][metric] for r in runs.values()) for s in _severities(runs)
+            }
+            for row, runs in summary["shift"].items()
+            if runs
+        }
+        if series:
+            path = out.with_name(f"{out.stem}-shift-{metric}.png")
+            figures[f"shift_{metric}"] = plots.shift_curves(
+                series, path, label, f"{summary['task']}: shifts' mean"
+            ).name
+    return figures
+
+
+def _severities(runs: Mapping) -> list[str]:
+    return sorted(next(iter(runs.values()))["mean"], key=int)
 
 
 def recorded_logits(seed_dir: Path, row: str) -> dict[str, Tensor] | None:
@@ -601,7 +638,19 @@ def _selective_lines(summary: dict) -> list[str]:
         if summary["selective"].get(row)
     ]
     said = "Test split, confidence max_c p_c; in %."
-    return ["## Selective prediction", "", said, "", *render(["Row", *keys], body, "markdown"), ""] if body else []
+    figure = _figure_lines(summary, "selective", "Risk-coverage curves")
+    return (
+        ["## Selective prediction", "", said, "", *render(["Row", *keys], body, "markdown"), "", *figure]
+        if body
+        else []
+    )
+
+
+def _figure_lines(summary: dict, *parts_and_alt: str) -> list[str]:
+    """Markdown image lines of the figures `draw_figures` drew for the parts, alt text last."""
+    *parts, alt = parts_and_alt
+    names = [summary.get("figures", {}).get(part) for part in parts]
+    return [" ".join(f"![{alt}]({name})" for name in names if name), ""] if any(names) else []
 
 
 def _conformal_lines(summary: dict) -> list[str]:
@@ -628,7 +677,7 @@ def _shift_lines(summary: dict) -> list[str]:
         runs = summary["shift"].get(row, {})
         if not runs:
             continue
-        severities = sorted(next(iter(runs.values()))["mean"], key=int)
+        severities = _severities(runs)
         for metric, scale, digits in (("acc", 100, 1), ("nll", 1, 3), ("ece", 100, 1)):
             cells = [
                 mean_std(over_seeds([r["mean"][s][metric] for r in runs.values()]), scale, digits) for s in severities
@@ -641,7 +690,8 @@ def _shift_lines(summary: dict) -> list[str]:
         "Test split under each shift of the task's modality (`evaluation.shift`), mean over the shifts; 0 = clean; "
         "acc and ECE in %, NLL in nats."
     )
-    return ["## Shift curves", "", said, "", *render(header, body, "markdown"), ""]
+    figures = _figure_lines(summary, "shift_acc", "shift_ece", "Accuracy and ECE under shift")
+    return ["## Shift curves", "", said, "", *render(header, body, "markdown"), "", *figures]
 
 
 # ---- command line ----

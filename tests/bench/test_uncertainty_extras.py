@@ -120,6 +120,8 @@ def test_the_report_of_cached_rows_chooses_on_validation_and_reports_a_missing_r
     ):
         assert f"## {heading}\n" in report
     assert "- Hydra (Circ), seed 0: missing (not trained yet;" in report and "Command: `pytest`" in report
+    for figure in ("extras-risk-coverage.png", "extras-shift-acc.png", "extras-shift-ece.png"):
+        assert (out.parent / figure).stat().st_size > 5000 and f"]({figure})" in report, figure
     assert "chosen on the OOD validation split" in report
     seed_dir = runner.seed_dir(cache, task, 0)
     assert not (seed_dir / "circuit_avg.json").exists()
