@@ -152,8 +152,11 @@ def run(args: argparse.Namespace) -> int:
         )
     if (args.records or args.records_only) and (args.task in DISTILL or args.task in zero_shot.TASKS):
         raise SystemExit(f"--records and --records-only apply to the suite and amp-* tables, not to {args.task}.")
-    if args.head_layers != 1 and args.task not in DISTILL:
-        raise CommandError(f"--head-layers applies to the distill-* tasks (their students), not to {args.task}.")
+    if args.head_layers != 1 and DISTILL.get(args.task) not in DISTILL_TASKS:
+        raise CommandError(
+            f"--head-layers applies to the transformer students (distill-{', distill-'.join(DISTILL_TASKS)}), "
+            f"not to {args.task}."
+        )
     if args.task in DISTILL:
         return _distill(args)
     if args.task in AMP:
@@ -266,10 +269,6 @@ def _distill(args: argparse.Namespace) -> int:
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     out = args.out or Path("benchmarks") / "results" / "distillation"
     command = "hydra-ens " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    if name in distillation.EXPERIMENTS and args.head_layers != 1:
-        raise CommandError(
-            f"--head-layers applies to the transformer students (distill-{', distill-'.join(DISTILL_TASKS)})."
-        )
     if name in distillation.EXPERIMENTS:
         summary = distillation.EXPERIMENTS[name](seeds, out, command=command)
     else:
