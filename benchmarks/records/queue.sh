@@ -23,6 +23,8 @@ hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single CircAv
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single "Single, trained as long" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
 # issue 42: the post-hoc OOD scores, selective prediction, conformal sets and shift curves of seed 0's rows
 python benchmarks/uncertainty_extras.py image-dinov2 --seeds 0 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" --quiet
+# issue 41: OBA (new) next to the cheap ensembles on the ViT trained from scratch; the other rows render from records
+hydra-ens bench image --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ensembles" "Hydra (Circ)" BatchEnsemble Packed-Ensembles MIMO OBA
 # issue 44: the cost/quality curve on seed 0's base (CircAvg and it calibrated, the shared trunks, fused then
 # fine-tuned, Hydra (Circ), Deep Ensembles), each row's validation numbers and its choice at a cost limit
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --cost-curve
@@ -34,9 +36,7 @@ hydra-ens bench distill-image-dinov2 --seeds 0 --quiet
 hydra-ens bench distill-image-dinov2 --seeds 0 --quiet --head-layers 2
 # issue 44: the AMP base (paper 002) of seed 0's Single at one model's FLOPs, with Single and Hydra on it
 hydra-ens bench amp-image-dinov2 --seeds 0 --records $R --quiet --tables free
-# issue 41: the cheap ensembles (BatchEnsemble, Packed-Ensembles, MIMO) next to Single, Deep Ensembles and Hydra (Circ)
-# on the ViT trained from scratch, and BatchEnsemble on a text task (BBC, MiniLM), three seeds each
-hydra-ens bench image --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ensembles" "Hydra (Circ)" BatchEnsemble Packed-Ensembles MIMO
+# issue 41: BatchEnsemble on a text task (BBC, MiniLM), three seeds
 hydra-ens bench text --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ensembles" "Hydra (Circ)" BatchEnsemble
 # seeds 1 and 2 on the rows the closing questions need, then the protocol ablation (seed 0), then every row
 hydra-ens bench image-dinov2 --seeds 0 1 2 --records $R --quiet --rows Single "Single, trained as long" "Deep Ensembles" Taylor CircAvg "Hydra (Taylor)" "Hydra (Circ)" "Hydra (Circ), fused then fine-tuned" "Temp. scaling" "Hydra (Circ), temp. scaling" BatchEnsemble

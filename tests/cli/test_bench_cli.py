@@ -65,7 +65,5 @@ def test_head_layers_is_refused_where_no_transformer_student_is_distilled():
 
     for task in ("distill-spiral", "text"):  # a toy student, no student: one refusal naming the tasks that take it
         said = refused("bench", task, "--quick", "--head-layers", "2")
-        assert (
-            said.returncode != 0 and "--head-layers applies to the transformer students (distill-text" in said.stderr
-        )
+        assert said.returncode != 0 and "--head-layers applies to the transformer students (distill-text" in said.stderr
         assert f"not to {task}." in said.stderr

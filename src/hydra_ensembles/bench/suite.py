@@ -33,7 +33,7 @@ from ..evaluation.compare import Built, row_file
 from ..evaluation.report import measure
 from ..evaluation.tables import COLUMNS, CONVENTIONS, mean_std, per_set_lines, render, table_lines
 from ..fusion import HydraEnsemble
-from ..importance import Circuit, extract_circuit, taylor_head_scores
+from ..importance import Circuit, extract_circuit, oba_prune, taylor_head_scores
 from ..io import read_json_record, torch_save_atomic, write_json_atomic
 from ..members import build_members, head_map_overlap, sample_members
 from ..outputs import collect_member_logits, labels_of
@@ -53,13 +53,16 @@ from ..predictors import (
     train_mimo,
     train_packed,
 )
-from ..pruning import kept_neurons
+from ..pruning import kept_neurons, linear_parameters, mask_weights, prune_heads
 from ..training import finetune, finetune_fused
 from . import runner
 from .records import check_digest, checked_single, discard_stale_state, rebuilt_notes
 from .runner import SeedRun, Table
 
 PLOTTED = ("Single", "Deep Ensembles", "Hydra (Taylor)", "Hydra (Circ)")
+OBA_STEPS = (
+    10  # the OBA row's pruning rounds (the authors': 49), each one double-backward pass over the calibration data
+)
 TRAINING = "training.json"  # {model name: its epochs (loss, validation metrics) and the epoch kept}, per seed
 
 
@@ -159,6 +162,12 @@ class Pieces:
 
         return train, folder
 
+    @property
+    def calibration(self) -> list:
+        """The labelled data that importance scores read (Taylor, OBA): the first training batches, as many examples
+        as the validation split has."""
+        return self.task.train[: max(1, len(self.task.val))]
+
     def taylor_scores(self, budget: int | None = None) -> Tensor:
         """Sequential Taylor scores (§D.1.1): layer by layer, the layer's `budget` (default: the task's
         `prune_per_layer`) lowest heads are pruned before the next layer is scored."""
@@ -167,8 +176,9 @@ class Pieces:
         path = self.cache / f"taylor_scores_sequential{suffix}.pt"
         if not path.exists():
             self._making(path)
-            calibration = self.task.train[: max(1, len(self.task.val))]
-            scores = taylor_head_scores(self.single(), calibration, sequential_budget=budget, progress=self.progress)
+            scores = taylor_head_scores(
+                self.single(), self.calibration, sequential_budget=budget, progress=self.progress
+            )
             torch_save_atomic(scores.cpu(), path)
         return torch.load(path)
 
@@ -341,6 +351,29 @@ def _mimo(p: Pieces) -> Built:
     return Built(p.trained("mimo", build, checkpoint="mimo"), {"heads": str(p.heads)})
 
 
+def _oba(p: Pieces) -> Built:
+    """OBA (Sun et al., 2025), paper 000's unstructured pruning baseline: from the seed's single model, as many
+    Linear weights removed as the pruned rows' heads hold (the paper matches the parameters the same way: 89.1 %
+    kept on ViT-B/16), by `oba_prune` in `OBA_STEPS` rounds on the calibration data, then fine-tuned with the
+    members' recipe (§D.2: one recipe whatever the pruning), the removed weights held at zero. Its cost is Single's:
+    nothing here skips zero weights. The masks are cached, so a resumed fine-tuning does not prune again."""
+    name, single = f"oba{OBA_STEPS}", p.single()
+    shorter = prune_heads(copy.deepcopy(single), {layer: range(p.task.prune_per_layer) for layer in range(p.layers)})
+    remove = sum(w.numel() for w in linear_parameters(single).values())
+    remove -= sum(w.numel() for w in linear_parameters(shorter).values())
+
+    def build() -> nn.Module:
+        model, path = copy.deepcopy(single), p.cache / f"{name}_masks.pt"
+        if path.exists():
+            mask_weights(model, torch.load(path))
+        else:
+            torch_save_atomic(oba_prune(model, p.calibration, remove, steps=OBA_STEPS, progress=p.progress), path)
+        return p.fine_tuned(model, name, p.seed * 100 + 60)
+
+    kept = 100 * (1 - remove / sum(w.numel() for w in single.parameters()))
+    return Built(p.trained(name, build, checkpoint=name), {"heads": f"{p.heads} ({kept:.1f} % of weights)"})
+
+
 def _taylor_pruned(p: Pieces, budget: int, fine_tune: bool) -> nn.Module:
     """One model without the `budget` lowest sequential Taylor scores of each layer."""
     head_map = sample_members(p.taylor_scores(budget), num_members=1, budget=budget, pool=budget)[0]
@@ -447,6 +480,7 @@ BUILDS: dict[str, Callable[[Pieces], Built]] = {
     "BatchEnsemble": _batch_ensemble,
     "Packed-Ensembles": _packed,
     "MIMO": _mimo,
+    "OBA": _oba,  # the paper's unstructured pruning baseline
     # cheaper ensembles on the same base (issue 44): members identical in their first layers, run once
     "Hydra (Circ), shared trunk 1/2": partial(_hydra_circ_fused_first, trunk=1 / 2),
     "Hydra (Circ), shared trunk 3/4": partial(_hydra_circ_fused_first, trunk=3 / 4),
@@ -577,6 +611,16 @@ DIFFERENCES = (  # (A, B): is A really better than B? Paper rows against the bas
     ("Hydra (Circ)", "BatchEnsemble"),  # the paper's efficient ensembles (Table 1)
     ("Hydra (Circ)", "Packed-Ensembles"),
     ("Hydra (Circ)", "MIMO"),
+    ("Hydra (Circ)", "OBA"),  # the paper's unstructured pruning baseline
+)
+
+
+OBA_NOTE = (
+    f"- OBA (Sun et al., 2025; paper 000's unstructured pruning baseline): as many Linear weights removed from Single "
+    "as the pruned rows' heads hold (the share kept is in its heads column), ranked by theta_i (H theta)_i, the exact "
+    f"Hessian-vector product on the calibration data, in {OBA_STEPS} rounds (the authors' code: 49), then "
+    "fine-tuned with the members' recipe, the removed weights held at zero. Its FLOPs and latency are Single's: "
+    "nothing here skips zero weights."
 )
 
 
@@ -617,6 +661,8 @@ def markdown(summary: dict) -> str:
         "removal (the search below), members fine-tuned and fused with the merged (averaged) MLP. The rows '…, "
         "stacked MLP' fuse the same members keeping each one's own MLP (exact, more parameters).",
     ]
+    if "OBA" in summary["rows"]:
+        lines.append(OBA_NOTE)
     if summary.get("circuit_search"):
         searches = "; ".join(f"seed {seed}: {search}" for seed, search in summary["circuit_search"].items())
         lines.append(f"- Circuit search (CircAvg ranking): {searches}.")

@@ -1,5 +1,6 @@
 """Importance: head Taylor scores (paper 000 §D.1.1), circuits from greedy ablation (§D.1.2), and MLP neuron
-scores with the adaptive per-block search of their hidden size (paper 002, neurons.py)."""
+scores with the adaptive per-block search of their hidden size (paper 002, neurons.py), and single-weight scores
+from the exact Hessian-vector product for the unstructured pruning baseline OBA (oba.py)."""
 
 from .circuit import (
     CRITERIA,
@@ -24,6 +25,7 @@ from .neurons import (
     random_neuron_scores,
     uniform_sizes,
 )
+from .oba import oba_prune, oba_ranking, oba_scores
 from .taylor import taylor_head_scores
 
 __all__ = [
@@ -32,6 +34,9 @@ __all__ = [
     "binary_search_size",
     "magnitude_neuron_scores",
     "neuron_scores",
+    "oba_prune",
+    "oba_ranking",
+    "oba_scores",
     "prune_to_sizes",
     "random_neuron_scores",
     "uniform_sizes",

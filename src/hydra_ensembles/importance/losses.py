@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -47,7 +48,8 @@ class CrossEntropy(TaylorLoss):
                 "loss='cross_entropy' needs a classifier and batches with 'labels'; "
                 "use loss='entropy' (label-free) otherwise."
             )
-        return F.cross_entropy(output.float(), labels.to(output.device))
+        logits = output.to(torch.promote_types(output.dtype, torch.float32))  # bf16 up; float64 kept (OBA's test)
+        return F.cross_entropy(logits, labels.to(output.device))
 
 
 class PredictionEntropy(TaylorLoss):

@@ -2,6 +2,7 @@
 
 heads.py   remove attention heads (and ablate them reversibly, for scoring)
 neurons.py remove MLP hidden neurons (and ablate them), paper 002
+weights.py zero single weights and hold them at zero while training (unstructured: no shape changes)
 persist.py save and load a changed model: every structural change recorded in config.json and replayed
 """
 
@@ -18,8 +19,13 @@ from .heads import (
 )
 from .neurons import KEPT_NEURONS_KEY, NeuronMap, ablate_neurons, keep_neurons, kept_neurons, prune_neurons
 from .persist import base_fingerprint, load_model, register_structure, save_model
+from .weights import WeightMask, kept_fraction, linear_parameters, mask_weights
 
 __all__ = [
+    "WeightMask",
+    "kept_fraction",
+    "linear_parameters",
+    "mask_weights",
     "KEPT_NEURONS_KEY",
     "NeuronMap",
     "ablate_neurons",

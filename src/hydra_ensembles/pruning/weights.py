@@ -1,0 +1,69 @@
+"""Unstructured weight pruning: single weights set to zero and held there while the model trains on.
+
+Unlike heads and neurons, a pruned weight changes no shape: the model stays the same HF model with the same
+parameters, some of them zero, so it saves and loads as it is and costs what the dense model costs (no kernel
+here skips zeros). A *weight mask* is `{parameter name: bool tensor of its shape}`, True where the weight is kept.
+
+`mask_weights` zeroes what a mask drops and multiplies each masked parameter's gradient by its mask (a hook), so
+the training loop's optimisers keep those weights at exactly zero: a zero gradient moves neither SGD (its weight
+decay is proportional to the weight, 0) nor AdamW (moments start at 0 and stay there; its decay is decoupled and
+proportional to the weight).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+WeightMask = dict[str, Tensor]
+
+
+def linear_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The parameters unstructured pruning may remove: weight and bias of every `nn.Linear` (attention
+    projections, MLP, pooler, classifier), by name. Embeddings, norms and scales are never pruned."""
+    return {
+        f"{module_name}.{name}" if module_name else name: parameter
+        for module_name, module in model.named_modules()
+        if isinstance(module, nn.Linear)
+        for name, parameter in module.named_parameters(recurse=False)
+    }
+
+
+def mask_weights(model: nn.Module, masks: Mapping[str, Tensor]) -> list[RemovableHandle]:
+    """Zero the weights `masks` drop, in place, and keep them zero under training (gradient hooks).
+
+    Args:
+        model: any module; `masks` names its parameters.
+        masks: {parameter name: bool tensor of the parameter's shape}, True = kept.
+
+    Returns:
+        the hooks' handles (`handle.remove()` lets the zeroed weights train again).
+    """
+    parameters = dict(model.named_parameters())
+    handles = []
+    for name, mask in masks.items():
+        if name not in parameters:
+            raise KeyError(f"the mask names {name!r}, which is not a parameter of this model; build masks from it.")
+        parameter = parameters[name]
+        if mask.shape != parameter.shape or mask.dtype != torch.bool:
+            raise ValueError(
+                f"the mask of {name!r} is {mask.dtype} {tuple(mask.shape)}; it must be torch.bool of the parameter's "
+                f"shape {tuple(parameter.shape)}."
+            )
+        kept = mask.to(parameter.device)
+        with torch.no_grad():
+            parameter.mul_(kept)
+        trains = parameter.requires_grad  # a frozen weight the training loop may unfreeze gets its hook too
+        parameter.requires_grad_(True)
+        handles.append(parameter.register_hook(lambda grad, kept=kept: grad * kept))
+        parameter.requires_grad_(trains)
+    return handles
+
+
+def kept_fraction(masks: Mapping[str, Tensor]) -> float:
+    """The share of the masked weights that are kept."""
+    kept = sum(int(mask.sum()) for mask in masks.values())
+    return kept / max(1, sum(mask.numel() for mask in masks.values()))
