@@ -28,6 +28,8 @@ hydra-ens bench image --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ens
 # issue 44: the cost/quality curve on seed 0's base (CircAvg and it calibrated, the shared trunks, fused then
 # fine-tuned, Hydra (Circ), Deep Ensembles), each row's validation numbers and its choice at a cost limit
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --cost-curve
+# issue 41: OBA on the 12-layer ViT (paper 000 Table 1 has it on ImageNet)
+hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single OBA
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single Taylor "Hydra (Taylor)" "Hydra (Circ), fused then fine-tuned"
 # issue 44 (circuits a user can afford): each approximate search against seed 0's exact ranking (cached), timed
 python benchmarks/circuit_approx.py image-dinov2 --seed 0 --methods fast:bf16 multi-2 multi-4 multi-4:bf16 multi-8
