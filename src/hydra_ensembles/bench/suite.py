@@ -164,7 +164,7 @@ class Pieces:
 
     @property
     def calibration(self) -> list:
-        """The labelled data that importance scores read (Taylor, OBA): the first training batches, as many examples
+        """The labelled data that importance scores read (Taylor, OBA): the first training batches, as many batches
         as the validation split has."""
         return self.task.train[: max(1, len(self.task.val))]
 

@@ -48,7 +48,7 @@ class CrossEntropy(TaylorLoss):
                 "loss='cross_entropy' needs a classifier and batches with 'labels'; "
                 "use loss='entropy' (label-free) otherwise."
             )
-        logits = output.to(torch.promote_types(output.dtype, torch.float32))  # bf16 up; float64 kept (OBA's test)
+        logits = output.to(torch.promote_types(output.dtype, torch.float32))  # bf16 up; float64 kept (exact tests)
         return F.cross_entropy(logits, labels.to(output.device))
 
 

@@ -8,18 +8,18 @@ its share of that term:
     s_i = theta_i (H theta)_i
 
 exact, by double backward (H theta = grad(grad L . theta)), no Hessian approximation. The first-order term
--g_i theta_i is left out, as the authors' code leaves it out by default. Weights are ranked globally, each
-module's values scaled by their largest (the authors' released FastOBA ranking; `|theta|` breaks the ties of
-vanishing curvature):
+-g_i theta_i is left out, as the authors' code leaves it out by default. Weights are ranked globally as the
+authors' released FastOBA ranks them, the scores scaled by their largest in the same tensor and the magnitudes by
+the largest in the model (`|theta|` breaks the ties of vanishing curvature):
 
-    r_i = |s_i| / max_module |s| + |theta_i| / max_module |theta|
+    r_i = |s_i| / max_tensor |s| + |theta_i| / max_model |theta|
 
 and pruned in `steps` rounds, each re-scoring the pruned model: after round k a fraction d^(k/steps) of the
 eligible weights is kept, d the final one. Eligible: weight and bias of every `nn.Linear` (`linear_parameters`).
 
 Differences from the authors' code, on purpose: the model is scored in eval mode on fixed calibration batches (no
-dropout or augmentation, so the scores are reproducible), and each round's scores are its own (their running mean
-carries earlier rounds' scores of weights that have since changed).
+dropout or augmentation, so the scores are reproducible), and each round's scores are its own (their running mean,
+for biases over every round, carries earlier rounds' scores of weights that have since changed).
 """
 
 from __future__ import annotations
@@ -48,42 +48,41 @@ def oba_scores(model: nn.Module, loader: Iterable[Batch], *, progress: bool = Tr
         loader: labelled calibration batches.
 
     Returns:
-        {parameter name: tensor of the parameter's shape (float32; float64 for a float64 model)}, signed.
+        {parameter name: CPU tensor of the parameter's shape (float32; float64 for a float64 model)}, signed.
     """
     batches = materialize(loader, "calibration loader")
     if not get_adapter(model).is_classifier(model):
         raise ValueError("OBA scores a classifier's cross-entropy; this model has no classification head.")
     eligible = linear_parameters(model)
-    parameters = [p for p in model.parameters()]
+    parameters = list(model.parameters())
     names = {id(p): name for name, p in eligible.items()}
     targets = [p for p in parameters if id(p) in names]
-    curvature = [torch.zeros_like(p, dtype=torch.promote_types(p.dtype, torch.float32)) for p in targets]
+    hessian_theta = [torch.zeros_like(p, dtype=torch.promote_types(p.dtype, torch.float32)) for p in targets]
     # the math kernel of scaled_dot_product_attention has a double backward; the fused CPU kernels do not
     with gradients_for(model, parameters), sdpa_kernel(SDPBackend.MATH):
         values = weighted_losses("cross_entropy", model, batches, classifier=True, temperature=1.0)
         for value, share in tqdm(values, desc="OBA scores", total=len(batches), disable=not progress, leave=False):
             grads = torch.autograd.grad(value * share, parameters, create_graph=True, allow_unused=True)
             directional = sum((g * p.detach()).sum() for g, p in zip(grads, parameters) if g is not None)
-            for acc, hv in zip(curvature, torch.autograd.grad(directional, targets, allow_unused=True)):
+            for acc, hv in zip(hessian_theta, torch.autograd.grad(directional, targets, allow_unused=True)):
                 if hv is not None:
                     acc += hv  # H theta, summed over batches: the Hessian of the mean loss
-    return {names[id(p)]: (p.detach() * hv).cpu() for p, hv in zip(targets, curvature)}
+    return {names[id(p)]: (p.detach() * hv).cpu() for p, hv in zip(targets, hessian_theta)}
 
 
 def oba_ranking(model: nn.Module, scores: dict[str, Tensor]) -> dict[str, Tensor]:
-    """r_i = |s_i| / max_module |s| + |theta_i| / max_module |theta| (module = one nn.Linear, weight and bias
-    together); higher = more important."""
+    """r_i = |s_i| / max_tensor |s| + |theta_i| / max_model |theta| of the scored parameters; higher = more
+    important.
+
+    Returns:
+        {parameter name: float CPU tensor of the parameter's shape}.
+    """
     eligible = linear_parameters(model)
-    modules: dict[str, list[str]] = {}
-    for name in scores:
-        modules.setdefault(name.rsplit(".", 1)[0], []).append(name)
-    ranking = {}
-    for names in modules.values():
-        top_score = max(float(scores[n].abs().max()) for n in names) or 1.0
-        top_weight = max(float(eligible[n].detach().abs().max()) for n in names) or 1.0
-        for n in names:
-            ranking[n] = scores[n].abs() / top_score + eligible[n].detach().float().abs().cpu() / top_weight
-    return ranking
+    top_weight = max(float(p.detach().abs().max()) for p in model.parameters()) or 1.0  # every parameter's
+    return {
+        name: score.abs() / (float(score.abs().max()) or 1.0) + eligible[name].detach().float().abs().cpu() / top_weight
+        for name, score in scores.items()
+    }
 
 
 def oba_prune(
@@ -100,7 +99,8 @@ def oba_prune(
         steps: pruning rounds; each costs one double-backward pass over `loader`.
 
     Returns:
-        the masks, {parameter name: bool tensor}, True = kept.
+        the masks, {parameter name: bool CPU tensor of the parameter's shape}, True = kept. Under torchrun, every
+        process must hold the same masks (prune on one and broadcast them, or score the same data deterministically).
     """
     eligible = linear_parameters(model)
     total = sum(p.numel() for p in eligible.values())

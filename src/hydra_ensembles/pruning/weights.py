@@ -13,6 +13,7 @@ proportional to the weight).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -41,6 +42,9 @@ def mask_weights(model: nn.Module, masks: Mapping[str, Tensor]) -> list[Removabl
 
     Returns:
         the hooks' handles (`handle.remove()` lets the zeroed weights train again).
+
+    Under torchrun (DistributedDataParallel), every process must mask the same weights: a gradient all-reduced
+    from a process that kept a weight would move it here.
     """
     parameters = dict(model.named_parameters())
     handles = []
@@ -58,9 +62,14 @@ def mask_weights(model: nn.Module, masks: Mapping[str, Tensor]) -> list[Removabl
             parameter.mul_(kept)
         trains = parameter.requires_grad  # a frozen weight the training loop may unfreeze gets its hook too
         parameter.requires_grad_(True)
-        handles.append(parameter.register_hook(lambda grad, kept=kept: grad * kept))
+        handles.append(parameter.register_hook(partial(_masked_gradient, kept=kept)))
         parameter.requires_grad_(trains)
     return handles
+
+
+def _masked_gradient(grad: Tensor, kept: Tensor) -> Tensor:
+    """The gradient with the removed weights' entries set to 0 (not multiplied: an inf there would give NaN)."""
+    return grad.masked_fill(~kept.to(grad.device), 0)
 
 
 def kept_fraction(masks: Mapping[str, Tensor]) -> float:
