@@ -15,6 +15,7 @@ from hydra_ensembles.evaluation.compare import row_file
 from hydra_ensembles.members import head_map_overlap
 from hydra_ensembles.outputs import labels_of
 from hydra_ensembles.predictors import load_predictor
+from hydra_ensembles.pruning import linear_parameters
 from hydra_ensembles.training import TEXT_RECIPE
 
 
@@ -101,10 +102,11 @@ def test_every_row_is_built_evaluated_tabled_and_cached(tiny_task, tmp_path, mon
     # OBA: as many weights removed as a third of the heads hold, still zero after its fine-tuning
     assert re.fullmatch(r"4 \(\d\d\.\d % of weights\)", saved["per_seed"]["0"]["OBA"]["heads"])
     assert suite.OBA_NOTE in table and ["Hydra (Circ)", "OBA"] in [d["rows"] for d in saved["differences"]["pairs"]]
-    masks = torch.load(seed_cache / f"oba{suite.OBA_STEPS}_masks.pt")
-    oba = dict(load_predictor(seed_cache / "models" / f"oba{suite.OBA_STEPS}").named_parameters())
-    assert f"oba{suite.OBA_STEPS}" in trained and all(not oba[name][~kept].any() for name, kept in masks.items())
-    assert sum(int((~kept).sum()) for kept in masks.values()) == 3 * (3 * (8 * 32 + 8) + 8 * 32)  # q, k, v rows; o
+    oba = linear_parameters(load_predictor(seed_cache / "models" / f"oba{suite.OBA_STEPS}"))
+    zeros, removed = sum(int((weight == 0).sum()) for weight in oba.values()), 3 * (3 * (8 * 32 + 8) + 8 * 32)
+    # the removed q, k, v rows and o columns, and at most the key biases (3 x 32, zero at init; softmax makes their
+    # gradient 0 in exact arithmetic): training leaves no other weight at exactly 0
+    assert f"oba{suite.OBA_STEPS}" in trained and removed <= zeros <= removed + 3 * 32
     # a second run trains nothing: every model and result comes from the cache
     monkeypatch.setattr(suite, "finetune", lambda *a, **k: pytest.fail("retrained a cached model"))
     again = runner.run(tiny_task, suite.TABLE, [0], tmp_path / "out2", tmp_path / "cache", progress=False, rows=rows)

@@ -356,14 +356,15 @@ def _oba(p: Pieces) -> Built:
     Linear weights removed as the pruned rows' heads hold (the paper matches the parameters the same way: 89.1 %
     kept on ViT-B/16), by `oba_prune` in `OBA_STEPS` rounds on the calibration data, then fine-tuned with the
     members' recipe (§D.2: one recipe whatever the pruning), the removed weights held at zero. Its cost is Single's:
-    nothing here skips zero weights. The masks are cached, so a resumed fine-tuning does not prune again."""
+    nothing here skips zero weights. The masks are kept with the training checkpoint, so a resumed fine-tuning does
+    not prune again."""
     name, single = f"oba{OBA_STEPS}", p.single()
     shorter = prune_heads(copy.deepcopy(single), {layer: range(p.task.prune_per_layer) for layer in range(p.layers)})
     remove = sum(w.numel() for w in linear_parameters(single).values())
     remove -= sum(w.numel() for w in linear_parameters(shorter).values())
 
     def build() -> nn.Module:
-        model, path = copy.deepcopy(single), p.cache / f"{name}_masks.pt"
+        model, path = copy.deepcopy(single), p.cache / "checkpoints" / name / "masks.pt"  # weights-sized: no record
         if path.exists():
             mask_weights(model, torch.load(path))
         else:
