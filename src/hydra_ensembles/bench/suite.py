@@ -60,9 +60,8 @@ from .records import check_digest, checked_single, discard_stale_state, rebuilt_
 from .runner import SeedRun, Table
 
 PLOTTED = ("Single", "Deep Ensembles", "Hydra (Taylor)", "Hydra (Circ)")
-OBA_STEPS = (
-    10  # the OBA row's pruning rounds (the authors': 49), each one double-backward pass over the calibration data
-)
+# the OBA row's pruning rounds (the authors': 49), each one double-backward pass over the calibration data
+OBA_STEPS = 10
 TRAINING = "training.json"  # {model name: its epochs (loss, validation metrics) and the epoch kept}, per seed
 
 

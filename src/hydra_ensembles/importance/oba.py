@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from ..adapters import get_adapter
 from ..data.loaders import Batch, materialize
-from ..pruning.weights import WeightMask, linear_parameters, mask_weights
+from ..pruning.weights import WeightMask, linear_parameters, mask_weights, zero_weights
 from .gradients import gradients_for
 from .losses import weighted_losses
 
@@ -119,8 +119,6 @@ def oba_prune(
         kept[torch.topk(flat, keep, sorted=False).indices] = True  # a removed weight ranks last: never back
         pieces = kept.split([mask.numel() for mask in masks.values()])
         masks = {name: piece.view(mask.shape) for (name, mask), piece in zip(masks.items(), pieces)}
-        with torch.no_grad():
-            for name, mask in masks.items():
-                eligible[name].mul_(mask.to(eligible[name].device))
+        zero_weights(model, masks)  # the next round scores the pruned model
     mask_weights(model, masks)
     return masks

@@ -19,13 +19,14 @@ from .heads import (
 )
 from .neurons import KEPT_NEURONS_KEY, NeuronMap, ablate_neurons, keep_neurons, kept_neurons, prune_neurons
 from .persist import base_fingerprint, load_model, register_structure, save_model
-from .weights import WeightMask, kept_fraction, linear_parameters, mask_weights
+from .weights import WeightMask, kept_fraction, linear_parameters, mask_weights, zero_weights
 
 __all__ = [
     "WeightMask",
     "kept_fraction",
     "linear_parameters",
     "mask_weights",
+    "zero_weights",
     "KEPT_NEURONS_KEY",
     "NeuronMap",
     "ablate_neurons",

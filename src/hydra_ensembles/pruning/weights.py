@@ -4,10 +4,10 @@ Unlike heads and neurons, a pruned weight changes no shape: the model stays the 
 parameters, some of them zero, so it saves and loads as it is and costs what the dense model costs (no kernel
 here skips zeros). A *weight mask* is `{parameter name: bool tensor of its shape}`, True where the weight is kept.
 
-`mask_weights` zeroes what a mask drops and multiplies each masked parameter's gradient by its mask (a hook), so
-the training loop's optimisers keep those weights at exactly zero: a zero gradient moves neither SGD (its weight
-decay is proportional to the weight, 0) nor AdamW (moments start at 0 and stay there; its decay is decoupled and
-proportional to the weight).
+`zero_weights` zeroes what a mask drops; `mask_weights` does that and zeroes the same entries of each masked
+parameter's gradient (a hook), so the training loop's optimisers keep those weights at exactly zero: a zero
+gradient moves neither SGD (its weight decay is proportional to the weight, 0) nor AdamW (moments start at 0 and
+stay there; its decay is decoupled and proportional to the weight).
 """
 
 from __future__ import annotations
@@ -33,6 +33,24 @@ def linear_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     }
 
 
+def zero_weights(model: nn.Module, masks: Mapping[str, Tensor]) -> dict[str, nn.Parameter]:
+    """Zero the weights `masks` drop, in place ({parameter name: bool tensor of the parameter's shape}, True =
+    kept). Returns the masked parameters by name."""
+    parameters = dict(model.named_parameters())
+    for name, mask in masks.items():
+        if name not in parameters:
+            raise KeyError(f"the mask names {name!r}, which is not a parameter of this model; build masks from it.")
+        parameter = parameters[name]
+        if mask.shape != parameter.shape or mask.dtype != torch.bool:
+            raise ValueError(
+                f"the mask of {name!r} is {mask.dtype} {tuple(mask.shape)}; it must be torch.bool of the parameter's "
+                f"shape {tuple(parameter.shape)}."
+            )
+        with torch.no_grad():
+            parameter.mul_(mask.to(parameter.device))
+    return {name: parameters[name] for name in masks}
+
+
 def mask_weights(model: nn.Module, masks: Mapping[str, Tensor]) -> list[RemovableHandle]:
     """Zero the weights `masks` drop, in place, and keep them zero under training (gradient hooks).
 
@@ -46,20 +64,9 @@ def mask_weights(model: nn.Module, masks: Mapping[str, Tensor]) -> list[Removabl
     Under torchrun (DistributedDataParallel), every process must mask the same weights: a gradient all-reduced
     from a process that kept a weight would move it here.
     """
-    parameters = dict(model.named_parameters())
     handles = []
-    for name, mask in masks.items():
-        if name not in parameters:
-            raise KeyError(f"the mask names {name!r}, which is not a parameter of this model; build masks from it.")
-        parameter = parameters[name]
-        if mask.shape != parameter.shape or mask.dtype != torch.bool:
-            raise ValueError(
-                f"the mask of {name!r} is {mask.dtype} {tuple(mask.shape)}; it must be torch.bool of the parameter's "
-                f"shape {tuple(parameter.shape)}."
-            )
-        kept = mask.to(parameter.device)
-        with torch.no_grad():
-            parameter.mul_(kept)
+    for name, parameter in zero_weights(model, masks).items():
+        kept = masks[name].to(parameter.device)
         trains = parameter.requires_grad  # a frozen weight the training loop may unfreeze gets its hook too
         parameter.requires_grad_(True)
         handles.append(parameter.register_hook(partial(_masked_gradient, kept=kept)))
