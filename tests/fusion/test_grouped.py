@@ -7,13 +7,19 @@ from hydra_ensembles.fusion.grouped import grouped_layer_norm, grouped_linear, r
 
 
 def test_grouped_linear_per_member_and_shared():
+    """Both ways per-member weights run (M GEMMs into one output; one batched GEMM, which autograd takes and a GPU
+    takes for few rows), with and without a bias, equal nn.Linear member by member."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 7, 5, generator=g)
     weight, bias = torch.randn(3, 5, 4, generator=g), torch.randn(3, 1, 4, generator=g)
-    loop = torch.stack([F.linear(x[m], weight[m].T, bias[m, 0]) for m in range(3)])
-    torch.testing.assert_close(grouped_linear(x, weight, bias), loop)
-    shared = torch.stack([F.linear(x[m], weight[0].T, bias[0, 0]) for m in range(3)])
-    torch.testing.assert_close(grouped_linear(x, weight[:1], bias[:1]), shared)
+    for b in (bias, None):
+        own = [None if b is None else b[m, 0] for m in range(3)]
+        loop = torch.stack([F.linear(x[m], weight[m].T, own[m]) for m in range(3)])
+        torch.testing.assert_close(grouped_linear(x, weight, b), loop)
+        torch.testing.assert_close(grouped_linear(x, weight.requires_grad_(), b).detach(), loop)
+        weight.requires_grad_(False)
+        shared = torch.stack([F.linear(x[m], weight[0].T, own[0]) for m in range(3)])
+        torch.testing.assert_close(grouped_linear(x, weight[:1], None if b is None else b[:1]), shared)
 
 
 def test_grouped_layer_norm_per_member_and_shared():

@@ -2,8 +2,10 @@
 
 Layout (STYLE.md habit 8): member streams are stacked member-major, x has shape (M, N, d) where N = B*T rows.
 A weight with a leading group axis G = M holds one matrix per member; G = 1 means the members share it, and the
-op then runs as a single large matmul over all M*N rows. Per-member weights run as one batched matmul on GPU;
-on CPU as M plain matmuls into one output, which MKL runs faster.
+op then runs as a single large matmul over all M*N rows. Per-member weights run as M plain matmuls into one output
+(on a CPU, MKL runs them faster than its batched GEMM; on a GPU each fuses its bias into the GEMM, which a batched
+GEMM cannot), or, on a GPU with few rows, where kernel launches cost more than the copy of the bias, as one batched
+matmul.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+# On a GPU, per-member weights with fewer rows a member than this run as one batched matmul (see the module docstring)
+BATCHED_BELOW_ROWS = 1024
 
 
 def grouped_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -24,9 +29,11 @@ def grouped_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     members, rows, d_in = x.shape
     if weight.shape[0] == 1:  # shared: one matmul over all member rows
         return _affine(x.reshape(members * rows, d_in), weight[0], bias, 0).view(members, rows, -1)
-    if x.device.type != "cpu" or not _may_write_out(x, weight, bias):  # one batched kernel
+    few_rows = x.device.type != "cpu" and rows < BATCHED_BELOW_ROWS
+    if few_rows or not _may_write_out(x, weight, bias):  # one batched kernel
         return torch.bmm(x, weight) if bias is None else torch.baddbmm(bias, x, weight)
-    # On CPU, MKL's batched GEMM ran 15-30% slower than M plain GEMMs into one output (benchmarks/inference.py)
+    # M plain GEMMs into one output. On a CPU MKL's batched GEMM ran 15-30% slower (benchmarks/inference.py); on a
+    # GPU baddbmm first copies the broadcast bias into its whole output, where each addmm adds it in its epilogue
     out = x.new_empty(members, rows, weight.shape[2])
     for m in range(members):
         _affine(x[m], weight[m], bias, m, out=out[m])
@@ -37,7 +44,9 @@ def _affine(x: Tensor, weight: Tensor, bias: Tensor | None, m: int, out: Tensor 
     """x @ weight + bias[m], written to `out` when given. x (N, d_in), weight (d_in, d_out), bias (G, 1, d_out)."""
     if bias is None:
         return torch.mm(x, weight, out=out)
-    return torch.addmm(bias[m], x, weight, out=out)
+    # a 1-D bias, as nn.Linear passes it: on a GPU cuBLASLt adds it in the GEMM's epilogue; a (1, d_out) one is
+    # first copied into the whole output (on a CPU both are)
+    return torch.addmm(bias[m, 0], x, weight, out=out)
 
 
 def _may_write_out(x: Tensor, *tensors: Tensor | None) -> bool:
