@@ -14,6 +14,7 @@ import safetensors.torch
 import torch
 from torch import Tensor, nn
 
+from ..fusion.grouped import grouped_linear
 from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ..outputs import PredictorOutput
 
@@ -79,7 +80,7 @@ class MultiHeadMLP(nn.Module):
         x = h[None].expand(self.num_members, *h.shape)  # (M, B, h)
         last = len(self.head_weights) - 1
         for index, (weight, bias) in enumerate(zip(self.head_weights, self.head_biases)):
-            x = torch.baddbmm(bias, x, weight)  # (M, B, out)
+            x = grouped_linear(x, weight, bias)  # (M, B, out): the fused engine's per-member linear
             x = torch.relu(x) if index < last else x
         out = x.transpose(0, 1)  # (B, M, C)
         return PredictorOutput(member_gaussians=out) if self.regression else PredictorOutput(member_logits=out)
