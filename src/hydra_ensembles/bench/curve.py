@@ -3,7 +3,8 @@ the same fine-tuned model, each at its FLOPs and at its latency timed interleave
 
 The cheaper variants (rows of `bench.suite`): one pruned model (CircAvg), also with a temperature fit on
 validation (next to Single's, "Temp. scaling", and Hydra (Circ)'s: one temperature is what closed Hydra's
-calibration gap on DINOv2-S); members identical in their first half or
+calibration gap on DINOv2-S); the single model pruned of as many weights by OBA and fine-tuned like the members
+("OBA": one model's cost, level with Hydra (Circ) on the small ViT); members identical in their first half or
 three quarters of the layers, which the fused ensemble runs once ("Hydra (Circ), shared trunk 1/2", "3/4"); Hydra
 (Circ)'s members fused, then fine-tuned as one module. Each row also records the numbers a user chooses by, measured
 on validation data only: ID validation NLL and accuracy, and the all-OOD AUROC (maximum softmax probability) of
@@ -39,6 +40,7 @@ CURVE_ROWS = (
     "Temp. scaling",
     "CircAvg",
     "CircAvg, temp. scaling",
+    "OBA",
     "Hydra (Circ), shared trunk 3/4",
     "Hydra (Circ), shared trunk 1/2",
     "Hydra (Circ), fused then fine-tuned",
