@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The second core's runs (queue.sh is the first core's): sentiment-mpnet seed 0 and its extras first (issue 42 needs
-# them), the text task's BatchEnsemble seeds (issue 41), sentiment-mpnet's cost curve (issue 44), then the main rows
-# of sentiment-mpnet's and image-dinov2's seeds 1-2 (issue 39). Resumes like queue.sh; never run a line while the
+# The second core's runs (queue.sh is the first core's): sentiment-mpnet seed 0 and its extras first (its circuit
+# search resumes from the recorded state: 28 of 96 removals on 2026-11-26 at the start of the session), then the
+# main rows of sentiment-mpnet's seeds 1-2, sentiment-mpnet's cost curve (issue 44), image-dinov2's seeds 1-2
+# (issue 39). Resumes like queue.sh; never run a line while the
 # other queue trains the same task and seed (they share its cache). E.g.
 #   OMP_NUM_THREADS=1 nohup taskset -c 1 bash benchmarks/records/queue-core1.sh > queue-core1.log 2>&1 &
 set -euo pipefail
@@ -11,9 +12,9 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 R=benchmarks/records
 set -x
 hydra-ens bench sentiment-mpnet --seeds 0 --records $R --quiet --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
+# issue 42: the extras of seed 0's Single and Deep Ensembles are done (2026-11-26); these add CircAvg and Hydra (Circ)
 python benchmarks/uncertainty_extras.py sentiment-mpnet --seeds 0 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" --quiet
 hydra-ens bench sentiment-mpnet --seeds 1 2 --records $R --quiet --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
-hydra-ens bench text --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ensembles" "Hydra (Circ)" BatchEnsemble OBA
 hydra-ens bench sentiment-mpnet --seeds 0 --records $R --quiet --cost-curve
 hydra-ens bench image-dinov2 --seeds 1 --records $R --quiet --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
 hydra-ens bench image-dinov2 --seeds 2 --records $R --quiet --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"

@@ -16,21 +16,18 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 R=benchmarks/records
 set -x
 # one command a line: tests/bench/test_records.py parses every `hydra-ens bench` line
+# Each machine starts with an empty cache (weights are never recorded): a line retrains what its rows need, from the
+# seed (the digests in model_digests.json show the retrained models equal the recorded ones), so lines that share a
+# base run one after another in one session. Done and rendering from records: image-dinov2 seed 0's main rows and
+# extras, image-fmnist's cheap ensembles and OBA (3 seeds).
 # image-dinov2 at 84 px (chosen on validation over 56 px: benchmarks/results/image-dinov2/resolution.md; 112 px was
-# left out for cost: ~4x 56 px a step, ~12 h a seed's rows on 2 cores), seed 0 first, the rows the issue's questions
-# need before the others
-hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single CircAvg "Hydra (Circ)"
-hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single "Single, trained as long" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
-# issue 42: the post-hoc OOD scores, selective prediction, conformal sets and shift curves of seed 0's rows
-python benchmarks/uncertainty_extras.py image-dinov2 --seeds 0 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" --quiet
-# issue 41: OBA (new) next to the cheap ensembles on the ViT trained from scratch; the other rows render from records
-hydra-ens bench image --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ensembles" "Hydra (Circ)" BatchEnsemble Packed-Ensembles MIMO OBA
-# issue 44: the cost/quality curve on seed 0's base (CircAvg and it calibrated, the shared trunks, fused then
-# fine-tuned, Hydra (Circ), Deep Ensembles), each row's validation numbers and its choice at a cost limit
-hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --cost-curve
-# issue 41: OBA on the 12-layer ViT (paper 000 Table 1 has it on ImageNet)
+# left out for cost: ~4x 56 px a step, ~12 h a seed's rows on 2 cores)
+# issue 41: OBA on the 12-layer ViT (paper 000 Table 1 has it on ImageNet); then issue 44's cost/quality curve on
+# seed 0's base (CircAvg and it calibrated, OBA, the shared trunks, fused then fine-tuned, Hydra (Circ), Deep
+# Ensembles), each row's validation numbers and its choice at a cost limit; it reuses the Single and OBA trained here
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single OBA
-hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single Taylor "Hydra (Taylor)" "Hydra (Circ), fused then fine-tuned"
+hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --cost-curve
+hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single BatchEnsemble Taylor "Hydra (Taylor)" "Hydra (Circ), fused then fine-tuned"
 # issue 44 (circuits a user can afford): each approximate search against seed 0's exact ranking (cached), timed
 python benchmarks/circuit_approx.py image-dinov2 --seed 0 --methods fast:bf16 multi-2 multi-4 multi-4:bf16 multi-8
 # issue 44: seed 0's Deep Ensembles and Hydra (Circ) distilled into students with 1 and 2 head layers
@@ -38,8 +35,9 @@ hydra-ens bench distill-image-dinov2 --seeds 0 --quiet
 hydra-ens bench distill-image-dinov2 --seeds 0 --quiet --head-layers 2
 # issue 44: the AMP base (paper 002) of seed 0's Single at one model's FLOPs, with Single and Hydra on it
 hydra-ens bench amp-image-dinov2 --seeds 0 --records $R --quiet --tables free
-# issue 41: BatchEnsemble on a text task (BBC, MiniLM), three seeds
-hydra-ens bench text --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ensembles" "Hydra (Circ)" BatchEnsemble
+# issue 41: BatchEnsemble and OBA on a text task (BBC, MiniLM), three seeds; Hydra (Circ) of seeds 1-2 after
+hydra-ens bench text --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ensembles" BatchEnsemble OBA
+hydra-ens bench text --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ensembles" "Hydra (Circ)" BatchEnsemble OBA
 # seeds 1 and 2 on the rows the closing questions need, then the protocol ablation (seed 0), then every row
 hydra-ens bench image-dinov2 --seeds 0 1 2 --records $R --quiet --rows Single "Single, trained as long" "Deep Ensembles" Taylor CircAvg "Hydra (Taylor)" "Hydra (Circ)" "Hydra (Circ), fused then fine-tuned" "Temp. scaling" "Hydra (Circ), temp. scaling" BatchEnsemble
 python benchmarks/circuit_halves.py image-dinov2 --seed 0 --first 12 24 48  # is the circuit the model's?
