@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The second core's runs (queue.sh is the first core's): sentiment-mpnet seed 0 and its extras first (its circuit
-# search resumes from the recorded state: 80 of 96 removals recorded on 2026-11-26), then the
+# is recorded, all 96 removals, 2026-11-26: the line trains CircAvg, Hydra (Circ) and their calibrated rows), then the
 # main rows of sentiment-mpnet's seeds 1-2, sentiment-mpnet's cost curve (issue 44), image-dinov2's seeds 1-2
 # (issue 39). Resumes like queue.sh; never run a line while the
 # other queue trains the same task and seed (they share its cache). E.g.
