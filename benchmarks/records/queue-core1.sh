@@ -11,9 +11,7 @@ cd "${HYDRA_REPO:-$(dirname "$0")/../..}"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 R=benchmarks/records
 set -x
-hydra-ens bench sentiment-mpnet --seeds 0 --records $R --quiet --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
-# issue 39 item 5 on seed 0's cached members: exact stacking and fusing first, against the averaged MLP (Hydra (Circ)
-# was below CircAvg and Single on OOD there, 2026-11-27); CircAvg calibrated, as Hydra (Circ) is
+# with issue 39 item 5's rows (exact stacking, fusing first, against the averaged MLP) and CircAvg calibrated
 hydra-ens bench sentiment-mpnet --seeds 0 --records $R --quiet --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling" "Hydra (Circ), stacked MLP" "Hydra (Circ), fused then fine-tuned" "CircAvg, temp. scaling"
 # issue 42: the extras of seed 0's Single and Deep Ensembles are done (2026-11-26); these add CircAvg and Hydra (Circ)
 python benchmarks/uncertainty_extras.py sentiment-mpnet --seeds 0 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" --quiet
