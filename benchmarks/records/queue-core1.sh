@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The second core's runs (queue.sh is the first core's): sentiment-mpnet seed 0 and its extras first (its circuit
 # is recorded, all 96 removals, 2026-11-26: the line trains CircAvg, Hydra (Circ) and their calibrated rows), then the
-# main rows of sentiment-mpnet's seeds 1-2, sentiment-mpnet's cost curve (issue 44), image-dinov2's seeds 1-2
+# main rows of sentiment-mpnet's seeds 1-2, sentiment-mpnet's cost curve (issue 44), the extras (issue 42; image-dinov2's seeds 1-2 moved to queue.sh)
 # (issue 39). Resumes like queue.sh; never run a line while the
 # other queue trains the same task and seed (they share its cache). E.g.
 #   OMP_NUM_THREADS=1 nohup taskset -c 1 bash benchmarks/records/queue-core1.sh > queue-core1.log 2>&1 &
@@ -13,9 +13,7 @@ R=benchmarks/records
 set -x
 # with issue 39 item 5's rows (exact stacking, fusing first, against the averaged MLP) and CircAvg calibrated
 hydra-ens bench sentiment-mpnet --seeds 0 --records $R --quiet --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling" "Hydra (Circ), stacked MLP" "Hydra (Circ), fused then fine-tuned" "CircAvg, temp. scaling"
-# issue 42: the extras of seed 0's Single and Deep Ensembles are done (2026-11-26); these add CircAvg and Hydra (Circ)
-python benchmarks/uncertainty_extras.py sentiment-mpnet --seeds 0 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" --quiet
 hydra-ens bench sentiment-mpnet --seeds 1 2 --records $R --quiet --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
 hydra-ens bench sentiment-mpnet --seeds 0 --records $R --quiet --cost-curve
-hydra-ens bench image-dinov2 --seeds 1 --records $R --quiet --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
-hydra-ens bench image-dinov2 --seeds 2 --records $R --quiet --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
+# issue 42: the extras of seed 0's Single and Deep Ensembles are done (2026-11-26); these add CircAvg and Hydra (Circ)
+python benchmarks/uncertainty_extras.py sentiment-mpnet --seeds 0 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" --quiet

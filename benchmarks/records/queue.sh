@@ -25,6 +25,10 @@ set -x
 # issue 41: OBA on the 12-layer ViT (paper 000 Table 1 has it on ImageNet); then issue 44's cost/quality curve on
 # seed 0's base (CircAvg and it calibrated, OBA, the shared trunks, fused then fine-tuned, Hydra (Circ), Deep
 # Ensembles), each row's validation numbers and its choice at a cost limit; it reuses the Single and OBA trained here
+# issue 39 first: seeds 1 and 2 of image-dinov2 on the rows the closing questions need (moved here from
+# queue-core1.sh, 2026-11-27: that core has sentiment-mpnet's seeds 1-2 ahead of them for several sessions)
+hydra-ens bench image-dinov2 --seeds 1 --records $R --quiet --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
+hydra-ens bench image-dinov2 --seeds 2 --records $R --quiet --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single OBA
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --cost-curve
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single BatchEnsemble Taylor "Hydra (Taylor)" "Hydra (Circ), fused then fine-tuned"
