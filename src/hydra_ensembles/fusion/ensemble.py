@@ -31,7 +31,16 @@ from ..pruning import HeadMap, base_fingerprint, kept_heads
 from ..pruning.persist import clear_structures
 from ..uncertainty import ensemble_probs
 from ..version import __version__
-from .layer import ConvConstants, FusedLayer, MLPMode, batch_rows, layer_inputs, repeat_rows, share_average_or_stack
+from .layer import (
+    ConvConstants,
+    FusedLayer,
+    MLPMode,
+    batch_rows,
+    layer_inputs,
+    ragged_by_default,
+    repeat_rows,
+    share_average_or_stack,
+)
 from .outer import OuterModules, TensorStore
 
 CONFIG_NAME = "hydra_config.json"
@@ -148,6 +157,19 @@ class HydraEnsemble(nn.Module):
         fingerprint = base_fingerprint(members[0])
         averaged += [f"layers.{i}.{name}" for i, layer in enumerate(layers) for name in layer.averaged]
         return cls(adapter, model_class, config, outer, layers, head_maps, mlp, fingerprint, averaged).eval()
+
+    def set_layout(self, ragged: bool | None = None) -> HydraEnsemble:
+        """Lay every layer's attention out ragged (True) or zero-padded (False); None: the default for the device
+        the weights sit on (`ragged_by_default`: ragged where members' head counts differ on a CPU, padded on a
+        GPU). Call it after moving an ensemble fused on a CPU to a GPU (`inference.prepare`, which `hydra-ens
+        predict` and `evaluate` run, does). The outputs stay the same; in place: layers in another layout get
+        new parameters (build an optimiser after). Returns this ensemble."""
+        layers = []
+        for layer in self.layers:
+            want = ragged_by_default(layer.head_counts, layer.qkv_weight.device) if ragged is None else ragged
+            layers.append(layer if layer.ragged == want else layer.with_layout(want))
+        self.layers = nn.ModuleList(layers)
+        return self
 
     def grow(self, heads: int, head_layers: int = 0) -> HydraEnsemble:
         """Hydra distillation's student (paper 001 §2, "multi-head growth"): this one-member ensemble with its

@@ -4,18 +4,18 @@ Symbols: M members, B batch, T tokens, d hidden size, dh head size, H_m the head
 Hp = max_m H_m, H_tot = sum_m H_m, F MLP width, G = 1 for a tensor the members share (identical, or averaged with
 mlp="average"), else M.
 
-Attention has two layouts, chosen per layer from the head counts (each computes no head that is not kept):
+Attention has two layouts, chosen per layer from the head counts and the device (`ragged_by_default`):
 
-- padded, when every member keeps the same number of heads (Hp = H_m: the padding is empty). q/k/v for all
-  members come from one grouped matmul; all members' heads go through one `scaled_dot_product_attention` call
-  laid out as (M*B, Hp, T, dh) — each member's heads attend within its own stream, as in the paper's Eq. 2-3 —
-  built from views of the q/k/v projection without copying. Members with fewer heads than Hp would fill the
-  rest with zero q/k/v weights and zero W_o rows (exactly nothing, at the FLOPs of Hp heads): `with_layout`
-  builds that for comparisons, and ensembles saved before the ragged layout hold it.
-- ragged, when the counts differ. Member m's H_m heads own a block of columns of one q/k/v matrix and of rows of
-  one W_o (member-major, H_tot heads in all); its projections run as M plain matmuls on its own stream, and all
-  H_tot heads go through one `scaled_dot_product_attention` call laid out as (B, H_tot, T, dh): a head attends
-  within its member's stream because its q, k and v all come from that stream.
+- padded, when every member keeps the same number of heads (Hp = H_m: the padding is empty), and on a GPU. q/k/v
+  for all members come from one grouped matmul; all members' heads go through one `scaled_dot_product_attention`
+  call laid out as (M*B, Hp, T, dh) — each member's heads attend within its own stream, as in the paper's Eq. 2-3 —
+  built from views of the q/k/v projection without copying. Members with fewer heads than Hp fill the rest with
+  zero q/k/v weights and zero W_o rows (exactly nothing, at the FLOPs of Hp heads; `with_layout` builds that, and
+  ensembles saved before the ragged layout hold it).
+- ragged, when the counts differ, on a CPU. Member m's H_m heads own a block of columns of one q/k/v matrix and of
+  rows of one W_o (member-major, H_tot heads in all); its projections run as M plain matmuls on its own stream,
+  and all H_tot heads go through one `scaled_dot_product_attention` call laid out as (B, H_tot, T, dh): a head
+  attends within its member's stream because its q, k and v all come from that stream.
 
 A family whose layers share an additive score bias (MPNet's relative position bias) passes it in place of the
 boolean mask: float (B, G*H, T, T), one plane per original head of G = 1 or M copies; each head then reads the
@@ -74,6 +74,16 @@ class ConvConstants(NamedTuple):
     @classmethod
     def of(cls, conv: InputConv | None) -> ConvConstants | None:
         return None if conv is None else cls(conv.activation, conv.norm.eps)
+
+
+def ragged_by_default(head_counts: Sequence[int], device: torch.device) -> bool:
+    """The layout a layer takes unless told: ragged where its members keep different numbers of heads and its
+    weights sit on a CPU, padded otherwise. On a CPU ragged computes fewer FLOPs at no cost in latency (MiniLM,
+    M = 3 circuit-like members: 2.27x Single's FLOPs, padded 2.39x). On a GPU, where small matmuls are
+    launch-bound, its M per-member projections cost more than the padded heads they save: on an H100 in bf16
+    (ViT-B/16 shapes, M = 3 circuit-like members, 4 % fewer FLOPs ragged) ragged took 1.37-1.39x padded's latency
+    at batch 1-4 and 1.09-1.10x at 32-128 (benchmarks/results/gpu/h100-ragged.md)."""
+    return len(set(head_counts)) > 1 and torch.device(device).type == "cpu"
 
 
 class MemberAttention(NamedTuple):
@@ -152,7 +162,7 @@ class FusedLayer(nn.Module):
         self.kept_heads = [list(heads) for heads in kept_heads]
         self.head_counts = [len(heads) for heads in self.kept_heads]
         self.padded_heads = max(self.head_counts, default=0)  # Hp
-        self.ragged = len(set(self.head_counts)) > 1 if ragged is None else ragged
+        self.ragged = ragged_by_default(self.head_counts, tensors["qkv_weight"].device) if ragged is None else ragged
         self.head_dim = head_dim
         self.projections = projections  # n: per-head projection blocks of qkv_weight (see `MemberAttention`)
         stored_ragged = tensors["qkv_weight"].dim() == 2
@@ -202,9 +212,9 @@ class FusedLayer(nn.Module):
     ) -> FusedLayer:
         """Gather one layer from M members. `blocks[m]` keeps the heads `kept_heads[m]` (its first rows)."""
         head_counts = [len(heads) for heads in kept_heads]
-        ragged = len(set(head_counts)) > 1
         with torch.no_grad():  # _attention_tensors copies the members' blocks
             members = [MemberAttention.from_block(b, n, layer_kwargs["head_dim"]) for b, n in zip(blocks, head_counts)]
+            ragged = ragged_by_default(head_counts, members[0].qkv_weight.device)
             attention = _attention_tensors(members, ragged, layer_kwargs.get("projections", 3))
         if not ragged and all(torch.equal(t[m], t[0]) for t in attention.values() for m in range(1, len(blocks))):
             attention = {name: t[:1].clone() for name, t in attention.items()}  # identical members: one copy
