@@ -56,7 +56,7 @@ def test_fused_flops_count_only_the_kept_heads():
     ensemble = he.HydraEnsemble.fuse(members)
     every_token = {**inputs, "output_hidden_states": True}  # the last layer over all tokens, as a member runs it
     assert he.count_flops(ensemble, every_token) == sum(he.count_flops(m, inputs) for m in members)
-    padded = copy.deepcopy(ensemble).set_layout(ragged=False)
+    padded = copy.deepcopy(ensemble).set_layout("padded")
     (batch, tokens), d, dh = inputs["input_ids"].shape, 32, 8
     padded_heads = sum(
         2 * max(len(m[layer]) for m in unequal) - sum(len(m[layer]) for m in unequal) for layer in range(3)

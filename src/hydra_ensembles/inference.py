@@ -28,7 +28,6 @@ import torch
 from torch import Tensor, nn
 
 from .evaluation.scores import detectors_of
-from .fusion import HydraEnsemble
 from .outputs import member_logits_of
 from .predictors.load import ModelWrapper
 
@@ -79,17 +78,12 @@ def prepare(predictor: nn.Module, precision: str = "fp32", compile: bool = False
     under bfloat16 autocast), compiled with `torch.compile(dynamic=True)` when `compile`.
 
     fp32 eager returns `predictor` itself; otherwise a `Prepared` wrapper (a `Wrapper`: `base_model` and the
-    class names see through it), the predictor left as it was, except that a fused ensemble in it takes its
-    device's attention layout (`HydraEnsemble.set_layout`: the same outputs). Move the predictor to its device
-    first. Warns
+    class names see through it), the predictor left as it was. Move the predictor to its device first. Warns
     when bf16 runs on a CPU without bf16 matrix instructions, where it is slower than fp32.
     """
     if precision not in PRECISION_CONTEXTS:
         raise ValueError(f"precision must be one of {sorted(PRECISION_CONTEXTS)}, got {precision!r}.")
     predictor.eval()
-    for module in predictor.modules():  # fused on a CPU, moved to a GPU: the layout that is faster there
-        if isinstance(module, HydraEnsemble):
-            module.set_layout()
     if precision == "fp32" and not compile:
         return predictor
     device_type = next(predictor.parameters()).device.type

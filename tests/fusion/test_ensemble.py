@@ -48,7 +48,7 @@ def test_an_ensemble_saved_zero_padded_loads_ragged_with_the_same_outputs(tmp_pa
     ]
     ensemble = he.HydraEnsemble.fuse(members, mlp="stack")
     assert any(layer.ragged for layer in ensemble.layers)
-    saved_padded = copy.deepcopy(ensemble).set_layout(ragged=False)
+    saved_padded = copy.deepcopy(ensemble).set_layout("padded")
     saved_padded.save_pretrained(tmp_path / "hydra")
     state = safetensors.torch.load_file(tmp_path / "hydra" / ensemble_module.WEIGHTS_NAME)
     assert all(state[f"layers.{i}.qkv_weight"].dim() == 3 for i in range(len(ensemble.layers)))  # the old layout
@@ -60,23 +60,28 @@ def test_an_ensemble_saved_zero_padded_loads_ragged_with_the_same_outputs(tmp_pa
 
 
 def test_the_layout_follows_the_device_with_the_same_outputs():
-    """Uneven head counts run ragged on the CPU and padded elsewhere: on a GPU the ragged layout's per-member
-    matmuls cost more than the padded heads (an H100: 1.37x padded's latency at batch 1-4). `set_layout()` lays
-    an ensemble out for the device it was moved to, and any layout computes the same outputs. The meta device
-    stands in for an accelerator."""
-    members = [perturb(m, seed=i) for i, m in enumerate(he.build_members(MODELS["bert"](), random_head_maps(3, 2)))]
+    """Uneven head counts run ragged on the CPU and padded elsewhere, chosen again when the ensemble moves: on a GPU
+    the ragged layout's per-member matmuls cost more than the padded heads (an H100: 1.37x padded's latency at
+    batch 1-4). A layout set by name stays across moves, and every layout computes the same outputs. The meta
+    device stands in for an accelerator."""
+    maps = [{0: [0], 1: [0, 1], 2: [0, 3]}, {0: [1, 2], 1: [2, 3], 2: [0, 2, 3]}]  # layer 1 even
+    members = [perturb(m, seed=i) for i, m in enumerate(he.build_members(MODELS["bert"](), maps))]
     ensemble = he.HydraEnsemble.fuse(members, mlp="stack")
-    uneven = [len(set(layer.head_counts)) > 1 for layer in ensemble.layers]
-    assert any(uneven) and [layer.ragged for layer in ensemble.layers] == uneven
-    padded = copy.deepcopy(ensemble).set_layout(ragged=False)
+    uneven = [True, False, True]
+    assert [layer.ragged for layer in ensemble.layers] == uneven
+    padded = copy.deepcopy(ensemble).set_layout("padded")
     assert not any(layer.ragged for layer in padded.layers)
     inputs = make_inputs("bert")
     assert (fused_output(padded, inputs) - fused_output(ensemble, inputs)).abs().max().item() <= CONTRACT
-    assert [layer.ragged for layer in padded.set_layout().layers] == uneven  # back to the CPU's default
-    moved = copy.deepcopy(ensemble).to("meta")
-    assert [layer.ragged for layer in moved.set_layout().layers] == [False] * len(uneven)
-    assert ragged_by_default([2, 3], torch.device("cpu")) and not ragged_by_default([3, 3], torch.device("cpu"))
+    assert [layer.ragged for layer in padded.set_layout().layers] == uneven  # "auto": the CPU's
+    assert [layer.ragged for layer in copy.deepcopy(ensemble).to("meta").layers] == [False] * len(uneven)
+    pinned = copy.deepcopy(ensemble).set_layout("ragged").to("meta")
+    assert [layer.ragged for layer in pinned.layers] == uneven
+    assert [layer.ragged for layer in pinned.set_layout().layers] == [False] * len(uneven)  # "auto" again
+    assert [layer.ragged for layer in pinned.to_empty(device="cpu").layers] == uneven
     assert not ragged_by_default([2, 3], torch.device("cuda"))  # what fusing on a GPU and loading onto one take
+    with pytest.raises(ValueError, match="layout must be"):
+        ensemble.set_layout("sparse")
 
 
 def test_a_crashed_save_leaves_the_previous_save_intact(tmp_path, monkeypatch):

@@ -14,9 +14,9 @@ import copy
 import json
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import safetensors.torch
 import torch
@@ -44,6 +44,7 @@ from .layer import (
 from .outer import OuterModules, TensorStore
 
 CONFIG_NAME = "hydra_config.json"
+Layout = Literal["auto", "ragged", "padded"]
 WEIGHTS_NAME = "model.safetensors"
 FORMAT_VERSION = 1
 
@@ -84,6 +85,7 @@ class HydraEnsemble(nn.Module):
         # result is the same, and there a small working set is markedly faster than one huge pass. None: no
         # chunking (as on a GPU, and when compiled).
         self.max_rows: int | None = 4096
+        self.layout: Layout = "auto"  # the attention layout of layers with uneven heads (`set_layout`)
         # shared trunk: leading layers that are one function for all members (none if embeddings differ)
         shared = [layer.shared for layer in self.layers] + [False]
         self.trunk = 0 if outer.embeddings_per_member else shared.index(False)
@@ -158,18 +160,29 @@ class HydraEnsemble(nn.Module):
         averaged += [f"layers.{i}.{name}" for i, layer in enumerate(layers) for name in layer.averaged]
         return cls(adapter, model_class, config, outer, layers, head_maps, mlp, fingerprint, averaged).eval()
 
-    def set_layout(self, ragged: bool | None = None) -> HydraEnsemble:
-        """Lay every layer's attention out ragged (True) or zero-padded (False); None: the default for the device
-        the weights sit on (`ragged_by_default`: ragged where members' head counts differ on a CPU, padded on a
-        GPU). Call it after moving an ensemble fused on a CPU to a GPU (`inference.prepare`, which `hydra-ens
-        predict` and `evaluate` run, does). The outputs stay the same; in place: layers in another layout get
-        new parameters (build an optimiser after). Returns this ensemble."""
+    def set_layout(self, layout: Layout = "auto") -> HydraEnsemble:
+        """How the layers whose members keep different numbers of heads lay their attention out (the outputs are
+        the same): "ragged" (each member's heads only), "padded" (zero-padded to the widest member), or "auto",
+        the default: ragged on a CPU and padded on a GPU (`ragged_by_default`), chosen again whenever the
+        ensemble moves (`.to(...)`). In place: layers that change layout get new parameters (build an optimiser
+        after moving or laying out). Returns this ensemble."""
+        if layout not in ("auto", "ragged", "padded"):
+            raise ValueError(f"layout must be 'auto', 'ragged' or 'padded', got {layout!r}.")
+        self.layout = layout
         layers = []
         for layer in self.layers:
-            want = ragged_by_default(layer.head_counts, layer.qkv_weight.device) if ragged is None else ragged
-            layers.append(layer if layer.ragged == want else layer.with_layout(want))
+            if layout == "auto":
+                ragged = ragged_by_default(layer.head_counts, layer.qkv_weight.device)
+            else:
+                ragged = layout == "ragged" and len(set(layer.head_counts)) > 1
+            layers.append(layer if layer.ragged == ragged else layer.with_layout(ragged))
         self.layers = nn.ModuleList(layers)
         return self
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> HydraEnsemble:
+        """nn.Module's (what `.to()`, `.cuda()` and `.float()` run), then the layout for the device moved to."""
+        super()._apply(fn, recurse)
+        return self.set_layout(self.layout)
 
     def grow(self, heads: int, head_layers: int = 0) -> HydraEnsemble:
         """Hydra distillation's student (paper 001 §2, "multi-head growth"): this one-member ensemble with its
