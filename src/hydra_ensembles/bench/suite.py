@@ -611,6 +611,7 @@ DIFFERENCES = (  # (A, B): is A really better than B? Paper rows against the bas
     ("Hydra (Circ)", "Single, trained as long"),
     ("Hydra (Circ), temp. scaling", "Temp. scaling"),
     ("CircAvg, temp. scaling", "Temp. scaling"),
+    ("CircAvg, temp. scaling", "Single"),  # issue 44: one model's cost, better than the model a user has?
     ("Hydra (Circ), stacked MLP", "Hydra (Circ)"),  # issue 39 item 5: is the averaged MLP what loses?
     ("Hydra (Circ), fused then fine-tuned", "Hydra (Circ)"),  # fine-tune after fusing, or before?
     ("Hydra (Circ)", "BatchEnsemble"),  # the paper's efficient ensembles (Table 1)
