@@ -9,7 +9,7 @@ the contracts' bound, after training moved every member by far more than that bo
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import at_trained_scale, fused_output, make_inputs, output, random_head_maps
+from conftest import at_trained_scale, fused_output, killed_at_step, make_inputs, output, random_head_maps
 from tolerances import CONTRACT, DEFECT
 
 import hydra_ensembles as he
@@ -111,6 +111,21 @@ def test_validation_keeps_the_best_epoch_and_the_saved_ensemble_reloads_equal(tm
     ensemble.save_pretrained(tmp_path / "ensemble")
     inputs = make_inputs("vit", seed=3)
     assert torch.equal(fused_output(load_predictor(tmp_path / "ensemble"), inputs), fused_output(ensemble, inputs))
+
+
+def test_a_run_resumed_in_another_layout_is_refused_with_the_fix(tmp_path):
+    """A fused ensemble's layout follows its device: a run started on a GPU (padded) and resumed on a CPU (ragged)
+    finds tensors of other shapes in its checkpoint, and is told why and what to do."""
+    data, two_epochs = _labelled("bert", batches=3), ONE_STEP.with_(epochs=2)
+    _, ensemble = _pruned_and_fused("bert")
+    assert any(layer.ragged for layer in ensemble.layers)
+    with killed_at_step(4):  # in epoch 2: epoch 1 is checkpointed
+        ft.finetune_fused(ensemble.set_layout("padded"), data, two_epochs, checkpoint_dir=tmp_path, progress=False)
+    _, fresh = _pruned_and_fused("bert")
+    with pytest.raises(ValueError, match="lays out its attention by device"):
+        ft.finetune_fused(fresh, data, two_epochs, checkpoint_dir=tmp_path, progress=False)
+    resumed = ft.finetune_fused(fresh.set_layout("padded"), data, two_epochs, checkpoint_dir=tmp_path, progress=False)
+    assert [record["epoch"] for record in resumed.training_history] == [1, 2]  # laid out as it was: resumed
 
 
 def test_refusals():

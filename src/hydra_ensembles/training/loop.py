@@ -353,7 +353,15 @@ def _resume(path: Path, model, optimizer, schedule, identity: dict) -> dict:
             f"the checkpoint at {str(path)!r} was written with a different config ({changed}); "
             "delete it or pass another checkpoint_dir."
         )
-    model.load_state_dict(payload["model"])
+    try:
+        model.load_state_dict(payload["model"])
+    except RuntimeError as error:  # names or shapes differ
+        raise ValueError(
+            f"the checkpoint at {str(path)!r} holds tensors that do not fit this model "
+            f"({str(error).splitlines()[0]} ...). A fused ensemble lays out its attention by device (ragged on a "
+            "CPU, padded on a GPU): resume on the kind of device the run started on, or lay the ensemble out as it "
+            "was before training (`ensemble.set_layout('ragged' | 'padded')`); otherwise delete the checkpoint."
+        ) from error
     optimizer.load_state_dict(payload["optimizer"])
     schedule.load_state_dict(payload["schedule"])
     return payload["state"]
