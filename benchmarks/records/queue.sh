@@ -29,6 +29,11 @@ set -x
 # queue-core1.sh, 2026-11-27: that core has sentiment-mpnet's seeds 1-2 ahead of them for several sessions)
 hydra-ens bench image-dinov2 --seeds 1 --records $R --quiet --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
 hydra-ens bench image-dinov2 --seeds 2 --records $R --quiet --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
+# then issue 39's other two measurements: is the circuit the model's (two disjoint halves of the validation
+# data), and which protocol change moved what (seed 0, about an hour a step on 2 cores)
+python benchmarks/circuit_halves.py image-dinov2 --seed 0 --first 12 24 48  # is the circuit the model's?
+python benchmarks/protocol_ablation.py --seed 0 --steps 0 1 2 3 4
+# issue 41 and 44 on seed 0's base
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single OBA
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --cost-curve
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single BatchEnsemble Taylor "Hydra (Taylor)" "Hydra (Circ), fused then fine-tuned"
@@ -42,9 +47,7 @@ hydra-ens bench amp-image-dinov2 --seeds 0 --records $R --quiet --tables free
 # issue 41: BatchEnsemble and OBA on a text task (BBC, MiniLM), three seeds; Hydra (Circ) of seeds 1-2 after
 hydra-ens bench text --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ensembles" BatchEnsemble OBA
 hydra-ens bench text --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ensembles" "Hydra (Circ)" BatchEnsemble OBA
-# seeds 1 and 2 on the rows the closing questions need, then the protocol ablation (seed 0), then every row
+# every row of issue 39's table on three seeds, then the full tables
 hydra-ens bench image-dinov2 --seeds 0 1 2 --records $R --quiet --rows Single "Single, trained as long" "Deep Ensembles" Taylor CircAvg "Hydra (Taylor)" "Hydra (Circ)" "Hydra (Circ), fused then fine-tuned" "Temp. scaling" "Hydra (Circ), temp. scaling" BatchEnsemble
-python benchmarks/circuit_halves.py image-dinov2 --seed 0 --first 12 24 48  # is the circuit the model's?
-python benchmarks/protocol_ablation.py --seed 0 --steps 0 1 2 3 4
 hydra-ens bench image-dinov2 --seeds 0 1 2 --records $R --quiet
 hydra-ens bench sentiment-mpnet --seeds 0 1 2 --records $R --quiet
