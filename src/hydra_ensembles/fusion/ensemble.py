@@ -44,9 +44,9 @@ from .layer import (
 from .outer import OuterModules, TensorStore
 
 CONFIG_NAME = "hydra_config.json"
-Layout = Literal["auto", "ragged", "padded"]
 WEIGHTS_NAME = "model.safetensors"
 FORMAT_VERSION = 1
+Layout = Literal["auto", "ragged", "padded"]  # how layers with uneven heads lay out their attention (`set_layout`)
 
 
 class HydraEnsemble(nn.Module):

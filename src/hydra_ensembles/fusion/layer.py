@@ -81,8 +81,9 @@ def ragged_by_default(head_counts: Sequence[int], device: torch.device) -> bool:
     weights sit on a CPU, padded otherwise. On a CPU ragged computes fewer FLOPs at no cost in latency (MiniLM,
     M = 3 circuit-like members: 2.27x Single's FLOPs, padded 2.39x). On a GPU, where small matmuls are
     launch-bound, its M per-member projections cost more than the padded heads they save: on an H100 in bf16
-    (ViT-B/16 shapes, M = 3 circuit-like members, 4 % fewer FLOPs ragged) ragged took 1.37-1.39x padded's latency
-    at batch 1-4 and 1.09-1.10x at 32-128 (benchmarks/results/gpu/h100-ragged.md)."""
+    (ViT-B/16 shapes, M = 3 circuit-like members, 4 % fewer FLOPs ragged) ragged took 1.37-1.42x padded's latency
+    at batch 1-4 and 1.08-1.10x at 32-128; in fp32 1.39x at batch 1, 0.98x from 32 on
+    (benchmarks/results/gpu/h100-ragged.md)."""
     return len(set(head_counts)) > 1 and torch.device(device).type == "cpu"
 
 
