@@ -15,7 +15,8 @@ Rows:
   single   the HF model
   padded   the fused ensemble with every layer zero-padded to its widest member (the layout before ragged)
   ragged   the same members fused as `HydraEnsemble.fuse` does on a CPU (ragged where the counts differ)
-The layout an ensemble takes on the device by itself ("auto": ragged on a CPU, padded on a GPU) is printed first.
+The layout `lay_out_for_device` gives the ensemble on the device ("auto": ragged on a CPU, padded on a GPU; what the
+CLI and `inference.prepare` run) is printed first.
 FLOPs: `he.count_flops` on one example (the padding's FLOPs as a fraction of single's too). Latency: the rows
 timed interleaved (`he.cost.interleaved_latency`, order rotated each round); per-round ratios to `padded`, as the
 median with the lowest and highest round, and the medians' ratio to single. The fused outputs of both layouts are
@@ -37,6 +38,7 @@ from torch import nn
 
 import hydra_ensembles as he
 from hydra_ensembles.cost import format_latency, interleaved_latency
+from hydra_ensembles.fusion import lay_out_for_device
 
 HeadMaps = list[dict[int, list[int]]]
 
@@ -77,10 +79,10 @@ def equal_maps(layers: int, heads: int, members: int, budget: int, seed: int) ->
 
 
 def forced_ragged(ensemble: he.HydraEnsemble) -> he.HydraEnsemble:
-    """A copy of `ensemble` with every layer ragged, equal head counts too (the --equal control); moving it would
-    lay the equal ones out padded again."""
-    copied = copy.deepcopy(ensemble).set_layout("ragged")
-    copied.layers = nn.ModuleList(layer.with_layout(ragged=True) for layer in copied.layers)
+    """A copy of `ensemble` with every layer ragged, equal head counts too (the --equal control)."""
+    copied = copy.deepcopy(ensemble)
+    for layer in copied.layers:
+        layer.lay_out(ragged=True)
     return copied
 
 
@@ -130,9 +132,10 @@ def main() -> None:
         maps = equal_maps(layers, heads, args.members, budget, args.seed)
     else:
         maps = circuit_like_maps(layers, heads, args.members, budget, args.pool or 2 * budget, args.seed)
-    fused = he.HydraEnsemble.fuse(he.build_members(single, maps), mlp=args.mlp).to(args.device, dtype)
+    fused = he.HydraEnsemble.fuse(he.build_members(single, maps), mlp=args.mlp)
+    fused = lay_out_for_device(fused.to(args.device, dtype))  # as the CLI and inference.prepare run it
     single.to(args.device, dtype)
-    chosen = [layer.ragged for layer in fused.layers]  # the layout "auto" took on the device, as users run it
+    chosen = [layer.ragged for layer in fused.layers]
     ragged = forced_ragged(fused) if args.equal else copy.deepcopy(fused).set_layout("ragged")
     models = {"padded": copy.deepcopy(fused).set_layout("padded"), "ragged": ragged, "single": single}
     counts = [[len(m[layer]) for m in maps] for layer in range(layers)]
@@ -143,7 +146,7 @@ def main() -> None:
     print(f"{args.model}, {args.dtype}, {where}, M={len(maps)}, mlp={args.mlp}, {tokens}")
     print(f"heads per layer (members): {counts}")
     print(f"heads computed: ragged {kept}, padded {padded_heads} ({padded_heads - kept} zero-padded)")
-    print(f"layout on {args.device} by default ('auto'): ragged in {sum(chosen)} of {len(chosen)} layers")
+    print(f"layout on {args.device} ('auto', lay_out_for_device): ragged in {sum(chosen)} of {len(chosen)} layers")
     inputs_of = functools.partial(make_inputs, args.model, tokens=args.tokens, device=args.device, dtype=dtype)
     probe = inputs_of(4)
     with torch.inference_mode():

@@ -4,8 +4,8 @@ FLOPs come from `torch.utils.flop_counter` (a multiply-add counts as 2 FLOPs; MA
 paper's Table 7 "Mult-Adds"). PyTorch's counter has no formula for the CPU flash-attention kernel that
 `scaled_dot_product_attention` picks on CPU, so we register the standard SDPA formula for it; without that,
 attention's QK^T and AV products would be silently left out on CPU. What is computed is counted: a fused layer
-whose members keep different numbers of heads runs them ragged, without zero-padded heads (`fusion.layer`), so
-its count is that of the heads kept.
+whose members keep different numbers of heads runs them ragged on a CPU, without zero-padded heads
+(`fusion.layer`), so its count there is that of the heads kept (padded on a GPU, it counts the padding too).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from .evaluation.scores import detectors_of
+from .fusion import lay_out_for_device
 from .outputs import member_logits_of
 from .predictors.load import ModelWrapper
 
@@ -78,12 +79,13 @@ def prepare(predictor: nn.Module, precision: str = "fp32", compile: bool = False
     under bfloat16 autocast), compiled with `torch.compile(dynamic=True)` when `compile`.
 
     fp32 eager returns `predictor` itself; otherwise a `Prepared` wrapper (a `Wrapper`: `base_model` and the
-    class names see through it), the predictor left as it was. Move the predictor to its device first. Warns
+    class names see through it), the predictor left as it was but for a fused ensemble's attention layout, set
+    for its device (`lay_out_for_device`: the same outputs). Move the predictor to its device first. Warns
     when bf16 runs on a CPU without bf16 matrix instructions, where it is slower than fp32.
     """
     if precision not in PRECISION_CONTEXTS:
         raise ValueError(f"precision must be one of {sorted(PRECISION_CONTEXTS)}, got {precision!r}.")
-    predictor.eval()
+    lay_out_for_device(predictor).eval()
     if precision == "fp32" and not compile:
         return predictor
     device_type = next(predictor.parameters()).device.type

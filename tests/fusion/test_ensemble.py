@@ -10,6 +10,7 @@ from tolerances import CONTRACT
 
 import hydra_ensembles as he
 from hydra_ensembles.fusion import ensemble as ensemble_module
+from hydra_ensembles.fusion import lay_out_for_device
 from hydra_ensembles.fusion.layer import ragged_by_default
 
 
@@ -60,25 +61,32 @@ def test_an_ensemble_saved_zero_padded_loads_ragged_with_the_same_outputs(tmp_pa
 
 
 def test_the_layout_follows_the_device_with_the_same_outputs():
-    """Uneven head counts run ragged on the CPU and padded elsewhere, chosen again when the ensemble moves: on a GPU
-    the ragged layout's per-member matmuls cost more than the padded heads (an H100: 1.37x padded's latency at
-    batch 1-4). A layout set by name stays across moves, and every layout computes the same outputs. The meta
-    device stands in for an accelerator."""
+    """Uneven head counts run ragged on the CPU and padded elsewhere: on a GPU the ragged layout's per-member
+    matmuls cost more than the padded heads (an H100: 1.37x padded's latency at batch 1-4). An ensemble moved to
+    another kind of device is laid out for it by `lay_out_for_device` (the CLI and `inference.prepare` run it), in
+    place: only q/k/v/o are replaced, each keeping its requires_grad, and the head-index buffers follow the
+    device. Every layout computes the same outputs. The meta device stands in for an accelerator."""
     maps = [{0: [0], 1: [0, 1], 2: [0, 3]}, {0: [1, 2], 1: [2, 3], 2: [0, 2, 3]}]  # layer 1 even
-    members = [perturb(m, seed=i) for i, m in enumerate(he.build_members(MODELS["bert"](), maps))]
+    members = [perturb(m, seed=i) for i, m in enumerate(he.build_members(MODELS["mpnet"](), maps))]
     ensemble = he.HydraEnsemble.fuse(members, mlp="stack")
     uneven = [True, False, True]
     assert [layer.ragged for layer in ensemble.layers] == uneven
     padded = copy.deepcopy(ensemble).set_layout("padded")
     assert not any(layer.ragged for layer in padded.layers)
-    inputs = make_inputs("bert")
+    inputs = make_inputs("mpnet")  # MPNet: a shared position bias, read through the head-index buffers
     assert (fused_output(padded, inputs) - fused_output(ensemble, inputs)).abs().max().item() <= CONTRACT
     assert [layer.ragged for layer in padded.set_layout().layers] == uneven  # "auto": the CPU's
-    assert [layer.ragged for layer in copy.deepcopy(ensemble).to("meta").layers] == [False] * len(uneven)
-    pinned = copy.deepcopy(ensemble).set_layout("ragged").to("meta")
-    assert [layer.ragged for layer in pinned.layers] == uneven
-    assert [layer.ragged for layer in pinned.set_layout().layers] == [False] * len(uneven)  # "auto" again
-    assert [layer.ragged for layer in pinned.to_empty(device="cpu").layers] == uneven
+    assert (fused_output(padded, inputs) - fused_output(ensemble, inputs)).abs().max().item() <= CONTRACT
+
+    moved = copy.deepcopy(ensemble).to("meta")
+    assert [layer.ragged for layer in moved.layers] == uneven  # moving alone changes nothing
+    layer0, mlp_weight = moved.layers[0], moved.layers[0].mlp_in_weight
+    moved.layers[0].qkv_weight.requires_grad_(False)
+    lay_out_for_device(moved)
+    assert not any(layer.ragged for layer in moved.layers)
+    assert moved.layers[0] is layer0 and layer0.mlp_in_weight is mlp_weight  # in place, the MLP untouched
+    assert not layer0.qkv_weight.requires_grad and layer0.o_weight.requires_grad
+    assert all(buffer.device.type == "meta" for layer in moved.layers for buffer in layer.buffers())
     assert not ragged_by_default([2, 3], torch.device("cuda"))  # what fusing on a GPU and loading onto one take
     with pytest.raises(ValueError, match="layout must be"):
         ensemble.set_layout("sparse")

@@ -37,6 +37,7 @@ from .common import (
     add_zero_shot_options,
     classifier_at,
     data_settings,
+    on_device,
     read_data,
     resolve_device,
     zero_shot_options,
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     out = start_step(args, "calibrate", settings, "model")
     if out is None:
         return 0
-    model = classifier_at(model_dir, zero_shot=zero_shot_options(args)).to(device)
+    model = on_device(classifier_at(model_dir, zero_shot=zero_shot_options(args)), device)
     val = read_data(args, args.val, model_dir, model_config(model), labelled=True, flag="--val").batches
     member_logits, labels = collect_member_logits(model, val, not args.quiet), labels_of(val)  # (N, M, C), (N,)
     calibration_map = fit_calibration(args.method, member_logits, labels)

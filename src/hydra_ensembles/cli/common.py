@@ -16,6 +16,7 @@ from torch import nn
 
 from ..adapters import UnsupportedModelError
 from ..data.files import Encoded, read_encoded
+from ..fusion import lay_out_for_device
 from ..inference import PRECISION_CONTEXTS, prepare
 from ..predictors import check_supported, describe_saved, load_classifier, load_preprocessor, saved_kind
 from ..predictors.clip_zero_shot import DEFAULT_TEMPLATES, TwoTowerModel
@@ -179,6 +180,12 @@ def add_inference_options(parser: argparse.ArgumentParser) -> None:
 def prepared(model: nn.Module, args: argparse.Namespace) -> nn.Module:
     """The model as --precision and --compile run it (`hydra_ensembles.inference.prepare`); on its device."""
     return prepare(model, args.precision, args.compile)
+
+
+def on_device(model: nn.Module, device: torch.device) -> nn.Module:
+    """`model` moved to `device`, a fused ensemble in it laid out for that device (`fusion.lay_out_for_device`:
+    loaded on the CPU, its uneven layers are ragged; on a GPU padded is faster)."""
+    return lay_out_for_device(model.to(device))
 
 
 def resolve_device(name: str) -> torch.device:

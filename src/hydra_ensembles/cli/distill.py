@@ -30,6 +30,7 @@ from .common import (
     check_one_model,
     classifier_at,
     data_settings,
+    on_device,
     read_data,
     resolve_device,
 )
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     out = start_step(args, "distill", settings)
     if out is None:
         return 0
-    teacher, student_model = (model.to(device) for model in _teacher_and_student(teacher_dir, model_dir))
+    teacher, student_model = (on_device(model, device) for model in _teacher_and_student(teacher_dir, model_dir))
     transfer = read_data(args, args.data, model_dir, student_model.config, labelled=False, flag="--data").batches
     val = (
         read_data(args, args.val, model_dir, student_model.config, labelled=True, flag="--val").batches

@@ -63,6 +63,7 @@ from .common import (
     classifier_at,
     data_settings,
     named_sources,
+    on_device,
     prepared,
     read_data,
     resolve_device,
@@ -280,7 +281,7 @@ def _built(
     built, classes = {}, None
     for name, path in models.items():
         model_dir = check_model_dir(path, f"--model {name}")
-        model = classifier_at(model_dir, f"--model {name}", zero_shot=zero_shot_options(args)).to(device)
+        model = on_device(classifier_at(model_dir, f"--model {name}", zero_shot=zero_shot_options(args)), device)
         config = model_config(model)
         if classes is not None and class_names(model) != classes:
             raise CommandError(

@@ -23,6 +23,7 @@ from .common import (
     add_device_argument,
     classifier_at,
     data_settings,
+    on_device,
     read_data,
     resolve_device,
 )
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     out = start_step(args, "ood", settings, "model")
     if out is None:
         return 0
-    model = classifier_at(model_dir).to(device)
+    model = on_device(classifier_at(model_dir), device)
     train = read_data(args, args.data, model_dir, model_config(model), labelled=True, flag="--data").batches
     scored = fit_feature_scores(model, train, scores, k=args.k, vim_dim=args.vim_dim, progress=not args.quiet)
     target = out.path / "model"

@@ -31,6 +31,7 @@ from .common import (
     add_inference_options,
     add_zero_shot_options,
     classifier_at,
+    on_device,
     prepared,
     read_data,
     resolve_device,
@@ -85,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model_dir = check_model_dir(args.model)
-    model = classifier_at(model_dir, zero_shot=zero_shot_options(args)).to(device)  # first: what it is decides
+    model = on_device(classifier_at(model_dir, zero_shot=zero_shot_options(args)), device)  # first: what it is decides
     model = prepared(model, args)  # --precision, --compile
     if (args.calibration is None) == (args.threshold is None):
         raise CommandError("give either --calibration (ID validation inputs) or --threshold, exactly one of them.")

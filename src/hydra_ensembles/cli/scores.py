@@ -23,6 +23,7 @@ from .common import (
     check_one_model,
     classifier_at,
     data_settings,
+    on_device,
     read_data,
     resolve_device,
 )
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     out = start_step(args, "scores", settings, "scores.safetensors")
     if out is None:
         return 0
-    model = classifier_at(model_dir).to(device)
+    model = on_device(classifier_at(model_dir), device)
     sequential = sequential_budget(args.sequential, model)
     labelled = needs_labels(args.loss)
     data = read_data(args, args.data, model_dir, model.config, labelled=labelled, flag="--data")

@@ -14,7 +14,7 @@ import copy
 import json
 import math
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -85,7 +85,6 @@ class HydraEnsemble(nn.Module):
         # result is the same, and there a small working set is markedly faster than one huge pass. None: no
         # chunking (as on a GPU, and when compiled).
         self.max_rows: int | None = 4096
-        self.layout: Layout = "auto"  # the attention layout of layers with uneven heads (`set_layout`)
         # shared trunk: leading layers that are one function for all members (none if embeddings differ)
         shared = [layer.shared for layer in self.layers] + [False]
         self.trunk = 0 if outer.embeddings_per_member else shared.index(False)
@@ -161,28 +160,20 @@ class HydraEnsemble(nn.Module):
         return cls(adapter, model_class, config, outer, layers, head_maps, mlp, fingerprint, averaged).eval()
 
     def set_layout(self, layout: Layout = "auto") -> HydraEnsemble:
-        """How the layers whose members keep different numbers of heads lay their attention out (the outputs are
-        the same): "ragged" (each member's heads only), "padded" (zero-padded to the widest member), or "auto",
-        the default: ragged on a CPU and padded on a GPU (`ragged_by_default`), chosen again whenever the
-        ensemble moves (`.to(...)`). In place: layers that change layout get new parameters (build an optimiser
-        after moving or laying out). Returns this ensemble."""
+        """Lay out the attention of the layers whose members keep different numbers of heads, in place (the
+        outputs are the same): "ragged" (each member's heads only), "padded" (zero-padded to the widest member),
+        or "auto": the faster one on the device the weights are on (`ragged_by_default`: ragged on a CPU, padded
+        on a GPU), which fusing and loading choose already. Call it after moving an ensemble to another kind of
+        device (`lay_out_for_device`; `inference.prepare` and the CLI do). Only those layers' q/k/v and W_o
+        parameters are replaced (build an optimiser after); everything else stays. Returns this ensemble."""
         if layout not in ("auto", "ragged", "padded"):
             raise ValueError(f"layout must be 'auto', 'ragged' or 'padded', got {layout!r}.")
-        self.layout = layout
-        layers = []
         for layer in self.layers:
             if layout == "auto":
-                ragged = ragged_by_default(layer.head_counts, layer.qkv_weight.device)
+                layer.lay_out(ragged_by_default(layer.head_counts, layer.qkv_weight.device))
             else:
-                ragged = layout == "ragged" and len(set(layer.head_counts)) > 1
-            layers.append(layer if layer.ragged == ragged else layer.with_layout(ragged))
-        self.layers = nn.ModuleList(layers)
+                layer.lay_out(layout == "ragged" and len(set(layer.head_counts)) > 1)
         return self
-
-    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> HydraEnsemble:
-        """nn.Module's (what `.to()`, `.cuda()` and `.float()` run), then the layout for the device moved to."""
-        super()._apply(fn, recurse)
-        return self.set_layout(self.layout)
 
     def grow(self, heads: int, head_layers: int = 0) -> HydraEnsemble:
         """Hydra distillation's student (paper 001 §2, "multi-head growth"): this one-member ensemble with its
@@ -446,6 +437,15 @@ class HydraEnsemble(nn.Module):
         return (
             f"model={self.model_class.__name__}, members={self.num_members}, mlp={self.mlp}, heads per layer={counts}"
         )
+
+
+def lay_out_for_device(model: nn.Module) -> nn.Module:
+    """`model` with every fused ensemble in it laid out for the device its weights are on
+    (`HydraEnsemble.set_layout("auto")`): after moving a model fused or loaded on a CPU to a GPU. Returns `model`."""
+    for module in model.modules():
+        if isinstance(module, HydraEnsemble):
+            module.set_layout("auto")
+    return model
 
 
 def _check_members(members: Sequence[nn.Module], mlp: str) -> None:

@@ -40,6 +40,7 @@ padding mask read off the layer's boolean attention mask. Per-member kernels run
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal, NamedTuple
 
@@ -141,7 +142,7 @@ class FusedLayer(nn.Module):
             its constants
         every bias is absent where the members have none (ModernBERT)
     `tensors` may hold the attention in either layout (ensembles saved before the ragged layout are padded); the
-    layer converts it to the one `ragged` names (None: ragged exactly when the members' head counts differ).
+    layer converts it to the one `ragged` names (None: `ragged_by_default`, from the head counts and the device).
     """
 
     def __init__(
@@ -196,16 +197,18 @@ class FusedLayer(nn.Module):
 
         padded: bias_index (M, Hp), a padded slot reads plane 0. ragged: bias_index (H_tot,), and head_member
         (H_tot,) the member each head belongs to."""
+        device = self.qkv_weight.device
         if self.ragged:
             heads = [head for kept in self.kept_heads for head in kept]
             owners = [m for m, kept in enumerate(self.kept_heads) for _ in kept]
-            self.register_buffer("bias_index", torch.as_tensor(heads, dtype=torch.long), persistent=False)
-            self.register_buffer("head_member", torch.as_tensor(owners, dtype=torch.long), persistent=False)
+            self.register_buffer("bias_index", torch.as_tensor(heads, dtype=torch.long, device=device), False)
+            self.register_buffer("head_member", torch.as_tensor(owners, dtype=torch.long, device=device), False)
             return
+        self._buffers.pop("head_member", None)  # laid out padded again: no longer read
         index = torch.zeros(len(self.kept_heads), self.padded_heads, dtype=torch.long)
         for m, heads in enumerate(self.kept_heads):
             index[m, : len(heads)] = torch.as_tensor(heads, dtype=torch.long)
-        self.register_buffer("bias_index", index, persistent=False)
+        self.register_buffer("bias_index", index.to(device), persistent=False)
 
     @classmethod
     def from_blocks(
@@ -230,14 +233,26 @@ class FusedLayer(nn.Module):
         source = dict(self.named_parameters()) if tensors is None else tensors
         return _member_attention(source, self.head_counts, self.head_dim, m, self.projections)
 
+    def lay_out(self, ragged: bool) -> FusedLayer:
+        """This layer with its attention in the given layout, in place (the same function). Only the q/k/v and
+        W_o parameters are replaced (each keeping its requires_grad); every other parameter, the module and its
+        hooks stay as they are. Returns this layer."""
+        if ragged == self.ragged:
+            return self
+        with torch.no_grad():
+            members = [self.member_attention(m) for m in range(len(self.kept_heads))]
+            converted = _attention_tensors(members, ragged, self.projections)
+        for name in ("qkv_weight", "qkv_bias", "o_weight"):  # o_bias (M, 1, d) is the same in both layouts
+            if getattr(self, name) is not None:
+                setattr(self, name, nn.Parameter(converted[name], requires_grad=getattr(self, name).requires_grad))
+        self.ragged = ragged
+        self._register_bias_index()
+        return self
+
     def with_layout(self, ragged: bool) -> FusedLayer:
         """A copy of this layer with its attention in the given layout (the same function): a padded copy of a
         ragged layer computes the zero-padded heads the ragged one skips, to measure what they cost."""
-        with torch.no_grad():
-            tensors = {name: p.detach().clone() for name, p in self.named_parameters()}
-        layer = FusedLayer(tensors, kept_heads=self.kept_heads, ragged=ragged, **self._constants())
-        layer.averaged = list(self.averaged)
-        return layer.train(self.training)
+        return copy.deepcopy(self).lay_out(ragged)
 
     def _constants(self) -> dict:
         kwargs = {"num_heads": self.num_heads, "head_dim": self.head_dim, "scaling": self.scaling}

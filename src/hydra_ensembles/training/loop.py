@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from ..adapters import Adapter, get_adapter
 from ..data.loaders import Batch, materialize, split_batch, to_device
 from ..distributed import barrier, is_distributed, is_main, rank, world_size
+from ..fusion import HydraEnsemble
 from ..io import torch_save_atomic
 from ..metrics import accuracy, gaussian_mixture_nll, nll
 from ..outputs import collect_member_logits, labels_of, member_outputs_of
@@ -355,13 +356,17 @@ def _resume(path: Path, model, optimizer, schedule, identity: dict) -> dict:
         )
     try:
         model.load_state_dict(payload["model"])
-    except RuntimeError as error:  # names or shapes differ
-        raise ValueError(
-            f"the checkpoint at {str(path)!r} holds tensors that do not fit this model "
-            f"({str(error).splitlines()[0]} ...). A fused ensemble lays out its attention by device (ragged on a "
-            "CPU, padded on a GPU): resume on the kind of device the run started on, or lay the ensemble out as it "
-            "was before training (`ensemble.set_layout('ragged' | 'padded')`); otherwise delete the checkpoint."
-        ) from error
+    except RuntimeError as error:  # names or shapes differ: torch lists them after its first line
+        detail = "; ".join(line.strip() for line in str(error).splitlines()[1:4])
+        fused = any(isinstance(module, HydraEnsemble) for module in model.modules())
+        why = (
+            "A fused ensemble lays out its attention by device (ragged on a CPU, padded on a GPU): resume on the "
+            "kind of device the run started on (the CLI: the same --device), or lay the ensemble out as then "
+            "(`ensemble.set_layout('ragged' | 'padded')`); otherwise delete the checkpoint."
+            if fused
+            else "It was written for another model: delete it or pass another checkpoint_dir."
+        )
+        raise ValueError(f"the checkpoint at {str(path)!r} does not fit this model ({detail}). {why}") from error
     optimizer.load_state_dict(payload["optimizer"])
     schedule.load_state_dict(payload["schedule"])
     return payload["state"]
