@@ -10,8 +10,8 @@ Attention has two layouts, chosen per layer from the head counts and the device 
   for all members come from one grouped matmul; all members' heads go through one `scaled_dot_product_attention`
   call laid out as (M*B, Hp, T, dh) — each member's heads attend within its own stream, as in the paper's Eq. 2-3 —
   built from views of the q/k/v projection without copying. Members with fewer heads than Hp fill the rest with
-  zero q/k/v weights and zero W_o rows (exactly nothing, at the FLOPs of Hp heads; `with_layout` builds that, and
-  ensembles saved before the ragged layout hold it).
+  zero q/k/v weights and zero W_o rows (exactly nothing, at the FLOPs of Hp heads; `lay_out(False)` builds that,
+  and ensembles saved before the ragged layout hold it).
 - ragged, when the counts differ, on a CPU. Member m's H_m heads own a block of columns of one q/k/v matrix and of
   rows of one W_o (member-major, H_tot heads in all); its projections run as M plain matmuls on its own stream,
   and all H_tot heads go through one `scaled_dot_product_attention` call laid out as (B, H_tot, T, dh): a head
@@ -40,7 +40,6 @@ padding mask read off the layer's boolean attention mask. Per-member kernels run
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal, NamedTuple
 
@@ -164,15 +163,9 @@ class FusedLayer(nn.Module):
         self.kept_heads = [list(heads) for heads in kept_heads]
         self.head_counts = [len(heads) for heads in self.kept_heads]
         self.padded_heads = max(self.head_counts, default=0)  # Hp
-        self.ragged = ragged_by_default(self.head_counts, tensors["qkv_weight"].device) if ragged is None else ragged
+        self.ragged = tensors["qkv_weight"].dim() == 2  # as stored; laid out as asked below
         self.head_dim = head_dim
         self.projections = projections  # n: per-head projection blocks of qkv_weight (see `MemberAttention`)
-        stored_ragged = tensors["qkv_weight"].dim() == 2
-        if stored_ragged != self.ragged:
-            members = [
-                _member_attention(tensors, self.head_counts, head_dim, m, projections) for m in range(len(kept_heads))
-            ]
-            tensors = tensors | _attention_tensors(members, self.ragged, projections)
         for name, tensor in tensors.items():
             self.register_parameter(name, nn.Parameter(tensor, requires_grad=tensor.is_floating_point()))
         for name in OPTIONAL:
@@ -191,6 +184,7 @@ class FusedLayer(nn.Module):
             )
         self.conv = conv
         self.averaged: list[str] = []  # tensors averaged over members that differ in them (set by from_blocks)
+        self.lay_out(ragged_by_default(self.head_counts, self.qkv_weight.device) if ragged is None else ragged)
 
     def _register_bias_index(self) -> None:
         """Which plane of a shared score bias each head reads, rebuilt from the head maps (not saved).
@@ -248,11 +242,6 @@ class FusedLayer(nn.Module):
         self.ragged = ragged
         self._register_bias_index()
         return self
-
-    def with_layout(self, ragged: bool) -> FusedLayer:
-        """A copy of this layer with its attention in the given layout (the same function): a padded copy of a
-        ragged layer computes the zero-padded heads the ragged one skips, to measure what they cost."""
-        return copy.deepcopy(self).lay_out(ragged)
 
     def _constants(self) -> dict:
         kwargs = {"num_heads": self.num_heads, "head_dim": self.head_dim, "scaling": self.scaling}
