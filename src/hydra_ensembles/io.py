@@ -117,5 +117,12 @@ def tensor_digest(tensors: Iterable[torch.Tensor]) -> str:
 
 
 def weights_digest(module: torch.nn.Module) -> str:
-    """`tensor_digest` of a module's state dict, in key order: the same weights give the same digest."""
-    return tensor_digest(t for _, t in sorted(module.state_dict().items()) if isinstance(t, torch.Tensor))
+    """`tensor_digest` of a module's state dict, in key order: the same weights give the same digest, on any
+    device. A submodule whose tensors are laid out by the device (a fused layer with uneven heads: ragged on a
+    CPU, padded on a GPU) enters with its `canonical_tensors()` in place of those it holds."""
+    state = module.state_dict()
+    for name, sub in module.named_modules():
+        canonical = getattr(sub, "canonical_tensors", None)
+        if callable(canonical):
+            state.update({f"{name}.{key}" if name else key: tensor for key, tensor in canonical().items()})
+    return tensor_digest(t for _, t in sorted(state.items()) if isinstance(t, torch.Tensor))

@@ -12,6 +12,7 @@ import hydra_ensembles as he
 from hydra_ensembles.fusion import ensemble as ensemble_module
 from hydra_ensembles.fusion import lay_out_for_device
 from hydra_ensembles.fusion.layer import ragged_by_default
+from hydra_ensembles.io import weights_digest
 
 
 @pytest.mark.parametrize(
@@ -90,6 +91,21 @@ def test_the_layout_follows_the_device_with_the_same_outputs():
     assert not ragged_by_default([2, 3], torch.device("cuda"))  # what fusing on a GPU and loading onto one take
     with pytest.raises(ValueError, match="layout must be"):
         ensemble.set_layout("sparse")
+
+
+def test_the_weights_digest_names_the_weights_not_the_layout():
+    """The bench's records tell a cached model from a rebuilt one by `weights_digest`; a fused ensemble's tensors
+    are laid out by its device, so the digest reads a layer's padded layout whatever it holds. Wrapped (the
+    temperature-scaled rows digest a wrapper), the same holds; a changed weight changes it."""
+    maps = [{0: [0], 1: [0, 1]}, {0: [1, 2], 1: [2, 3]}]  # layer 0 uneven
+    ensemble = he.HydraEnsemble.fuse(he.build_members(MODELS["bert"](), maps))
+    assert ensemble.layers[0].ragged
+    padded = copy.deepcopy(ensemble).set_layout("padded")
+    assert weights_digest(padded) == weights_digest(ensemble)
+    assert weights_digest(torch.nn.Sequential(padded)) == weights_digest(torch.nn.Sequential(ensemble))
+    with torch.no_grad():
+        ensemble.layers[0].qkv_weight[0, 0] += 1e-3  # member 0's first head
+    assert weights_digest(ensemble) != weights_digest(padded)
 
 
 def test_a_crashed_save_leaves_the_previous_save_intact(tmp_path, monkeypatch):

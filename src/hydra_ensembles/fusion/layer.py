@@ -233,15 +233,26 @@ class FusedLayer(nn.Module):
         hooks stay as they are. Returns this layer."""
         if ragged == self.ragged:
             return self
-        with torch.no_grad():
-            members = [self.member_attention(m) for m in range(len(self.kept_heads))]
-            converted = _attention_tensors(members, ragged, self.projections)
+        converted = self._attention_in(ragged)
         for name in ("qkv_weight", "qkv_bias", "o_weight"):  # o_bias (M, 1, d) is the same in both layouts
             if getattr(self, name) is not None:
                 setattr(self, name, nn.Parameter(converted[name], requires_grad=getattr(self, name).requires_grad))
         self.ragged = ragged
         self._register_bias_index()
         return self
+
+    def canonical_tensors(self) -> dict[str, Tensor]:
+        """This layer's q/k/v and W_o (state-dict names) in the padded layout, the one the same weights take on
+        every device; empty where the layer is padded already. `io.weights_digest` reads them, so that a digest
+        names the weights and not the device's layout."""
+        if not self.ragged:
+            return {}
+        return {name: t for name, t in self._attention_in(ragged=False).items() if name != "o_bias"}
+
+    @torch.no_grad()
+    def _attention_in(self, ragged: bool) -> dict[str, Tensor]:
+        members = [self.member_attention(m) for m in range(len(self.kept_heads))]
+        return _attention_tensors(members, ragged, self.projections)
 
     def _constants(self) -> dict:
         kwargs = {"num_heads": self.num_heads, "head_dim": self.head_dim, "scaling": self.scaling}
