@@ -12,6 +12,7 @@ from hydra_ensembles.bench import runner, suite
 from hydra_ensembles.bench.tasks import Task
 from hydra_ensembles.evaluation.bootstrap import difference_lines, paired_bootstrap
 from hydra_ensembles.evaluation.compare import row_file
+from hydra_ensembles.evaluation.report import evaluate
 from hydra_ensembles.members import head_map_overlap
 from hydra_ensembles.outputs import labels_of
 from hydra_ensembles.predictors import load_predictor
@@ -229,3 +230,21 @@ def test_the_table_says_which_differences_the_bootstrap_separates(tiny_task, tmp
     assert saved["differences"] == said  # what the markdown reads comes back from the results file as it was
     del summary["differences"]  # records kept without logits: the table as it was before
     assert suite.markdown(summary) == table.replace(block, "")
+
+    # each ensemble beside its members alone: the ensemble's is the table's AUROC; a member's, its own logits'
+    members = summary["member_ood"]["Hydra (Circ)"]
+    assert list(summary["member_ood"]) == ["Hydra (Taylor)", "Hydra (Circ)"]  # Single has one member: not listed
+    assert members["ensemble"] == [pytest.approx(table_rows["Hydra (Circ)"]["all.auroc"]["mean"], abs=1e-9)]
+    labels = labels_of(tiny_task.test)
+    alone = [
+        evaluate(
+            circ["test"][:, m : m + 1],
+            labels,
+            *({k: x[:, m : m + 1] for k, x in circ[g].items()} for g in ("near", "far")),
+        )
+        for m in range(circ["test"].shape[1])
+    ]
+    assert members["members"] == [[pytest.approx(result["all"]["auroc"], abs=1e-9) for result in alone]]
+    assert len({round(value, 9) for value in members["members"][0]}) > 1  # the members differ: a slice per member
+    mean = 100 * sum(members["members"][0]) / len(alone)
+    assert f"| Hydra (Circ) | {100 * members['ensemble'][0]:.1f} | {mean:.1f} |" in table

@@ -30,7 +30,7 @@ from ..adapters import get_adapter
 from ..evaluation import plots
 from ..evaluation.bootstrap import difference_lines, row_differences
 from ..evaluation.compare import Built, row_file
-from ..evaluation.report import measure
+from ..evaluation.report import evaluate, measure
 from ..evaluation.tables import COLUMNS, CONVENTIONS, mean_std, per_set_lines, render, table_lines
 from ..fusion import HydraEnsemble
 from ..importance import Circuit, extract_circuit, oba_prune, taylor_head_scores
@@ -630,6 +630,61 @@ OBA_NOTE = (
 )
 
 
+def member_ood(task, summary: dict, seed_dirs: Mapping[int, Path]) -> dict:
+    """{"member_ood": {row: {"ensemble": [per seed], "members": [per seed: [per member]]}}}: the all-OOD AUROC
+    (the table's: maximum softmax probability, mean over the OOD sets) of each ensemble row's prediction and of each
+    of its members alone, from the logits every seed holds; {} when no row has them. Does averaging the members
+    detect OOD inputs better than the members do? (If not, an ensemble cannot inherit its members' OOD gain.)"""
+    labels, said = labels_of(task.test), {}
+    for row in summary["rows"]:
+        paths = [row_file(Path(folder) / "logits", row) for folder in seed_dirs.values()]
+        if not all(path.exists() for path in paths):
+            continue
+        per_seed = [torch.load(path) for path in paths]
+        count = per_seed[0]["test"].shape[1] if per_seed[0]["test"].dim() == 3 else 1
+        if count < 2:
+            continue
+        said[row] = {
+            "ensemble": [_all_ood_auroc(logits, labels, slice(None)) for logits in per_seed],
+            "members": [[_all_ood_auroc(logits, labels, slice(m, m + 1)) for m in range(count)] for logits in per_seed],
+        }
+    return {"member_ood": said} if said else {}
+
+
+def _all_ood_auroc(logits: Mapping, labels: Tensor, members: slice) -> float:
+    """All-OOD AUROC of the mean prediction of `members` (a slice of the M axis) in a row's saved logits."""
+    near, far, ood = ({name: x[:, members] for name, x in logits.get(group, {}).items()} for group in GROUPS)
+    return evaluate(logits["test"][:, members], labels, near, far, ood=ood)["all"]["auroc"]
+
+
+GROUPS = ("near", "far", "ood")  # the groups of OOD sets a row's logits file holds (`report.measure`)
+
+
+def member_ood_lines(summary: dict) -> list[str]:
+    """`member_ood` as markdown: each ensemble row's all-OOD AUROC beside its members' alone, mean over seeds."""
+    said = summary.get("member_ood")
+    if not said:
+        return []
+    body = []
+    for row, auroc in said.items():
+        alone = [value for seed in auroc["members"] for value in seed]
+        body.append(
+            [
+                row,
+                f"{100 * statistics.fmean(auroc['ensemble']):.1f}",
+                f"{100 * statistics.fmean(alone):.1f}",
+                f"{100 * min(alone):.1f}-{100 * max(alone):.1f}",
+            ]
+        )
+    said_line = (
+        "OOD detection by each ensemble and by its members alone (all-OOD AUROC %, maximum softmax probability of "
+        "the prediction, mean over seeds; members: every member of every seed): an ensemble below its members loses "
+        "by averaging what its members detect:"
+    )
+    header = ["Ensemble", "ensemble", "members alone (mean)", "members alone (min-max)"]
+    return ["", said_line, "", *render(header, body, "markdown")]
+
+
 def differences(task, summary: dict, seed_dirs: Mapping[int, Path]) -> dict:
     """{"differences": `bootstrap.row_differences`} of the `DIFFERENCES` pairs this table holds, from every seed's
     logits; {} when none has them (records kept before logits were): the table renders as it did."""
@@ -675,7 +730,8 @@ def markdown(summary: dict) -> str:
     lines += differences_lines(summary)
     lines += ["", "Per OOD set (AUROC %, mean over seeds):", ""]
     lines += per_set_lines(summary["per_seed"], summary.get("ood_sets"))
-    return "\n".join(lines + disagreement_lines(summary["rows"]) + members_lines(summary)) + "\n"
+    lines += disagreement_lines(summary["rows"]) + members_lines(summary) + member_ood_lines(summary)
+    return "\n".join(lines) + "\n"
 
 
 TABLE = Table(
@@ -686,6 +742,7 @@ TABLE = Table(
     summarize=lambda task, summary, seed_dirs: {
         "circuit_search": circuit_searches(summary["per_seed"]),
         **differences(task, summary, seed_dirs),
+        **member_ood(task, summary, seed_dirs),
     },
     figures=figures,
 )
