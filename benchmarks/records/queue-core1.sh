@@ -12,8 +12,12 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 R=benchmarks/records
 set -x
 # with issue 39 item 5's rows (exact stacking, fusing first, against the averaged MLP) and CircAvg calibrated
-hydra-ens bench sentiment-mpnet --seeds 0 --records $R --quiet --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling" "Hydra (Circ), stacked MLP" "Hydra (Circ), fused then fine-tuned" "CircAvg, temp. scaling"
-hydra-ens bench sentiment-mpnet --seeds 1 2 --records $R --quiet --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
+# seed 0's variants (stacked, fused then fine-tuned, calibrated CircAvg: issue 39 item 5 on one seed) in seed0-variants/
+hydra-ens bench sentiment-mpnet --seeds 0 --records $R --quiet --out benchmarks/results/text-sentiment-all-mpnet-base-v2/seed0-variants --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling" "Hydra (Circ), stacked MLP" "Hydra (Circ), fused then fine-tuned" "CircAvg, temp. scaling"
+# seeds 1 and 2 on the rows the closing questions need (their one-seed tables to /tmp), then the three-seed table
+# issue 39 closes on, with Hydra (Taylor) beside Hydra (Circ) (item 6)
+hydra-ens bench sentiment-mpnet --seeds 1 2 --records $R --quiet --out /tmp/hydra-subsets/sentiment-mpnet-seeds12 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
+hydra-ens bench sentiment-mpnet --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ensembles" "Temp. scaling" CircAvg "CircAvg, temp. scaling" "Hydra (Taylor)" "Hydra (Circ)" "Hydra (Circ), temp. scaling"
 hydra-ens bench sentiment-mpnet --seeds 0 --records $R --quiet --cost-curve
 # issue 42: the extras of seed 0's Single and Deep Ensembles are done (2026-11-26); these add CircAvg and Hydra (Circ)
 python benchmarks/uncertainty_extras.py sentiment-mpnet --seeds 0 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" --quiet

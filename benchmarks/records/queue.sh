@@ -27,8 +27,12 @@ set -x
 # Ensembles), each row's validation numbers and its choice at a cost limit; it reuses the Single and OBA trained here
 # issue 39 first: seeds 1 and 2 of image-dinov2 on the rows the closing questions need (moved here from
 # queue-core1.sh, 2026-11-27: that core has sentiment-mpnet's seeds 1-2 ahead of them for several sessions)
-hydra-ens bench image-dinov2 --seeds 1 --records $R --quiet --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
-hydra-ens bench image-dinov2 --seeds 2 --records $R --quiet --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
+# (one seed's runs write their table to /tmp: benchmarks/results/image-dinov2/table.md is the table of every seed)
+hydra-ens bench image-dinov2 --seeds 1 --records $R --quiet --out /tmp/hydra-subsets/image-dinov2-seed1 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
+hydra-ens bench image-dinov2 --seeds 2 --records $R --quiet --out /tmp/hydra-subsets/image-dinov2-seed2 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
+# the three-seed table issue 39 closes on: Hydra (Taylor) beside Hydra (Circ) (item 6), the control trained as long
+# (item 4)
+hydra-ens bench image-dinov2 --seeds 0 1 2 --records $R --quiet --rows Single "Single, trained as long" "Deep Ensembles" "Temp. scaling" CircAvg "Hydra (Taylor)" "Hydra (Circ)" "Hydra (Circ), temp. scaling"
 # then issue 39's other two measurements: is the circuit the model's (two disjoint halves of the validation
 # data), and which protocol change moved what (seed 0, about an hour a step on 2 cores)
 python benchmarks/circuit_halves.py image-dinov2 --seed 0 --first 12 24 48  # is the circuit the model's?
@@ -50,4 +54,4 @@ hydra-ens bench text --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ense
 # every row of issue 39's table on three seeds, then the full tables
 hydra-ens bench image-dinov2 --seeds 0 1 2 --records $R --quiet --rows Single "Single, trained as long" "Deep Ensembles" Taylor CircAvg "Hydra (Taylor)" "Hydra (Circ)" "Hydra (Circ), fused then fine-tuned" "Temp. scaling" "Hydra (Circ), temp. scaling" BatchEnsemble
 hydra-ens bench image-dinov2 --seeds 0 1 2 --records $R --quiet
-hydra-ens bench sentiment-mpnet --seeds 0 1 2 --records $R --quiet
+# sentiment-mpnet's three-seed table: queue-core1.sh (its models are in that core's cache)
