@@ -231,6 +231,24 @@ def test_the_table_says_which_differences_the_bootstrap_separates(tiny_task, tmp
     del summary["differences"]  # records kept without logits: the table as it was before
     assert suite.markdown(summary) == table.replace(block, "")
 
+    # how long each model trained, by the name every seed shares
+    recorded = json.loads((logits.parent / "training.json").read_text())
+    single = recorded["single"]
+    kept = next(epoch for epoch in single["epochs"] if epoch["epoch"] == single["kept_epoch"])
+    assert summary["training"]["0"]["single"] == {
+        "epochs": len(single["epochs"]),
+        "kept": single["kept_epoch"],
+        "val_nll": kept["val_nll"],
+    }
+    members = {name.rsplit("-", 1)[0] for name in recorded if name.startswith("hydra-circ")}  # without the digest
+    assert members and members <= set(summary["training"]["0"])
+    assert f"| single | {len(single['epochs'])} / {single['kept_epoch']}, {kept['val_nll']:.3f} |" in table
+    assert [suite._model_kind(n) for n in ("start1-2", "hydra-circ0-1d5aeb22", "hydra-circ-fused-976dd26f-trunk1")] == [
+        "start-2",
+        "hydra-circ0",
+        "hydra-circ-fused-trunk1",
+    ]
+
     # each ensemble beside its members alone: the ensemble's is the table's AUROC; a member's, its own logits'
     members = summary["member_ood"]["Hydra (Circ)"]
     assert list(summary["member_ood"]) == ["Hydra (Taylor)", "Hydra (Circ)"]  # Single has one member: not listed

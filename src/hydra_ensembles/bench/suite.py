@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 import shutil
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -685,6 +686,55 @@ def member_ood_lines(summary: dict) -> list[str]:
     return ["", said_line, "", *render(header, body, "markdown")]
 
 
+def training(task, summary: dict, seed_dirs: Mapping[int, Path]) -> dict:
+    """{"training": {seed: {model: {"epochs", "kept", "val_nll"}}}}: how long each model a seed cached was trained
+    (`TRAINING`): epochs run, the epoch kept and its validation NLL, by the model's cache name without the seed
+    and head-map digests that tell seeds apart. A model that kept its last allowed epoch was still improving; one
+    that ran fewer epochs than allowed stopped early. {} when no seed recorded any."""
+    said = {}
+    for seed, folder in seed_dirs.items():
+        recorded = read_json_record(Path(folder) / TRAINING)
+        said[str(seed)] = {_model_kind(name): _training_of(record) for name, record in recorded.items()}
+    return {"training": said} if any(said.values()) else {}
+
+
+def _model_kind(name: str) -> str:
+    """A cached model's name as every seed shares it: "start1-2" -> "start-2", "hydra-circ0-1d5aeb22" ->
+    "hydra-circ0" (the seed and the head map's digest dropped)."""
+    return re.sub(r"^start\d+", "start", re.sub(r"-[0-9a-f]{8}(?=-|$)", "", name))
+
+
+def _training_of(record: Mapping) -> dict:
+    kept = record["kept_epoch"]
+    epochs = {epoch["epoch"]: epoch for epoch in record["epochs"]}
+    return {"epochs": len(epochs), "kept": kept, "val_nll": epochs.get(kept, {}).get("val_nll")}
+
+
+def training_lines(summary: dict) -> list[str]:
+    """`training` as markdown: one line per model, one column per seed."""
+    said = summary.get("training")
+    if not said:
+        return []
+    seeds, models = list(said), {model for seed in said.values() for model in seed}
+    models = sorted(models, key=lambda model: (not model.startswith("single"), not model.startswith("start"), model))
+
+    def cell(record: Mapping | None) -> str:
+        if record is None:
+            return "–"
+        nll = "" if record["val_nll"] is None else f", {record['val_nll']:.3f}"
+        return f"{record['epochs']} / {record['kept']}{nll}"
+
+    body = [[model, *(cell(said[seed].get(model)) for seed in seeds)] for model in models]
+    line = (
+        "Training of every model the seeds cached: epochs run / the epoch kept, and its validation NLL (single: "
+        "Single; single-long: Single, trained as long; start-k: the deep ensemble's member k + 1; taylor0, circavg0: "
+        "the Taylor and CircAvg models; hydra-…m: member m of that Hydra row; hydra-circ-fused: fused then "
+        "fine-tuned; the allowed epochs are in the notes above). A model that kept its last allowed epoch was still "
+        "improving when its budget ended; one that ran fewer stopped early:"
+    )
+    return ["", line, "", *render(["Model", *(f"seed {seed}" for seed in seeds)], body, "markdown")]
+
+
 def differences(task, summary: dict, seed_dirs: Mapping[int, Path]) -> dict:
     """{"differences": `bootstrap.row_differences`} of the `DIFFERENCES` pairs this table holds, from every seed's
     logits; {} when none has them (records kept before logits were): the table renders as it did."""
@@ -731,6 +781,7 @@ def markdown(summary: dict) -> str:
     lines += ["", "Per OOD set (AUROC %, mean over seeds):", ""]
     lines += per_set_lines(summary["per_seed"], summary.get("ood_sets"))
     lines += disagreement_lines(summary["rows"]) + members_lines(summary) + member_ood_lines(summary)
+    lines += training_lines(summary)
     return "\n".join(lines) + "\n"
 
 
@@ -743,6 +794,7 @@ TABLE = Table(
         "circuit_search": circuit_searches(summary["per_seed"]),
         **differences(task, summary, seed_dirs),
         **member_ood(task, summary, seed_dirs),
+        **training(task, summary, seed_dirs),
     },
     figures=figures,
 )
