@@ -18,6 +18,8 @@ hydra-ens bench sentiment-mpnet --seeds 0 --records $R --quiet --out benchmarks/
 # issue 39 closes on, with Hydra (Taylor) beside Hydra (Circ) (item 6)
 hydra-ens bench sentiment-mpnet --seeds 1 2 --records $R --quiet --out /tmp/hydra-subsets/sentiment-mpnet-seeds12 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
 hydra-ens bench sentiment-mpnet --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ensembles" "Temp. scaling" CircAvg "CircAvg, temp. scaling" "Hydra (Taylor)" "Hydra (Circ)" "Hydra (Circ), temp. scaling"
+# is sentiment's circuit (60 ID + 80 OOD validation texts) the model's or the sample's? (issue 39 item 1; ~2 h)
+python benchmarks/circuit_halves.py sentiment-mpnet --seed 0 --first 12 24 48
 hydra-ens bench sentiment-mpnet --seeds 0 --records $R --quiet --cost-curve
 # issue 42: the extras of seed 0's Single and Deep Ensembles are done (2026-11-26); these add CircAvg and Hydra (Circ)
 python benchmarks/uncertainty_extras.py sentiment-mpnet --seeds 0 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" --quiet
