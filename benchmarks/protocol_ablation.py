@@ -16,7 +16,9 @@ Steps 1-3 start from step 0's single model (the same training), so they differ o
     python benchmarks/protocol_ablation.py [--seed 0] [--steps 0 1 2 3 4]
 
 Writes benchmarks/results/image-dinov2/ablation/ablation.md and .json, and each step's own table in step<k>/.
-Cost on 2 CPU cores: about an hour a step (a circuit search of ~25 min, members, evaluation).
+Cost: at 84 px an exact circuit search of 48 removals is ~2,300 candidate evaluations on 256 validation images,
+about 2 h on one core (image-dinov2 seed 1, 2026-11-27); members and evaluation about as long again. Steps 2 and 3
+search the same circuit (`same_circuit`): step 3 takes step 2's.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -110,6 +113,39 @@ def steps(current: Task, crops: list) -> list[tuple[str, Task, list[str]]]:
     ]
 
 
+CIRCUIT_DATA = ("circuit_id", "circuit_ood")  # the same batches (`replace` keeps them): compared by identity
+CIRCUIT_SEARCH = ("circuit_method", "circuit_top", "circuit_precision", "circuit_tie_break")
+
+
+def circuit_removals(task: Task, layers: int) -> int:
+    """How many heads a step's circuit search removes (`suite.Pieces.circuit`)."""
+    return max(task.circuit_pool, task.prune_per_layer * layers)
+
+
+def same_circuit(a: Task, b: Task, layers: int) -> bool:
+    """Whether two steps that start from one single model search the same circuit: the same validation data,
+    search and tie rule, and as many removals. Steps 2 and 3 do (step 3 changes budgets and pools, not the 48 heads
+    its circuit ranks), so step 3 takes step 2's circuit instead of an identical ~2 h search (`reuse_circuit`)."""
+    return (
+        all(getattr(a, name) is getattr(b, name) for name in CIRCUIT_DATA)
+        and all(getattr(a, name) == getattr(b, name) for name in CIRCUIT_SEARCH)
+        and circuit_removals(a, layers) == circuit_removals(b, layers)
+    )
+
+
+def reuse_circuit(earlier: Path, later: Path) -> bool:
+    """Copy the circuit (and its search state) of an earlier step's seed directory into a later one that has none.
+    Returns whether it did. Only for steps that `same_circuit` says search the same one."""
+    names = ("circuit_avg.json", "circuit_avg_state.json")
+    if not (earlier / names[0]).exists() or (later / names[0]).exists():
+        return False
+    later.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        if (earlier / name).exists():
+            shutil.copy2(earlier / name, later / name)
+    return True
+
+
 def run_steps(chosen: list[int], seed: int, cache: Path, out: Path, command: str) -> dict:
     """Each chosen step's rows on `seed`, then the ablation table across every step that has results."""
     current = dinov2_task("full")
@@ -126,6 +162,13 @@ def run_steps(chosen: list[int], seed: int, cache: Path, out: Path, command: str
         print(f"[{label}]", flush=True)
         key = f"{task.name}-{task.fingerprint()}"
         copy_records(RECORDS / key, cache / key, overwrite=False)  # goes on from another machine's rows
+        shape = first_single.parents[1] / "shape.json"  # step 0's model: its layer count
+        if base is not None and shape.exists():
+            layers = json.loads(shape.read_text())["layers"]
+            for j, (_, earlier, _) in enumerate(all_steps[1:k], start=1):
+                from_dir, to_dir = (runner.seed_dir(cache, t, seed) for t in (earlier, task))
+                if same_circuit(earlier, task, layers) and reuse_circuit(from_dir, to_dir):
+                    print(f"step {k} searches the circuit of step {j}: taken from {from_dir}", flush=True)
         try:
             summaries[k] = runner.run(
                 task,

@@ -33,3 +33,29 @@ def test_protocol_1s_photo_crops_are_fixed_grey_images():
     crops = ablation.photo_crops(6)
     assert crops.shape == (6, 28, 28) and 0 <= crops.min() and crops.max() <= 1
     assert (crops - ablation.photo_crops(6, seed=1)).abs().amax(dim=(1, 2)).min() > 0.01
+
+
+def test_steps_that_search_the_same_circuit_share_it(tiny_task, tmp_path):  # noqa: F811
+    """Steps 2 and 3 search one circuit (the same single model, data, search, tie rule and 48 removals on
+    DINOv2-S's 12 layers): step 3 takes step 2's instead of searching it again; other pairs differ."""
+    ablation = load_script("protocol_ablation")
+    current = tiny_task.__class__(**{f.name: getattr(tiny_task, f.name) for f in fields(tiny_task)})
+    current.circuit_tie_break, current.circuit_pool, current.prune_per_layer = "score", 48, 2  # DINOv2-S's budgets
+    steps = [task for _, task, _ in ablation.steps(current, tiny_task.far["far"])]
+    layers = 12
+    assert [ablation.circuit_removals(step, layers) for step in steps[:4]] == [48, 48, 48, 48]
+    same = [ablation.same_circuit(steps[j], steps[k], layers) for j, k in ((0, 1), (1, 2), (2, 3), (1, 3))]
+    assert same == [False, False, True, False]  # OOD data, then the tie rule, differ; budgets do not count
+    assert not ablation.same_circuit(steps[2], steps[3], layers=30)  # 3 x 30 > 48: step 2 would remove more
+
+    earlier, later = tmp_path / "step2", tmp_path / "step3"
+    earlier.mkdir()
+    assert not ablation.reuse_circuit(earlier, later)  # nothing searched yet
+    (earlier / "circuit_avg.json").write_text('{"removed": [[0, 1]]}')
+    (earlier / "circuit_avg_state.json").write_text('{"removed": [[0, 1]]}')
+    assert ablation.reuse_circuit(earlier, later)
+    assert (later / "circuit_avg.json").read_text() == '{"removed": [[0, 1]]}' and (
+        later / "circuit_avg_state.json"
+    ).exists()
+    (earlier / "circuit_avg.json").write_text('{"removed": [[1, 0]]}')
+    assert not ablation.reuse_circuit(earlier, later)  # a circuit of its own is never overwritten
