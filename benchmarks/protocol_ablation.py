@@ -146,6 +146,19 @@ def reuse_circuit(earlier: Path, later: Path) -> bool:
     return True
 
 
+def take_earlier_circuit(all_steps: list, k: int, seed: int, cache: Path, layers: int) -> None:
+    """Give step k (one of 1-3, which start from step 0's model) the circuit of an earlier such step that searches
+    the same one, from the cache or, where that step ran elsewhere, from its records."""
+    task = all_steps[k][1]
+    for j, (_, earlier, _) in enumerate(all_steps[1:k], start=1):
+        if not same_circuit(earlier, task, layers):
+            continue
+        recorded = RECORDS / f"{earlier.name}-{earlier.fingerprint()}" / f"seed{seed}"
+        for from_dir in (runner.seed_dir(cache, earlier, seed), recorded):
+            if reuse_circuit(from_dir, runner.seed_dir(cache, task, seed)):
+                print(f"step {k} searches the circuit of step {j}: taken from {from_dir}", flush=True)
+
+
 def run_steps(chosen: list[int], seed: int, cache: Path, out: Path, command: str) -> dict:
     """Each chosen step's rows on `seed`, then the ablation table across every step that has results."""
     current = dinov2_task("full")
@@ -164,11 +177,7 @@ def run_steps(chosen: list[int], seed: int, cache: Path, out: Path, command: str
         copy_records(RECORDS / key, cache / key, overwrite=False)  # goes on from another machine's rows
         shape = first_single.parents[1] / "shape.json"  # step 0's model: its layer count
         if base is not None and shape.exists():
-            layers = json.loads(shape.read_text())["layers"]
-            for j, (_, earlier, _) in enumerate(all_steps[1:k], start=1):
-                from_dir, to_dir = (runner.seed_dir(cache, t, seed) for t in (earlier, task))
-                if same_circuit(earlier, task, layers) and reuse_circuit(from_dir, to_dir):
-                    print(f"step {k} searches the circuit of step {j}: taken from {from_dir}", flush=True)
+            take_earlier_circuit(all_steps, k, seed, cache, json.loads(shape.read_text())["layers"])
         try:
             summaries[k] = runner.run(
                 task,

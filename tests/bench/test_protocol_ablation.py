@@ -41,8 +41,8 @@ def test_steps_that_search_the_same_circuit_share_it(tiny_task, tmp_path):  # no
     ablation = load_script("protocol_ablation")
     current = tiny_task.__class__(**{f.name: getattr(tiny_task, f.name) for f in fields(tiny_task)})
     current.circuit_tie_break, current.circuit_pool, current.prune_per_layer = "score", 48, 2  # DINOv2-S's budgets
-    steps = [task for _, task, _ in ablation.steps(current, tiny_task.far["far"])]
-    layers = 12
+    all_steps = ablation.steps(current, tiny_task.far["far"])
+    steps, layers = [task for _, task, _ in all_steps], 12
     assert [ablation.circuit_removals(step, layers) for step in steps[:4]] == [48, 48, 48, 48]
     same = [ablation.same_circuit(steps[j], steps[k], layers) for j, k in ((0, 1), (1, 2), (2, 3), (1, 3))]
     assert same == [False, False, True, False]  # OOD data, then the tie rule, differ; budgets do not count
@@ -59,3 +59,13 @@ def test_steps_that_search_the_same_circuit_share_it(tiny_task, tmp_path):  # no
     ).exists()
     (earlier / "circuit_avg.json").write_text('{"removed": [[1, 0]]}')
     assert not ablation.reuse_circuit(earlier, later)  # a circuit of its own is never overwritten
+
+    cache = tmp_path / "cache"  # in run_steps: step 3 finds step 2's circuit in the cache; step 2 none in step 1's
+    for k in (1, 2):
+        folder = ablation.runner.seed_dir(cache, steps[k], 0)
+        folder.mkdir(parents=True)
+        (folder / "circuit_avg.json").write_text(f'{{"step": {k}}}')
+    ablation.take_earlier_circuit(all_steps, 2, 0, cache, layers)
+    assert (ablation.runner.seed_dir(cache, steps[2], 0) / "circuit_avg.json").read_text() == '{"step": 2}'
+    ablation.take_earlier_circuit(all_steps, 3, 0, cache, layers)
+    assert (ablation.runner.seed_dir(cache, steps[3], 0) / "circuit_avg.json").read_text() == '{"step": 2}'
