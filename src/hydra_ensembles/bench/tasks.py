@@ -677,7 +677,8 @@ def dinov2_task(size: str = "full", pixels: int = DINOV2_PIXELS) -> Task:
             ],
         )
 
-    # exact search: ~25 min per circuit at 160 + 96 images on 2 cores
+    # exact search at 160 + 96 images: ~25 min per circuit at 56 px on 2 cores; at 84 px ~2 h on one core (~2,300
+    # candidate evaluations at ~0.3 a second: image-dinov2 seed 1, 2026-11-27)
     return _image_task(size, (160, 96), (20, 12), partial(dinov2_pixels, pixels=pixels), 32, rest)
 
 
