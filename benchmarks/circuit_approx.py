@@ -68,7 +68,7 @@ def main() -> None:
     seed_cache = runner.seed_dir(cache_dir() / "bench" / "full", task, args.seed)
     model = runner.predictor(task, suite.TABLE, args.seed, seed_cache, row="Single", progress=False)
     layers = he.get_adapter(model).num_layers(model)
-    budget = args.budget or max(task.circuit_pool, task.prune_per_layer * layers)
+    budget = args.budget or suite.circuit_removals(task, layers)
     id_data, ood_data = task.circuit_id, task.circuit_ood
     exact_path, state_path = seed_cache / "circuit_avg.json", None
     if args.batches:

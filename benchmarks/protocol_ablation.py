@@ -117,11 +117,6 @@ CIRCUIT_DATA = ("circuit_id", "circuit_ood")  # the same batches (`replace` keep
 CIRCUIT_SEARCH = ("circuit_method", "circuit_top", "circuit_precision", "circuit_tie_break")
 
 
-def circuit_removals(task: Task, layers: int) -> int:
-    """How many heads a step's circuit search removes (`suite.Pieces.circuit`)."""
-    return max(task.circuit_pool, task.prune_per_layer * layers)
-
-
 def same_circuit(a: Task, b: Task, layers: int) -> bool:
     """Whether two steps that start from one single model search the same circuit: the same validation data,
     search and tie rule, and as many removals. Steps 2 and 3 do (step 3 changes budgets and pools, not the 48 heads
@@ -129,7 +124,7 @@ def same_circuit(a: Task, b: Task, layers: int) -> bool:
     return (
         all(getattr(a, name) is getattr(b, name) for name in CIRCUIT_DATA)
         and all(getattr(a, name) == getattr(b, name) for name in CIRCUIT_SEARCH)
-        and circuit_removals(a, layers) == circuit_removals(b, layers)
+        and suite.circuit_removals(a, layers) == suite.circuit_removals(b, layers)
     )
 
 

@@ -43,7 +43,7 @@ def test_steps_that_search_the_same_circuit_share_it(tiny_task, tmp_path):  # no
     current.circuit_tie_break, current.circuit_pool, current.prune_per_layer = "score", 48, 2  # DINOv2-S's budgets
     all_steps = ablation.steps(current, tiny_task.far["far"])
     steps, layers = [task for _, task, _ in all_steps], 12
-    assert [ablation.circuit_removals(step, layers) for step in steps[:4]] == [48, 48, 48, 48]
+    assert [ablation.suite.circuit_removals(step, layers) for step in steps[:4]] == [48, 48, 48, 48]
     same = [ablation.same_circuit(steps[j], steps[k], layers) for j, k in ((0, 1), (1, 2), (2, 3), (1, 3))]
     assert same == [False, False, True, False]  # OOD data, then the tie rule, differ; budgets do not count
     assert not ablation.same_circuit(steps[2], steps[3], layers=30)  # 3 x 30 > 48: step 2 would remove more

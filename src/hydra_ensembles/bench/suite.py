@@ -188,7 +188,7 @@ class Pieces:
             self._making(path)
             discard_stale_state(state, self.single())
             task = self.task
-            budget = max(task.circuit_pool, task.prune_per_layer * self.layers)
+            budget = circuit_removals(task, self.layers)
             circuit = extract_circuit(
                 self.single(),
                 task.circuit_id,
@@ -497,6 +497,12 @@ def _search(circuit: Circuit) -> str:
     """How a circuit was ranked, as the tables say it: the search, why it is an approximation, and its ties."""
     said = circuit.search + (f" ({circuit.note})" if circuit.note else "")
     return said + (f" — {circuit.tie_note()}" if circuit.tie_note() else "")
+
+
+def circuit_removals(task, layers: int) -> int:
+    """How many heads a task's CircAvg circuit ranks (`Pieces.circuit`): enough for Hydra (Circ)'s pool and for
+    CircAvg's budget of `prune_per_layer` heads in each of `layers` layers."""
+    return max(task.circuit_pool, task.prune_per_layer * layers)
 
 
 def _members(head_maps: Sequence[Mapping[int, Sequence[int]]], p: Pieces) -> dict:
@@ -850,7 +856,7 @@ def _sweep_row(pruned: Callable[[Pieces], nn.Module], budget: int, p: Pieces) ->
 
 
 def _check_budgets(pieces: Pieces, budgets: Sequence[int]) -> None:
-    ranked = max(pieces.task.circuit_pool, pieces.task.prune_per_layer * pieces.layers)  # what `circuit` extracts
+    ranked = circuit_removals(pieces.task, pieces.layers)  # what `circuit` extracts
     for budget in budgets:
         if not 0 < budget < pieces.heads:
             raise ValueError(f"budgets must be between 1 and {pieces.heads - 1} heads per layer, got {budget}.")
