@@ -11,7 +11,7 @@ import hydra_ensembles as he
 from hydra_ensembles import training as ft
 from hydra_ensembles.distill import MultiHeadMLP, attach_teacher, distill
 from hydra_ensembles.metrics import gaussian_mixture_nll
-from hydra_ensembles.predictors import DeepEnsemble, load_predictor, save_predictor
+from hydra_ensembles.predictors import DeepEnsemble, MCDropout, load_predictor, save_predictor
 from hydra_ensembles.uncertainty import decompose, gaussian_mixture
 
 # ---- classification loss (Eq. 1-4) ----
@@ -323,3 +323,17 @@ def test_distill_checks_what_it_can_before_training(tmp_path):
 def test_growing_keeps_the_students_dtype():
     hinton = MultiHeadMLP(2, 3, heads=1).double()
     assert all(p.dtype == torch.float64 for p in hinton.grow(3).parameters())
+
+
+def test_distill_refuses_what_would_teach_a_head_the_wrong_target():
+    """A crop is taught the whole image's teacher output, and MC dropout's m-th sample is a new mask at every
+    call: both are refused, naming the fix; a teacher of fixed members passes the same check."""
+    model = MODELS["bert"]()
+    batches = [make_inputs("bert") | {"labels": torch.zeros(4, dtype=torch.long)}]
+    with pytest.raises(ValueError, match="members change from call to call"):
+        attach_teacher(batches, MCDropout(model, samples=3))
+    transfer = attach_teacher(batches, DeepEnsemble([model, MODELS["bert"]()]))
+    config = ft.TrainConfig(epochs=1)
+    with pytest.raises(ValueError, match="cannot augment its transfer batches .*augment=None"):
+        distill(he.HydraEnsemble.fuse([model]), transfer, phase1=config, phase2=config.with_(augment="crop_flip"),
+                progress=False)  # fmt: skip

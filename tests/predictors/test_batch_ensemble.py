@@ -136,6 +136,16 @@ def test_clear_errors():
     gpt2 = T.GPT2ForSequenceClassification(T.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=99, num_labels=2))
     with pytest.raises(UnsupportedModelError, match="no adapter for GPT2ForSequenceClassification"):
         batch_ensemble(gpt2, members=2)
+    with pytest.raises(ValueError, match="share_att_key=True .DeBERTa-v3.*share_att_key=False"):
+        batch_ensemble(MODELS["deberta"](), members=2)  # a DeBERTa-v3 is refused when built, not at its first call
+
+
+def test_an_input_shared_by_the_batch_is_not_repeated_per_member():
+    """position_ids (1, T) broadcast over the batch: tiled to (M, T) they would not match the M·B rows."""
+    checkpoint, inputs = at_trained_scale("bert"), make_inputs("bert")
+    ensemble = batch_ensemble(checkpoint, members=3, init="ones")
+    positions = {"position_ids": torch.arange(inputs["input_ids"].shape[1])[None]}  # (1, T)
+    torch.testing.assert_close(_logits(ensemble, inputs | positions), _logits(ensemble, inputs), atol=CONTRACT, rtol=0)
 
 
 def test_the_model_inside_run_alone_is_member_0_as_a_deep_ensembles_base():

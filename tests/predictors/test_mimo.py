@@ -79,11 +79,12 @@ def test_training_mode_feeds_each_member_its_draw():
     out = network(**inputs)
     assert isinstance(out, MIMOTrainingOutput) and out.member_logits.shape == (8, 3, 5)
     pixels = inputs["pixel_values"]
-    row = 0
-    stacked = torch.cat([pixels[out.permutations[m, row]] for m in range(3)])[None]  # (1, M*c, H, W)
-    with torch.no_grad():
-        expected = network.model(pixel_values=stacked).logits.view(3, 5)  # the M inputs as drawn
-    assert torch.allclose(out.member_logits[row], expected, atol=CONTRACT)
+    for row in range(8):  # every row: a member paired with another member's draw fails on the shuffled rows
+        stacked = torch.cat([pixels[out.permutations[m, row]] for m in range(3)])[None]  # (1, M*c, H, W)
+        with torch.no_grad():
+            expected = network.model(pixel_values=stacked).logits.view(3, 5)  # the M inputs as drawn
+        assert torch.allclose(out.member_logits[row], expected, atol=CONTRACT)
+    assert not torch.equal(out.permutations[0], out.permutations[1])  # the members did read different images
 
 
 def test_mimo_loss_sums_each_members_cross_entropy_on_the_labels_it_read():
@@ -130,6 +131,14 @@ def test_saves_loads_and_counts_its_costs(tmp_path):
     extra = 2 * batch * (patches * d * c * p * p + d * classes) * 2  # multiply-adds x 2
     assert he.count_flops(network, inputs) - he.count_flops(model, inputs) == extra
     assert he.predictors.model_config(loaded).num_labels == classes  # it names the C classes
+
+
+def test_images_of_other_channels_are_refused_not_read_as_m_inputs():
+    network = mimo(MODELS["vit"](), members=3, seed=0).eval()  # 3-channel images: 9 channels would be 3 inputs
+    channels = network.model.config.num_channels
+    wrong = torch.randn(2, 3 * channels, 16, 16)
+    with pytest.raises(ValueError, match=f"reads images of {channels} channel"):
+        network(pixel_values=wrong)
 
 
 def test_text_models_are_refused_with_the_reason():

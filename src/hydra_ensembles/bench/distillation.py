@@ -230,7 +230,9 @@ def benchmark_seed(
             lambda: HydraEnsemble.fuse([task.new_model(seed)]),
             task.train,
             task.val,
-            task.recipe.with_(seed=seed, monitor="nll"),  # the embeddings frozen where Single's recipe freezes them
+            # the embeddings frozen where Single's recipe freezes them; no augmentation: the teacher's outputs
+            # are computed once, on the images as they are
+            task.recipe.with_(seed=seed, monitor="nll", augment=None),
             temperatures=temperatures,
             head_layers=head_layers,
             cache=cache / "distill" / f"{slug}-k{head_layers}",

@@ -1,7 +1,8 @@
 """Hydra distillation (paper 001): compress any saved ensemble into one student with a shared body and one head
 per member, so it keeps the members' disagreement; also writes the knowledge-distillation (KD) student.
 
---teacher: any saved ensemble, a predictor of more than one member (a Hydra Ensemble, a deep ensemble, MC dropout).
+--teacher: any saved ensemble, a predictor of more than one member (a Hydra Ensemble, a deep ensemble,
+BatchEnsemble; not MC dropout, whose m-th sample is a new mask at every call: head m would learn noise).
 --model: the student's starting point, a classifier over the same classes read by the same preprocessor (e.g.
 the fine-tuned single model, or the teacher's base checkpoint). Phase 1 trains it as one head on the ensemble
 mean (the KD student); phase 2 grows one head per member — a copy of the last --head-layers layers and the
@@ -93,7 +94,10 @@ def run(args: argparse.Namespace) -> int:
         if args.val
         else None
     )
-    transfer = attach_teacher(transfer, teacher, progress=not args.quiet)  # the teacher runs once, here
+    try:
+        transfer = attach_teacher(transfer, teacher, progress=not args.quiet)  # the teacher runs once, here
+    except ValueError as error:  # members that change from call to call (MC dropout)
+        raise CommandError(f"--teacher {str(teacher_dir)!r}: {error}") from None
     members = transfer[0]["teacher_outputs"].shape[1]
     examples = sum(len(batch["teacher_outputs"]) for batch in transfer)
     print(f"teacher: {members} members; their outputs computed on {examples} transfer inputs")
@@ -132,7 +136,7 @@ def _teacher_and_student(teacher_dir: Path, model_dir: Path) -> tuple[nn.Module,
     if num_members(teacher) == 1:
         raise CommandError(
             f"--teacher {str(teacher_dir)!r} is {describe_saved(teacher_dir)}: a one-member teacher has no model "
-            "uncertainty to keep. Pass an ensemble: a Hydra Ensemble (hydra-ens fuse), a deep ensemble or MC dropout."
+            "uncertainty to keep. Pass an ensemble: a Hydra Ensemble (hydra-ens fuse) or a deep ensemble."
         )
     student = load_model(model_dir)
     if class_names(teacher) != class_names(student):

@@ -1,6 +1,7 @@
-"""Hydra distillation (paper 001): any ensemble (a deep ensemble, a Hydra Ensemble, MC dropout: whatever returns
-member logits (B, M, C)) distilled into one student, a shared body with M light heads, one per member, so that
-the student keeps the members' disagreement (model uncertainty) that matching their average loses.
+"""Hydra distillation (paper 001): any ensemble of fixed members (a deep ensemble, a Hydra Ensemble: whatever
+returns member logits (B, M, C) with member m one model from input to input; not MC dropout) distilled into one
+student, a shared body with M light heads, one per member, so that the student keeps the members' disagreement
+(model uncertainty) that matching their average loses.
 
     teacher outputs on the training inputs   attach_teacher       -> batches with `teacher_outputs` (B, M, C)
     phase 1: one "Hinton head" on the ensemble mean (Eq. 1-2)      = knowledge distillation, the baseline

@@ -65,6 +65,7 @@ def distill(
     if student.num_members != 1:
         raise ValueError(f"distill starts from a one-head student; this one has {student.num_members} heads.")
     members = batches[0]["teacher_outputs"].shape[1]
+    _check_unaugmented(phase1, phase2)
     _check_growth(student, head_layers)  # before phase 1, not after it
     _check_outputs(student, batches[0])
     loss = GaussianKL() if getattr(student, "regression", False) else DistillKL(temperature)
@@ -84,6 +85,18 @@ def distill(
 
 def _grow(student: nn.Module, heads: int, head_layers: int) -> Student:
     return student.grow(heads, head_layers) if isinstance(student, HydraEnsemble) else student.grow(heads)
+
+
+def _check_unaugmented(*phases: TrainConfig) -> None:
+    """The teacher's outputs were computed once, on the batches as given: an augmented batch is another input,
+    whose teacher output nobody computed (a crop would be taught the whole image's distribution)."""
+    augmenting = [phase.augment for phase in phases if phase.augment is not None]
+    if augmenting:
+        raise ValueError(
+            f"distillation cannot augment its transfer batches (augment={augmenting[0]!r}): the teacher's outputs "
+            "were computed on the batches as given, so an augmented image would be matched to the original's "
+            "prediction. Pass the phase configs with augment=None (config.with_(augment=None))."
+        )
 
 
 def _check_growth(student: nn.Module, head_layers: int) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..data.loaders import Batch, materialize
@@ -17,7 +18,23 @@ def attach_teacher(loader: Iterable[Batch], teacher: nn.Module, progress: bool =
     member logits (B, M, C) of any predictor (a plain classifier is M = 1), or member Gaussians (B, M, 2) of a
     regressor; float32 on the CPU."""
     batches = materialize(loader, "transfer loader")
-    return [
-        dict(batch) | {"teacher_outputs": collect_member_logits(teacher, [batch])}
+    outputs = [
+        collect_member_logits(teacher, [batch])
         for batch in tqdm(batches, desc="teacher", disable=not progress, leave=False)
     ]
+    _check_fixed_members(teacher, batches[0], outputs[0])
+    return [dict(batch) | {"teacher_outputs": out} for batch, out in zip(batches, outputs)]
+
+
+def _check_fixed_members(teacher: nn.Module, batch: Batch, first: Tensor) -> None:
+    """Head m of a Hydra student learns member m, so member m must be one model from input to input. A teacher
+    whose members change from call to call (MC dropout draws new masks at every call: its m-th sample is no
+    model) would teach each head noise around the mean; refused. Checked on the first batch, run again."""
+    again = collect_member_logits(teacher, [batch])
+    if not torch.allclose(first, again, rtol=1e-3, atol=1e-3):
+        gap = (first - again).abs().max().item()
+        raise ValueError(
+            f"the teacher's members change from call to call (the same inputs' member outputs differ by up to "
+            f"{gap:.3g}; MC dropout does this): head m of a student would learn a different model at every batch. "
+            "Distil an ensemble of fixed members: a deep ensemble, a Hydra Ensemble, BatchEnsemble, Packed or MIMO."
+        )

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ..adapters import get_adapter
 from .heads import complement, slice_linear, zeroed_columns
@@ -53,7 +53,7 @@ def prune_neurons(model: nn.Module, neurons_to_prune: Mapping[int, Iterable[int]
         remaining = [k for k in kept[layer] if k not in neurons]
         if not remaining:
             raise ValueError(f"pruning {sorted(neurons)} would leave layer {layer} without MLP neurons; keep one.")
-        rows = torch.tensor([kept[layer].index(k) for k in remaining])
+        rows = _positions(kept[layer], remaining)
         block = adapter.block(layers[layer])
         adapter.set_mlp(
             layers[layer],
@@ -78,11 +78,18 @@ def ablate_neurons(model: nn.Module, neurons: Mapping[int, Iterable[int]]) -> It
     plan = _check(kept, neurons)
     layers = adapter.layers(model)
     columns = [
-        (adapter.block(layers[layer]).mlp_out.weight, torch.tensor([kept[layer].index(k) for k in ks]))  # (d, F)
+        (adapter.block(layers[layer]).mlp_out.weight, _positions(kept[layer], ks))  # (d, F)
         for layer, ks in plan.items()
     ]
     with zeroed_columns(columns):
         yield model
+
+
+def _positions(kept: list[int], neurons: Iterable[int]) -> Tensor:
+    """Where each of `neurons` (original numbering) sits among the `kept` ones: indices into the pruned matrices.
+    A dict, not list.index: an AMP search asks this for thousands of neurons at every evaluation."""
+    position = {k: i for i, k in enumerate(kept)}
+    return torch.tensor([position[k] for k in neurons], dtype=torch.long)
 
 
 def _check(kept: NeuronMap, neurons: Mapping[int, Iterable[int]]) -> dict[int, set[int]]:

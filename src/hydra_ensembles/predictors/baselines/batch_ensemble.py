@@ -169,6 +169,7 @@ class BatchEnsemble(Wrapper):
                 f"BatchEnsemble needs a classifier, got {type(model).__name__} (an encoder without one): load it "
                 "with AutoModelForSequenceClassification / AutoModelForImageClassification (num_labels=...)."
             )
+        _check_no_shared_position_projections(model.config)
         self.model, self.adapter, self.num_members = model, adapter, members
         self.linears = list(ensemble_linears(model) if linears is None else linears)
         for path in self.linears:
@@ -205,7 +206,8 @@ class BatchEnsemble(Wrapper):
     def forward(self, **inputs) -> PredictorOutput:
         inputs = {k: v for k, v in inputs.items() if k != "labels"}
         members = self.num_members
-        repeated = {k: _tiled(v, members) for k, v in inputs.items()}  # (M·B, …), member-major
+        rows = max((v.shape[0] for v in inputs.values() if isinstance(v, Tensor) and v.dim() > 0), default=0)
+        repeated = {k: _tiled(v, members, rows) for k, v in inputs.items()}  # (M·B, …), member-major
         with self._rows_are_members():
             logits = self.adapter.output(self.model, repeated)  # (M·B, C)
         return PredictorOutput(member_logits=logits.unflatten(0, (members, -1)).transpose(0, 1))  # (B, M, C)
@@ -304,8 +306,22 @@ def batch_ensemble(
     return ensemble.train(model.training)
 
 
-def _tiled(value: object, members: int) -> object:
-    """A batch tensor (B, …) repeated as (M·B, …), member-major; anything else (a flag) as it is."""
-    if not isinstance(value, Tensor) or value.dim() == 0:
+def _check_no_shared_position_projections(config) -> None:
+    """DeBERTa-v3 (share_att_key) runs each layer's query and key projections on the relative-position table too,
+    one (1, 2k, d) copy for every member: a BatchEnsemble linear reads M·B rows and has no member for it."""
+    shares = getattr(config, "relative_attention", False) and getattr(config, "share_att_key", False)
+    if shares and getattr(config, "pos_att_type", None):
+        raise ValueError(
+            f"BatchEnsemble does not support a {config.model_type} with share_att_key=True (DeBERTa-v3): its query "
+            "and key projections also read the relative-position table, one copy shared by all members, which rank-1 "
+            "fast weights per member cannot serve. Use a DeBERTa-v2 configuration with its own position projections "
+            "(share_att_key=False), or another ensemble (Hydra, Packed, a deep ensemble)."
+        )
+
+
+def _tiled(value: object, members: int, rows: int) -> object:
+    """A per-example tensor (B, …) repeated as (M·B, …), member-major; anything else (a flag, a (1, T) table of
+    positions that broadcasts over the batch) as it is."""
+    if not isinstance(value, Tensor) or value.dim() == 0 or value.shape[0] != rows:
         return value
     return value.repeat(members, *[1] * (value.dim() - 1))

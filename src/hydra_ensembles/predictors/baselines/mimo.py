@@ -23,8 +23,10 @@ Training (Havasi et al. §3; the reference implementation's input repetition): e
 random permutation of the R*B rows, except that a fraction rho of the rows (the same rows for every member) is
 kept in one common order: there all members read the same image (rho = 1: every member reads the same images,
 rho = 0: independent permutations). The draws come from torch's default generator, which the training loop seeds
-every epoch (`training.train`): seeded and resumable. The loss (`training.losses.MIMOLoss`) is the sum over members
-of each member's cross-entropy against the labels of the examples it read.
+every epoch (`training.train`): seeded and resumable. A training step reads the loader's batch of B examples as
+R*B rows (the reference implementation divides its batch by R so that a step reads B rows; here a step costs R
+times Single's, at Single's batch, learning rate and steps). The loss (`training.losses.MIMOLoss`) is the sum over
+members of each member's cross-entropy against the labels of the examples it read.
 """
 
 from __future__ import annotations
@@ -100,6 +102,12 @@ class MIMO(Wrapper):
         """pixel_values (B, c, H, W). Eval: member logits (B, M, C) of the image at every input. Training: each
         member's logits on its own draw of the repeated batch, with the draws (`MIMOTrainingOutput`)."""
         inputs = {k: v for k, v in inputs.items() if k not in TARGETS}
+        channels = self.model.config.num_channels
+        if pixel_values.dim() != 4 or pixel_values.shape[1] != channels:  # M*c channels would pass as M inputs
+            raise ValueError(
+                f"MIMO reads images of {channels} channel(s), pixel_values (B, {channels}, H, W); got "
+                f"{tuple(pixel_values.shape)}. Preprocess with the model's own image processor."
+            )
         if not self.training:  # the network puts the image at every input
             return PredictorOutput(member_logits=self._member_logits(pixel_values, inputs))
         permutations = draw_permutations(len(pixel_values), self.members, self.batch_repetition, self.rho)  # (M, R*B)
