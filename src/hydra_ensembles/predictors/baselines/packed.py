@@ -45,7 +45,10 @@ def round_half_up(value: float) -> int:
 
 
 def packed_config(config: transformers.PretrainedConfig, members: int, alpha: float) -> transformers.PretrainedConfig:
-    """Each member's config: round(alpha*H/M) heads of the model's head size, MLP width round(alpha*F/M)."""
+    """Each member's config: round(alpha*H/M) heads of the model's head size, MLP width round(alpha*F/M).
+
+    The width alpha*d/M is the paper's; it is split into whole heads of the model's size, where torch-uncertainty's
+    PackedMultiheadAttention keeps H heads of alpha*d/(M*H) each (42.67 for ViT-B at alpha=2, M=3: not a size)."""
     missing = [name for name in WIDTH_FIELDS if not isinstance(getattr(config, name, None), int)]
     if missing:
         raise ValueError(
@@ -122,7 +125,9 @@ def packed_ensemble(
     gamma = 1 only (gamma > 1 would split each member into subgroups, which no transformer row of the paper uses).
     Train it with `train_packed`."""
     if gamma != 1:
-        raise ValueError(f"only gamma=1 is implemented (the paper's setting, §C.1.4), got gamma={gamma}.")
+        raise ValueError(
+            f"only gamma=1 is implemented (no subgroups: §C.1.4 gives E=3 and alpha=2 and no gamma), got gamma={gamma}."
+        )
     config = packed_config(model.config, members, alpha)
     with torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
         torch.manual_seed(seed)
