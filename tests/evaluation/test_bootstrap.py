@@ -94,13 +94,35 @@ def test_the_seeds_are_resampled_too():
     assert "auroc_all" not in said  # no OOD sets
 
 
-def test_the_examples_are_resampled_within_each_seed():
-    """Two identical seeds: resampling seeds changes nothing, so the interval is the examples' spread alone."""
-    said = paired_bootstrap([_run(0)] * 2, [_run(10)] * 2, LABELS, resamples=200)
-    assert all(interval.low < interval.point < interval.high for interval in said.values())
+def test_seeds_that_share_the_test_set_share_each_resamples_examples():
+    """One test set for every seed (one labels tensor): copies of a seed add nothing, so S copies give one seed's
+    interval (up to the Monte Carlo error of other draws). Drawing each seed's examples apart would average a hard
+    example's error away over the copies and narrow it by ~sqrt(S) (the nested design, right only for seeds with
+    test sets of their own)."""
+    a, b = _run(0), _run(10)
+
+    def widths(*args):
+        return {m: i.high - i.low for m, i in paired_bootstrap(*args, resamples=2000).items()}
+
+    one, copies = widths([a], [b], LABELS), widths([a] * 3, [b] * 3, LABELS)
+    nested = widths([a] * 3, [b] * 3, [LABELS] * 3)  # three test sets that happen to agree
+    for metric, width in one.items():
+        assert copies[metric] == pytest.approx(width, rel=0.1)
+        assert nested[metric] < 0.75 * width  # ~1/sqrt(3) = 0.58
+    nested_one = paired_bootstrap([a], [b], [LABELS], resamples=100)  # one seed: the two designs are one
+    assert nested_one == paired_bootstrap([a], [b], LABELS, resamples=100)
+
+
+def test_the_examples_are_resampled_on_the_id_side_too():
     a, b = ({"test": r["test"], "far": {"b": r["far"]["b"][:1].expand(20, -1, -1)}} for r in (_run(0), _run(10)))
     auroc = paired_bootstrap([a, a], [b, b], LABELS, resamples=200)["auroc_all"]  # OOD sets of copies: the ID side
     assert auroc.low < auroc.point < auroc.high
+
+
+def test_seeds_said_to_share_their_sets_must_have_the_same_sizes():
+    a, short = _run(0), _run(1) | {"far": {"b": _run(1)["far"]["b"][:10]}}
+    with pytest.raises(ValueError, match="run 1 has 60 test examples and OOD sets .* pass one labels tensor per seed"):
+        paired_bootstrap([a, short], [a, short], LABELS)
 
 
 def test_the_interval_is_reproducible_by_seed():
@@ -166,6 +188,7 @@ def test_row_differences_read_the_seeds_logits_skip_missing_rows_and_keep_as_jso
         "resamples": 50,
         "level": 0.95,
         "seeds": [3, 4],
+        "examples": "shared",
         "pairs": [{"rows": ["Hydra (Circ)", "Single"]} | {m: i._asdict() for m, i in expected.items()}],
     }
     assert json.loads(json.dumps(said)) == said  # a results file keeps it as it is
@@ -196,14 +219,16 @@ def test_difference_lines_say_what_was_resampled_and_each_verdict():
     }
     header, blank, *lines = difference_lines(differences)
     assert header.startswith(
-        "Differences, paired bootstrap 95 % interval (test examples resampled within each seed, then seeds; 2000 "
-        "resamples). "
+        "Differences, paired bootstrap 95 % interval (seeds and test examples resampled, one draw of the examples for "
+        "every seed: they share the test sets; 2000 resamples). "
     )
     assert blank == "" and lines == [
         "- Hydra (Circ) vs Single: NLL -0.012 [-0.020, -0.004], better; ECE 0.2 [0.1, 0.3] %, worse; "
         "AUROC all 1.0 [-0.4, 2.0] %, not separated",
         "- CircAvg vs Single: NLL 0.000 [-0.001, 0.001], not separated; AUROC all -2.0 [-3.0, -1.0] %, worse",
     ]
+    nested = difference_lines(differences | {"examples": "per seed"})[0]
+    assert "(seeds resampled, then each seed's own test examples; 2000 resamples)" in nested
     one = difference_lines(differences | {"seeds": [0]})[0]
     assert "(one seed: test examples resampled only, so retraining" in one
     assert verdict("auroc_all", Interval(0.01, 0.004, 0.02)) == "better"

@@ -1,12 +1,21 @@
 """Paired bootstrap intervals of the difference between two rows of a table: is row A's NLL, ECE or all-OOD AUROC
 really different from row B's, given the test sets' size and the spread over seeds?
 
-Two stages (Davison & Hinkley, "Bootstrap Methods and their Application", 1997, §3.8: resample the groups, then
-within each group drawn): each resample draws S seeds with replacement from the S seeds, then, for every seed drawn,
-N test examples with replacement from its N, and N_k examples of each OOD set k from its N_k. Paired: both rows see
-the same examples, so what the two rows share (a hard test set, a lucky seed) cancels out of the difference. A seed
-drawn twice in one resample gets two independent draws of its examples. With one seed the first stage draws that
-seed every time: the interval is the test sets' sampling error alone, blind to how much a retrained seed moves.
+Each resample draws S seeds with replacement from the S seeds, and N test examples with replacement from the N,
+N_k examples of each OOD set k from its N_k. Paired: both rows see the same examples, so what the two rows share
+(a hard test set, a lucky seed) cancels out of the difference. How the examples are drawn follows how the seeds met
+them:
+
+- one test set for every seed (the benchmark's: `labels` one tensor): seeds and examples are crossed factors, so one
+  draw of the examples serves every seed of the resample (Owen, "The pigeonhole bootstrap", Ann. Appl. Stat. 2007,
+  slightly conservative). Drawing them apart per seed would average a hard example's error away over the seeds and
+  narrow the interval by up to sqrt(S);
+- a test set per seed (`labels` one tensor per seed): seeds and examples are nested, so each seed drawn gets its own
+  draw of its own examples, a seed drawn twice two draws (Davison & Hinkley, "Bootstrap Methods and their
+  Application", 1997, §3.8: resample the groups, then within each group drawn).
+
+With one seed both are the same: the interval is the test sets' sampling error alone, blind to how much a
+retrained seed moves.
 
 Metrics as the tables compute them (`report.evaluate`) from member logits (N, M, C), on the ensemble's predictive
 distribution p = mean_m softmax(z_m): NLL, ECE with 15 equal-width bins, and "AUROC all", the mean over OOD sets of
@@ -55,11 +64,14 @@ def paired_bootstrap(
 
     Shape: `a`, `b`: one entry per seed (S >= 1, in the same order for both), each what `report.measure` saves,
     {"test": (N, M, C), "near" / "far" / "ood": {set: (N_k, M, C)}} (M may differ between the rows, N and the sets
-    may not); `labels`: the test labels (N,), one tensor for every seed or one per seed. "auroc_all" only when there
-    are OOD sets. Percentile interval: the (1 - level) / 2 and (1 + level) / 2 quantiles (linear interpolation) of
-    the `resamples` differences. Seeded by `seed`: the same arguments give the same interval. One seed: only its
-    examples are resampled (the caller knows from len(a), and should say so).
-    Reference: Davison & Hinkley, 1997, §3.8 (two-stage resampling) and §5.2 (percentile intervals).
+    may not); `labels`: the test labels (N,), one tensor when every seed was scored on the same test and OOD sets
+    (examples drawn once per resample for all its seeds), or one per seed when each seed has its own sets (drawn
+    apart; see the module docstring). "auroc_all" only when there are OOD sets. Percentile interval: the
+    (1 - level) / 2 and (1 + level) / 2 quantiles (linear interpolation) of the `resamples` differences. Seeded by
+    `seed`: the same arguments give the same interval. One seed: only its examples are resampled (the caller knows
+    from len(a), and should say so).
+    References: Owen, 2007 (crossed factors); Davison & Hinkley, 1997, §3.8 (nested) and §5.2 (percentile
+    intervals).
     """
     if len(a) != len(b):
         raise ValueError(f"the rows must be given the same seeds, got {len(a)} and {len(b)} runs.")
@@ -67,15 +79,17 @@ def paired_bootstrap(
         raise ValueError("no runs to compare: give each row's logits on at least one seed.")
     if resamples < 1 or not 0 < level < 1:
         raise ValueError(f"resamples must be >= 1 and level in (0, 1), got {resamples} and {level}.")
-    labels = [labels] * len(a) if isinstance(labels, Tensor) else list(labels)
+    shared = isinstance(labels, Tensor)  # one test set for every seed: crossed, else nested
+    labels = [labels] * len(a) if shared else list(labels)
     if len(labels) != len(a):
         raise ValueError(f"labels must be one tensor, or one per seed ({len(a)}), got {len(labels)}.")
     pairs = [(_Terms.of(x, y, bins), _Terms.of(z, y, bins)) for x, z, y in zip(a, b, labels)]
     for s, (first, second) in enumerate(pairs):
         _check_paired(first, second, s)
     point = _seed_mean([_differences(*pair, *_identity(pair[0])) for pair in pairs])
-    generator = torch.Generator().manual_seed(seed)
-    drawn = _resampled_differences(pairs, resamples, generator)
+    if shared:
+        _check_shared(pairs)
+    drawn = (_crossed if shared else _nested)(pairs, resamples, seed)
     quantiles = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
     return {
         metric: Interval(point[metric], *torch.quantile(values, quantiles).tolist()) for metric, values in drawn.items()
@@ -161,6 +175,18 @@ def _check_paired(first: _Terms, second: _Terms, seed: int) -> None:
             )
 
 
+def _check_shared(pairs: Sequence[tuple[_Terms, _Terms]]) -> None:
+    """One labels tensor says every seed was scored on the same sets: their sizes must agree across seeds."""
+    sizes = [(len(first.nll), {k: v.shape[1] for k, v in first.ood_rank.items()}) for first, _ in pairs]
+    for s, size in enumerate(sizes[1:], start=1):
+        if size != sizes[0]:
+            raise ValueError(
+                f"one labels tensor says the seeds share their test and OOD sets, but run {s} has {size[0]} test "
+                f"examples and OOD sets {size[1]} where run 0 has {sizes[0][0]} and {sizes[0][1]}: pass one labels "
+                "tensor per seed when each seed has its own sets."
+            )
+
+
 def _identity(terms: _Terms) -> tuple[Tensor, dict[str, Tensor]]:
     """The data as it is: one 'resample' holding every example once."""
     return torch.arange(len(terms.nll))[None], {k: torch.arange(v.shape[1])[None] for k, v in terms.ood_rank.items()}
@@ -178,11 +204,33 @@ def _seed_mean(per_seed: Sequence[Mapping[str, Tensor]]) -> dict[str, float]:
     return {metric: torch.stack([d[metric] for d in per_seed]).mean().item() for metric in per_seed[0]}
 
 
-def _resampled_differences(
-    pairs: Sequence[tuple[_Terms, _Terms]], resamples: int, generator: torch.Generator
-) -> dict[str, Tensor]:
-    """{metric: (resamples,)} mean over the S seeds drawn of each drawn seed's difference on its drawn examples."""
-    runs = len(pairs)
+def _crossed(pairs: Sequence[tuple[_Terms, _Terms]], resamples: int, seed: int) -> dict[str, Tensor]:
+    """{metric: (resamples,)} the mean over the S seeds drawn of each drawn seed's difference, every seed of a
+    resample on the same drawn examples (the seeds share one test set). One generator, seeds drawn first, as
+    `_nested`: with one seed the two draw the same examples."""
+    runs, first = len(pairs), pairs[0][0]
+    generator = torch.Generator().manual_seed(seed)
+    drawn_seeds = torch.randint(runs, (resamples, runs), generator=generator)  # (R, S): which seed fills each slot
+    times = torch.stack([(drawn_seeds == s).sum(dim=1) for s in range(runs)], dim=1).double()  # (R, S) draws of s
+    widest = max([len(first.nll), *(v.shape[1] for v in first.ood_rank.values())])
+    said: dict[str, list[Tensor]] = {}
+    for rows in torch.arange(resamples).split(max(1, CHUNK_ELEMENTS // widest)):
+        test = torch.randint(len(first.nll), (len(rows), len(first.nll)), generator=generator)
+        ood = {
+            k: torch.randint(v.shape[1], (len(rows), v.shape[1]), generator=generator)
+            for k, v in first.ood_rank.items()
+        }
+        per_seed = [_differences(*pair, test, ood) for pair in pairs]  # S x {metric: (R_c,)}
+        for metric in per_seed[0]:
+            differences = torch.stack([d[metric] for d in per_seed], dim=1)  # (R_c, S)
+            said.setdefault(metric, []).append((differences * times[rows]).sum(dim=1) / runs)
+    return {metric: torch.cat(parts) for metric, parts in said.items()}
+
+
+def _nested(pairs: Sequence[tuple[_Terms, _Terms]], resamples: int, seed: int) -> dict[str, Tensor]:
+    """{metric: (resamples,)} the mean over the S seeds drawn of each drawn seed's difference on its own drawn
+    examples (each seed has its own test set)."""
+    runs, generator = len(pairs), torch.Generator().manual_seed(seed)
     drawn_seeds = torch.randint(runs, (resamples, runs), generator=generator)  # (R, S): which seed fills each slot
     slots: dict[str, Tensor] = {}
     for s, (first, second) in enumerate(pairs):
@@ -215,7 +263,7 @@ def row_differences(
     "high"}}]}, A - B in the metrics' own units (fractions, nats). {} when no pair has logits on every seed: tables
     recorded before their logits were kept render as they were. `labels`: as `paired_bootstrap`, in `seed_dirs`'
     order."""
-    said = []
+    said, shared = [], isinstance(labels, Tensor)
     for first, second in pairs:
         paths = [(row_file(Path(d) / logits, first), row_file(Path(d) / logits, second)) for d in seed_dirs.values()]
         if not all(x.exists() and y.exists() for x, y in paths):
@@ -223,7 +271,12 @@ def row_differences(
         loaded = [(torch.load(x), torch.load(y)) for x, y in paths]
         intervals = paired_bootstrap([x for x, _ in loaded], [y for _, y in loaded], labels, resamples, seed, level)
         said.append({"rows": [first, second]} | {metric: i._asdict() for metric, i in intervals.items()})
-    return {"resamples": resamples, "level": level, "seeds": list(seed_dirs), "pairs": said} if said else {}
+    examples = "shared" if shared else "per seed"
+    return (
+        {"resamples": resamples, "level": level, "seeds": list(seed_dirs), "examples": examples, "pairs": said}
+        if said
+        else {}
+    )
 
 
 def difference_lines(differences: Mapping) -> list[str]:
@@ -231,11 +284,12 @@ def difference_lines(differences: Mapping) -> list[str]:
     -0.004], better; ECE -0.3 [-0.5, -0.1] %, better; AUROC all 1.2 [-0.4, 2.0] %, not separated", A - B in the
     tables' units with its interval and what the interval says of A against B."""
     level, resamples = 100 * differences["level"], differences["resamples"]
-    drawn = (
-        "test examples resampled within each seed, then seeds"
-        if len(differences["seeds"]) > 1
-        else "one seed: test examples resampled only, so retraining's spread is not in it"
-    )
+    if len(differences["seeds"]) == 1:
+        drawn = "one seed: test examples resampled only, so retraining's spread is not in it"
+    elif differences.get("examples") == "per seed":
+        drawn = "seeds resampled, then each seed's own test examples"
+    else:
+        drawn = "seeds and test examples resampled, one draw of the examples for every seed: they share the test sets"
     said = (
         f"Differences, paired bootstrap {level:g} % interval ({drawn}; {resamples} resamples). A vs B: A - B in the "
         "table's units (NLL and ECE below 0, AUROC above 0 favour A); better / worse: the interval excludes 0 on "

@@ -12,7 +12,8 @@ def ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
     Bin b (b = 0..bins-1) holds the inputs whose confidence lies in [b/bins, (b+1)/bins) (the last bin also holds
     1); acc_b is their accuracy and conf_b their mean confidence; empty bins add nothing.
     Shape: probs (N, C); labels (N,). Reference: Guo et al., "On calibration of modern neural networks", 2017;
-    matches torchmetrics' `MulticlassCalibrationError(n_bins=15, norm="l1")`.
+    matches torchmetrics' `MulticlassCalibrationError(n_bins=15, norm="l1")` except at a confidence of exactly 1
+    (a top logit ahead by ~37 nats in float64), which torchmetrics puts in a bin of its own and this the last bin.
     """
     confidence, prediction = probs.double().max(dim=1)
     correct = (prediction == labels.to(probs.device)).double()
