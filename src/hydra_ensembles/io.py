@@ -28,18 +28,28 @@ def replacing(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield Path(tmp)
         os.chmod(tmp, 0o644)  # mkstemp makes the file private; a saved result should be readable like any file
+        _sync(Path(tmp))
         os.replace(tmp, path)
+        _sync(path.parent)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _sync(path: Path) -> None:
+    """Flush a file's bytes, or a directory's entries (a rename), to the disk: after a power loss the file holds
+    what was written, not zero bytes renamed into place."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
     """Write JSON to `path` through a temporary file and an atomic rename (`replacing`)."""
     with replacing(path) as tmp, open(tmp, "w") as f:
         json.dump(data, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def read_json_record(path: str | os.PathLike) -> dict:
@@ -69,6 +79,10 @@ def save_dir_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> P
     os.chmod(tmp, 0o755)  # mkdtemp makes the directory private; a saved model should be readable like any other
     try:
         write(tmp)
+        for folder, _, files in os.walk(tmp):  # every byte on the disk before the swap makes it the save
+            for name in files:
+                _sync(Path(folder) / name)
+            _sync(Path(folder))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -76,6 +90,7 @@ def save_dir_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> P
     if path.exists():
         os.rename(path, previous)
     os.rename(tmp, path)
+    _sync(path.parent)
     shutil.rmtree(previous, ignore_errors=True)
     return path
 

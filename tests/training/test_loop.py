@@ -5,8 +5,8 @@ import torch
 from conftest import MODELS, killed_at_step, make_inputs
 
 from hydra_ensembles import training as ft
-from hydra_ensembles.distill import attach_teacher
-from hydra_ensembles.training.loop import _improves, _score
+from hydra_ensembles.distill import MultiHeadMLP, attach_teacher
+from hydra_ensembles.training.loop import _remember
 from hydra_ensembles.training.recipes import lr_factor
 
 
@@ -27,6 +27,13 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path):
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)  # same operations: bit-identical
     with pytest.raises(ValueError, match="different config"):
         ft.finetune(MODELS["bert"](), _data(), CONFIG.with_(lr=2e-3), checkpoint_dir=tmp_path, progress=False)
+    other = MODELS["bert"]()
+    with torch.no_grad():
+        next(other.parameters()).add_(1e-3)  # same shapes, other weights: would silently continue the first run
+    with pytest.raises(ValueError, match="written for another starting model .*Delete it"):
+        ft.finetune(other, _data(), CONFIG, checkpoint_dir=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="written for another training or validation data"):
+        ft.finetune(MODELS["bert"](), _data(seed=9), CONFIG, checkpoint_dir=tmp_path, progress=False)
 
 
 def test_adamw_betas_come_from_the_config_and_key_it_only_when_changed():
@@ -87,11 +94,9 @@ def test_validation_keeps_the_best_epoch_and_stops_early():
 
 def _kept(history, monitor):
     """Replays the loop's choice of the kept epoch over a validation history [(acc, nll), ...]."""
-    config, state = ft.TEXT_RECIPE.with_(monitor=monitor), {"best_score": -float("inf"), "best_epoch": None}
+    config, state = ft.TEXT_RECIPE.with_(monitor=monitor), {"best_score": -float("inf"), "best_epoch": None, "stale": 0}
     for epoch, (acc, nll) in enumerate(history, 1):
-        record = {"val_acc": acc, "val_nll": nll}
-        if _improves(record, state, config):
-            state |= {"best_score": _score(record, config), "best_nll": nll, "best_epoch": epoch}
+        _remember({"epoch": epoch, "val_acc": acc, "val_nll": nll}, state, config)
     return state["best_epoch"]
 
 
@@ -102,6 +107,8 @@ def test_accuracy_ties_go_to_the_lower_nll_under_acc_nll():
     assert _kept(bbc_seed0, "nll") == 2
     rising = [(0.90, 0.20), (0.95, 0.30), (0.95, 0.3003), (0.94, 0.10)]
     assert _kept(rising, "acc_nll") == 2  # accuracy first; an NLL gain under min_delta is no gain; lower acc loses
+    drifting = [(0.9000, 0.50), (0.8996, 0.40), (0.8992, 0.30), (0.8988, 0.20), (0.8984, 0.10)]
+    assert _kept(drifting, "acc_nll") == 2  # a tie with the best (0.9000) only within min_delta of it, not of 2's
     with pytest.raises(ValueError, match="monitor must be one of"):
         ft.TEXT_RECIPE.with_(monitor="loss")
 
@@ -126,6 +133,12 @@ def test_bad_inputs():
         ft.finetune(MODELS["bert_encoder"](), _data(), CONFIG, progress=False)
     with pytest.raises(ValueError, match="optimizer must be"):
         ft.finetune(MODELS["bert"](), _data(), CONFIG.with_(optimizer="adam"), progress=False)
+    with pytest.raises(ValueError, match="patience must be None .* or >= 1"):
+        CONFIG.with_(patience=0)  # would stop before the first epoch
+    regressor = MultiHeadMLP(1, 2, heads=1, regression=True)
+    gaussian = [{"inputs": torch.randn(4, 1), "labels": torch.randn(4)}]
+    with pytest.raises(ValueError, match="no accuracy to monitor .monitor='acc_nll'"):
+        ft.train(regressor, gaussian, CONFIG, loss=ft.GaussianNLL(), val_loader=gaussian, progress=False)
 
 
 def test_the_same_loop_distils_a_student_from_a_frozen_teacher():

@@ -28,7 +28,7 @@ from ..adapters import Adapter, get_adapter
 from ..data.loaders import Batch, materialize, split_batch, to_device
 from ..distributed import barrier, is_distributed, is_main, rank, world_size
 from ..fusion import HydraEnsemble
-from ..io import torch_save_atomic
+from ..io import tensor_digest, torch_save_atomic, weights_digest
 from ..metrics import accuracy, gaussian_mixture_nll, nll
 from ..outputs import collect_member_logits, labels_of, member_outputs_of
 from ..uncertainty import ensemble_probs
@@ -79,16 +79,18 @@ def train(
         forward = (lambda m, x: adapter.output(m, x)) if is_hf else (lambda m, x: member_outputs_of(m(**x)))
     batches = materialize(train_loader, "training loader")
     val_batches = materialize(val_loader, "validation loader") if val_loader is not None else None
-    if val_batches is not None and config.monitor == "acc" and getattr(model, "regression", False):
-        raise ValueError("a regressor has no accuracy to monitor: use monitor='nll'.")
+    if val_batches is not None and config.monitor != "nll" and getattr(model, "regression", False):
+        raise ValueError(f"a regressor has no accuracy to monitor (monitor={config.monitor!r}): use monitor='nll'.")
     trainable = _select_trainable(model, _locator(model, adapter if is_hf else None), config)
     augment = AUGMENTATIONS[config.augment] if config.augment is not None else None
     optimizer = OPTIMIZERS[config.optimizer](trainable, config, _stacked_vectors(model))
     total = config.epochs * len(batches)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(config, total))
     identity = {"config": config.key(), "loss": getattr(loss, "name", type(loss).__name__)}
-    state = {"epoch": 0, "history": [], "best": None, "best_epoch": None, "best_score": -math.inf, "stale": 0}
     path = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None
+    if path is not None:  # what the run starts from, so that another model's or data's checkpoint is refused
+        identity |= {"start": weights_digest(model), "data": _batches_digest(batches, val_batches)}
+    state = {"epoch": 0, "history": [], "best": None, "best_epoch": None, "best_score": -math.inf, "stale": 0}
     if path is not None and path.exists():
         state = _resume(path, model, optimizer, schedule, identity)
     device = next(model.parameters()).device
@@ -122,12 +124,8 @@ def train(
             record = {"epoch": epoch + 1, "loss": sum(losses) / len(losses)}
             if val_batches is not None:
                 record.update(validate(model, val_batches))
-                if _improves(record, state, config):
-                    state["best_score"], state["stale"], state["best_epoch"] = _score(record, config), 0, epoch + 1
-                    state["best_nll"] = record["val_nll"]
+                if _remember(record, state, config):
                     state["best"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
-                else:
-                    state["stale"] += 1
             state["history"].append(record)
             state["epoch"] = epoch + 1
             if path is not None and is_main():
@@ -143,6 +141,17 @@ def train(
 def _score(record: dict, config: TrainConfig) -> float:
     """The monitored validation score, higher = better."""
     return -record["val_nll"] if config.monitor == "nll" else record["val_acc"]
+
+
+def _remember(record: dict, state: dict, config: TrainConfig) -> bool:
+    """Update the best-epoch bookkeeping with one epoch's validation `record`; whether it is the new best."""
+    if not _improves(record, state, config):
+        state["stale"] += 1
+        return False
+    # max: an "acc_nll" tie within min_delta below the best must not lower the bar for the epochs after it
+    state["best_score"] = max(_score(record, config), state["best_score"])
+    state["stale"], state["best_epoch"], state["best_nll"] = 0, record["epoch"], record["val_nll"]
+    return True
 
 
 def _improves(record: dict, state: dict, config: TrainConfig) -> bool:
@@ -344,20 +353,32 @@ def _save(path: Path, model, optimizer, schedule, identity: dict, state: dict) -
     torch_save_atomic(payload, path)
 
 
+def _batches_digest(batches: list[Batch], val_batches: list[Batch] | None) -> str:
+    """The training and validation batches' tensors, in order (keys sorted within a batch)."""
+    every = [*batches, *(val_batches or [])]
+    return tensor_digest(b[k] for b in every for k in sorted(b) if isinstance(b[k], Tensor))
+
+
 def _resume(path: Path, model, optimizer, schedule, identity: dict) -> dict:
     payload = torch.load(path, map_location=next(model.parameters()).device, weights_only=False)
     if payload["config"] != identity["config"] or payload.get("loss") != identity["loss"]:
-        changed = sorted(k for k in payload["config"] if payload["config"][k] != identity["config"].get(k))
+        fields = sorted(set(payload["config"]) | set(identity["config"]))
+        changed = [k for k in fields if payload["config"].get(k) != identity["config"].get(k)]
         if payload.get("loss") != identity["loss"]:
             changed.append("loss")
         raise ValueError(
             f"the checkpoint at {str(path)!r} was written with a different config ({changed}); "
             "delete it or pass another checkpoint_dir."
         )
-    try:
-        model.load_state_dict(payload["model"])
-    except RuntimeError as error:  # names or shapes differ: torch lists them after its first line
-        detail = "; ".join(line.strip() for line in str(error).splitlines()[1:4])
+    for key, what in (("start", "starting model"), ("data", "training or validation data")):
+        if key in payload and payload[key] != identity[key]:  # a checkpoint written before these keys: trusted
+            raise ValueError(
+                f"the checkpoint at {str(path)!r} was written for another {what} (digest {payload[key]}, this run's "
+                f"{identity[key]}): resuming would continue another run. Delete it or pass another checkpoint_dir."
+            )
+    misfits = _misfits(model.state_dict(), payload["model"])
+    if misfits:  # checked before loading: a refused checkpoint leaves the model as it was (torch would load part)
+        detail = "; ".join(misfits[:3])
         fused = any(isinstance(module, HydraEnsemble) for module in model.modules())
         why = (
             "A fused ensemble lays out its attention by device (ragged on a CPU, padded on a GPU): resume on the "
@@ -366,10 +387,22 @@ def _resume(path: Path, model, optimizer, schedule, identity: dict) -> dict:
             if fused
             else "It was written for another model: delete it or pass another checkpoint_dir."
         )
-        raise ValueError(f"the checkpoint at {str(path)!r} does not fit this model ({detail}). {why}") from error
+        raise ValueError(f"the checkpoint at {str(path)!r} does not fit this model ({detail}). {why}")
+    model.load_state_dict(payload["model"])
     optimizer.load_state_dict(payload["optimizer"])
     schedule.load_state_dict(payload["schedule"])
     return payload["state"]
+
+
+def _misfits(current: dict, saved: dict) -> list[str]:
+    """How a saved state dict fails to fit the model's: missing or unexpected keys, shapes that differ."""
+    said = [f"missing {k}" for k in current if k not in saved] + [f"unexpected {k}" for k in saved if k not in current]
+    shapes = [
+        f"size mismatch for {k}: {tuple(saved[k].shape)} saved, {tuple(v.shape)} here"
+        for k, v in current.items()
+        if k in saved and isinstance(v, Tensor) and tuple(saved[k].shape) != tuple(v.shape)
+    ]
+    return said + shapes
 
 
 def _unwrapped(model: nn.Module) -> nn.Module:

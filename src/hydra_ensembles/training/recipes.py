@@ -70,6 +70,10 @@ class TrainConfig:
         for name, registry in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES)):
             if getattr(self, name) not in registry:
                 raise ValueError(f"{name} must be one of {sorted(registry)}, got {getattr(self, name)!r}.")
+        if self.patience is not None and self.patience < 1:
+            raise ValueError(
+                f"patience must be None (no early stopping) or >= 1 epoch without improvement, got {self.patience}."
+            )
         if self.monitor not in MONITORS:
             raise ValueError(f"monitor must be one of {MONITORS}, got {self.monitor!r}.")
         if self.precision not in PRECISIONS:
