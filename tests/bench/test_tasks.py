@@ -271,3 +271,24 @@ def test_lit_pairs_caption_the_training_images_only_and_leave_the_held_out_class
     assert len(two_tower.lit_pairs()[1]) == len(y) + 600
     with pytest.raises(ValueError, match="held_out must name Fashion-MNIST classes"):
         two_tower.lit_pairs(("zebra",))
+
+
+def _normalised(text: str) -> str:
+    """Lower case, punctuation dropped, spaces collapsed: "Buyer beware!" and "buyer beware" are one text."""
+    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
+
+
+@pytest.mark.parametrize("data", sorted(tasks.TEXT_DATA))
+def test_the_real_text_splits_at_full_size_share_no_text_even_near_duplicates(data):
+    """The published tables' texts (full size, seed 0): no text, compared normalised, is in two of the ID splits,
+    the OOD validation parts and the OOD test sets (the quick-size test above compares them exactly)."""
+    import random
+
+    build, sizes = tasks.TEXT_DATA[data]
+    texts = build(sizes["full"], random.Random(0))
+    parts = {"train": texts.train[0], "val": texts.val[0], "test": texts.test[0], "OOD validation": texts.circuit_ood}
+    parts |= texts.near | texts.far
+    seen: dict[str, str] = {}
+    for name, items in parts.items():
+        for text in {_normalised(t) for t in items}:
+            assert seen.setdefault(text, name) == name, f"{text[:60]!r} in {seen[text]} and {name}"
