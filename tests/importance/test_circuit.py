@@ -134,7 +134,8 @@ def test_an_interrupted_extraction_resumes_to_the_same_ranking(tmp_path):
         model, id_batches, ood_batches, "avg_killed", budget=4, state_path=state, progress=False
     )
     assert resumed_criterion.calls == 10 + 9  # only steps 3 and 4 were evaluated again
-    fresh = he.extract_circuit(model, id_batches, ood_batches, "avg", budget=4, progress=False)
+    # the registered criterion has no secondary score, so its search decided ties by order: compare like with like
+    fresh = he.extract_circuit(model, id_batches, ood_batches, "avg", budget=4, tie_break="order", progress=False)
     assert resumed.removed == fresh.removed and resumed.scores == fresh.scores
     shorter = he.extract_circuit(
         model, id_batches, ood_batches, "avg_killed", budget=2, state_path=state, progress=False
@@ -355,6 +356,21 @@ def test_multi_removes_the_best_scoring_heads_of_each_step_at_once():
     assert two.scores[:2] == pytest.approx([first[h] for h in best_two], abs=1e-12)
     third = _literal_scores(model, id_batches, ood_batches, "avg", best_two)
     assert two.removed[2] == max(third, key=third.get)
+
+
+def test_searches_refuse_a_top_below_one_and_a_multi_state_extended_past_its_budget(tmp_path):
+    model, (id_batches, ood_batches) = circuit_model(), circuit_data()
+    for method in ("lazy", "screen", "multi"):
+        with pytest.raises(ValueError, match="top must be >= 1, got 0"):
+            he.extract_circuit(model, id_batches, ood_batches, "avg", 3, method=method, top=0, progress=False)
+    state = tmp_path / "state.json"
+    multi = dict(method="multi", top=2, state_path=state, progress=False)
+    he.extract_circuit(model, id_batches, ood_batches, "avg", 3, **multi)  # steps of 2, then 1 (the budget)
+    with pytest.raises(ValueError, match="to 3 removals: a multi search's last step depends on its budget"):
+        he.extract_circuit(model, id_batches, ood_batches, "avg", 5, **multi)  # its steps would be 2, 2, 1
+    shorter = he.extract_circuit(model, id_batches, ood_batches, "avg", 2, **multi)  # a prefix is the same search
+    assert shorter.removed == he.extract_circuit(model, id_batches, ood_batches, "avg", 2, method="multi", top=2,
+                                                 progress=False).removed  # fmt: skip
 
 
 def test_bf16_search_is_labelled_approximate_and_ranks_distinct_heads(tmp_path):

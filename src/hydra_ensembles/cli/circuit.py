@@ -200,16 +200,17 @@ def _finish(args, out, circuit, extra: dict, what: str, order: str, shown: int) 
         {
             "removed": [list(h) for h in circuit.removed],
             "baseline": circuit.baseline,
-            "final": circuit.scores[-1],
+            "final": circuit.scores[-1],  # "multi": the last head's S alone on its step's start (record.py)
             "search": circuit.search,
             "ties": circuit.ties,
             **extra,
         }
     )
     search = "exact search" if circuit.search == "exact" else f"approximate search {circuit.search}"
+    last = "the last head's, scored alone on its step's start" if circuit.search.startswith("multi") else "final"
     print(
         f"removed {len(circuit.removed)} {what} ({search}); S ({args.criterion}) {circuit.baseline:.4f} -> "
-        f"{circuit.scores[-1]:.4f} -> {out.path}/circuit.json"
+        f"{circuit.scores[-1]:.4f} ({last}) -> {out.path}/circuit.json"
     )
     more = " ..." if len(circuit.removed) > shown else ""
     print(f"  removal order {order}: {circuit.removed[:shown]}{more}")

@@ -124,6 +124,13 @@ class Choice:
     top: int = 8
     precision: str = "fp32"
 
+    def __post_init__(self):
+        if self.method in METHODS and not METHODS[self.method].exact and self.top < 1:
+            raise ValueError(
+                f"search {self.method!r} keeps or removes the `top` best candidates a step: top must be >= 1, "
+                f"got {self.top}."
+            )
+
     @property
     def name(self) -> str:
         return search_name(self.method, self.top, self.precision)

@@ -29,10 +29,13 @@ class CircuitRecord(ABC):
     written in JSON (`_head`, `_kept`) and in which order its candidates are scanned (`head_order`).
 
     removed: heads in removal order, least useful for the criterion first.
-    scores: S after each removal (the winning candidate's score at that step). baseline: S before any removal.
+    scores: S after each removal (the winning candidate's score at that step); with "multi", the S of each head
+        removed alone on top of its step's start, so S after the step is known only for its first head. baseline:
+        S before any removal.
     kept: the head map(s) when extraction started (all heads for an unpruned model).
-    search: "exact" (Algorithm 1's own ranking: method "fast" or "reference" in fp32), else the approximation
-        used, e.g. "multi-4-bf16" (method, `top`, precision).
+    search: "exact" (every candidate scored at every step, in fp32: method "fast" or "reference"; Algorithm 1's
+        own ranking where `tie_break` is "order", and where it is "score" wherever S alone decided), else the
+        approximation used, e.g. "multi-4-bf16" (method, `top`, precision).
     tie_break: the tie rule candidates were compared by (`criteria.TIE_BREAKS`): "score" (S, then the
         criterion's continuous secondary score) or "order" (S alone, Algorithm 1's literal rule; files saved before
         the rule was recorded used it).

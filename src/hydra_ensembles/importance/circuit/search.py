@@ -342,6 +342,7 @@ def greedy_removal(
     ties += [None] * (len(removed) - len(ties))  # states saved before ties were recorded
     known = dict(map(_known_entry, state.get("known", [])))  # latest (S, ...) of each head
     segments = _segments(state, choice, budget)  # states saved before fallbacks: one search
+    _check_extension(state, segments, budget, state_path)
     scorers: dict[tuple, CandidateScorer] = {}
 
     def scorer_of(search: Choice) -> CandidateScorer:  # one scorer per scorer class and precision, kept
@@ -354,8 +355,6 @@ def greedy_removal(
     baseline = state["baseline"] if "baseline" in state else scorer_of(segments[-1][1]).baseline([])
     said: dict[str, str] = {}  # the last removal, for the bar's postfix
     order = {head: i for i, head in enumerate(candidates)}
-    if METHODS[choice.method].removals(choice.top) < 1:
-        raise ValueError(f"this method removes `top` heads per step: top must be >= 1, got {choice.top}.")
     with tqdm(
         total=_evaluations(segments, len(candidates), budget),  # the whole extraction, known in advance
         initial=_evaluations(segments, len(candidates), budget, done=len(removed)),  # steps done before a resume
@@ -392,12 +391,13 @@ def greedy_removal(
                     bar.refresh()
             if state_path is not None and is_main():
                 ranking = Ranking(removed, scores, baseline, ties, segments)
-                _save_state(state_path, identity | (extra_state() if extra_state else {}), ranking, known, elapsed())
+                written = identity | (extra_state() if extra_state else {})
+                _save_state(state_path, written, ranking, known, elapsed(), budget)
             barrier()
     return Ranking(removed, scores, baseline, ties, segments)
 
 
-def _save_state(path, identity: dict, ranking: Ranking, known: dict, elapsed: float) -> None:
+def _save_state(path, identity: dict, ranking: Ranking, known: dict, elapsed: float, budget: int) -> None:
     """The search so far, as `greedy_removal` resumes it (older states lack "segments" and "elapsed_s")."""
     write_json_atomic(
         path,
@@ -410,8 +410,22 @@ def _save_state(path, identity: dict, ranking: Ranking, known: dict, elapsed: fl
             "known": [[list(head), list(value)] for head, value in sorted(known.items())],
             "segments": [[start, *choice.to_list()] for start, choice in ranking.segments],
             "elapsed_s": elapsed,
+            "budget": budget,
         },
     )
+
+
+def _check_extension(state: dict, segments: list[tuple[int, Choice]], budget: int, path) -> None:
+    """A "multi" search's last step removes min(top, left) heads, so a ranking saved for a smaller budget ends on a
+    short step that a run to `budget` would not have taken: extending it would give another ranking. Refused."""
+    saved = state.get("budget")
+    multi = any(METHODS[c.method].removals(c.top) > 1 for _, c in segments)
+    if saved is not None and saved < budget and multi:
+        raise ValueError(
+            f"the circuit state at {str(path)!r} holds a {segments[-1][1].name} search to {saved} removals: a multi "
+            f"search's last step depends on its budget, so extending it to {budget} would not give the ranking a "
+            f"run to {budget} gives. Run with budget {saved}, or delete the state to search again."
+        )
 
 
 def _paced(pace: Pace, search: Choice, evaluations: int, seconds: float, removed: int, elapsed) -> Choice | None:
