@@ -28,6 +28,8 @@ from hydra_ensembles.io import weights_digest
         "modernbert_encoder",
         "deberta",
         "deberta_p2c",
+        "deberta_c2p",
+        "mpnet",
     ],
 )
 @pytest.mark.parametrize("mlp", ["average", "stack"])
@@ -241,3 +243,17 @@ def test_only_the_cpu_runs_a_batch_in_chunks():
     passes.clear()
     out = ensemble.to("meta")(**{k: v.to("meta") for k, v in inputs.items()})
     assert len(passes) == 1 and out.member_logits.shape == (7, 3, 3)
+
+
+@pytest.mark.parametrize("name", ["bert", "mpnet", "dinov2"])
+def test_the_states_a_prefix_keeps_are_every_members_own(name):
+    """`prefix`'s state entering layer k, run on from k, gives what the whole forward gives, for every k: past the
+    shared trunk each member has its own stream (one stream against M members' weights was member 0's alone)."""
+    maps = [{0: [0, 1], 1: [0, 1], 2: [0]}, {0: [2, 3], 1: [2, 3], 2: [1]}]
+    engine = he.HydraEnsemble.fuse(he.build_members(MODELS[name](), maps), mlp="stack").eval()
+    with torch.no_grad():
+        states, mask = engine.prefix(make_inputs(name), engine.num_layers - 1)
+        whole = engine.run_layers(states[0], mask)
+        for k, state in enumerate(states):
+            assert (engine.run_layers(state, mask, start=k) - whole).abs().max() <= CONTRACT, k
+    assert states[-1].shape[0] == 2

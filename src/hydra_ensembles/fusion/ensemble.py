@@ -328,7 +328,10 @@ class HydraEnsemble(nn.Module):
         x, mask = self.embed(inputs)
         states = [x]
         for index, layer in enumerate(self.layers[:last]):
-            states.append(layer(states[-1], layer_inputs(mask, index)))
+            if index >= self.trunk:  # past the shared trunk every member has its stream (as `run_layers`)
+                x = x.expand(self.num_members, *x.shape[1:])
+            x = layer(x, layer_inputs(mask, index))
+            states.append(x)
         return states, mask
 
     def ablation_candidates(

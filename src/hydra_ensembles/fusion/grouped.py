@@ -29,6 +29,8 @@ def grouped_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     members, rows, d_in = x.shape
     if weight.shape[0] == 1:  # shared: one matmul over all member rows
         return _affine(x.reshape(members * rows, d_in), weight[0], bias, 0).view(members, rows, -1)
+    if weight.shape[0] != members:  # one stream against M members' weights would compute member 0 alone
+        raise ValueError(f"grouped_linear: {members} member stream(s) for {weight.shape[0]} members' weights.")
     few_rows = x.device.type != "cpu" and rows < BATCHED_BELOW_ROWS
     if few_rows or not _may_write_out(x, weight, bias):  # one batched kernel
         return torch.bmm(x, weight) if bias is None else torch.baddbmm(bias, x, weight)
