@@ -7,7 +7,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -129,6 +129,12 @@ def tensor_digest(tensors: Iterable[torch.Tensor]) -> str:
         digest.update(str(tuple(tensor.shape)).encode())
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def batches_digest(batches: Iterable[Mapping[str, Any]]) -> str:
+    """`tensor_digest` of batches' tensors, batch by batch, keys sorted within a batch: the data a saved state
+    (a circuit search, a training checkpoint) must have been computed on to be resumed."""
+    return tensor_digest(v for batch in batches for _, v in sorted(batch.items()) if isinstance(v, torch.Tensor))
 
 
 def weights_digest(module: torch.nn.Module) -> str:

@@ -28,7 +28,7 @@ from ..adapters import Adapter, get_adapter
 from ..data.loaders import Batch, materialize, split_batch, to_device
 from ..distributed import barrier, is_distributed, is_main, rank, world_size
 from ..fusion import HydraEnsemble
-from ..io import tensor_digest, torch_save_atomic, weights_digest
+from ..io import batches_digest, torch_save_atomic, weights_digest
 from ..metrics import accuracy, gaussian_mixture_nll, nll
 from ..outputs import collect_member_logits, labels_of, member_outputs_of
 from ..uncertainty import ensemble_probs
@@ -89,7 +89,7 @@ def train(
     identity = {"config": config.key(), "loss": getattr(loss, "name", type(loss).__name__)}
     path = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None
     if path is not None:  # what the run starts from, so that another model's or data's checkpoint is refused
-        identity |= {"start": weights_digest(model), "data": _batches_digest(batches, val_batches)}
+        identity |= {"start": weights_digest(model), "data": batches_digest([*batches, *(val_batches or [])])}
     state = {"epoch": 0, "history": [], "best": None, "best_epoch": None, "best_score": -math.inf, "stale": 0}
     if path is not None and path.exists():
         state = _resume(path, model, optimizer, schedule, identity)
@@ -351,12 +351,6 @@ def _save(path: Path, model, optimizer, schedule, identity: dict, state: dict) -
         "state": state,
     }
     torch_save_atomic(payload, path)
-
-
-def _batches_digest(batches: list[Batch], val_batches: list[Batch] | None) -> str:
-    """The training and validation batches' tensors, in order (keys sorted within a batch)."""
-    every = [*batches, *(val_batches or [])]
-    return tensor_digest(b[k] for b in every for k in sorted(b) if isinstance(b[k], Tensor))
 
 
 def _resume(path: Path, model, optimizer, schedule, identity: dict) -> dict:

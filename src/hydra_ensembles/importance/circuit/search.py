@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from ...adapters import get_adapter
 from ...data.loaders import Batch, materialize
 from ...distributed import barrier, gather_dict, is_main, shard, world_size
-from ...io import tensor_digest, weights_digest, write_json_atomic
+from ...io import batches_digest, weights_digest, write_json_atomic
 from ...pruning import HeadMap, kept_heads
 from .budget import Clock, Pace, Plan, costs_of, plan_search, probe_seconds, subsample
 from .criteria import CRITERIA, TIE_BREAKS, CircuitCriterion
@@ -462,9 +462,7 @@ def _identity(model: nn.Module, id_batches: list[Batch], ood_batches: list[Batch
         "version": STATE_VERSION,
         "criterion": criterion,
         "model": weights_digest(model),
-        "data": tensor_digest(
-            v for batch in id_batches + ood_batches for _, v in sorted(batch.items()) if isinstance(v, Tensor)
-        ),
+        "data": batches_digest(id_batches + ood_batches),
     }
 
 
