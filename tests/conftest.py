@@ -112,6 +112,12 @@ MODELS: dict[str, Callable[..., torch.nn.Module]] = {
     ),
     "vit": _seeded(lambda: T.ViTForImageClassification(T.ViTConfig(**IMAGE, **SIZES, num_labels=5))),
     "vit_encoder": _seeded(lambda: T.ViTModel(T.ViTConfig(**IMAGE, **SIZES))),
+    "deit_encoder": _seeded(lambda: T.DeiTModel(T.DeiTConfig(**IMAGE, **SIZES))),
+    "dinov2_encoder": _seeded(  # the image tower of our LiT model; HF renames its old checkpoint keys
+        lambda: T.Dinov2Model(
+            T.Dinov2Config(**IMAGE, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, mlp_ratio=2)
+        )
+    ),
     "deit_teacher": _seeded(
         lambda: T.DeiTForImageClassificationWithTeacher(T.DeiTConfig(**IMAGE, **SIZES, num_labels=5))
     ),

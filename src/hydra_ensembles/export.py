@@ -96,9 +96,13 @@ def export_program(predictor: nn.Module, example_inputs: Mapping[str, Any]) -> t
 
 
 def export_onnx(predictor: nn.Module, path: str | os.PathLike, example_inputs: Mapping[str, Any]) -> Path:
-    """Write `predictor` as an ONNX graph at `path` (see the module docstring), atomically: the graph's inputs are
-    named as the model's (`example_inputs`' keys), its output `member_logits` (B, M, C) or `member_pooled`
-    (B, M, D). Returns `path`. Needs onnx and onnxscript (`pip install hydra-ensembles[export]`)."""
+    """Write `predictor` as an ONNX graph at `path` (see the module docstring): the graph's inputs are named as
+    the model's (`example_inputs`' keys), its output `member_logits` (B, M, C) or `member_pooled` (B, M, D).
+    Returns `path`. Needs onnx and onnxscript (`pip install hydra-ensembles[export]`).
+
+    One file (below 2 GiB of weights) is replaced atomically. Two files (the weights in `<path>.data`) are replaced
+    one after the other, weights first: an export stopped between the two leaves the old graph beside the new
+    weights, which do not load together; export again."""
     _require_onnx()
     program = export_program(predictor, example_inputs).run_decompositions(_attention_decompositions())
     names = list(example_inputs_of(predictor, example_inputs))
@@ -117,8 +121,11 @@ def export_onnx(predictor: nn.Module, path: str | os.PathLike, example_inputs: M
             dynamo=True,
             verbose=False,
         )
-        for file in sorted(tmp.iterdir(), key=lambda f: f == written):  # the weights first, the graph last
+        files = sorted(tmp.iterdir(), key=lambda f: f == written)  # the weights first, the graph last
+        for file in files:
             os.replace(file, path.parent / file.name)
+        if len(files) == 1:  # a one-file graph: the weights of an earlier, larger export are stale
+            path.with_name(path.name + ".data").unlink(missing_ok=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path

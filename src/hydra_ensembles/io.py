@@ -69,8 +69,8 @@ def save_dir_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> P
     """Call `write(tmp_dir)`, then swap `tmp_dir` into `path`.
 
     If `write` fails or the process dies midway, `path` still holds the previous save. The swap is two renames;
-    should the process die between them, the previous save sits at `<path>.previous` and `recover_dir` (called
-    by every loader here) puts it back.
+    should the process die between them, the previous save sits at `.<name>.hydra-previous` beside it and
+    `recover_dir` (called by every loader here) puts it back.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,7 +86,7 @@ def save_dir_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> P
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    previous = path.with_name(path.name + ".previous")
+    previous = _swap_name(path)
     if path.exists():
         os.rename(path, previous)
     os.rename(tmp, path)
@@ -95,10 +95,16 @@ def save_dir_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> P
     return path
 
 
+def _swap_name(path: Path) -> Path:
+    """Where a save's previous version waits during the swap: hidden and named for this library, so that
+    `recover_dir` never deletes a user's own `<name>.previous` backup."""
+    return path.with_name(f".{path.name}.hydra-previous")
+
+
 def recover_dir(path: str | os.PathLike) -> None:
     """Finish or undo a swap that was cut off by a crash."""
     path = Path(path)
-    previous = path.with_name(path.name + ".previous")
+    previous = _swap_name(path)
     if not previous.exists():
         return
     if path.exists():  # cut after the second rename: the new save is complete, the old one is stale

@@ -78,6 +78,13 @@ def test_amp_tables_pick_the_base_by_cost_and_compare_at_equal_size(tiny_task, t
         assert recovered is None or recovered["metrics"] == curve[f"AMP single, dE={d:g}"]["metrics"]
     criteria = [name for name in seed["criteria"] if name != "Single" and "recovered" not in name]
     assert [name.split(" (")[1].split(",")[0] for name in criteria] == list(amp.CRITERIA)
+    recovered = [path.name for path in (tmp_path / "cache").rglob("*-recovered")]
+    entropy = f"AMP (entropy, dE={seed['free_delta']:g}), recovered"  # the free base's model: recovered once
+    assert (
+        seed["criteria"][entropy]["metrics"]
+        == seed["baselines"][f"AMP dE={seed['free_delta']:g}, recovered"]["metrics"]
+    )
+    assert recovered and not [name for name in recovered if name.startswith("AMP-entropy")], recovered
     text = (tmp_path / "out" / "amp.md").read_text()
     assert all(f"## {title}" in text for _, title in amp.TABLES) and "| AMP single |" in text
     assert "Not built" not in text

@@ -252,3 +252,15 @@ def test_a_circuit_search_that_fits_no_time_budget_is_refused_before_it_starts(t
     assert record["settings"]["max_examples"] == 3 and record["results"]["timing"]["chose"] == "exact"
     circuit = json.loads((few / "circuit.json").read_text())
     assert circuit["timing"]["predicted_s"] > 0 and circuit["timing"]["measured_s"] > 0
+
+
+def test_amp_refuses_settings_that_prune_nothing_before_the_step_starts(tmp_path, classifier, text_files):
+    given = ["--model", str(classifier), "--data", str(text_files["val"]), "--out", str(tmp_path / "o")]
+    for bad, named in (
+        (["--delta-e", "nan"], "delta_e must be a finite number > 0"),  # no size accepted: nothing pruned
+        (["--delta-e", "0.01", "--t-max", "0"], "t_max must be >= 1"),
+        (["--delta-e", "0.01", "--recover-data", str(text_files["train"]), "--epochs", "0"], "epochs must be >= 1"),
+    ):
+        message = fails("amp", *given, *bad)
+        assert named in message and "(--delta-e, --t-max, --temperature, --epochs)" in message, message
+        assert not (tmp_path / "o").exists()

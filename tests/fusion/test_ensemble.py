@@ -132,7 +132,7 @@ def test_a_crashed_save_leaves_the_previous_save_intact(tmp_path, monkeypatch):
 def test_a_swap_cut_between_its_two_renames_is_recovered(tmp_path):
     ensemble = he.HydraEnsemble.fuse([MODELS["vit"]()])
     ensemble.save_pretrained(tmp_path / "hydra")
-    (tmp_path / "hydra").rename(tmp_path / "hydra.previous")  # the state right after the first rename
+    (tmp_path / "hydra").rename(tmp_path / ".hydra.hydra-previous")  # the state right after the first rename
     reloaded = he.HydraEnsemble.from_pretrained(tmp_path / "hydra")
     inputs = make_inputs("vit")
     assert torch.equal(fused_output(reloaded, inputs), fused_output(ensemble, inputs))

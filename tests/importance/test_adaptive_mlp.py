@@ -71,15 +71,20 @@ def test_adaptive_pruning_keeps_the_most_important_neurons_within_the_threshold(
     with torch.no_grad():
         model.classifier.weight.mul_(50.0)  # a confident model, so that entropy rises when neurons go
     scores = he.neuron_scores(model, data, loss="entropy", progress=False)
-    pruned, record = he.adaptive_mlp_pruning(model, data, 0.05, loss="entropy", scores=scores, progress=False)
+    # a threshold small enough that the search refuses sizes (at 0.05 every block falls to 1 neuron, and no check
+    # below could fail): here [16, 19, 10]
+    delta = 1e-4
+    pruned, record = he.adaptive_mlp_pruning(model, data, delta, loss="entropy", scores=scores, progress=False)
     assert record.sizes == [len(record.kept[layer]) for layer in range(3)]
+    assert any(1 < size < 37 for size in record.sizes)
     for layer, size in enumerate(record.sizes):
         order = torch.argsort(scores[layer], descending=True, stable=True).tolist()
         assert sorted(order[:size]) == record.kept[layer]  # the top-`size` neurons by importance
     reference = record.baseline
     for value in record.entropies:  # each block within delta_e of the entropy accepted before it
-        assert value - reference < 0.05
+        assert value - reference < delta
         reference = value
+    assert record.entropies[-1] - record.baseline >= delta  # so each block was held to the one before, not the base
     assert criterion_value(pruned, data, "entropy") == pytest.approx(record.entropies[-1], abs=CONTRACT)
     removed = {layer: [k for k in range(37) if k not in record.kept[layer]] for layer in range(3)}
     with he.ablate_neurons(model, removed):
@@ -87,9 +92,17 @@ def test_adaptive_pruning_keeps_the_most_important_neurons_within_the_threshold(
     assert (output(pruned, make_inputs("bert", seed=9)) - zeroed).abs().max().item() <= CONTRACT
     assert he.kept_neurons(model) == {layer: list(range(37)) for layer in range(3)}  # the original untouched
     loose, _ = he.adaptive_mlp_pruning(model, data, 10.0, loss="entropy", scores=scores, t_max=None, progress=False)
-    assert [len(k) for k in he.kept_neurons(loose).values()] == [1, 1, 1]
-    with pytest.raises(ValueError, match="delta_e must be > 0"):
-        he.adaptive_mlp_pruning(model, data, 0.0, progress=False)
+    assert [len(k) for k in he.kept_neurons(loose).values()] == [1, 1, 1] != record.sizes
+    for bad, match in (
+        ({"delta_e": 0.0}, "delta_e must be a finite number > 0"),
+        ({"delta_e": float("nan")}, "delta_e must be a finite number > 0"),  # would accept no size: prune nothing
+        ({"delta_e": float("inf")}, "delta_e must be a finite number > 0"),
+        ({"t_max": 0}, "t_max must be >= 1"),
+        ({"temperature": 0.0}, "temperature must be a finite number > 0"),
+    ):
+        args = {"delta_e": 0.05} | bad
+        with pytest.raises(ValueError, match=match):
+            he.adaptive_mlp_pruning(model, data, args.pop("delta_e"), progress=False, **args)
 
 
 def test_recovery_distils_the_pruned_model_towards_the_unpruned_one_with_the_shared_loop():
@@ -197,9 +210,10 @@ def test_adaptive_pruning_with_and_without_the_shortcut_agree():
         model.classifier.weight.mul_(50.0)
     scores = he.neuron_scores(model, data, loss="entropy", progress=False)
     runs = [
-        he.adaptive_mlp_pruning(model, data, 0.05, loss="entropy", scores=scores, reuse_prefix=r, progress=False)[1]
+        he.adaptive_mlp_pruning(model, data, 1e-4, loss="entropy", scores=scores, reuse_prefix=r, progress=False)[1]
         for r in (True, False)
     ]
+    assert any(1 < size < 37 for size in runs[0].sizes)  # sizes the search had to decide
     assert runs[0].sizes == runs[1].sizes and runs[0].kept == runs[1].kept
     assert runs[0].entropies == pytest.approx(runs[1].entropies, abs=1e-6)
 

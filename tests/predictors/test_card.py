@@ -152,3 +152,15 @@ def test_a_baseline_that_is_its_own_method_says_so_in_its_title():
     for title, predictor in titles:
         text = model_card.card_text(predictor)
         assert f"# {title}" in text and "Hydra Ensemble" not in text.split("\n## ")[0]
+
+
+@pytest.mark.parametrize("name, width", [("distilbert", 37), ("dinov2", 64), ("clip_classifier", 37)])
+def test_card_reads_sizes_from_the_model_whatever_its_config_calls_them(name, width):
+    """DistilBERT's hidden_dim, DINOv2's mlp_ratio, CLIP's vision_config: an unpruned model is not called pruned."""
+    model = MODELS[name]()
+    text = model_card.card_text(model)
+    assert f"# A {type(model).__name__}" in text and "pruned" not in text.split("\n## ")[0]
+    assert f"MLP width {width}" in text and f"MLP neurons kept: all ({width} per layer)." in text
+    he.prune_neurons(model, {0: [0]})
+    text = model_card.card_text(model)
+    assert f"# A pruned {type(model).__name__}" in text and f"MLP neurons kept per layer (of {width})" in text

@@ -18,6 +18,7 @@ from conftest import (
 from tolerances import CONTRACT, DEFECT
 
 import hydra_ensembles as he
+from hydra_ensembles.adapters import get_adapter
 
 PLAN = {0: [0, 5, 36], 2: list(range(30))}  # MLP width 37 in the tiny configs
 
@@ -75,6 +76,12 @@ def test_bad_neuron_plans_are_refused():
     model = MODELS["bert"]()
     with pytest.raises(ValueError, match="without MLP neurons"):
         he.prune_neurons(model, {0: range(37)})
+    with pytest.raises(ValueError, match="layer 1 without MLP neurons"):  # refused before layer 0 is cut
+        he.prune_neurons(model, {0: [1], 1: range(37)})
+    assert (
+        he.kept_neurons(model)[0] == list(range(37))
+        and get_adapter(model).block(model.bert.encoder.layer[0]).mlp_out.in_features == 37
+    )
     with pytest.raises(ValueError, match="out of range"):
         he.prune_neurons(model, {5: [0]})
     he.prune_neurons(model, {0: [1]})

@@ -135,6 +135,8 @@ def test_bad_inputs():
         ft.finetune(MODELS["bert"](), _data(), CONFIG.with_(optimizer="adam"), progress=False)
     with pytest.raises(ValueError, match="patience must be None .* or >= 1"):
         CONFIG.with_(patience=0)  # would stop before the first epoch
+    with pytest.raises(ValueError, match="epochs must be >= 1"):
+        CONFIG.with_(epochs=0)  # an empty history, which callers read
     regressor = MultiHeadMLP(1, 2, heads=1, regression=True)
     gaussian = [{"inputs": torch.randn(4, 1), "labels": torch.randn(4)}]
     with pytest.raises(ValueError, match="no accuracy to monitor .monitor='acc_nll'"):

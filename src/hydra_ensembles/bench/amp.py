@@ -24,6 +24,7 @@ import functools
 import json
 import math
 import os
+import re
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -380,8 +381,10 @@ def _row(model: Callable[[AmpSeed], nn.Module]) -> runner.Build:
 
 
 def _recovered(name: str, pruned: Callable[[AmpSeed], nn.Module], amp: AmpSeed) -> nn.Module:
-    """The row `name`'s model `pruned` of `amp`, recovered (`AmpSeed.recovered`)."""
-    return amp.recovered(_slug(name), lambda: pruned(amp))
+    """The row `name`'s model `pruned` of `amp`, recovered (`AmpSeed.recovered`). The criteria table's entropy row
+    is the sweep's model of its delta-E: it takes that model's recovery (one training, not two)."""
+    entropy_row = re.fullmatch(r"AMP \(entropy, dE=(.+)\)", name)
+    return amp.recovered(_slug(f"AMP dE={entropy_row[1]}" if entropy_row else name), lambda: pruned(amp))
 
 
 def free_predictors(
@@ -471,6 +474,11 @@ def markdown(summary: dict) -> str:
                 f"{summary['settings']['deltas']}, refined by up to {REFINE_STEPS} bisection steps between the grid's "
                 "last delta-E over the target and first within it "
                 f"(Hydra FLOPs x per delta-E, per seed: {ratios}). Heads: per layer; MLP: hidden neurons kept of all."
+                + "".join(
+                    f" Seed {s}: no delta-E of the grid reached the target; its base is the largest, over it."
+                    for s, r in per_seed.items()
+                    if r["hydra_flops"][f"{r['free_delta']:g}"] > summary["settings"]["flops_target"]
+                )
                 + (f" {latency_note(summary)}" if "latency" in summary else ""),
                 "",
             ]

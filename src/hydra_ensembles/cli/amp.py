@@ -16,6 +16,7 @@ import shutil
 from ..cost import count_parameters
 from ..importance import adaptive_mlp_pruning
 from ..importance.losses import loss_choices, needs_labels
+from ..importance.neurons import check_search_args
 from ..predictors import copy_preprocessor
 from ..pruning import load_model, save_model
 from ..training import AMP_RECOVERY, recover
@@ -69,11 +70,14 @@ def run(args: argparse.Namespace) -> int:
         **{k: getattr(args, k) for k in ("delta_e", "t_max", "loss", "temperature", "epochs", "lr")},
         **data_settings(args),
     }
+    try:  # refused before the step starts, so a refused run leaves no unfinished --out
+        check_search_args(args.delta_e, args.t_max, args.temperature)
+        config = AMP_RECOVERY.with_(epochs=args.epochs, lr=args.lr)
+    except ValueError as error:
+        raise CommandError(f"{error} (--delta-e, --t-max, --temperature, --epochs)") from None
     out = start_step(args, "amp", settings, "model")
     if out is None:
         return 0
-    if args.delta_e <= 0:
-        raise CommandError(f"--delta-e must be > 0, got {args.delta_e}.")
     model = load_model(model_dir).to(device)
     labelled = needs_labels(args.loss)
     data = read_data(args, args.data, model_dir, model.config, labelled=labelled, flag="--data")
@@ -92,7 +96,6 @@ def run(args: argparse.Namespace) -> int:
     history = None
     if args.recover_data:
         train = read_data(args, args.recover_data, model_dir, model.config, labelled=False, flag="--recover-data")
-        config = AMP_RECOVERY.with_(epochs=args.epochs, lr=args.lr)
         recover(
             pruned,
             copy.deepcopy(model),

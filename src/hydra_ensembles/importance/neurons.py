@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -68,7 +69,7 @@ def neuron_scores(
                         "set config.chunk_size_feed_forward = 0 before scoring neurons."
                     )
                 for acc, h, g in zip(sums, activations, grads):
-                    per_token = (h.detach() * g).double().reshape(h.shape[0], -1, h.shape[-1])  # (B, N, F)
+                    per_token = _product(h.detach(), g).reshape(h.shape[0], -1, h.shape[-1])  # (B, N, F)
                     acc += per_token.sum(dim=1).abs().sum(dim=0).cpu()  # Eq. 4 per sequence, summed over the set
                 activations.clear()
     finally:
@@ -130,6 +131,26 @@ class AdaptivePruning:
     kept: NeuronMap
 
 
+def _product(h: Tensor, g: Tensor) -> Tensor:
+    """h * dC/dh in float64 for the signed sum over tokens. A bf16/fp16 product (3 significant digits) is rounded
+    before a sum that can cancel, so half precision is widened first; float32's product (rounded at 6e-8) is
+    kept, as every recorded AMP search computed it."""
+    if h.dtype in (torch.bfloat16, torch.float16):
+        return h.double() * g.double()
+    return (h * g).double()
+
+
+def check_search_args(delta_e: float, t_max: int | None, temperature: float) -> None:
+    """Refuse, before any work, what would make Algorithm 1 silently prune nothing (NaN, t_max < 1) or everything
+    (an infinite threshold)."""
+    if not (math.isfinite(delta_e) and delta_e > 0):
+        raise ValueError(f"delta_e must be a finite number > 0 (the entropy rise a block may cause), got {delta_e}.")
+    if t_max is not None and t_max < 1:
+        raise ValueError(f"t_max must be >= 1 binary-search steps, or None for a search to the end; got {t_max}.")
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}.")
+
+
 def adaptive_mlp_pruning(
     model: nn.Module,
     loader: Iterable[Batch],
@@ -150,10 +171,9 @@ def adaptive_mlp_pruning(
     reuse_prefix: run only blocks l.. for each size tried in block l, from the hidden states entering block l
     computed once (the same values; False runs the whole model for every size, as Algorithm 1 is written).
     """
+    check_search_args(delta_e, t_max, temperature)
     batches = materialize(loader, "pruning loader")
     loss = choose_loss(loss, get_adapter(model).is_classifier(model), batches)  # one criterion for all sizes
-    if delta_e <= 0:
-        raise ValueError(f"delta_e must be > 0 (the entropy increase a block may cause), got {delta_e}.")
     scores = (
         scores
         if scores is not None

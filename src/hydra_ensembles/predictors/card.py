@@ -48,9 +48,10 @@ def write_card(predictor: nn.Module, path: str | os.PathLike, evaluation: Mappin
 def card_text(predictor: nn.Module, path: Path | None = None, evaluation: Mapping[str, Any] | None = None) -> str:
     """The card of `predictor` (see the module docstring) as Markdown."""
     inner = base_model(predictor)
-    lines = [*_header(inner), f"# {_title(predictor, inner)}", ""]
+    base = _unpruned(inner) if isinstance(inner, HydraEnsemble) or _is_hf(inner) else None
+    lines = [*_header(inner), f"# {_title(predictor, inner, base)}", ""]
     lines += [f"Made with hydra-ensembles {__version__}; load it with `hydra_ensembles.load_predictor(path)`.", ""]
-    lines += _base_lines(inner) + _method_lines(predictor, inner, path) + _cost_lines(predictor, inner)
+    lines += _base_lines(inner, base) + _method_lines(predictor, inner, base, path) + _cost_lines(predictor, base)
     lines += _evaluation_lines(evaluation)
     return "\n".join(lines).rstrip() + "\n"
 
@@ -70,7 +71,7 @@ def _header(inner: nn.Module) -> list[str]:
     ]
 
 
-def _title(predictor: nn.Module, inner: nn.Module) -> str:
+def _title(predictor: nn.Module, inner: nn.Module, base: nn.Module | None) -> str:
     """A kind that is its own method (a baseline built on a model) names itself (its `title`); else the title says
     what the model is, and which wrappers sit over it."""
     what = _model_name(inner)
@@ -79,20 +80,20 @@ def _title(predictor: nn.Module, inner: nn.Module) -> str:
     if isinstance(inner, HydraEnsemble):
         title = f"A Hydra Ensemble of {inner.num_members} pruned {what} members, fused"
     else:
-        title = f"{'A pruned' if _is_hf(inner) and _is_pruned(inner) else 'A'} {what}"
+        title = f"{'A pruned' if base is not None and _is_pruned(inner, base) else 'A'} {what}"
     wrappers = [getattr(m, "kind", type(m).__name__) for m in wrapper_chain(predictor)[:-1]]
     return title + (f" ({' + '.join(wrappers)})" if wrappers else "")
 
 
-def _base_lines(inner: nn.Module) -> list[str]:
+def _base_lines(inner: nn.Module, base: nn.Module | None) -> list[str]:
     config = _config(inner)
-    if config is None:
+    if config is None or base is None:
         return []
-    sizes = {
-        "layers": getattr(config, "num_hidden_layers", None),
-        "heads per layer": getattr(config, "num_attention_heads", None),
-        "hidden size": getattr(config, "hidden_size", None),
-        "MLP width": getattr(config, "intermediate_size", None),
+    sizes = {  # read from the unpruned model: configs name them differently (DistilBERT, CLIP, DINOv2's mlp_ratio)
+        "layers": len(kept_heads(base)),
+        "heads per layer": len(kept_heads(base)[0]),
+        "hidden size": getattr(get_adapter(base).config(base), "hidden_size", None),
+        "MLP width": _widths(base)[0],
     }
     lines = ["## Base model", "", f"- class: `{_model_name(inner)}` ({config.model_type})"]
     if _name_or_path(inner):
@@ -104,7 +105,7 @@ def _base_lines(inner: nn.Module) -> list[str]:
     return [*lines, ""]
 
 
-def _method_lines(predictor: nn.Module, inner: nn.Module, path: Path | None) -> list[str]:
+def _method_lines(predictor: nn.Module, inner: nn.Module, base: nn.Module | None, path: Path | None) -> list[str]:
     lines = ["## Method and settings", ""]
     for wrapper in wrapper_chain(predictor)[:-1]:
         lines.append(f"- wrapper: `{getattr(wrapper, 'kind', type(wrapper).__name__)}` around the model below")
@@ -123,7 +124,7 @@ def _method_lines(predictor: nn.Module, inner: nn.Module, path: Path | None) -> 
         return [*lines, f"- {type(inner).__name__}", ""]
     lines += _source_lines(path)
     lines += ["", "Heads kept per layer (one column per member):", "", *_head_table(head_maps), ""]
-    lines += _neuron_lines(inner)
+    lines += _neuron_lines(inner, base)
     return lines
 
 
@@ -136,16 +137,21 @@ def _head_table(head_maps: list[dict[int, list[int]]]) -> list[str]:
     return [*rows, "| total | " + " | ".join(str(t) for t in totals) + " |"]
 
 
-def _neuron_lines(inner: nn.Module) -> list[str]:
+def _neuron_lines(inner: nn.Module, base: nn.Module) -> list[str]:
     """MLP neurons kept per layer (adaptive MLP pruning, paper 002), when any were removed."""
     if isinstance(inner, HydraEnsemble):
         widths = [int(layer.mlp_in_weight.shape[-1]) for layer in inner.layers]  # (G, d, F): F neurons
     else:
-        widths = [len(neurons) for _, neurons in sorted(kept_neurons(inner).items())]
-    full = getattr(_config(inner), "intermediate_size", None)
-    if full is None or all(width == full for width in widths):
-        return [f"MLP neurons kept: all ({full} per layer).", ""] if full else []
-    return [f"MLP neurons kept per layer (of {full}): {widths} ({sum(widths)} of {full * len(widths)}).", ""]
+        widths = _widths(inner)
+    full = _widths(base)
+    if widths == full:
+        return [f"MLP neurons kept: all ({full[0]} per layer).", ""]
+    return [f"MLP neurons kept per layer (of {full[0]}): {widths} ({sum(widths)} of {sum(full)}).", ""]
+
+
+def _widths(model: nn.Module) -> list[int]:
+    """The MLP hidden width of every layer of an HF model."""
+    return [len(neurons) for _, neurons in sorted(kept_neurons(model).items())]
 
 
 def _source_lines(path: Path | None) -> list[str]:
@@ -160,13 +166,12 @@ def _source_lines(path: Path | None) -> list[str]:
     return [f"- head selection: {kind} `{source}`; {chosen} (`hydra-ens members`)"]
 
 
-def _cost_lines(predictor: nn.Module, inner: nn.Module) -> list[str]:
+def _cost_lines(predictor: nn.Module, base: nn.Module | None) -> list[str]:
     """The whole predictor's cost (every member of a deep ensemble, the M passes of a BatchEnsemble) against one
-    unpruned copy of the model its members were made from."""
-    if not (isinstance(inner, HydraEnsemble) or _is_hf(inner)):
+    unpruned copy of the model its members were made from (`base`)."""
+    if base is None:
         return []
-    base = _unpruned(inner)
-    probe = _probe(inner)
+    probe = _probe(base)
     own, full = count_parameters(predictor), count_parameters(base)
     flops, base_flops = count_flops(predictor, probe), count_flops(base, probe)
     shape = "x".join(str(s) for s in next(iter(probe.values())).shape)
@@ -224,10 +229,10 @@ def _name_or_path(inner: nn.Module) -> str:
     return str(getattr(config, "_name_or_path", "") or "") if config is not None else ""
 
 
-def _is_pruned(model: nn.Module) -> bool:
-    heads, width = getattr(model.config, "num_attention_heads", None), getattr(model.config, "intermediate_size", None)
-    pruned_heads = any(len(h) != heads for h in kept_heads(model).values())
-    return pruned_heads or any(len(n) != width for n in kept_neurons(model).values())
+def _is_pruned(model: nn.Module, base: nn.Module) -> bool:
+    """Heads or MLP neurons fewer than the unpruned model's (`base`)."""
+    counts = [[len(h) for _, h in sorted(kept_heads(m).items())] for m in (model, base)]
+    return counts[0] != counts[1] or _widths(model) != _widths(base)
 
 
 def _unpruned(inner: nn.Module) -> nn.Module:

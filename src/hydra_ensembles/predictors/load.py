@@ -26,7 +26,7 @@ from ..adapters import UnsupportedModelError, adapter_for_class
 from ..distill import MultiHeadMLP
 from ..fusion import HydraEnsemble
 from ..fusion.ensemble import CONFIG_NAME as HYDRA_CONFIG
-from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
+from ..io import PREDICTOR_FILE, recover_dir, save_dir_atomic, write_json_atomic
 from ..pruning import load_model, save_model
 from .card import write_card
 from .wrapper import Wrapper
@@ -83,6 +83,7 @@ def register_predictor(cls: type[SavedPredictor]) -> type[SavedPredictor]:
 def saved_kind(path: str | os.PathLike) -> str:
     """The kind saved at `path`: predictor.json names it; the formats that do not are told by their files."""
     path = Path(path)
+    recover_dir(path)  # a save cut off between its two renames is put back before its files are read
     if (path / HYDRA_CONFIG).is_file():
         return HydraEnsemble.kind
     if (path / PREDICTOR_FILE).is_file():

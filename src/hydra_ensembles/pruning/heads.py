@@ -184,14 +184,30 @@ def _rebuild_attention(
                 if linear.bias is not None:
                     linear.bias.zero_()
             output.weight.zero_()
-        for tensor in (query.weight, query.bias, key.weight, key.bias, value.weight, value.bias, output.weight):
-            if tensor is not None:
-                tensor.requires_grad_(False)  # fine-tuning must leave the placeholder at zero
-        for linear in extras.values():
-            linear.requires_grad_(False)
     adapter.set_projections(layer, (query, key, value, output), num_heads=max(len(positions), 1), kept=kept)
     for path, linear in extras.items():  # per-head projections beyond q/k/v (DeBERTa's position projections)
         layer.set_submodule(path, linear)
+    if placeholder:
+        _freeze_placeholder(adapter, layer)
+
+
+def _freeze_placeholder(adapter: Adapter, layer: nn.Module) -> None:
+    """Fine-tuning must leave an emptied layer's all-zero placeholder head at zero (the fused engine drops it)."""
+    block = adapter.block(layer)
+    for linear in (block.query, block.key, block.value):
+        linear.requires_grad_(False)
+    block.output.weight.requires_grad_(False)  # its bias is the layer's own, not the head's
+    for linear in adapter.head_row_linears(layer).values():
+        linear.requires_grad_(False)
+
+
+def freeze_placeholders(model: nn.Module) -> None:
+    """Freeze the placeholder head of every emptied layer again: HF's loader hands back trainable parameters."""
+    adapter = get_adapter(model)
+    layers = adapter.layers(model)
+    for layer, heads in kept_heads(model).items():
+        if not heads:
+            _freeze_placeholder(adapter, layers[layer])
 
 
 def slice_linear(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
@@ -202,5 +218,7 @@ def slice_linear(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
 
 
 register_structure(  # kept heads: recorded in config.json, replayed when the model is loaded
-    KEPT_HEADS_KEY, lambda model, saved: keep_heads(model, {int(layer): heads for layer, heads in saved.items()})
+    KEPT_HEADS_KEY,
+    lambda model, saved: keep_heads(model, {int(layer): heads for layer, heads in saved.items()}),
+    loaded=freeze_placeholders,
 )

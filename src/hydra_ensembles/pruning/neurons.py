@@ -47,20 +47,21 @@ def prune_neurons(model: nn.Module, neurons_to_prune: Mapping[int, Iterable[int]
     adapter = get_adapter(model)
     kept = kept_neurons(model)
     plan = _check(kept, neurons_to_prune)
+    remaining = {layer: [k for k in kept[layer] if k not in neurons] for layer, neurons in plan.items()}
+    for layer, neurons in plan.items():  # refused before any layer is cut: a refused plan leaves the model whole
+        if not remaining[layer]:
+            raise ValueError(f"pruning {sorted(neurons)} would leave layer {layer} without MLP neurons; keep one.")
     record_fingerprint(model)
     layers = adapter.layers(model)
-    for layer, neurons in plan.items():
-        remaining = [k for k in kept[layer] if k not in neurons]
-        if not remaining:
-            raise ValueError(f"pruning {sorted(neurons)} would leave layer {layer} without MLP neurons; keep one.")
-        rows = _positions(kept[layer], remaining)
+    for layer in plan:
+        rows = _positions(kept[layer], remaining[layer])
         block = adapter.block(layers[layer])
         adapter.set_mlp(
             layers[layer],
             slice_linear(block.mlp_in, block.mlp_in_rows(rows), dim=0),  # a gated MLP's gate rows go with them
             slice_linear(block.mlp_out, rows, dim=1),
         )
-        kept[layer] = remaining
+        kept[layer] = remaining[layer]
     setattr(model.config, KEPT_NEURONS_KEY, {str(layer): neurons for layer, neurons in kept.items()})
     return model
 

@@ -27,11 +27,18 @@ from ..io import reading_dir, save_dir_atomic
 FINGERPRINT_KEY = "hydra_base_fingerprint"
 # config key -> replay(model, saved value): re-applies the change to a freshly built, unchanged model
 STRUCTURES: dict[str, Callable[[nn.Module, Any], object]] = {}
+# config key -> what to redo once the weights are in (HF's loader resets what the replay set, e.g. requires_grad)
+AFTER_LOAD: dict[str, Callable[[nn.Module], object]] = {}
 
 
-def register_structure(config_key: str, replay: Callable[[nn.Module, Any], object]) -> None:
-    """Record a kind of structural change: `load_model` replays `replay(model, config.<config_key>)`."""
+def register_structure(
+    config_key: str, replay: Callable[[nn.Module, Any], object], loaded: Callable[[nn.Module], object] | None = None
+) -> None:
+    """Record a kind of structural change: `load_model` replays `replay(model, config.<config_key>)` before the
+    weights are loaded, and calls `loaded(model)` after."""
     STRUCTURES[config_key] = replay
+    if loaded is not None:
+        AFTER_LOAD[config_key] = loaded
 
 
 def clear_structures(config: transformers.PretrainedConfig) -> transformers.PretrainedConfig:
@@ -55,6 +62,9 @@ def load_model(path: str | os.PathLike, **from_pretrained_kwargs) -> nn.Module:
     The model is built, changed to its saved structures, and only then filled by HF's own loader (which also
     maps checkpoint key names). The result is an instance of the plain HF class.
     """
+    refused = sorted({"config", "output_loading_info"} & set(from_pretrained_kwargs))
+    if refused:
+        raise TypeError(f"load_model sets {refused} itself (the saved config, checked loading): leave them out.")
     with reading_dir(path, "saved model") as path:
         config = transformers.AutoConfig.from_pretrained(path)
         cls = model_class(config)
@@ -69,10 +79,35 @@ def load_model(path: str | os.PathLike, **from_pretrained_kwargs) -> nn.Module:
                 for key, value in recorded.items():
                     STRUCTURES[key](self, value)
 
+        # HF maps old checkpoint key names (ViT, DINOv2: encoder.layer.N.attention.attention.query -> ...) only for
+        # its own classes, told by the module: a subclass defined here would load those weights as missing, at random
+        Restructured.__module__ = cls.__module__
         Restructured.__name__ = Restructured.__qualname__ = cls.__name__
-        model = Restructured.from_pretrained(path, config=config, **from_pretrained_kwargs)
+        model, info = Restructured.from_pretrained(
+            path, config=config, output_loading_info=True, **from_pretrained_kwargs
+        )
+        _check_loaded(info, path)
         model.__class__ = cls
+        for key in recorded.keys() & AFTER_LOAD.keys():
+            AFTER_LOAD[key](model)
         return model.eval()
+
+
+def _check_loaded(info: dict[str, Any], path: Path) -> None:
+    """A restructured model is loaded from its own save: every tensor must find its place (HF only warns)."""
+    problems = {
+        kind: sorted(map(str, info.get(kind) or ())) for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")
+    }
+    problems = {kind: keys for kind, keys in problems.items() if keys}
+    if problems:
+        listed = "; ".join(
+            f"{kind.replace('_', ' ')}: {keys[:4]}{' ...' if len(keys) > 4 else ''}" for kind, keys in problems.items()
+        )
+        raise ValueError(
+            f"the pruned model at {str(path)!r} does not load whole ({listed}): its weights do not match the "
+            "structure its config.json records (a hand-edited config, or files of two saves mixed). Save it again "
+            "with save_model."
+        )
 
 
 def model_class(config: transformers.PretrainedConfig) -> type:
@@ -111,5 +146,7 @@ def _optional_submodule(root: nn.Module, path: str) -> nn.Module:
 
 
 def record_fingerprint(model: nn.Module) -> None:
+    if any(p.is_meta for p in model.parameters()):  # replayed inside HF's loader: no weights to hash yet
+        return
     if not getattr(model.config, FINGERPRINT_KEY, None):
         setattr(model.config, FINGERPRINT_KEY, base_fingerprint(model))

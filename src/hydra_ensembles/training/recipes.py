@@ -70,6 +70,8 @@ class TrainConfig:
         for name, registry in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES)):
             if getattr(self, name) not in registry:
                 raise ValueError(f"{name} must be one of {sorted(registry)}, got {getattr(self, name)!r}.")
+        if self.epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {self.epochs} (to train nothing, do not call the loop).")
         if self.patience is not None and self.patience < 1:
             raise ValueError(
                 f"patience must be None (no early stopping) or >= 1 epoch without improvement, got {self.patience}."
