@@ -67,6 +67,12 @@ def test_calibration_edge_cases():
     assert M.brier(one_hot, torch.tensor([1, 2, 0, 1])) == 2.0
     single_class = torch.tensor([[1.0], [1.0]])
     assert M.ece(single_class, torch.tensor([0, 0])) == 0.0 and M.nll(single_class, torch.tensor([0, 0])) == 0.0
+    nan = torch.tensor([[0.5, 0.5], [float("nan"), float("nan")]])  # softmax of an inf logit
+    for metric in (M.ece, M.adaptive_ece, M.nll, M.brier):  # ECE crashed (index out of range), the rest gave NaN
+        with pytest.raises(ValueError, match="1 row.s. of the probabilities hold NaN"):
+            metric(nan, torch.tensor([0, 1]))
+        with pytest.raises(ValueError, match="N > 0"):
+            metric(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))
 
 
 def test_adaptive_ece_does_not_depend_on_the_order_of_tied_rows():
@@ -131,6 +137,11 @@ def test_ood_edge_cases():
         M.fpr_at_tpr(perfect, torch.ones(4, dtype=torch.bool))
     with pytest.raises(ValueError, match="only one class"):
         M.auroc(perfect, torch.zeros(4, dtype=torch.bool))
+    # a NaN score: AUROC ranked it last, AUPR first, FPR95 never flagged it; refused by every metric
+    nan = torch.tensor([0.1, float("nan"), 0.8, 0.9])
+    for metric in (M.auroc, M.aupr_in, M.aupr_out, M.fpr_at_tpr):
+        with pytest.raises(ValueError, match="1 OOD score.s. are NaN"):
+            metric(nan, labels)
 
 
 # ---- model uncertainty ----

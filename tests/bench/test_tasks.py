@@ -254,23 +254,30 @@ def _pixels255(x: torch.Tensor) -> set[bytes]:
 
 
 def test_lit_pairs_caption_the_training_images_only_and_leave_the_held_out_class_out(memoised_images):
-    x, y, names = two_tower.lit_pairs(("bag",))
+    splits = tasks.image_splits(False, 9)  # the zero-shot task's
+    x, y, names = two_tower.lit_pairs(splits, ("bag",))
     assert len(names) == 18 and names[:8] == [two_tower.FASHION_NAMES[c] for c in (0, 1, 2, 3, 4, 5, 8, 9)]
     assert names[8:] == list(two_tower.DIGIT_NAMES)
     assert x.shape == (len(y), 28, 28) and x.min() >= 0 and x.max() <= 1 and y.dtype == torch.long
     counts = torch.bincount(y, minlength=18)
-    assert counts[names.index("bag")] == 0 and counts[8:].sum() == 5_000  # no bag; the 5,000 MNIST digits
+    assert counts[names.index("bag")] == 0  # no bag
     assert all(counts[c] == 600 for c in range(8) if names[c] != "bag")  # the full image task's training split
-    fashion = _pixels255(x[y < 8])
+    fashion, digits = _pixels255(x[y < 8]), _pixels255(x[y >= 8])
     assert not fashion & _pixels255(images.load_fashion_mnist("test")[0])  # never a test or near-OOD image
-    full = tasks.image_task("full")
-    val = torch.cat([b["pixel_values"][:, 0] for b in full.val]) * tasks.FASHION_STD + tasks.FASHION_MEAN
-    assert not fashion & _pixels255(val)  # nor a validation image (temperature, circuits)
-    again = two_tower.lit_pairs(("bag",))
+    assert not fashion & _pixels255(splits.val[0])  # nor a validation image (temperature, circuits)
+    # no digit of the far-OOD test set or the circuits' OOD validation; every other of the 5,000 MNIST digits
+    evaluated = _pixels255(torch.cat([splits.far["mnist"], splits.circuit_ood]))
+    assert not digits & evaluated and len(digits | evaluated) >= len(_pixels255(images.load_mnist()))
+    assert counts[8:].sum() == 5_000 - 500 - 9
+    again = two_tower.lit_pairs(splits, ("bag",))
     assert torch.equal(again[0], x) and torch.equal(again[1], y)
-    assert len(two_tower.lit_pairs()[1]) == len(y) + 600
+    assert len(two_tower.lit_pairs(splits)[1]) == len(y) + 600
+    quick = tasks.image_splits(True, 6)  # a quick task's model trains on the quick task's own splits
+    quick_x, quick_y, _ = two_tower.lit_pairs(quick, ("bag",))
+    assert not _pixels255(quick_x[quick_y < 8]) & _pixels255(quick.val[0])
+    assert counts.new_tensor([int((quick_y == c).sum()) for c in range(8) if names[c] != "bag"]).eq(250).all()
     with pytest.raises(ValueError, match="held_out must name Fashion-MNIST classes"):
-        two_tower.lit_pairs(("zebra",))
+        two_tower.lit_pairs(splits, ("zebra",))
 
 
 def _normalised(text: str) -> str:

@@ -75,7 +75,8 @@ def test_predict_and_evaluate_take_a_feature_score(fitted, tmp_path, text_files)
     expected = separation_metrics(scores["val"], scores["ood"])  # computed here, by the score asked for
     assert metrics["far"]["auroc"] == pytest.approx(expected["auroc"], abs=1e-12)
     assert metrics["far"]["fpr95"] == pytest.approx(expected["fpr95"], abs=1e-12)
-    assert "OOD score: mds" in (report / "report.md").read_text()
+    text = (report / "report.md").read_text()
+    assert "OOD score: mds" in text and "OOD: the mds score" in text and "maximum softmax" not in text
 
 
 def test_a_feature_score_without_detectors_says_how_to_fit_them(classifier, text_files):

@@ -52,17 +52,19 @@ def test_collect_member_logits_from_any_predictor():
 
 
 def test_id_positive_convention_on_request():
-    from sklearn.metrics import roc_curve
+    from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
     from hydra_ensembles.evaluation import ood_metrics
 
     generator = torch.Generator().manual_seed(3)
     id_logits, ood_logits = 3 * torch.randn(200, 2, 4, generator=generator), torch.randn(150, 2, 4, generator=generator)
     ood_pos, id_pos = ood_metrics(id_logits, ood_logits), ood_metrics(id_logits, ood_logits, positive="id")
-    assert id_pos["auroc"] == ood_pos["auroc"] and id_pos["aupr_in"] == ood_pos["aupr_in"]
-    # ID positive, scored by MSP itself: FPR95 = share of OOD accepted when 95% of ID is kept (sklearn's ROC)
+    # ID positive, scored by MSP itself: FPR95 = share of OOD accepted when 95% of ID is kept (sklearn's ROC);
+    # AUROC and AUPR-In are the same whichever class is called positive (computed here from the ID side)
     msp = torch.cat([1 - OOD_SCORES["msp"](id_logits), 1 - OOD_SCORES["msp"](ood_logits)]).numpy()
     is_id = [1] * 200 + [0] * 150
+    assert id_pos["auroc"] == pytest.approx(roc_auc_score(is_id, msp), abs=1e-12)
+    assert id_pos["aupr_in"] == pytest.approx(average_precision_score(is_id, msp), abs=1e-12)
     fpr, tpr, _ = roc_curve(is_id, msp, drop_intermediate=False)
     assert id_pos["fpr95"] == pytest.approx(fpr[tpr >= 0.95][0])
     assert id_pos["fpr95"] != ood_pos["fpr95"]

@@ -84,6 +84,12 @@ def test_class_embeddings_and_logits_follow_the_definition(family, clip_tokenize
         class_prompts(["a"], ["no slot"])
     with pytest.raises(ValueError, match="same number of members"):
         zero_shot_ensemble(two_tower, CLASSES, tokenizer, TEMPLATES, random_head_maps(3), random_head_maps(2))
+    one, other = random_head_maps(1, seed=5)[0], random_head_maps(1, seed=6)[0]
+    for image_maps, text_maps in (([one] * 3, [other] * 3), ([one] * 2, None)):  # would collapse to M = 1
+        with pytest.raises(ValueError, match="same .image, text. heads: identical members"):
+            zero_shot_ensemble(two_tower, CLASSES, tokenizer, TEMPLATES, image_maps, text_maps)
+    repeated_text = zero_shot_ensemble(two_tower, CLASSES, tokenizer, TEMPLATES, [one, other], [other, other])
+    assert repeated_text.num_members == 2  # one tower may repeat a map: the pairs differ
     with pytest.raises(ValueError, match="do not split evenly"):
         class_embeddings(two_tower.text, [_tokens(tokenizer, ["a", "b", "c"])], 2)
     if family == "siglip":  # the prompts' embeddings depend on their padded length: padded as trained, to the max

@@ -206,7 +206,7 @@ def fmnist_task(size: str = "full") -> ZeroShotTask:
     held_out = ("bag",)
     return ZeroShotTask(
         name="zero-shot-fmnist",
-        two_tower=lambda path, progress: lit_model(path, held_out=held_out, progress=progress),
+        two_tower=lambda path, progress: lit_model(path, data, held_out=held_out, progress=progress),
         tokenizer=lambda path: transformers.AutoTokenizer.from_pretrained(path / "model" / "text"),
         classes=[FASHION_NAMES[c] for c in ids],
         templates=list(EVAL_TEMPLATES),
@@ -223,11 +223,12 @@ def fmnist_task(size: str = "full") -> ZeroShotTask:
         model_version=LIT_VERSION,
         notes=[
             f"{LIT_LABEL}: trained contrastively (3 epochs) on captions of the image task's Fashion-MNIST training "
-            f"images of 7 of its 8 ID classes ({', '.join(held_out)} held out) and of 5,000 MNIST digits; never "
-            "on the test images, the OOD sets or the evaluation templates.",
+            f"images of 7 of its 8 ID classes ({', '.join(held_out)} held out) and of the MNIST digits (of 5,000) "
+            "that are not among its OOD images; never on the validation or test images, the OOD sets or the "
+            "evaluation templates.",
             f"Zero-shot classes: the 8 ID class names (one, '{held_out[0]}', never captioned in training); "
             f"templates: {list(EVAL_TEMPLATES)}. Near-OOD: shirt, sneaker (held-out classes); far-OOD: MNIST "
-            "(seen in training, as digits), scikit-learn digits, solar cells.",
+            "(other digits captioned in training, as digits), scikit-learn digits, solar cells.",
             "Pruning: 12 of the 144 heads (72 image + 72 text; the paper prunes 24 of 240), drawn per member from "
             "the first 24 of the exact joint circuit (S_avg on 96 validation images and the OOD validation "
             f"images, {len(data.circuit_ood)} from the OOD sources, disjoint from their test parts); Taylor: 1 "

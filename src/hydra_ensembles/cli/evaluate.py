@@ -37,11 +37,11 @@ from ..evaluation.shift import (
     text_data,
 )
 from ..evaluation.tables import (
-    CONVENTIONS,
     EVALUATE_COLUMNS,
     SELECTIVE_CONVENTIONS,
     aggregate,
     conformal_lines,
+    conventions,
     over_seeds,
     per_set_lines,
     table_lines,
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         "",
         f"OOD score: {args.score} (higher = more OOD; docs/ood_scores.md).",
         "",
-        CONVENTIONS,
+        conventions(args.score),
         "",
         SELECTIVE_CONVENTIONS,
         "",

@@ -123,6 +123,11 @@ def evaluate(
     Returns {"id": {acc, brier, nll, ece, aece, disagreement, mi}, "ood": {set: {auroc, ...}}, "near"/"far"/"all":
     averages}.
     """
+    if (id_scores is None) != (ood_scores is None):
+        raise ValueError(
+            "id_scores and ood_scores go together: pass both (scores already computed) or neither (the logits "
+            "scored by `score`)."
+        )
     near, far, ood = dict(near or {}), dict(far or {}), dict(ood or {})
     clash = (set(near) & set(far)) | (set(near) & set(ood)) | (set(far) & set(ood))
     if clash:

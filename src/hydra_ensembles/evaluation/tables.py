@@ -84,12 +84,22 @@ def latency_over_seeds(per_seed: Mapping[int, Mapping[str, dict]]) -> dict[str, 
     return {row: over_seeds([timed[row]["median"] for timed in per_seed.values() if row in timed]) for row in rows}
 
 
-CONVENTIONS = (
-    "Acc, ECE, aECE, AUROC, FPR95, AUPR in %; mean ± std over seeds (a single run shows its value alone). OOD: "
-    "maximum softmax probability of the (ensemble) prediction, OOD = positive class (OpenOOD). Ensemble "
-    "probability = mean of member softmaxes. FLOPs per example relative to the first row; latency relative to "
-    "the first row on one batch, timed interleaved over repeated rounds on this machine: median (min-max)."
-)
+def conventions(score: str = "msp") -> str:
+    """The tables' conventions, naming the OOD `score` they were measured with (the benchmark's: MSP)."""
+    measured = (
+        "maximum softmax probability of the (ensemble) prediction"
+        if score == "msp"
+        else f"the {score} score (docs/ood_scores.md)"
+    )
+    return (
+        "Acc, ECE, aECE, AUROC, FPR95, AUPR in %; mean ± std over seeds (a single run shows its value alone). OOD: "
+        f"{measured}, OOD = positive class (OpenOOD). Ensemble "
+        "probability = mean of member softmaxes. FLOPs per example relative to the first row; latency relative to "
+        "the first row on one batch, timed interleaved over repeated rounds on this machine: median (min-max)."
+    )
+
+
+CONVENTIONS = conventions()
 SELECTIVE_CONVENTIONS = (
     "Selective classification: an input is accepted when its confidence max_c p_c reaches a threshold; a failure is an "
     "accepted wrong prediction. AURC and AUGRC (%, lower is better): areas under the selective risk (errors / "

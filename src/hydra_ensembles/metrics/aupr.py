@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from torch import Tensor
 
+from ._checks import check_scores
 from .auroc import _numpy
 
 
@@ -34,6 +35,7 @@ def aupr_in(ood_scores: Tensor, is_ood: Tensor) -> float:
 
 
 def _compute(scores: np.ndarray, positive: np.ndarray) -> float:
+    check_scores(scores, "AUPR")
     if not positive.any():
         raise ValueError(
             "average precision needs at least one positive sample: pass both ID and OOD samples (is_ood with "

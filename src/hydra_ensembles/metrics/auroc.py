@@ -6,6 +6,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ._checks import check_scores
+
 
 def auroc(scores: Tensor, is_positive: Tensor) -> float:
     """Probability that a random positive scores higher than a random negative, ties counting one half.
@@ -25,6 +27,7 @@ def auroc(scores: Tensor, is_positive: Tensor) -> float:
 def _compute(scores: np.ndarray, positive: np.ndarray) -> float:
     if scores.shape != positive.shape or scores.ndim != 1:
         raise ValueError(f"scores and labels must both be (N,), got {scores.shape} and {positive.shape}.")
+    check_scores(scores, "AUROC")
     n_pos = int(positive.sum())
     n_neg = positive.size - n_pos
     if n_pos == 0 or n_neg == 0:

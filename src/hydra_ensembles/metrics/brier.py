@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._checks import check_probs
+
 
 def brier(probs: Tensor, labels: Tensor) -> float:
     """Mean over inputs of the squared distance between the predicted distribution and the one-hot label.
@@ -14,6 +16,7 @@ def brier(probs: Tensor, labels: Tensor) -> float:
     Reference: Brier, "Verification of forecasts expressed in terms of probability", 1950 (the multi-class form
     torch-uncertainty reports).
     """
+    check_probs(probs, labels, "Brier")
     return _compute(probs.double(), labels.to(probs.device)).item()
 
 

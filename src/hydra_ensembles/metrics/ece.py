@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._checks import check_probs
+
 
 def ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
     """ECE = sum_b (n_b / N) |acc_b - conf_b| over `bins` equal-width bins of the top-1 confidence (L1 norm).
@@ -13,8 +15,10 @@ def ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
     1); acc_b is their accuracy and conf_b their mean confidence; empty bins add nothing.
     Shape: probs (N, C); labels (N,). Reference: Guo et al., "On calibration of modern neural networks", 2017;
     matches torchmetrics' `MulticlassCalibrationError(n_bins=15, norm="l1")` except at a confidence of exactly 1
-    (a top logit ahead by ~37 nats in float64), which torchmetrics puts in a bin of its own and this the last bin.
+    (a top logit ahead by ~37 nats in float64), which torchmetrics puts in a bin of its own and this the last bin,
+    and at a confidence exactly on an edge b/15, which torchmetrics' float32 edges may put in the bin below.
     """
+    check_probs(probs, labels, "ECE")
     confidence, prediction = probs.double().max(dim=1)
     correct = (prediction == labels.to(probs.device)).double()
     index = (confidence * bins).long().clamp(max=bins - 1)  # bin b: [b/bins, (b+1)/bins)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from torch import Tensor
 
+from ._checks import check_scores
 from .auroc import _numpy
 
 
@@ -23,6 +24,7 @@ def fpr_at_tpr(scores: Tensor, is_positive: Tensor, tpr: float = 0.95) -> float:
 def _compute(scores: np.ndarray, positive: np.ndarray, tpr: float) -> float:
     if positive.all() or not positive.any():
         raise ValueError("FPR at TPR needs both positive (OOD) and negative (ID) samples; got only one class.")
+    check_scores(scores, "FPR at TPR")
     positives = np.sort(scores[positive])[::-1]
     needed = int(np.ceil(tpr * len(positives) - 1e-12))  # positives the threshold must catch
     threshold = positives[max(needed, 1) - 1]  # the strictest threshold catching them: the needed-th highest

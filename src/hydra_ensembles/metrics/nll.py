@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._checks import check_probs
+
 
 def nll(probs: Tensor, labels: Tensor) -> float:
     """Mean negative log-probability of the true class: NLL = -(1/N) sum_i log p_{i, y_i}; lower is better.
@@ -14,6 +16,7 @@ def nll(probs: Tensor, labels: Tensor) -> float:
     costs -log(2.22e-16) = 36.04 nats rather than infinity.
     Shape: probs (N, C); labels (N,).
     """
+    check_probs(probs, labels, "NLL")
     return _compute(probs.double(), labels.to(probs.device)).item()
 
 

@@ -295,6 +295,12 @@ def zero_shot_ensemble(
     counts = {len(maps) for maps in (image_head_maps, text_head_maps) if maps is not None}
     if len(counts) > 1:
         raise ValueError(f"image and text head maps must give the same number of members, got {sorted(counts)}.")
+    pairs = list(zip(*(maps or [None] * max(counts, default=1) for maps in (image_head_maps, text_head_maps))))
+    if len(pairs) > 1 and all(pair == pairs[0] for pair in pairs):  # each tower would collapse to one model
+        raise ValueError(
+            f"all {len(pairs)} members prune the same (image, text) heads: identical members have no model "
+            "uncertainty. Give them different head maps (hydra-ens members draws them), or one map for one model."
+        )
     image = _tower(two_tower.image, image_head_maps)
     text = _tower(two_tower.text, text_head_maps)
     no_classes = torch.zeros(1, 1, 1)
