@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import safetensors.torch
 import torch
 import transformers as T
 from cli_support import clip_model, hydra_ens, refused, text_encoder, text_files
@@ -170,6 +171,21 @@ def test_budget_out_of_range(tmp_path, classifier, text_files):
     )
     assert "allow only 1 distinct member" in message and "--allow-identical" in message
     assert "allow_identical" not in message  # the flag's name, not the Python argument's
+    scores = tmp_path / "s" / "scores.safetensors"  # scores of another model: one layer fewer
+    safetensors.torch.save_file(
+        {"scores": safetensors.torch.load_file(scores)["scores"][:-1]}, tmp_path / "x.safetensors"
+    )
+    message = fails(
+        "members",
+        "--model",
+        str(classifier),
+        "--scores",
+        str(tmp_path / "x.safetensors"),
+        "--out",
+        str(tmp_path / "m2"),
+    )
+    assert "scores a model of shape (1, 4) (layers, heads), but --model has (2, 4) with 8 kept" in message
+    assert "score this model (hydra-ens scores)" in message
 
 
 def test_an_unsupported_architecture_is_refused_before_anything_else(tmp_path, text_files):

@@ -105,8 +105,23 @@ def test_scores_of_a_pruned_model_are_nan_for_pruned_heads_and_the_model_is_unto
     flags = [p.requires_grad for p in model.parameters()]
     scores = he.taylor_head_scores(model, _loader("bert"), progress=False)
     assert scores[1].isnan().tolist() == [True, False, True, False] and not scores[[0, 2]].isnan().any()
+    unpruned = MODELS["bert"]()
+    with he.ablate_heads(unpruned, {1: [0, 2]}):  # pruned == ablated: the kept heads' scores, head by head
+        ablated = he.taylor_head_scores(unpruned, _loader("bert"), progress=False)
+    torch.testing.assert_close(scores[1, [1, 3]], ablated[1, [1, 3]], rtol=TAYLOR_RTOL, atol=0)
+    torch.testing.assert_close(scores[[0, 2]], ablated[[0, 2]], rtol=TAYLOR_RTOL, atol=0)
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
     assert [p.requires_grad for p in model.parameters()] == flags and model.training
+
+
+def test_a_model_with_an_emptied_layer_is_scored_and_sampled():
+    model, batches = he.prune_heads(MODELS["bert"](), {1: list(range(HEADS))}), _loader("bert")
+    scores = he.taylor_head_scores(model, batches, progress=False)
+    sequential = he.taylor_head_scores(model, batches, sequential_budget=[1, 0, 1], progress=False)
+    assert scores[1].isnan().all() and sequential[1].isnan().all() and not sequential[[0, 2]].isnan().any()
+    maps = he.sample_members(scores, num_members=2)  # default budgets [1, 0, 1]: the empty layer stays empty
+    assert all(head_map[1] == [] and len(head_map[0]) == HEADS - 1 for head_map in maps)
+    he.build_members(model, maps)
 
 
 def test_bad_input_is_rejected():

@@ -32,6 +32,10 @@ def test_identical_members_are_refused_with_the_fix():
         he.build_members(
             MODELS["bert"](), [{0: [0], 1: [1], 2: [2]}, {0: [1], 1: [1], 2: [2]}, {0: [0], 1: [1], 2: [2]}]
         )
+    with pytest.raises(ValueError, match="members 0 and 1 keep the same heads"):  # a layer left out keeps all
+        he.build_members(MODELS["bert"](), [{0: [0, 1, 2, 3], 1: [1], 2: [2]}, {1: [1], 2: [2]}])
+    with pytest.raises(ValueError, match="num_members is 3 but 2 circuits were given"):
+        he.sample_members([_circuit(), _circuit(((1, 1), (0, 0)))], num_members=3, budget=2)
 
 
 def test_a_draw_that_repeats_a_member_is_drawn_again():

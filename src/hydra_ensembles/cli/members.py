@@ -22,13 +22,14 @@ from pathlib import Path
 
 import safetensors.torch
 
+from ..adapters import get_adapter
 from ..importance import Circuit, JointCircuit
 from ..io import read_json_record, write_json_atomic
 from ..members import build_members, sample_members
 from ..predictors import TwoTowerModel, copy_preprocessor, describe_saved, saved_kind, zero_shot_ensemble
 from ..predictors.classifier import prompt_tokenizer
 from ..predictors.clip_zero_shot import DEFAULT_TEMPLATES
-from ..pruning import save_model
+from ..pruning import kept_heads, save_model
 from .common import CommandError, add_zero_shot_options, check_one_model, classifier_at, zero_shot_options
 from .step import MEMBERS_FILE, RECORD, add_output_options, check_model_dir, fingerprint_path, start_step
 
@@ -87,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         return _zero_shot_members(args, out, model_dir, source_path)
     model = classifier_at(model_dir)
     source = safetensors.torch.load_file(source_path)["scores"] if args.scores else Circuit.load(source_path)
+    _check_fits(model, source, f"--scores {args.scores}" if args.scores else f"--circuit {args.circuit}")
     head_maps = _sample(args, source)
     write_members(out.path, model_dir, head_maps, {"source": "scores" if args.scores else "circuit"})
     for index, head_map in enumerate(head_maps):
@@ -128,6 +130,36 @@ def _zero_shot_members(args: argparse.Namespace, out, model_dir: Path, source_pa
     out.finish({"model_dir": "model", "members": len(members), "classes": classes})
     print(f"wrote a zero-shot Hydra Ensemble of {len(members)} members -> {out.path}/model")
     return 0
+
+
+def _check_fits(model, source, given: str) -> None:
+    """Scores or a circuit of another model's shape would give head maps that leave layers out (kept whole,
+    silently) or name heads the model does not have: refused, naming both shapes."""
+    kept = kept_heads(model)
+    if isinstance(source, Circuit):
+        theirs = {int(layer): sorted(int(h) for h in heads) for layer, heads in source.kept.items()}
+        if theirs != kept:
+            raise CommandError(
+                f"{given} was extracted from a model with other heads ({sum(map(len, theirs.values()))} in "
+                f"{len(theirs)} layers) than --model ({sum(map(len, kept.values()))} in {len(kept)}): extract the "
+                "circuit from this model."
+            )
+        return
+    adapter = get_adapter(model)
+    shape = (adapter.num_layers(model), adapter.num_heads(model))
+    fits = tuple(source.shape) == shape
+    scored = (
+        {layer: [h for h in range(shape[1]) if not source[layer, h].isnan()] for layer in range(shape[0])}
+        if fits
+        else {}
+    )
+    if not fits or scored != kept:
+        raise CommandError(
+            f"{given} scores a model of shape {tuple(source.shape)} (layers, heads)"
+            + ("" if not fits else f" with {sum(map(len, scored.values()))} heads kept")
+            + f", but --model has {shape} with {sum(map(len, kept.values()))} kept: score this model "
+            "(hydra-ens scores)."
+        )
 
 
 def _sample(args: argparse.Namespace, source) -> list:

@@ -7,7 +7,9 @@ head; a row block of a fused qkv projection) and G = dL/dW its gradient over the
     s_h = (q_h + k_h + v_h) / 3
 
 G is the gradient of the *mean* loss over all calibration examples (batch losses weighted by batch size), and
-the model runs in eval mode (no dropout), so the scores do not depend on how the data is batched.
+the model runs in eval mode (no dropout), so the scores of a per-example loss (cross-entropy, a classifier's
+prediction entropy) do not depend on how the data is batched. The similarity entropy (encoders without a
+classifier) compares each example with the others of its batch: its scores depend on the batch size.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ def taylor_head_scores(
         desc = f"Taylor scores, layer {layer + 1}/{num_layers}"
         scores[layer] = _scores(work, batches, [layer], *settings, desc)[layer]
         kept = kept_heads(work)[layer]
+        if not kept and budgets[layer] == 0:  # a layer emptied before scoring: nothing to score or prune
+            continue
         if budgets[layer] >= len(kept):
             raise ValueError(
                 f"sequential_budget for layer {layer} is {budgets[layer]} but the layer has {len(kept)} heads; "
@@ -121,4 +125,9 @@ def _per_head(model: nn.Module, blocks: dict[int, Block], grads: dict[int, Tenso
         layer_scores = torch.stack(per_projection).mean(dim=0).cpu()  # (H_kept,) or (1,) for a placeholder
         if kept[layer]:
             scores[layer, kept[layer]] = layer_scores[: len(kept[layer])]
+            if not torch.isfinite(layer_scores[: len(kept[layer])]).all():  # NaN would read as "already pruned"
+                raise ValueError(
+                    f"the Taylor scores of layer {layer} are not finite (the loss or its gradient overflowed, e.g. "
+                    "in fp16): score the model in float32."
+                )
     return scores

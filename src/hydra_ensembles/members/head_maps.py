@@ -25,7 +25,7 @@ from ..pruning import HeadMap, per_layer
 def sample_members(
     source: Tensor | Circuit | JointCircuit | Sequence[Circuit],
     *,
-    num_members: int = 3,
+    num_members: int | None = None,
     budget: int | Sequence[int] | None = None,
     pool: int | Sequence[int] | None = None,
     seed: int = 0,
@@ -42,7 +42,7 @@ def sample_members(
             heads of the circuit's removal order. A `JointCircuit` (two towers) likewise, over both towers'
             heads: each member is then {"image": HeadMap, "text": HeadMap}.
         a list of circuits: one member per circuit, each pruning its circuit's first `budget` heads
-            (`num_members` and `pool` do not apply).
+            (`pool` does not apply; `num_members`, if given, must be the number of circuits).
 
     `budget` defaults to a third of the heads (of each layer's with scores, of the model's with a circuit: the
     paper's 48 of 144); `pool` to twice the budget, capped at what is available. Members are reproducible (same
@@ -61,15 +61,27 @@ def sample_members(
             f"trunk applies to members drawn from one Circuit (their shared first layers follow its ranking); got "
             f"{type(source).__name__}: sample from a circuit, or share no layers (trunk=0)."
         )
+    if not isinstance(source, Tensor | Circuit | JointCircuit):  # a list of circuits: one member each
+        return _from_circuits(source, num_members, budget, pool, allow_identical)
+    num_members = 3 if num_members is None else num_members
     if isinstance(source, Tensor):
         return _from_scores(source, num_members, budget, pool, seed, allow_identical)
     if trunk:  # a Circuit, checked above
         return _with_trunk(source, trunk, num_members, budget, pool, seed, allow_identical)
-    if isinstance(source, Circuit | JointCircuit):
-        return _from_circuit(source, num_members, budget, pool, seed, allow_identical)
-    circuits = list(source)
+    return _from_circuit(source, num_members, budget, pool, seed, allow_identical)
+
+
+def _from_circuits(
+    source: Sequence[Circuit], num_members: int | None, budget: int | None, pool: int | None, allow_identical: bool
+) -> list[HeadMap]:
+    circuits = list(source) if isinstance(source, Sequence) else []
     if not circuits or not all(isinstance(c, Circuit) for c in circuits):
         raise TypeError("source must be a (layers, heads) score tensor, a Circuit or a list of Circuits.")
+    if num_members is not None and num_members != len(circuits):
+        raise ValueError(
+            f"num_members is {num_members} but {len(circuits)} circuits were given: members from a list of "
+            "circuits are one per circuit (leave num_members out)."
+        )
     if pool is not None:
         raise ValueError("pool does not apply to members from different circuits: each prunes its own ranking.")
     ranked = min(len(c.removed) for c in circuits)
@@ -117,7 +129,7 @@ def _from_scores(
     ranked = []  # per layer: scored heads from least to most useful (ties: lower index first)
     for layer in range(num_layers):
         heads = [h for h in range(scores.shape[1]) if not math.isnan(scores[layer, h].item())]
-        if budgets[layer] >= len(heads):
+        if budgets[layer] and budgets[layer] >= len(heads):  # budget 0 passes a layer emptied before scoring
             raise ValueError(
                 f"budget {budgets[layer]} for layer {layer} is not below its {len(heads)} heads: "
                 "per-layer budgets must leave at least one head in each layer."
