@@ -79,6 +79,9 @@ def test_unreadable_data(tmp_path, classifier, text_files):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
     assert "holds no examples" in fails("scores", "--model", str(classifier), "--data", str(empty), "--out", out)
+    given = ["--model", str(classifier), "--data", str(text_files["val"]), "--label-column", "Category"]
+    message = fails("scores", *given, "--out", out)  # named, so required: else silently label-free
+    assert "has no column 'Category'" in message and "--label-column" in message
     images = tmp_path / "images"
     images.mkdir()
     torch.save({}, images / "not-an-image.png")

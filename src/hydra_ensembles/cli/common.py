@@ -218,12 +218,13 @@ def duration_seconds(text: str, flag: str) -> float:
 
 
 DATA_OPTIONS = ("text_column", "label_column", "max_length", "batch_size")
+LABEL_COLUMN = "label"  # --label-column's default: a file without it reads as unlabelled where labels are optional
 
 
 def add_data_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("data files")
     group.add_argument("--text-column", default="text", help="column holding the text in CSV / JSONL")
-    group.add_argument("--label-column", default="label", help="column holding the label")
+    group.add_argument("--label-column", default=LABEL_COLUMN, help="column holding the label")
     group.add_argument("--max-length", type=int, default=128, help="tokens per text")
     group.add_argument("--batch-size", type=int, default=16, help="examples per batch")
 
@@ -242,10 +243,14 @@ def read_data(
     labelled: bool | None,
     flag: str,
 ) -> Encoded:
-    """Read `source` and encode it with `model_dir`'s preprocessor; labels map through `config.label2id`.
+    """Read `source` and encode it with `model_dir`'s preprocessor; labels map through the model's class names
+    (`data.files.class_ids`).
 
-    labelled: True requires labels, False ignores them, None takes them when the source has them.
+    labelled: True requires labels, False ignores them, None takes them when the source has them (a label column
+    named on the command line must then be there: a misspelt one would silently mean "no labels").
     """
+    if labelled is None and args.label_column != LABEL_COLUMN and Path(source).is_file():
+        labelled = True
     kind, preprocessor = load_preprocessor(model_dir)
     return read_encoded(source, kind, preprocessor, config, labelled=labelled, flag=flag, **data_settings(args))
 

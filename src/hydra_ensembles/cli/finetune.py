@@ -18,10 +18,12 @@ from pathlib import Path
 
 import torch
 import transformers
+from torch import nn
 
-from ..data.files import label_ids, read_source
+from ..data.files import class_ids, label_ids, read_source
+from ..io import read_json_record, save_dir_atomic, write_json_atomic
 from ..predictors import copy_preprocessor, load_preprocessor
-from ..pruning import load_model, save_model
+from ..pruning import load_model
 from ..training import IMAGE_RECIPE, TEXT_RECIPE, finetune
 from ..training.recipes import MONITORS, PRECISIONS
 from .common import (
@@ -119,8 +121,9 @@ def run(args: argparse.Namespace) -> int:
     for index, model_dir in enumerate(sources):
         name = f"member{index}" if members else "model"
         target = out.path / name
-        if (target / "config.json").is_file():
+        if (target / "config.json").is_file():  # written whole, with its preprocessor (one atomic save)
             print(f"{name}: already fine-tuned ({target})")
+            histories[name] = read_json_record(out.path / "histories" / f"{name}.json")
             continue
         torch.manual_seed(args.seed)  # a new classification head starts the same in every run
         model = _classifier(model_dir, train_examples.labels).to(device)
@@ -148,13 +151,14 @@ def run(args: argparse.Namespace) -> int:
         for record in model.training_history:
             print("  " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
         print(f"  {kept_epoch_line(model.training_history, model.kept_epoch, recipe, val is not None)}")
-        save_model(model, target)
-        copy_preprocessor(model_dir, target)
+        write_json_atomic(out.path / "histories" / f"{name}.json", histories[name])
+        save_dir_atomic(target, lambda tmp, model=model, source=model_dir: _save_with_preprocessor(model, source, tmp))
         shutil.rmtree(checkpoints, ignore_errors=True)
     if members:
         index = json.loads((source / MEMBERS_FILE).read_text())
         (out.path / MEMBERS_FILE).write_text(json.dumps(index, indent=2))
     shutil.rmtree(out.path / "checkpoints", ignore_errors=True)
+    shutil.rmtree(out.path / "histories", ignore_errors=True)  # now in the record
     out.finish({"model_dir": None if members else "model", "history": histories})
     print(f"wrote {out.path}" + ("" if members else "/model"))
     return 0
@@ -179,10 +183,15 @@ def kept_epoch_line(history: list[dict], kept: int, recipe, validated: bool) -> 
     )
 
 
+def _save_with_preprocessor(model: nn.Module, source: Path, folder: Path) -> None:
+    model.save_pretrained(folder)
+    copy_preprocessor(source, folder)
+
+
 def _warn_unused_classes(name: str, config: transformers.PretrainedConfig, labels: list[str]) -> None:
     """A classifier with classes the training data never shows learns never to predict them: say so."""
     try:
-        used = set(label_ids(labels, config.label2id, config.num_labels))
+        used = set(label_ids(labels, class_ids(config), config.num_labels))
     except ValueError:
         return  # unknown labels: reading the data reports them
     unused = [str(config.id2label[i]) for i in range(config.num_labels) if i not in used]

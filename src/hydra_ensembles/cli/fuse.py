@@ -111,7 +111,8 @@ def finetune_recipe(args: argparse.Namespace, kind: str) -> TrainConfig:
 
 
 def check_finetune_flags(args: argparse.Namespace, kind: str) -> None:
-    given = [f"--{name}" for name in ("finetune_val", "recipe", *RECIPE_FLAGS) if getattr(args, name) is not None]
+    flags = ("finetune_val", "recipe", *RECIPE_FLAGS)
+    given = [f"--{name.replace('_', '-')}" for name in flags if getattr(args, name) is not None]
     if given and not args.finetune_train:
         raise CommandError(f"{', '.join(given)} set(s) how to fine-tune the fused ensemble: add --finetune-train FILE.")
     if args.augment and (args.recipe or kind) != "image":

@@ -47,8 +47,13 @@ def fingerprint_path(path: str | os.PathLike, flag: str) -> dict:
     if not Path(path).exists():
         raise CommandError(f"{flag} {str(path)!r} does not exist.")
     path = Path(path).resolve()
-    # a model card is derived from the rest (evaluate rewrites it): not an input
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.name != CARD_NAME) if path.is_dir() else [path]
+    # a model card is derived from the rest (evaluate rewrites it), hidden files (.DS_Store) are read by no step:
+    # neither is an input
+    files = (
+        sorted(p for p in path.rglob("*") if p.is_file() and p.name != CARD_NAME and not p.name.startswith("."))
+        if path.is_dir()
+        else [path]
+    )
     digest = hashlib.sha256()
     for file in files:
         stat = file.stat()
@@ -83,7 +88,8 @@ class Output:
 
     The same step run again: a no-op when it finished, a resume when it was interrupted. A different step: refused
     when the directory holds a finished result (unless `force`), started afresh when it holds only the unfinished
-    part of one (an interrupted run, or one stopped by bad input)."""
+    part of one (an interrupted run, or one stopped by bad input). A non-empty directory with no record (not a
+    step's) is refused, so that nothing a user put there is ever deleted."""
 
     def __init__(self, path: str | os.PathLike, command: str, settings: dict, force: bool = False):
         self.path, self.command, self.started = Path(path), command, time.perf_counter()
@@ -92,6 +98,11 @@ class Output:
         if self.path.exists() and not self.path.is_dir():
             raise CommandError(f"--out {str(self.path)!r} is a file; give a directory.")
         previous = json.loads(record.read_text()) if record.is_file() else None
+        if previous is None and self.path.is_dir() and any(self.path.iterdir()):
+            raise CommandError(  # never written by a step: a rerun or --force would delete what it holds
+                f"--out {str(self.path)!r} already holds files that no hydra-ens step wrote; give a new or empty "
+                "directory."
+            )
         same = previous is not None and (previous.get("command"), previous.get("settings")) == (command, self.settings)
         if previous is not None and (force or not (same or previous.get("finished"))):
             shutil.rmtree(self.path)  # --force, or the unfinished part of a different run: nothing finished is lost

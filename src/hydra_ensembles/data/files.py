@@ -5,7 +5,7 @@ example per line, no labels). Images: a folder with one sub-folder per class (`c
 folder of images (no labels), or — from Python — a numpy array (N, H, W) or (N, H, W, C), or a list of images.
 
     examples = read_examples("reviews.csv", text_column="review", label_column="stars")
-    batches = text_batches(tokenizer, examples.inputs, label_ids(examples.labels, model.config.label2id))
+    batches = text_batches(tokenizer, examples.inputs, label_ids(examples.labels, class_ids(model.config)))
 """
 
 from __future__ import annotations
@@ -120,6 +120,8 @@ def read_texts(
         records = _jsonl(path) if suffix == ".jsonl" else _csv(path, "\t" if suffix == ".tsv" else ",")
     except UnicodeDecodeError as error:
         raise ValueError(f"cannot read {str(path)!r}: it is not UTF-8 text ({error.reason}).") from None
+    except csv.Error as error:  # e.g. a field over the csv module's size limit
+        raise ValueError(f"cannot read {str(path)!r} as {suffix[1:].upper()}: {error}.") from None
     if not records:
         raise ValueError(f"{str(path)!r} holds no examples.")
     if labels_optional and label_column not in records[0][1]:
@@ -146,11 +148,25 @@ def read_texts(
 
 
 def _csv(path: Path, delimiter: str) -> list[tuple[int, dict]]:
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f, delimiter=delimiter)
+    """Rows as dicts by the header's names. utf-8-sig: Excel's byte-order mark is not part of the first column's
+    name. A TSV file has no quoting (a quote is text, as in the files spreadsheets and pandas write). A row with
+    more or fewer fields than the header is refused: an unquoted comma would otherwise cut the text short."""
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    with path.open(newline="", encoding="utf-8-sig") as f:
+        reader = csv.DictReader(f, delimiter=delimiter, quoting=quoting)
         if reader.fieldnames is None:
             return []
-        return [(reader.line_num, row) for row in reader]
+        rows = []
+        for row in reader:
+            if None in row or None in row.values():
+                fields = sum(v is not None for k, v in row.items() if k is not None) + len(row.get(None) or ())
+                raise ValueError(
+                    f"{str(path)!r} line {reader.line_num}: {fields} fields where the header has "
+                    f"{len(reader.fieldnames)}"
+                    + (': quote a text that holds commas ("like, this").' if delimiter == "," else ".")
+                )
+            rows.append((reader.line_num, row))
+        return rows
 
 
 def _jsonl(path: Path) -> list[tuple[int, dict]]:
@@ -200,25 +216,41 @@ def _open_image(file: Path) -> Image.Image:
         raise ValueError(f"cannot read image {str(file)!r}: {error}.") from None
 
 
+def class_ids(config: Any) -> dict[str, int]:
+    """A classifier's class names -> ids: `config.id2label` inverted (HF saves `label2id` as null when only
+    id2label was given, and leaves it at LABEL_i when id2label was set by hand), then any other name
+    `label2id` adds."""
+    names = {str(name): int(i) for i, name in (getattr(config, "id2label", None) or {}).items()}
+    for name, i in (getattr(config, "label2id", None) or {}).items():
+        names.setdefault(str(name), int(i))
+    return names
+
+
 def label_ids(
     labels: Sequence[str | int], label2id: Mapping[str, int] | None, num_labels: int | None = None
 ) -> list[int]:
-    """Class names (or integer ids) -> ids, by the model's `config.label2id`.
+    """Class names (or integer ids) -> ids, by the model's class names (`class_ids(config)`).
 
-    Names the model knows map through `label2id`; otherwise integer ids 0..num_labels-1 are accepted as they are.
+    Names the model knows map through `label2id`; otherwise integer ids 0..num_labels-1 are accepted as they are,
+    unless the model's class names are themselves integers (then "1" could mean either: refused).
     """
     label2id = dict(label2id or {})
     num_labels = num_labels if num_labels is not None else len(label2id)
     names = [str(label) for label in labels]
     if all(name in label2id for name in names):
         return [int(label2id[name]) for name in names]
-    if all(name.lstrip("-").isdigit() and 0 <= int(name) < num_labels for name in names):
+    integer_names = any(_is_int(name) for name in label2id)
+    if not integer_names and all(_is_int(name) and 0 <= int(name) < num_labels for name in names):
         return [int(name) for name in names]
     unknown = sorted({name for name in names if name not in label2id})
     raise ValueError(
         f"label(s) {unknown[:5]} are not classes of the model, whose classes are {sorted(label2id, key=label2id.get)}"
-        f"; use those names or integer ids 0..{num_labels - 1}."
+        + ("; use those names." if integer_names else f"; use those names or integer ids 0..{num_labels - 1}.")
     )
+
+
+def _is_int(name: str) -> bool:
+    return name.lstrip("-").isdigit()
 
 
 @dataclass
@@ -243,12 +275,13 @@ def read_encoded(
     max_length: int = 128,
 ) -> Encoded:
     """`read_source`, encoded: texts through a tokenizer, images through an image processor (to as many channels
-    as `config.num_channels`), with label ids by `config.label2id` when the examples have labels."""
+    as `config.num_channels`), with label ids by the model's class names (`class_ids`) when the examples have
+    labels."""
     examples = read_source(path, kind, text_column=text_column, label_column=label_column, labelled=labelled, flag=flag)
     labels = None
     if examples.labels is not None:
         try:
-            labels = label_ids(examples.labels, config.label2id, config.num_labels)
+            labels = label_ids(examples.labels, class_ids(config), config.num_labels)
         except ValueError as error:
             raise ValueError(f"{flag} {str(path)!r}: {error}") from None
     if kind == "text":
@@ -260,7 +293,9 @@ def read_encoded(
 def text_batches(
     tokenizer, texts: Sequence[str], labels: Sequence[int] | None = None, batch_size: int = 16, max_length: int = 128
 ) -> list[dict[str, torch.Tensor]]:
-    """Tokenized batches: input_ids / attention_mask (B, T), plus labels (B,) when given."""
+    """Tokenized batches: input_ids / attention_mask (B, T), plus labels (B,) when given. Texts are cut at
+    `max_length` tokens, or at the tokenizer's `model_max_length` (the model's positions) if that is shorter."""
+    max_length = min(max_length, tokenizer.model_max_length)  # past the model's positions the forward pass fails
     return _batched(
         len(texts),
         labels,
@@ -296,8 +331,16 @@ def _to_pil(image: Any, channels: int) -> Image.Image:
         array = np.asarray(image)
         if array.ndim not in (2, 3):
             raise ValueError(f"an image must be (H, W) or (H, W, C), got an array of shape {array.shape}.")
-        if array.dtype != np.uint8:
-            array = (np.clip(array.astype(np.float32), 0.0, 1.0) * 255).round().astype(np.uint8)
+        if np.issubdtype(array.dtype, np.integer) and array.dtype != np.uint8:  # integer pixels are 0..255
+            if array.min(initial=0) < 0 or array.max(initial=0) > 255:
+                raise ValueError(f"integer image pixels must be 0..255, got {array.min()}..{array.max()}.")
+            array = array.astype(np.uint8)
+        elif array.dtype != np.uint8:
+            if array.min(initial=0.0) < 0 or array.max(initial=0.0) > 1:  # 0..255 floats would all clip to white
+                raise ValueError(
+                    f"float image pixels must be 0..1, got {array.min():g}..{array.max():g}: divide 0..255 by 255."
+                )
+            array = (array.astype(np.float32) * 255).round().astype(np.uint8)
         image = Image.fromarray(array[..., 0] if array.ndim == 3 and array.shape[-1] == 1 else array)
     return image.convert("RGB" if channels == 3 else "L")
 
