@@ -40,7 +40,10 @@ def init_from_env(backend: str | None = None) -> bool:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         import torch
 
-        dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if backend == "nccl":  # each rank its own GPU: torch.device("cuda") then means cuda:LOCAL_RANK
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend)
     return is_distributed()
 
 

@@ -23,7 +23,9 @@ from hydra_ensembles.training import TEXT_RECIPE, finetune  # noqa: E402
 
 
 def training_data():
-    return [make_inputs("bert", seed=s) | {"labels": torch.tensor([0, 1, 2, 1])} for s in (5, 6, 7)]
+    """Two batches of 4 rows and one of 3, which 2 processes split 2 + 1: the weighting of unequal shares."""
+    even = [make_inputs("bert", seed=s) | {"labels": torch.tensor([0, 1, 2, 1])} for s in (5, 6)]
+    return [*even, make_inputs("bert", seed=7, batch=3) | {"labels": torch.tensor([2, 0, 1])}]
 
 
 def run_circuit(method: str, data: str = "circuit") -> he.Circuit:

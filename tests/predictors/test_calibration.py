@@ -2,6 +2,8 @@
 the probability maps match hand-computed cases and scikit-learn's IsotonicRegression, and every map saves and
 loads back inside the one `calibrated` predictor kind."""
 
+import warnings
+
 import pytest
 import torch
 from conftest import MODELS, make_inputs
@@ -51,6 +53,27 @@ def test_vector_scaling_recovers_a_known_scale_and_bias():
     assert relative_bias[0].item() == pytest.approx(1.0, abs=0.2)
     with pytest.warns(UserWarning, match="no minimum"):  # all right: the scales grow without limit
         P.VectorScaling.fit(logits[:100], logits[:100, 0].argmax(-1))
+    with pytest.warns(UserWarning, match=r"class\(es\) \[3\] never appear in the held-out labels"):
+        P.VectorScaling.fit(logits[:200], labels[:200].clamp(max=2))
+
+
+def test_a_temperature_that_still_sharpens_the_nll_is_warned_of():
+    """Every example has a member confidently right (each member wrong on its own 2 %): the NLL falls towards
+    its limit as T -> 0, so the fitted T is only where L-BFGS stopped."""
+    g = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 4, (300,), generator=g)
+    logits = torch.full((300, 3, 4), 0.0, dtype=F64)
+    logits[torch.arange(300), :, labels] = 8.0
+    for m in range(3):  # member m wrong (confidently) on examples m, m + 3, ... of the first 18
+        wrong = torch.arange(m, 18, 3)
+        logits[wrong, m] = 0.0
+        logits[wrong, m, (labels[wrong] + 1) % 4] = 8.0
+    with pytest.warns(UserWarning, match="still falls as the temperature sharpens"):
+        P.fit_temperature(logits, labels)
+    fitted = slice(0, 2000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a temperature with a minimum: no warning
+        P.fit_temperature(*(t[fitted] for t in _miscalibrated()))
 
 
 def test_vector_scaling_with_unit_scales_and_zero_biases_is_the_identity():

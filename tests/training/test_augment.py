@@ -1,6 +1,8 @@
 """Image augmentation on tensors: random resized crop and horizontal flip, seeded, applied by the training loop
 to training batches only when the config asks for it."""
 
+import math
+
 import pytest
 import torch
 from conftest import MODELS, make_inputs
@@ -34,6 +36,15 @@ def test_crops_keep_to_the_scale_and_ratio_ranges():
         assert 0 <= top and top + h <= 64 and 0 <= left and left + w <= 48
         assert 0.07 * 64 * 48 <= h * w <= 64 * 48
     assert crop_box(10, 40, g, (1.0, 1.0), (1.0, 1.0)) == (0, 15, 10, 10)  # no fit: the central crop at the ratio
+    # on a large image (rounding small), with areas that always fit (no draw rejected, so none biased): the aspect
+    # ratio w / h within its range and log-uniform, the area within its range (a w / h swap or a linear ratio draw
+    # would fail here)
+    boxes = [crop_box(640, 480, g, (0.08, 0.5), (3 / 4, 4 / 3)) for _ in range(2000)]
+    log_ratios = torch.tensor([math.log(w / h) for _, _, h, w in boxes])
+    assert log_ratios.min() >= math.log(3 / 4) - 0.02 and log_ratios.max() <= math.log(4 / 3) + 0.02
+    assert abs(log_ratios.mean().item()) < 0.02 and 0.45 < (log_ratios < 0).float().mean().item() < 0.55
+    areas = torch.tensor([h * w / (640 * 480) for _, _, h, w in boxes])
+    assert areas.min() >= 0.08 - 0.005 and areas.max() <= 0.5 + 0.005
 
 
 def test_a_whole_image_crop_is_the_identity_and_a_flip_is_a_flip():

@@ -94,7 +94,19 @@ def fit_temperature(member_logits: Tensor, labels: Tensor, max_iter: int = 100) 
     logits, labels = _validation(member_logits, labels, "temperature scaling")
     log_t = torch.zeros(1, dtype=torch.float64, requires_grad=True)
     _minimise_nll([log_t], lambda: logits / log_t.exp(), labels, "temperature", lr=0.1, max_iter=max_iter)
-    return float(log_t.detach().exp())
+    temperature = float(log_t.detach().exp())
+    with torch.no_grad():
+        everywhere_right = (logits.argmax(dim=-1) == labels[:, None]).all()  # warned of already
+        fitted, sharper = (ensemble_nll(logits / t, labels).item() for t in (temperature, temperature / 2))
+    if not everywhere_right and sharper <= fitted + 1e-9:
+        # every example has a member confidently right: the NLL falls towards its limit as T -> 0, no minimum
+        warnings.warn(
+            f"the held-out NLL still falls as the temperature sharpens (T = {temperature:.3g}: {fitted:.6f}, at "
+            f"T / 2: {sharper:.6f}), so T is only where the optimiser stopped: some member is confidently right "
+            "on every held-out example. Fit it on a larger or harder held-out set.",
+            stacklevel=2,
+        )
+    return temperature
 
 
 @dataclass
@@ -143,6 +155,14 @@ class VectorScaling(CalibrationMap):
     def fit(cls, member_logits: Tensor, labels: Tensor, max_iter: int = 300) -> VectorScaling:
         logits, labels = _validation(member_logits, labels, "vector scaling")
         classes = logits.shape[-1]
+        missing = sorted(set(range(classes)) - set(labels.tolist()))
+        if missing:  # unregularised: lowering an absent class's bias lowers the NLL without limit
+            warnings.warn(
+                f"class(es) {missing[:5]} never appear in the held-out labels, so vector scaling drives their bias "
+                "down without limit (they would hardly ever be predicted): fit it on held-out data with every "
+                "class, or use temperature scaling.",
+                stacklevel=2,
+            )
         scale = torch.ones(classes, dtype=torch.float64, requires_grad=True)
         bias = torch.zeros(classes, dtype=torch.float64, requires_grad=True)
         _minimise_nll([scale, bias], lambda: logits * scale + bias, labels, "vector scaling", max_iter=max_iter)

@@ -79,6 +79,11 @@ def train(
         forward = (lambda m, x: adapter.output(m, x)) if is_hf else (lambda m, x: member_outputs_of(m(**x)))
     batches = materialize(train_loader, "training loader")
     val_batches = materialize(val_loader, "validation loader") if val_loader is not None else None
+    if is_distributed() and getattr(loss, "batch_coupled", False):
+        raise ValueError(
+            f"the {getattr(loss, 'name', type(loss).__name__)} loss compares each example with the rest of its "
+            "batch: sharded across processes, each would see a part of it. Train it on one process."
+        )
     if val_batches is not None and config.monitor != "nll" and getattr(model, "regression", False):
         raise ValueError(f"a regressor has no accuracy to monitor (monitor={config.monitor!r}): use monitor='nll'.")
     trainable = _select_trainable(model, _locator(model, adapter if is_hf else None), config)
@@ -102,18 +107,20 @@ def train(
             if config.patience is not None and state["stale"] >= config.patience:
                 break
             model.train()
-            torch.manual_seed(config.seed * 1000 + epoch)  # dropout masks
+            # dropout masks: one stream per process (one process: the seed it always had)
+            torch.manual_seed((config.seed * 1000 + epoch) * world_size() + rank())
             draws = torch.Generator().manual_seed(config.seed * 1000 + epoch)  # batch order, then augmentation
             order = torch.randperm(len(batches), generator=draws)
             losses = []
             for index in order.tolist():
                 batch = batches[index] if augment is None else augment(batches[index], draws)  # whole batch: as
-                batch = to_device(_my_rows(batch), device)  # one process would, under torchrun too
+                share, batch = _my_rows(batch)  # one process would, under torchrun too
+                batch = to_device(batch, device)
                 inputs, _ = split_batch(adapter, batch)
                 with torch.autocast(device.type, torch.bfloat16, enabled=config.precision == "bf16"):
                     value = loss(forward(runner, inputs), batch)
                 optimizer.zero_grad(set_to_none=True)
-                value.backward()
+                (value * share).backward()
                 if config.clip is not None:
                     nn.utils.clip_grad_norm_(trainable, config.clip)
                 optimizer.step()
@@ -404,9 +411,18 @@ def _unwrapped(model: nn.Module) -> nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def _my_rows(batch: Batch) -> Batch:
-    """This rank's rows of a batch (every world_size-th example), or the batch itself on one process."""
+def _my_rows(batch: Batch) -> tuple[float, Batch]:
+    """This rank's rows of a batch (every world_size-th example) and the weight of its mean loss: DDP averages
+    the ranks' gradients equally, so a rank holding n of N rows weighs n * world / N (1 when they split evenly),
+    and the sum is the gradient of the whole batch's mean loss. One process: (1.0, the batch)."""
     if not is_distributed():
-        return batch
+        return 1.0, batch
     rows = slice(rank(), None, world_size())
-    return {k: v[rows] if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    total = next(len(v) for v in batch.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+    mine = len(range(total)[rows])
+    if mine == 0:
+        raise ValueError(
+            f"a batch of {total} rows cannot be shared among {world_size()} processes: use batches of at least "
+            f"{world_size()} rows."
+        )
+    return mine * world_size() / total, {k: v[rows] if isinstance(v, torch.Tensor) else v for k, v in batch.items()}

@@ -75,6 +75,7 @@ class GaussianNLL:
         targets = batch.get("labels")
         if targets is None:
             raise ValueError("the Gaussian NLL needs batches with 'labels' (the regression targets).")
+        gaussians = gaussians.float()  # under bf16 autocast, the NLL in float32 (as the distillation losses)
         mean, log_var = gaussians[..., 0], gaussians[..., 1]  # (B, M)
         targets = targets.to(gaussians.device, gaussians.dtype)[:, None]
         nll = 0.5 * (math.log(2 * math.pi) + log_var + (targets - mean) ** 2 / log_var.exp())
@@ -189,6 +190,7 @@ class Contrastive:
     forward: the embeddings and the learnt logit scale."""
 
     name = "contrastive"
+    batch_coupled = True  # each row's loss reads the whole batch: not shardable across processes
 
     def __call__(self, output: tuple[Tensor, Tensor], batch: dict[str, Any]) -> Tensor:
         texts, scale = output
@@ -200,5 +202,6 @@ class Contrastive:
         labels = batch["labels"].to(texts.device)
         same = (labels[:, None] == labels[None, :]).float()
         targets = same / same.sum(dim=1, keepdim=True)  # symmetric: rows and columns of `same` alike
-        logits = scale * images @ texts.T  # (B images, B texts)
+        with torch.autocast(texts.device.type, enabled=False):  # bf16 would round the scaled cosines (s ~ 100)
+            logits = scale.float() * images @ texts.T  # (B images, B texts)
         return (F.cross_entropy(logits, targets) + F.cross_entropy(logits.T, targets)) / 2
