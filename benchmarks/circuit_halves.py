@@ -1,5 +1,6 @@
 """Is the circuit a property of the model or of the validation sample (issue 39, item 1)? The task's circuit
-data (ID and OOD) is split into two disjoint halves by alternate examples (`split_halves`); the circuit is
+data (ID and OOD) is split into two disjoint halves by alternate examples (`split_halves`; OOD sentences by
+alternate groups where they share a review, `Task.circuit_ood_groups`, so no review is on both sides); the circuit is
 extracted on each half with the task's own search settings, from the seed's cached single model; the report says
 how many of the first k heads removed the two agree on (`removal_agreement`), against chance (k / H for two random
 orders of H heads), each extraction's wall time and how many of its removals were ties.
@@ -79,15 +80,18 @@ def halves_report(
     settings: dict | None = None,
     state_dir: Path | None = None,
     progress: bool = True,
+    ood_groups: list[str] | None = None,
 ) -> dict:
     """Extract the `criterion` circuit (removing max(`first`) heads) on each half of the ID and OOD data and
     compare their first k removals for each k in `first`. `settings`: `extract_circuit` keywords (default: its
-    own); `state_dir`: where each half's search state is saved, to resume."""
+    own); `state_dir`: where each half's search state is saved, to resume; `ood_groups`: the group of each OOD
+    example (`split_halves`)."""
     budget, heads = max(first), sum(map(len, kept_heads(model).values()))
     if min(first) < 1 or budget >= heads:
         raise ValueError(f"--first: each k must be in 1..{heads - 1} (a circuit keeps at least one head), got {first}.")
     circuits, extractions = [], []
-    for half, (id_half, ood_half) in enumerate(zip(split_halves(id_batches), split_halves(ood_batches)), start=1):
+    halves = zip(split_halves(id_batches), split_halves(ood_batches, ood_groups))
+    for half, (id_half, ood_half) in enumerate(halves, start=1):
         if progress:
             tqdm.write(f"half {half} of 2: {_examples(id_half)} ID + {_examples(ood_half)} OOD examples")
         state = None if state_dir is None else state_dir / f"{criterion}-half{half}-{budget}.state.json"
@@ -237,7 +241,8 @@ def main() -> None:
     task = TASKS[args.task](args.size)
     model, seed_cache = single_model(args.task, task, args.size, args.seed)
     budget = max(args.first)
-    id_first, ood_first = split_halves(task.circuit_id)[0], split_halves(task.circuit_ood)[0]
+    groups = task.circuit_ood_groups
+    id_first, ood_first = split_halves(task.circuit_id)[0], split_halves(task.circuit_ood, groups)[0]
     settings = search_settings(task, model, id_first, ood_first, budget)
     report = halves_report(
         model,
@@ -247,6 +252,7 @@ def main() -> None:
         sorted(set(args.first)),
         settings,
         seed_cache / "circuit_halves",
+        ood_groups=groups,
     )
     report |= {
         "task": task.name,

@@ -6,17 +6,21 @@ then each change added in turn, every step tested on the same (current) test and
 1. + OOD validation: the validation parts of the OOD sources (disjoint from their test parts);
 2. + informative circuits: ties decided by the secondary score;
 3. + diversity: a third of the heads pruned, pools twice the budget;
-4. + training (§C.1.2, §D.2): no dropout or label smoothing in the base, crop+flip, validation selection;
+4. + training (§C.1.2, §D.2): no dropout or label smoothing in the base, crop+flip, more epochs;
    this is the current task (`hydra-ens bench image-dinov2`): it shares that run's cache;
 5. + fine-tuning after fusing: "Hydra (Circ), fused then fine-tuned" next to fine-tune-then-average (Hydra (Circ))
    and fine-tune-then-stack ("…, stacked MLP"), in step 4's run.
 
 Steps 1-3 start from step 0's single model (the same training), so they differ only in what the step changes.
+Step 0 is protocol 1 in what these steps change, not in two things it cannot undo here: it runs at the current
+84 px (protocol 1: 56 px) and keeps its best validation epoch (the suite always validates; protocol 1 kept the
+last). Neither the resolution nor validation selection is credited to any step. Each step's rows are compared
+with the same rows of the step above by the paired bootstrap over the test examples (one seed).
 
     python benchmarks/protocol_ablation.py [--seed 0] [--steps 0 1 2 3 4]
 
 Writes benchmarks/results/image-dinov2/ablation/ablation.md and .json, and each step's own table in step<k>/.
-Cost: at 84 px an exact circuit search of 48 removals is ~2,300 candidate evaluations on 256 validation images,
+Cost: at 84 px an exact circuit search of 48 removals is ~2,300 candidate evaluations on 260 validation images,
 about 2 h on one core (image-dinov2 seed 1, 2026-11-27); members and evaluation about as long again. Steps 2 and 3
 search the same circuit (`same_circuit`): step 3 takes step 2's.
 """
@@ -39,10 +43,11 @@ from torch import Tensor
 from hydra_ensembles.bench import cache_dir, runner, suite
 from hydra_ensembles.bench.records import copy_records
 from hydra_ensembles.bench.tasks import Task, _image_batches, dinov2_pixels, dinov2_task
-from hydra_ensembles.evaluation.bootstrap import difference_lines
+from hydra_ensembles.evaluation.bootstrap import difference_lines, row_differences
 from hydra_ensembles.evaluation.compare import machine
 from hydra_ensembles.evaluation.tables import COLUMNS, mean_std, render
 from hydra_ensembles.io import write_json_atomic
+from hydra_ensembles.outputs import labels_of
 from hydra_ensembles.predictors import load_predictor
 from hydra_ensembles.training import IMAGE_RECIPE
 
@@ -187,14 +192,30 @@ def run_steps(chosen: list[int], seed: int, cache: Path, out: Path, command: str
             )
         finally:
             copy_records(cache / key, RECORDS / key, overwrite=True)
-    record = {"seed": seed, "machine": machine(), "command": command, "steps": {}}
+    record = {"seed": seed, "machine": machine(), "command": command, "steps": {}, "between": {}}
     for k, (label, _, _) in enumerate(all_steps):
         path = out / f"step{k}" / "table.json"
         if path.exists():
             record["steps"][label] = json.loads(path.read_text())
+    dirs = [runner.seed_dir(cache, task, seed) for _, task, _ in all_steps]
+    labels = labels_of(current.test)
+    for k in range(1, len(all_steps)):
+        rows = [row for row in all_steps[k][2] if row in all_steps[k - 1][2]]
+        said = between_steps(dirs[k - 1], dirs[k], k, rows, labels, seed)
+        if said:
+            record["between"][all_steps[k][0]] = said
     write_json_atomic(out / "ablation.json", record)
     (out / "ablation.md").write_text(markdown(record))
     return record
+
+
+def between_steps(before: Path, after: Path, k: int, rows: list[str], labels: Tensor, seed: int) -> dict:
+    """The paired bootstrap of each row step k shares with step k - 1 (its logits in each step's seed directory,
+    every step tested on the same sets): what step k's change moved, with intervals. {} where logits are missing."""
+    said = row_differences({seed: after}, labels, [(row, row) for row in rows], other_dirs={seed: before})
+    for pair in said.get("pairs", []):
+        pair["rows"] = [f"{pair['rows'][0]}, step {k}", f"step {k - 1}"]
+    return said
 
 
 def markdown(record: dict) -> str:
@@ -218,6 +239,10 @@ def markdown(record: dict) -> str:
     for label, summary in record["steps"].items():
         if summary.get("differences"):
             lines += ["", f"**{label}**", "", *difference_lines(summary["differences"])]
+    if record.get("between"):
+        lines += ["", "## What each step moved: each row against the same row of the step above", ""]
+        for label, said in record["between"].items():
+            lines += [f"**{label}**", "", *difference_lines(said), ""]
     return "\n".join(lines) + "\n"
 
 

@@ -1,9 +1,14 @@
 """benchmarks/protocol_ablation.py: each step is the step above with one change, the last is the current task."""
 
+import sys
 from dataclasses import fields
+from pathlib import Path
 
+import torch
 from conftest import load_script
 from test_suite import tiny_task  # noqa: F401, F811 (the fixture)
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "evaluation"))
 
 
 def _changed(a, b) -> set[str]:
@@ -69,3 +74,23 @@ def test_steps_that_search_the_same_circuit_share_it(tiny_task, tmp_path):  # no
     assert (ablation.runner.seed_dir(cache, steps[2], 0) / "circuit_avg.json").read_text() == '{"step": 2}'
     ablation.take_earlier_circuit(all_steps, 3, 0, cache, layers)
     assert (ablation.runner.seed_dir(cache, steps[3], 0) / "circuit_avg.json").read_text() == '{"step": 2}'
+
+
+def test_each_step_is_compared_with_the_step_above_row_by_row(tmp_path):
+    """The same row of two steps, tested on the same sets: the paired bootstrap across their seed directories."""
+    from test_bootstrap import LABELS, _run
+
+    from hydra_ensembles.evaluation.bootstrap import paired_bootstrap
+    from hydra_ensembles.evaluation.compare import row_file
+
+    ablation = load_script("protocol_ablation")
+    before, after = tmp_path / "step2", tmp_path / "step3"
+    for folder, run in ((before, 0), (after, 1)):
+        (folder / "logits").mkdir(parents=True)
+        torch.save(_run(run), row_file(folder / "logits", "Hydra (Circ)"))
+    said = ablation.between_steps(before, after, 3, ["Hydra (Circ)", "CircAvg"], LABELS, seed=0)
+    expected = paired_bootstrap([_run(1)], [_run(0)], LABELS)  # step 3 minus step 2; CircAvg has no logits
+    assert said["pairs"] == [
+        {"rows": ["Hydra (Circ), step 3", "step 2"]} | {m: i._asdict() for m, i in expected.items()}
+    ]
+    assert "Hydra (Circ), step 3 vs step 2" in "\n".join(ablation.difference_lines(said))

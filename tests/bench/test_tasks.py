@@ -209,8 +209,10 @@ def test_ood_sources_split_by_group_put_no_group_on_both_sides():
     import random
 
     rows = [(f"review{k // 3}", f"sentence {k}") for k in range(60)]  # 20 reviews of 3 sentences
-    val, test = tasks._split_groups(rows, 10, 100, random.Random(0))
+    val_rows, test = tasks._split_groups(rows, 10, 100, random.Random(0))
     group = {text: g for g, text in rows}
+    assert all(group[text] == g for g, text in val_rows)  # validation rows come with their group
+    val = [text for _, text in val_rows]
     assert len(val) == 10 and len(test) == 60 - 12  # whole reviews to validation until it holds 10, one cut
     assert not {group[t] for t in val} & {group[t] for t in test}
     val, test = tasks._split_off(["a", "b", "a", "c", "d"], 2, 10, random.Random(0))
@@ -299,3 +301,15 @@ def test_the_real_text_splits_at_full_size_share_no_text_even_near_duplicates(da
     for name, items in parts.items():
         for text in {_normalised(t) for t in items}:
             assert seen.setdefault(text, name) == name, f"{text[:60]!r} in {seen[text]} and {name}"
+
+
+@pytest.mark.parametrize("data", ["bbc", "sentiment"])
+def test_the_text_tasks_name_the_review_of_each_ood_validation_sentence(minilm_task, data):
+    """For circuit_halves: sentences of one Amazon review share a group, so no review lands in both halves."""
+    task = minilm_task("quick", data)
+    groups = task.circuit_ood_groups
+    assert len(groups) == sum(len(b["input_ids"]) for b in task.circuit_ood)
+    amazon = [g for g in groups if g.startswith("amazon:")]
+    assert amazon and len(set(amazon)) < len(amazon)  # sentences share reviews: grouped
+    assert all(groups.count(g) == 1 for g in groups if not g.startswith("amazon:"))  # the rest: one text each
+    assert "circuit_ood_groups" not in task.settings()  # splits nothing a model sees: out of the cache key

@@ -14,6 +14,11 @@ def test_prune_per_layer_makes_a_labelled_variant_with_its_own_cache_key():
     variant = bench._task(Namespace(quick=True, prune_per_layer=3), "text")
     assert standard.prune_per_layer == 4 and variant.prune_per_layer == 3  # MiniLM: a third of 12 heads a layer
     assert variant.fingerprint() != standard.fingerprint()  # nothing trained for one is reused by the other
+    assert (standard.taylor_pool, standard.circuit_pool) == (8, 48)  # pools twice the budget, as the variant's:
+    assert (variant.taylor_pool, variant.circuit_pool) == (6, 36)  # not 3 of 8 and 18 of 48
+    assert "samples 3 of each layer's 6 least useful heads, Hydra (Circ) 18 of the circuit's first 36" in " ".join(
+        variant.notes
+    )
     assert bench._suffix(Namespace(quick=True, prune_per_layer=3)) == "-quick-prune3"
     assert bench._suffix(Namespace(quick=False, prune_per_layer=None)) == ""
     with pytest.raises(SystemExit, match="between 1 and 11"):

@@ -78,6 +78,20 @@ def test_split_keeps_every_example_once_with_its_label_alternating_in_batches_of
     assert _tokens_by_label(first) | _tokens_by_label(second) == original  # each input still beside its label
 
 
+def test_split_by_group_keeps_each_group_on_one_side():
+    """Sentences of one review on both sides would make the halves agree for the review's sake."""
+    batches = _numbered_batches()  # 7 examples, labelled 0..6
+    groups = ["amazon:a", "amazon:a", "amazon:b", "bbc:0", "amazon:a", "bbc:1", "bbc:2"]
+    first, second = split_halves(batches, groups)
+    assert torch.cat([b["labels"] for b in first]).tolist() == [0, 1, 3, 4, 6]  # groups a, bbc:0, bbc:2
+    assert torch.cat([b["labels"] for b in second]).tolist() == [2, 5]  # groups b, bbc:1
+    assert _tokens_by_label(first) | _tokens_by_label(second) == _tokens_by_label(batches)
+    with pytest.raises(ValueError, match="groups names 2 examples, the batches hold 7"):
+        split_halves(batches, groups[:2])
+    with pytest.raises(ValueError, match="one group: two halves need at least two groups"):
+        split_halves(batches, ["x"] * 7)
+
+
 def test_split_needs_two_examples():
     with pytest.raises(ValueError, match="at least 2 examples, got 1"):
         split_halves([make_inputs("bert", batch=1) | {"labels": torch.tensor([0])}])

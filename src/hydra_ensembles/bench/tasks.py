@@ -11,6 +11,7 @@ ViT-B's 144); ties in the circuit search go to the secondary score; models are f
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 from collections.abc import Callable
@@ -65,11 +66,14 @@ class Task:
     # Single is trained from random weights: the rows the paper trains from scratch (Packed-Ensembles, MIMO) apply.
     # Out of the fingerprint, like the notes: it says which rows apply and changes no model.
     from_scratch: bool = False
+    # the group (source:review or article) of each circuit_ood example, where sentences share one; None: each
+    # example its own. Out of the fingerprint: it splits the data for `circuit_halves`, changes no model
+    circuit_ood_groups: list[str] | None = None
 
     def settings(self) -> dict:
-        """Every setting and the data sizes (notes and from_scratch change nothing; fields added later only when
-        set)."""
-        described = ("notes", "from_scratch")
+        """Every setting and the data sizes (notes, from_scratch and circuit_ood_groups change nothing; fields added
+        later only when set)."""
+        described = ("notes", "from_scratch", "circuit_ood_groups")
         settings = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in described}
         settings = without_late_defaults({k: v for k, v in settings.items() if not callable(v)}, _LATE_FIELDS)
         for name in ("train", "val", "test", "circuit_id", "circuit_ood"):
@@ -84,7 +88,10 @@ class Task:
 
 
 def _size(batches: list[Batch]) -> tuple[int | str, ...]:
-    """Examples, input values and a digest of the labels in order: enough to tell two splits (or orders) apart."""
+    """Examples, input values and a digest of the labels in order: enough to tell two splits (or orders) apart
+    where they differ in size or labels. Input values are not hashed (the key predates it; hashing them now would
+    orphan every record): a change of which images or texts a split draws that keeps its sizes, such as the
+    solar cells split by module, must also change a setting of the task, or the cache serves the old results."""
     first = next(iter(batches[0]))
     labels = [b["labels"] for b in batches if "labels" in b]
     order = hashlib.sha256(torch.cat(labels).numpy().tobytes()).hexdigest()[:8] if labels else ""
@@ -97,12 +104,24 @@ def _batches(count: int, size: int, inputs: Callable[[slice], dict], labels=None
     return [inputs(r) | ({} if labels is None else {"labels": torch.as_tensor(labels[r])}) for r in rows]
 
 
-def _budgets(layers: int, heads: int) -> dict:
-    """The pruning budgets that scale with the model: every pruned model drops a third of the heads of each layer
-    (ViT-B in paper 000 keeps 8 of 12), Hydra samples them from a pool twice that (§B.5: 48 of 100): Hydra (Taylor)
-    from each layer's 2 x budget least useful, Hydra (Circ) from the circuit's first 2 x budget."""
-    prune = heads // 3
-    return dict(prune_per_layer=prune, taylor_pool=min(heads, 2 * prune), circuit_pool=2 * layers * prune)
+def _budgets(layers: int, heads: int, prune: int | None = None) -> dict:
+    """The pruning budgets that scale with the model: every pruned model drops `prune` heads of each layer, by
+    default a third (ViT-B in paper 000 keeps 8 of 12), Hydra samples them from a pool twice that (§B.5: 48 of
+    100), capped at what there is: Hydra (Taylor) from each layer's 2 x budget least useful, Hydra (Circ) from the
+    circuit's first 2 x budget (at most all heads but one per layer)."""
+    prune = heads // 3 if prune is None else prune
+    circuit_pool = min(2 * layers * prune, layers * (heads - 1))
+    return dict(prune_per_layer=prune, taylor_pool=min(heads, 2 * prune), circuit_pool=circuit_pool)
+
+
+def with_prune_per_layer(task: Task, prune: int, layers: int, heads: int) -> Task:
+    """`task` as a variant whose pruned models drop `prune` heads per layer: its pools recomputed as `_budgets`
+    makes them, and the notes' budget sentence rewritten to say so."""
+    old, new = _budgets(layers, heads, task.prune_per_layer), _budgets(layers, heads, prune)
+    if (task.taylor_pool, task.circuit_pool) != (old["taylor_pool"], old["circuit_pool"]):
+        raise ValueError(f"{task.name}'s pools are its own, not _budgets': set its variant's pools by hand.")
+    notes = [note.replace(_budget_note(layers, heads, old), _budget_note(layers, heads, new)) for note in task.notes]
+    return dataclasses.replace(task, **new, notes=notes)
 
 
 def _budget_note(layers: int, heads: int, budgets: dict) -> str:
@@ -128,17 +147,18 @@ def _split_off(items: list, val: int, test: int, rng: random.Random) -> tuple[li
 
 def _split_groups(rows: list[tuple[str, str]], val: int, test: int, rng: random.Random) -> tuple[list, list]:
     """`_split_off` of (group, text) rows by group (a review, an article): no group on both sides; the validation
-    part takes whole groups until it holds `val` texts, the test part `test` texts of the other groups."""
+    part takes whole groups until it holds `val` texts (returned as (group, text) rows), the test part `test`
+    texts of the other groups."""
     groups: dict[str, list[str]] = {}
     for group, text in rows:
         groups.setdefault(group, []).append(text)
     order = sorted(groups)
     rng.shuffle(order)
-    val_texts, rest = [], []
+    val_rows, rest = [], []
     for group in order:
-        (val_texts if len(val_texts) < val else rest).extend(groups[group])
+        (val_rows if len(val_rows) < val else rest).extend((group, text) for text in groups[group])
     rng.shuffle(rest)
-    return val_texts[:val], rest[:test]
+    return val_rows[:val], [text for _, text in rest[:test]]
 
 
 def _choose(options: dict, key: str, what: str):
@@ -202,17 +222,25 @@ class TextData:
     far: dict[str, list[str]]
     circuit_ood: list[str]  # the validation parts of the OOD sources: never tested
     description: str
+    circuit_ood_groups: list[str] = field(default_factory=list)  # each validation text's source:group (a review)
 
 
-def _ood_sets(sources: dict[str, tuple[list, bool]], sizes: TextSize, rng: random.Random) -> tuple[dict, list]:
-    """({name: test texts}, validation texts of every source) from {name: (texts or (group, text) rows, grouped)}:
-    each source split into a validation and a test part (`_split_off`, by group when grouped)."""
-    tests, validation = {}, []
+def _ood_sets(
+    sources: dict[str, tuple[list, bool]], sizes: TextSize, rng: random.Random
+) -> tuple[dict, list[str], list[str]]:
+    """({name: test texts}, validation texts of every source, the group of each validation text) from {name:
+    (texts or (group, text) rows, grouped)}: each source split into a validation and a test part (`_split_off`,
+    by group when grouped). A text of an ungrouped source is its own group."""
+    tests, validation, groups = {}, [], []
     for name, (items, grouped) in sources.items():
-        split = _split_groups if grouped else _split_off
-        val_part, test_part = split(items, sizes.ood_val, sizes.ood, rng)
-        tests[name], validation = test_part, validation + val_part
-    return tests, validation
+        if grouped:
+            rows, tests[name] = _split_groups(items, sizes.ood_val, sizes.ood, rng)
+        else:
+            texts, tests[name] = _split_off(items, sizes.ood_val, sizes.ood, rng)
+            rows = [(str(i), text) for i, text in enumerate(texts)]
+        validation += [text for _, text in rows]
+        groups += [f"{name}:{group}" for group, _ in rows]
+    return tests, validation, groups
 
 
 def _ood_note(sizes: TextSize, data: TextData) -> str:
@@ -229,11 +257,13 @@ def bbc_data(sizes: TextSize, rng: random.Random) -> TextData:
     from .datasets.text import load_bbc, load_drug_reviews, load_sentiment
 
     train, val, test = _split_by_label([load_bbc(topic) for topic in ID_TOPICS], sizes, rng)
-    near, near_val = _ood_sets({f"bbc-{t}": (load_bbc(t), False) for t in NEAR_TOPICS}, sizes, rng)
+    near, near_val, near_groups = _ood_sets({f"bbc-{t}": (load_bbc(t), False) for t in NEAR_TOPICS}, sizes, rng)
     reviews = load_drug_reviews("train") + load_drug_reviews("test")
     amazon = [(group, text) for group, text, _ in load_sentiment("amazon")]
-    far, far_val = _ood_sets({"drug-reviews": (reviews, False), "amazon": (amazon, True)}, sizes, rng)
-    data = TextData("text-bbc", ID_TOPICS, train, val, test, near, far, near_val + far_val, "")
+    far, far_val, far_groups = _ood_sets({"drug-reviews": (reviews, False), "amazon": (amazon, True)}, sizes, rng)
+    data = TextData(
+        "text-bbc", ID_TOPICS, train, val, test, near, far, near_val + far_val, "", near_groups + far_groups
+    )
     data.description = (
         f"ID: BBC {', '.join(ID_TOPICS)} ({sizes.train}/{sizes.val}/{sizes.test} articles per topic for "
         f"train/val/test); near-OOD: BBC {', '.join(NEAR_TOPICS)}; far-OOD: drug reviews, Amazon product-review "
@@ -253,12 +283,15 @@ def sentiment_data(sizes: TextSize, rng: random.Random) -> TextData:
         by_class[label].append(text)
     train, val, test = _split_by_label([by_class[0], by_class[1]], sizes, rng)
     amazon = [(group, text) for group, text, _ in load_sentiment("amazon")]
-    near, near_val = _ood_sets({"amazon": (amazon, True)}, sizes, rng)
+    near, near_val, near_groups = _ood_sets({"amazon": (amazon, True)}, sizes, rng)
     news = [text for topic in TOPICS for text in load_bbc(topic)]
     reviews = load_drug_reviews("train") + load_drug_reviews("test")
     far_sources = {"bbc-news": (news, False), "drug-reviews": (reviews, False), "reuters": (load_reuters(), False)}
-    far, far_val = _ood_sets(far_sources, sizes, rng)
-    data = TextData("text-sentiment", ("negative", "positive"), train, val, test, near, far, near_val + far_val, "")
+    far, far_val, far_groups = _ood_sets(far_sources, sizes, rng)
+    groups = near_groups + far_groups
+    data = TextData(
+        "text-sentiment", ("negative", "positive"), train, val, test, near, far, near_val + far_val, "", groups
+    )
     data.description = (
         f"ID: sentiment (sign of the mean human rating) of Rotten Tomatoes movie sentences "
         f"({sizes.train}/{sizes.val}/{sizes.test} per class for train/val/test); near-OOD: Amazon product-review "
@@ -391,6 +424,7 @@ def text_task(
         far={name: batches(t) for name, t in texts.far.items()},
         circuit_id=batches(texts.val[0][: sizes.circuit], texts.val[1][: sizes.circuit], tokens=circuit_tokens),
         circuit_ood=batches(texts.circuit_ood, tokens=circuit_tokens),
+        circuit_ood_groups=texts.circuit_ood_groups,
         recipe=train,
         member_recipe=train.with_(epochs=sizes.member_epochs, lr=recipe.member_lr, freeze_embeddings=True),
         lora_recipe=train.with_(lr=recipe.lora_lr, patience=None),
@@ -644,7 +678,8 @@ def dinov2_task(size: str = "full", pixels: int = DINOV2_PIXELS) -> Task:
 
         epochs, member_epochs = (3, 2) if quick else (10, 5)
         # §C.1.2: SGD, no weight decay, no dropout, no label smoothing, the pre-training augmentation; the best
-        # validation NLL kept, stopped after 2 epochs without a better one (the curve is flat)
+        # validation NLL kept, stopped after 2 epochs without a better one or at the cap (seed 0's models all ran to
+        # their cap, still improving: the cap ended them)
         recipe = IMAGE_RECIPE.with_(
             epochs=epochs, lr=0.01, freeze_embeddings=True, label_smoothing=0.0, augment="crop_flip", patience=2
         )
@@ -677,8 +712,8 @@ def dinov2_task(size: str = "full", pixels: int = DINOV2_PIXELS) -> Task:
             ],
         )
 
-    # exact search at 160 + 96 images: ~25 min per circuit at 56 px on 2 cores; at 84 px ~2 h on one core (~2,300
-    # candidate evaluations at ~0.3 a second: image-dinov2 seed 1, 2026-11-27)
+    # exact search at 160 ID + 100 OOD validation images: ~25 min per circuit at 56 px on 2 cores; at 84 px ~2 h on
+    # one core (~2,300 candidate evaluations at ~0.3 a second: image-dinov2 seed 1, 2026-11-27)
     return _image_task(size, (160, 96), (20, 12), partial(dinov2_pixels, pixels=pixels), 32, rest)
 
 

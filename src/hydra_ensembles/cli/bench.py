@@ -31,7 +31,6 @@ in DIR as well, so that a run can go on from another machine (`bench.records`).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import shlex
 import signal
 import sys
@@ -43,7 +42,7 @@ from pathlib import Path
 from ..adapters import get_adapter
 from ..bench import amp, cache_dir, curve, distillation, runner, suite, zero_shot
 from ..bench.records import copy_records
-from ..bench.tasks import TASKS, Task
+from ..bench.tasks import TASKS, Task, with_prune_per_layer
 from .common import CommandError, add_device_argument, resolve_device
 
 EXAMPLE = """hydra-ens bench text --quick                 # one seed, small splits (about 10 minutes)
@@ -207,10 +206,11 @@ def _task(args: argparse.Namespace, name: str) -> Task:
     if args.prune_per_layer is None:
         return task
     model = task.new_model(0)
-    heads = get_adapter(model).num_heads(model)
+    adapter = get_adapter(model)
+    layers, heads = adapter.num_layers(model), adapter.num_heads(model)
     if not 1 <= args.prune_per_layer < heads:
         raise SystemExit(f"--prune-per-layer must be between 1 and {heads - 1} ({task.name}: {heads} heads per layer).")
-    return dataclasses.replace(task, prune_per_layer=args.prune_per_layer)
+    return with_prune_per_layer(task, args.prune_per_layer, layers, heads)  # pools and notes follow the budget
 
 
 @contextmanager

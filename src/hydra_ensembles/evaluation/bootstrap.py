@@ -256,16 +256,22 @@ def row_differences(
     resamples: int = 2000,
     seed: int = 0,
     level: float = 0.95,
+    other_dirs: Mapping[int, str | os.PathLike] | None = None,
 ) -> dict:
     """The paired bootstrap of each (row A, row B) of `pairs` whose logits every seed directory holds
-    (`{seed: dir}`, `<dir>/<logits>/<row>.pt` as `compare` saves them), as a results file keeps it:
+    (`{seed: dir}`, `<dir>/<logits>/<row>.pt` as `compare` saves them; row B's from `other_dirs` when given: one
+    row of two runs tested on the same data, e.g. two steps of an ablation), as a results file keeps it:
     {"resamples": R, "level": level, "seeds": [seed, ...], "pairs": [{"rows": [A, B], metric: {"point", "low",
     "high"}}]}, A - B in the metrics' own units (fractions, nats). {} when no pair has logits on every seed: tables
     recorded before their logits were kept render as they were. `labels`: as `paired_bootstrap`, in `seed_dirs`'
     order."""
     said, shared = [], isinstance(labels, Tensor)
     for first, second in pairs:
-        paths = [(row_file(Path(d) / logits, first), row_file(Path(d) / logits, second)) for d in seed_dirs.values()]
+        second_dirs = list((other_dirs or seed_dirs).values())
+        paths = [
+            (row_file(Path(d) / logits, first), row_file(Path(e) / logits, second))
+            for d, e in zip(seed_dirs.values(), second_dirs, strict=True)
+        ]
         if not all(x.exists() and y.exists() for x, y in paths):
             continue
         loaded = [(torch.load(x), torch.load(y)) for x, y in paths]
@@ -293,7 +299,9 @@ def difference_lines(differences: Mapping) -> list[str]:
     said = (
         f"Differences, paired bootstrap {level:g} % interval ({drawn}; {resamples} resamples). A vs B: A - B in the "
         "table's units (NLL and ECE below 0, AUROC above 0 favour A); better / worse: the interval excludes 0 on "
-        "A's good / bad side; not separated: it includes 0."
+        "A's good / bad side; not separated: it includes 0. Each interval is for its own comparison, not corrected "
+        f"for the many made: of equal rows, about 1 comparison in {round(100 / (100 - level))} reads better or "
+        "worse by chance."
     )
     lines = [
         f"- {pair['rows'][0]} vs {pair['rows'][1]}: "

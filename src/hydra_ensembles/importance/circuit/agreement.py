@@ -37,19 +37,27 @@ def chance_agreement(k: int, heads: int) -> float:
     return k / heads
 
 
-def split_halves(batches: Sequence[Batch]) -> tuple[list[Batch], list[Batch]]:
+def split_halves(batches: Sequence[Batch], groups: Sequence[str] | None = None) -> tuple[list[Batch], list[Batch]]:
     """Two disjoint halves of `batches` by example: examples 0, 2, 4, ... (counted across batches) in the first,
-    1, 3, 5, ... in the second, each half in batches of the first batch's size. Labels (and the other `TARGETS`)
-    travel with their inputs; token inputs are right-padded to the half's longest (masked, as `rebatch` does)."""
+    1, 3, 5, ... in the second, each half in batches of the first batch's size. With `groups` (one per example,
+    e.g. the review a sentence comes from), whole groups alternate instead, in order of first appearance, so that
+    no group is on both sides. Labels (and the other `TARGETS`) travel with their inputs; token inputs are
+    right-padded to the half's longest (masked, as `rebatch` does)."""
     batches = materialize(batches, "batches")
     total = sum(map(examples_in, batches))
     if total < 2:
         raise ValueError(f"splitting into two halves needs at least 2 examples, got {total}: pass more data.")
+    if groups is not None and len(groups) != total:
+        raise ValueError(f"groups names {len(groups)} examples, the batches hold {total}: give one group each.")
+    side = {group: i % 2 for i, group in enumerate(dict.fromkeys(groups))} if groups is not None else None
+    half_of = torch.tensor([side[g] for g in groups]) if side is not None else torch.arange(total) % 2
+    if len(set(half_of.tolist())) < 2:
+        raise ValueError("the examples form one group: two halves need at least two groups.")
     halves: tuple[list[Batch], list[Batch]] = ([], [])
     start = 0
     for batch in batches:
         count = examples_in(batch)
-        parity = torch.arange(start, start + count) % 2  # (B,): 0 -> first half, 1 -> second
+        parity = half_of[start : start + count]  # (B,): 0 -> first half, 1 -> second
         for half, pieces in enumerate(halves):
             rows = (parity == half).nonzero().squeeze(1)
             if len(rows):
