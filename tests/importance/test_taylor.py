@@ -134,6 +134,9 @@ def test_bad_input_is_rejected():
         he.taylor_head_scores(model, _loader("bert"), sequential_budget=HEADS, progress=False)
     with pytest.raises(TypeError, match="dict batches"):
         he.taylor_head_scores(model, [torch.zeros(2, 3)], progress=False)
+    encoder = MODELS["bert_encoder"]()  # the similarity loss reads [CLS] features, not a readout's input
+    with pytest.raises(ValueError, match="reads the last layer's .CLS. features, which a readout"):
+        he.taylor_head_scores(encoder, _loader("bert"), loss="similarity", readout=lambda x: x, progress=False)
 
 
 class _Margin(he.importance.TaylorLoss):

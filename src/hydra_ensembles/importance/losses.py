@@ -139,6 +139,11 @@ def weighted_losses(
     mean over every example whatever the batching, and so is its gradient. Computed under the caller's grad
     mode, model mode and hooks; `readout` maps the model's output to logits first (as `taylor_head_scores`)."""
     adapter, loss = get_adapter(model), taylor_loss(name)
+    if readout is not None and loss.reads == "cls":
+        raise ValueError(
+            f"the {name!r} loss reads the last layer's [CLS] features, which a readout (made for the model's pooled "
+            "output) does not take: use a loss that reads the output, e.g. 'cross_entropy' or 'entropy'."
+        )
     device = next(model.parameters()).device
     total = sum(batch_size(split_batch(adapter, batch)[0]) for batch in batches)
     for batch in batches:
