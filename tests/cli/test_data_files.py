@@ -66,3 +66,18 @@ def test_an_out_folder_a_step_did_not_write_is_refused_and_kept(tmp_path):
     (stopped.path / "part").write_text("x")
     Output(tmp_path / "step", "calibrate", {"a": 2})  # another run clears what the first left unfinished
     assert not (stopped.path / "part").exists()
+
+
+def test_distill_refuses_a_teacher_that_prepares_its_inputs_otherwise(tmp_path):
+    from hydra_ensembles.cli.distill import _check_same_preprocessor
+
+    def processor_dir(name: str, side: int):
+        T.ViTImageProcessor(size={"height": side, "width": side}).save_pretrained(tmp_path / name)
+        return tmp_path / name
+
+    student, same, other = processor_dir("s", 16), processor_dir("t", 16), processor_dir("o", 32)
+    _check_same_preprocessor(same, student)  # the same processing: the teacher reads what it was trained on
+    with pytest.raises(CommandError, match="prepares its inputs otherwise than --model"):
+        _check_same_preprocessor(other, student)  # another image size
+    (tmp_path / "bare").mkdir()
+    _check_same_preprocessor(tmp_path / "bare", student)  # no preprocessor of its own: taken as it is

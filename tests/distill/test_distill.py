@@ -320,9 +320,18 @@ def test_distill_checks_what_it_can_before_training(tmp_path):
                  progress=False)  # fmt: skip
 
 
-def test_growing_keeps_the_students_dtype():
+def test_growing_keeps_the_students_dtype_and_what_was_frozen():
     hinton = MultiHeadMLP(2, 3, heads=1).double()
     assert all(p.dtype == torch.float64 for p in hinton.grow(3).parameters())
+    hinton.body.requires_grad_(False)  # as the loop's error message tells a user to freeze the body
+    grown = hinton.grow(3)
+    assert not any(p.requires_grad for p in grown.body.parameters())
+    assert all(p.requires_grad for p in [*grown.head_weights, *grown.head_biases])
+    fused = he.HydraEnsemble.fuse([MODELS["bert"]()])
+    fused.layers[0].requires_grad_(False)
+    grown = fused.grow(3, 1)
+    assert not any(p.requires_grad for p in grown.layers[0].parameters())
+    assert all(p.requires_grad for p in grown.layers[-1].parameters())
 
 
 def test_distill_refuses_what_would_teach_a_head_the_wrong_target():

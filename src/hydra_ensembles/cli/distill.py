@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     out = start_step(args, "distill", settings)
     if out is None:
         return 0
+    _check_same_preprocessor(teacher_dir, model_dir)
     teacher, student_model = (on_device(model, device) for model in _teacher_and_student(teacher_dir, model_dir))
     transfer = read_data(args, args.data, model_dir, student_model.config, labelled=False, flag="--data").batches
     val = (
@@ -145,3 +146,27 @@ def _teacher_and_student(teacher_dir: Path, model_dir: Path) -> tuple[nn.Module,
             f"{class_names(student)}: the student must classify the same classes, in the same order."
         )
     return teacher, student
+
+
+def _check_same_preprocessor(teacher_dir: Path, model_dir: Path) -> None:
+    """The teacher reads the transfer data as --model's preprocessor makes it: refused where the two differ (another
+    vocabulary, image size or normalisation would feed the teacher inputs it was not trained on, and its outputs
+    would become the targets). A teacher directory without a preprocessor of its own is taken as it is."""
+    try:
+        (kind, mine), (theirs_kind, theirs) = load_preprocessor(model_dir), load_preprocessor(teacher_dir)
+    except (OSError, ValueError):
+        return
+    if kind != theirs_kind or _preprocessing(mine) != _preprocessing(theirs):
+        raise CommandError(
+            f"--teacher {str(teacher_dir)!r} prepares its inputs otherwise than --model {str(model_dir)!r} (another "
+            "vocabulary or image processing): the teacher would read inputs made for another model. Distil into a "
+            "model of the teacher's base."
+        )
+
+
+def _preprocessing(preprocessor) -> object:
+    """What decides the inputs: a tokenizer's vocabulary, an image processor's settings (less its class name)."""
+    if hasattr(preprocessor, "get_vocab"):
+        return preprocessor.get_vocab()
+    ignored = {"image_processor_type", "processor_class"}
+    return {k: v for k, v in preprocessor.to_dict().items() if k not in ignored}

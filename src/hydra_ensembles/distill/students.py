@@ -98,6 +98,9 @@ class MultiHeadMLP(nn.Module):
                 [*grown.head_weights, *grown.head_biases], [*self.head_weights, *self.head_biases]
             ):
                 target.copy_(source.expand_as(target))
+        frozen = {name for name, p in self.named_parameters() if not p.requires_grad}  # stays frozen once grown
+        for name, p in grown.named_parameters():
+            p.requires_grad_(name not in frozen)
         return grown.train(self.training)
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:

@@ -210,6 +210,9 @@ class HydraEnsemble(nn.Module):
             self.fingerprint,
             self.averaged,
         )
+        frozen = {name for name, p in self.named_parameters() if not p.requires_grad}  # stays frozen once grown
+        for name, p in grown.named_parameters():
+            p.requires_grad_(name not in frozen)
         return grown.train(self.training)
 
     def untie(self) -> HydraEnsemble:
