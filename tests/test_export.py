@@ -51,7 +51,8 @@ def fused(request) -> tuple[str, he.HydraEnsemble]:
 
 def eager(ensemble: he.HydraEnsemble, inputs: dict) -> torch.Tensor:
     with torch.no_grad():
-        return ensemble(**inputs).member_logits  # (B, M, C)
+        out = ensemble(**inputs)
+    return out.member_logits if out.member_logits is not None else out.member_pooled  # (B, M, C) or (B, M, D)
 
 
 def onnx_outputs(path, inputs: dict) -> torch.Tensor:
@@ -81,11 +82,28 @@ def test_torch_export_of_fused_module_matches_eager(fused):
         assert (got - eager(ensemble, inputs)).abs().max() <= CONTRACT
 
 
-@pytest.mark.parametrize("family", ["deberta", "modernbert", "electra", "siglip_classifier"])
+@pytest.mark.parametrize(
+    "family",
+    [
+        "deberta",
+        "modernbert",
+        "electra",
+        "siglip_classifier",
+        "distilbert",
+        "deit_teacher",
+        "dinov2",
+        "clip_text",
+        "clip_vision",
+        "roberta",
+        "xlm_roberta",
+    ],
+)
 def test_onnx_runtime_reproduces_the_newer_families(family, tmp_path):
-    """DeBERTa-v3 (disentangled position scores: a gather over distance buckets), ModernBERT (rotary, local and
-    global layers), ELECTRA (an embedding projection) and SigLIP's image classifier in ONNX Runtime, ragged
-    members, at shapes other than the example's (ModernBERT's local window is wider than these inputs: its masks
+    """Every family beyond the fixture's BERT / ViT / MPNet: DeBERTa-v3 (disentangled position scores: a gather over
+    distance buckets), ModernBERT (rotary, local and global layers), ELECTRA (an embedding projection), SigLIP's
+    image classifier, DistilBERT, DeiT, DINOv2 (layer scale), both CLIP towers (encoders: member_pooled), RoBERTa
+    and XLM-RoBERTa (position ids after the padding id) in ONNX Runtime, ragged members, at shapes other than the
+    example's (ModernBERT's local window is wider than these inputs: its masks
     are checked in the family's contract tests)."""
     members = he.build_members(at_trained_scale(family), random_head_maps(3, seed=1))
     ensemble = he.HydraEnsemble.fuse([perturb(m, scale=0.05, seed=i) for i, m in enumerate(members)], mlp="stack")
