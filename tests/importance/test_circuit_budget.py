@@ -68,10 +68,14 @@ def _extract(clock, **kwargs):
 
 def test_a_generous_budget_picks_the_exact_search_and_records_predicted_and_measured_time(fake_time):
     circuit = _extract(fake_time, time_budget=1800)
-    # probe: 12 candidates on the first 16 of 48 examples = 4 s; the search: 68 candidate evaluations of 1 s
+    # probe: an untimed warm-up candidate (1/3 s) then 12 candidates on the first 16 of 48 examples = 4 s; the
+    # search: 68 candidate evaluations of 1 s
     assert circuit.search == "exact" and circuit.timing["chose"] == "exact" and circuit.timing["switched"] == []
-    assert circuit.timing["probe_s"] == pytest.approx(4.0) and circuit.timing["predicted_s"] == pytest.approx(72.0)
-    assert circuit.timing["measured_s"] == pytest.approx(72.0) and circuit.timing["per_candidate_s"] == {"fp32": 1.0}
+    assert circuit.timing["probe_s"] == pytest.approx(4 + 1 / 3) and circuit.timing["predicted_s"] == pytest.approx(
+        72 + 1 / 3
+    )
+    assert circuit.timing["measured_s"] == pytest.approx(72 + 1 / 3)
+    assert circuit.timing["per_candidate_s"] == {"fp32": pytest.approx(1.0)}
     exact = _extract(fake_time, method="fast")
     assert circuit.removed == exact.removed and circuit.scores == exact.scores  # "auto" changes nothing it runs
 
@@ -81,12 +85,13 @@ def test_when_nothing_fits_it_refuses_before_any_step_and_names_what_fits(fake_t
     he.register_criterion("avg_counted", counting)
     with pytest.raises(ValueError) as refused:
         _extract(fake_time, criterion="avg_counted", time_budget=10, state_path=state)
-    # probes 4 s (fp32) + 2 s (bf16); the fastest, multi-8-bf16, is one step of 12 at 0.5 s: 6 + 6 = 12 s > 10 s
+    # probes 4 1/3 s (fp32) + 2 1/6 s (bf16), warm-ups included; the fastest, multi-8-bf16, is one step of 12 at
+    # 0.5 s: 6.5 + 6 = 12.5 s > 10 s
     message = str(refused.value)
     assert "the fastest, multi-8-bf16, is predicted at 0.2 min" in message
-    assert "`--max-examples 1`" in message  # the exact search: 68 s x 2/48 within 90 % of the 4 s left
-    assert "`--method multi --top 8 --precision bf16 --max-examples 14`" in message  # 6 s x 28/48 <= 3.6 s
-    assert "`--time-budget 1m`" in message and "max_examples=14" in message
+    assert "`--max-examples 1`" in message  # the exact search: 68 s x 2/48 within 90 % of the 3.5 s left
+    assert "`--method multi --top 8 --precision bf16 --max-examples 12`" in message  # 6 s x 24/48 <= 3.15 s
+    assert "`--time-budget 1m`" in message and "max_examples=12" in message
     assert counting.calls == 0 and not state.exists()  # no step began
     fitted = _extract(fake_time, time_budget=10, max_examples=1)  # what it offered does fit
     assert fitted.search == "exact" and fitted.timing["predicted_s"] <= 10
@@ -98,17 +103,36 @@ def test_a_search_that_falls_behind_runs_its_remaining_removals_coarser_and_says
     state = tmp_path / "state.json"
     with pytest.warns(RuntimeWarning, match=r"36 s measured against 12 s predicted \(3.00x\)"):
         circuit = _extract(fake_time, time_budget=100, state_path=state)
-    # after removal 1 (36 s + 4 s probe), exact would end at 208 s; probing bf16 (2 s), fast-bf16 would need 126 s
-    # and multi-2-bf16 (11 + 9 + 7 + 5 candidates at 1.5 s) 42 + 48 = 90 s: it runs that
+    # after removal 1 (36 s + 4 1/3 s probe), exact would end at ~208 s; probing bf16 (2 1/6 s), fast-bf16 would
+    # need ~127 s and multi-2-bf16 (11 + 9 + 7 + 5 candidates at 1.5 s) 42.5 + 48 = 90.5 s: it runs that
     assert circuit.search == "exact, then multi-2-bf16 from removal 2"
     assert circuit.timing["switched"] == [[1, "multi-2-bf16"]] and "multi-2-bf16" in circuit.note
-    assert circuit.timing["measured_s"] == pytest.approx(90.0) and circuit.timing["predicted_s"] == pytest.approx(72.0)
+    assert circuit.timing["measured_s"] == pytest.approx(90.5) and circuit.timing["predicted_s"] == pytest.approx(
+        72 + 1 / 3
+    )
     assert circuit.removed[0] == exact.removed[0] and len(set(circuit.removed)) == BUDGET
     saved = json.loads(state.read_text())
     assert saved["segments"] == [[0, "fast", 8, "fp32"], [1, "multi", 2, "bf16"]]
     fake_time.now = 0.0
     again = _extract(fake_time, time_budget=100, state_path=state)  # resumes the saved plan: no probe, no step
     assert fake_time.now == 0.0 and again.removed == circuit.removed and again.search == circuit.search
+
+
+def test_a_search_no_coarser_search_can_finish_stops_with_its_state_saved_and_resumes(fake_time, tmp_path):
+    """The budget is a promise: when even the coarsest search would overrun at the measured pace, the search stops
+    after the step (not overruns), says what finishes it, and a larger budget resumes it from the saved state."""
+    exact = _extract(fake_time, method="fast")
+    fake_time.now, fake_time.slowdown = 0.0, 20.0  # predicted ~72 s within 100 s; the search runs 20x slower
+    state = tmp_path / "state.json"
+    with pytest.raises(search_module.TimeBudgetExceeded, match="stopped by its time budget.* run it again with"):
+        _extract(fake_time, time_budget=100, state_path=state)
+    stopped_at = fake_time.now
+    saved = json.loads(state.read_text())
+    assert len(saved["removed"]) == 1 and saved["removed"][0] == list(exact.removed[0])  # the step made is kept
+    assert stopped_at < 300  # one slow step (240 s), not the whole search at that pace (~1,400 s)
+    fake_time.slowdown = 1.0
+    finished = _extract(fake_time, time_budget=3600, state_path=state)  # a larger budget: resumes, no new probe
+    assert finished.removed[0] == exact.removed[0] and len(set(finished.removed)) == BUDGET
 
 
 def test_the_bar_moves_within_a_step_one_candidate_at_a_time(monkeypatch, tmp_path):

@@ -14,13 +14,14 @@ import argparse
 
 from ..importance import extract_circuit, extract_joint_circuit
 from ..importance.circuit import CRITERIA, METHODS
-from ..importance.circuit.budget import subsample
+from ..importance.circuit.budget import TimeBudgetExceeded, subsample
 from ..importance.circuit.record import say_ties
 from ..io import without_late_defaults
 from ..predictors import TwoTowerModel, ZeroShotEnsemble, model_config
 from ..predictors.classifier import prompt_tokenizer
 from ..predictors.clip_zero_shot import prompt_batches
 from .common import (
+    CommandError,
     add_data_options,
     add_device_argument,
     add_zero_shot_options,
@@ -120,8 +121,9 @@ def run(args: argparse.Namespace) -> int:
         "model": fingerprint_path(model_dir, "--model"),
         "data": fingerprint_path(args.data, "--data"),
         "ood": fingerprint_path(args.ood, "--ood") if args.ood else None,
+        # not --time-budget: a run stopped by its budget resumes with a larger one (a changed setting would clear
+        # the saved search); a finished circuit stays finished (--force redoes it)
         **{k: getattr(args, k) for k in ("criterion", "budget", "method", "top", "precision", "towers")},
-        "time_budget_s": time_budget,
         # steps recorded before these flags ranked by "order", on all the examples: they stay valid for it
         **without_late_defaults(
             {"tie_break": args.tie_break, "max_examples": args.max_examples, "sample_seed": args.sample_seed},
@@ -144,22 +146,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"resuming from {state}")
     if isinstance(model, ZeroShotEnsemble):
         return _joint(args, out, model_dir, model, id_data, ood_data, state)
-    circuit = extract_circuit(
-        model,
-        id_data.batches,
-        ood_data.batches if ood_data else None,
-        args.criterion,
-        args.budget,
-        method=args.method,
-        time_budget=time_budget,
-        max_examples=args.max_examples,
-        sample_seed=args.sample_seed,
-        top=args.top,
-        precision=args.precision,
-        tie_break=args.tie_break,
-        state_path=state,
-        progress=not args.quiet,
-    )
+    try:
+        circuit = extract_circuit(
+            model,
+            id_data.batches,
+            ood_data.batches if ood_data else None,
+            args.criterion,
+            args.budget,
+            method=args.method,
+            time_budget=time_budget,
+            max_examples=args.max_examples,
+            sample_seed=args.sample_seed,
+            top=args.top,
+            precision=args.precision,
+            tie_break=args.tie_break,
+            state_path=state,
+            progress=not args.quiet,
+        )
+    except TimeBudgetExceeded as stopped:
+        raise CommandError(str(stopped).replace(" / max_examples", "")) from None
     if circuit.note:
         print(f"search: {circuit.note}")
     extra = {"note": circuit.note, "timing": circuit.timing}
@@ -181,7 +186,7 @@ def _joint(args, out, model_dir, model, id_data, ood_data, state) -> int:
         args.criterion,
         args.budget,
         towers=towers,
-        method="fast" if args.method == "auto" else args.method,  # joint circuits: exact unless told otherwise
+        method=_joint_method(args),
         top=args.top,
         precision=args.precision,
         tie_break=args.tie_break,
@@ -190,6 +195,17 @@ def _joint(args, out, model_dir, model, id_data, ood_data, state) -> int:
     )
     extra = {"joint": True, "classes": model.classes, "templates": model.templates}
     return _finish(args, out, circuit, extra, f"heads of {'+'.join(towers)}", "(tower, layer, head)", 8)
+
+
+def _joint_method(args) -> str:
+    """Joint circuits have no planned search: "auto" runs the exact one, and says that --time-budget does not
+    bind it."""
+    if args.method != "auto":
+        return args.method
+    if not args.quiet:
+        print(f"joint circuit: the exact search (--method fast); --time-budget {args.time_budget} does not apply to "
+              "two-tower models: to spend less, pass --method multi --top K or --max-examples N")  # fmt: skip
+    return "fast"
 
 
 def _finish(args, out, circuit, extra: dict, what: str, order: str, shown: int) -> int:

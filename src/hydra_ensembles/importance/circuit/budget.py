@@ -3,15 +3,17 @@
 A search's time is, to a good approximation, its number of candidate evaluations (the progress bar's unit,
 `Choice.evaluations`) times the cost of one evaluation over all the validation examples. A short timed probe
 measures that cost on the actual data and model (`probe_seconds`: every candidate of the first step on the first
-batch of examples, so the batch shapes are the search's own). It overestimates later steps a little (they run a
-pruned, cheaper model), which errs towards finishing early.
+batch of examples, so the batch shapes are the search's own; after one untimed warm-up call). Later steps run a
+smaller model but their candidates' layers vary, so the estimate can err either way; the pace check after every
+step is what keeps the budget.
 
 `plan_search` picks the most accurate search of `ladder` predicted to fit, or raises before any real work,
 naming what does fit: a subsample of the validation data (`--max-examples`, sized from the measured per-example
 cost) or the coarsest search. During the search, `Pace` compares the measured with the predicted time after every
 step and, once the remaining removals would overrun the budget at the measured pace, switches them to the most
-accurate coarser search that fits — a warning says so, and the circuit records from which removal. We fall back
-rather than stop: the removals already made keep their meaning (the coarser search continues the same greedy
+accurate coarser search that fits — a warning says so, and the circuit records from which removal; when none
+fits, the search stops after the step, its state saved, and `TimeBudgetExceeded` says what finishes it. We
+fall back before we stop: the removals already made keep their meaning (the coarser search continues the same greedy
 ranking from the same removed heads, as `multi` and bf16 always do), and the first removals, which decide the
 members' heads, stay as exact as the budget allowed.
 """
@@ -55,6 +57,7 @@ def probe_seconds(
     candidates = [(layer, h) for layer, heads in kept_heads(model).items() for h in heads]
     chunks = rebatch(id_batches + ood_batches, batch_size)
     scorer = FastScorer(model, chunks[:1], [], None, batch_size=batch_size, precision=precision)  # outputs only
+    scorer.outputs([], candidates[:1], lambda n: None)  # warm-up, untimed: a first call (bf16 most) runs slow
     started = clock()
     scorer.outputs([], candidates, lambda n: None)
     per_example = (clock() - started) / examples_in(chunks[0])
@@ -278,7 +281,7 @@ class Pace:
     budget: int
     measured: float = 0.0
     predicted: float = 0.0
-    warned_overrun: bool = False
+    stop: str | None = None  # set when even the coarsest search would overrun: the search stops after this step
     said: list[str] = field(default_factory=list)
 
     def step_done(self, choice: Choice, evaluations: int, seconds: float) -> None:
@@ -288,7 +291,7 @@ class Pace:
     def check(self, choice: Choice, removed: int, elapsed: float) -> Choice | None:
         """The search to run the removals from `removed` on with, if not `choice`; `elapsed`: seconds spent so far
         (every rank passes rank 0's)."""
-        if removed >= self.budget or not self.predicted or self.warned_overrun:
+        if removed >= self.budget or not self.predicted or self.stop:
             return None
         pace, costs, limit = self.measured / self.predicted, self.plan.costs, self.plan.time_budget
         ends = elapsed + pace * costs.seconds(choice, self.candidates, removed, self.budget)
@@ -308,9 +311,14 @@ class Pace:
         )
         if rung != choice:
             said += f"; the remaining {self.budget - removed} removals run {rung.name} (~{end / 60:.1f} min in all)"
-        if not fitting:
-            self.warned_overrun = True
-            said += "; nothing coarser fits: it will overrun (pass a larger time budget, or --max-examples)"
+        if not fitting:  # the budget is a promise: stop, the state saved, rather than overrun
+            self.stop = (
+                f"circuit search stopped by its time budget: {said}, and nothing coarser fits (the coarsest would "
+                f"end at {end / 60:.1f} min). The {removed} removals made are saved: run it again with a time "
+                f"budget of at least {math.ceil(end / 60)} min to finish them (it resumes), or on fewer examples "
+                "(--max-examples / max_examples, a new search)."
+            )
+            return None
         self._warn(f"circuit search: {said}.")
         return rung if rung != choice else None
 
@@ -318,6 +326,11 @@ class Pace:
         self.said.append(message)
         if is_main():
             warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+class TimeBudgetExceeded(RuntimeError):
+    """Method "auto" stopped a search that no coarser search could finish within its time budget; its state is
+    saved (a state path given), so a run with a larger budget resumes it."""
 
 
 # ---- fewer examples ----

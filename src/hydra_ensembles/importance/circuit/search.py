@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +40,7 @@ from ...data.loaders import Batch, materialize
 from ...distributed import barrier, gather_dict, is_main, shard, world_size
 from ...io import batches_digest, weights_digest, write_json_atomic
 from ...pruning import HeadMap, kept_heads
-from .budget import Clock, Pace, Plan, costs_of, plan_search, probe_seconds, subsample
+from .budget import Clock, Pace, Plan, TimeBudgetExceeded, costs_of, plan_search, probe_seconds, subsample
 from .criteria import CRITERIA, TIE_BREAKS, CircuitCriterion
 from .methods import METHODS, Choice
 from .record import CircuitRecord, head_map_from_json, say_ties
@@ -209,6 +210,8 @@ def extract_circuit(
     if method == "auto" and adapter.fusion_unsupported(model):  # the other searches score on the fused engine
         method = "reference"
     if method == "auto":  # a resumed search keeps the plan it saved: no new probe, the same search
+        if progress and is_main() and "plan" not in saved:
+            tqdm.write(f"circuit search: timing one step's candidates on {batch_size} examples to plan the search")
         costs = costs_of(model, id_batches, ood_batches, batch_size, clock)
         plan = (
             Plan.from_state(saved["plan"], costs, time_budget)
@@ -242,6 +245,14 @@ def extract_circuit(
         clock=clock,
     )
     timing = {"measured_s": elapsed()} | (_auto_timing(plan, ranking) if plan else {})
+    if plan and timing["measured_s"] > time_budget:  # a step too long to be checked in time (e.g. the only one)
+        over = (
+            f"the search ran {timing['measured_s'] / 60:.1f} min, over its time budget of "
+            f"{time_budget / 60:.1f} min: its last step could not be checked before it ended"
+        )
+        pace.said.append(over)
+        if is_main():
+            warnings.warn(f"circuit search: {over}.", RuntimeWarning, stacklevel=2)
     notes = [plan.note() if plan else "", *(pace.said if pace else []), tie_said]
     circuit = Circuit(
         criterion=criterion,
@@ -394,6 +405,8 @@ def greedy_removal(
                 written = identity | (extra_state() if extra_state else {})
                 _save_state(state_path, written, ranking, known, elapsed(), budget)
             barrier()
+            if pace is not None and pace.stop:  # after the state is saved: a larger budget resumes from here
+                raise TimeBudgetExceeded(pace.stop)
     return Ranking(removed, scores, baseline, ties, segments)
 
 
