@@ -256,25 +256,39 @@ def benchmark_seed(
     return rows
 
 
-def _task_logits(model: nn.Module, task: Task) -> dict[str, Tensor]:
-    """Member logits on the test set and on all near / all far OOD inputs together."""
+def _task_logits(model: nn.Module, task: Task) -> dict:
+    """Member logits on the test set ("test": (N, M, C)) and on each near and far OOD set ({set: (N', M, C)})."""
     return {
         "test": collect_member_logits(model, task.test),
-        "near": torch.cat([collect_member_logits(model, data) for data in task.near.values()]),
-        "far": torch.cat([collect_member_logits(model, data) for data in task.far.values()]),
+        "near": {name: collect_member_logits(model, data) for name, data in task.near.items()},
+        "far": {name: collect_member_logits(model, data) for name, data in task.far.items()},
     }
 
 
-def _benchmark_row(logits: dict[str, Tensor], teacher: dict[str, Tensor] | None, labels: Tensor) -> dict:
+def _benchmark_row(logits: dict, teacher: dict | None, labels: Tensor) -> dict:
+    """The row's metrics; near / far AUROC and model-uncertainty gap averaged over the sets of each group (as the
+    suite's tables average them), not pooled (pooling weighs the sets by their sizes)."""
     row = classification_metrics(logits["test"], labels)
     for where in ("near", "far"):
-        row[f"auroc_{where}"] = ood_metrics(logits["test"], logits[where])["auroc"]
-    for where in ("test", "near", "far"):
-        gap = None
-        if teacher is not None:
-            gap = (decompose(logits[where])["model"] - decompose(teacher[where])["model"]).abs().mean().item()
-        row[f"mu_gap_{'id' if where == 'test' else where}"] = gap
+        row[f"auroc_{where}"] = _mean(ood_metrics(logits["test"], ood)["auroc"] for ood in logits[where].values())
+    row["mu_gap_id"] = _mu_gap(logits["test"], teacher["test"]) if teacher is not None else None
+    for where in ("near", "far"):
+        row[f"mu_gap_{where}"] = (
+            _mean(_mu_gap(logits[where][name], teacher[where][name]) for name in logits[where])
+            if teacher is not None
+            else None
+        )
     return row
+
+
+def _mu_gap(student: Tensor, teacher: Tensor) -> float:
+    """|ΔMU|: the mean over inputs of the absolute difference of the two model uncertainties (mutual information)."""
+    return (decompose(student)["model"] - decompose(teacher)["model"]).abs().mean().item()
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
 
 
 def benchmark_experiment(
