@@ -89,12 +89,14 @@ def test_when_nothing_fits_it_refuses_before_any_step_and_names_what_fits(fake_t
     # 0.5 s: 6.5 + 6 = 12.5 s > 10 s
     message = str(refused.value)
     assert "the fastest, multi-8-bf16, is predicted at 0.2 min" in message
-    assert "`--max-examples 1`" in message  # the exact search: 68 s x 2/48 within 90 % of the 3.5 s left
-    assert "`--method multi --top 8 --precision bf16 --max-examples 12`" in message  # 6 s x 24/48 <= 3.15 s
-    assert "`--time-budget 1m`" in message and "max_examples=12" in message
+    # the exact search fits on 1 ID + 1 OOD example (68 s x 2/48 within 90 % of the 3.5 s left): too few for S to
+    # decide anything, not offered; the fastest on 12 + 12 (6 s x 24/48 <= 3.15 s), with `auto` kept
+    assert "`--max-examples 1`" not in message
+    assert "`--max-examples 12` (max_examples=12: multi-8-bf16 on at most 12 ID and 12 OOD examples" in message
+    assert "`--time-budget 1m`" in message and "--method" not in message
     assert counting.calls == 0 and not state.exists()  # no step began
-    fitted = _extract(fake_time, time_budget=10, max_examples=1)  # what it offered does fit
-    assert fitted.search == "exact" and fitted.timing["predicted_s"] <= 10
+    fitted = _extract(fake_time, time_budget=10, max_examples=12)  # what it offered does fit, auto choosing again
+    assert fitted.timing["measured_s"] <= 10
 
 
 def test_a_search_that_falls_behind_runs_its_remaining_removals_coarser_and_says_so(fake_time, tmp_path):

@@ -38,6 +38,7 @@ from .scoring import FastScorer
 
 AUTO_MULTI_TOPS = (2, 4, 8)  # "auto"'s coarser searches: multi removing 2, 4 or 8 heads per step
 SUBSAMPLE_MARGIN = 0.9  # a suggested subsample is sized to 90 % of the time left: the probe's own noise
+MIN_SUBSAMPLE = 8  # fewer examples than this leave S (accuracy, AUROC) so coarse that most removals tie: not offered
 Clock = Callable[[], float]
 
 
@@ -202,20 +203,13 @@ def nothing_fits(costs: Costs, rungs: list[Choice], candidates: int, budget: int
     n_id, n_ood = costs.examples
     data = f"{n_id} ID" + (f" + {n_ood} OOD" if n_ood else "") + " examples"
     offers = []
-    for rung, flags, keywords in (
-        (rungs[0], "", ""),
-        (
-            fastest,
-            f"--method {fastest.method} --top {fastest.top} --precision {fastest.precision} ",
-            _keywords(fastest),
-        ),
-    ):
+    for rung in dict.fromkeys((rungs[0], fastest)):  # the most accurate search on fewer examples, the fastest
         n = largest_subsample(costs, rung, candidates, budget, SUBSAMPLE_MARGIN * (time_budget - spent))
-        if n:
+        if n >= MIN_SUBSAMPLE:  # `auto` stays: on n examples it plans again and keeps the budget
             minutes = costs.seconds(rung, candidates, 0, budget, costs.subsampled(n)) / 60
             offers.append(
-                f"`{flags}--max-examples {n}` ({keywords}max_examples={n}: {rung.name} on at most {n} ID and {n} "
-                f"OOD examples, ~{minutes:.1f} min)"
+                f"`--max-examples {n}` (max_examples={n}: {rung.name} on at most {n} ID and {n} OOD examples, "
+                f"~{minutes:.1f} min)"
             )
     offers.append(f"`--time-budget {math.ceil(needed / 60)}m` (time_budget={math.ceil(needed)}: {fastest.name} on all)")
     return (
@@ -247,10 +241,6 @@ def auto_choice(
 
 def _duration(seconds: float) -> str:
     return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
-
-
-def _keywords(choice: Choice) -> str:
-    return f"method={choice.method!r}, top={choice.top}, precision={choice.precision!r}, "
 
 
 def largest_subsample(costs: Costs, choice: Choice, candidates: int, budget: int, seconds: float) -> int:
