@@ -8,7 +8,6 @@ tower the same way, after LiT. Call it what it is: "LiT-style DINOv2-S + MiniLM 
 
 from __future__ import annotations
 
-import hashlib
 import math
 import random
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 import transformers
 from torch import Tensor, nn
 
+from ..io import tensor_digest
 from ..predictors import Tower, TwoTowerModel
 from ..training import Contrastive, TrainConfig, train
 from .datasets.images import FASHION_CLASSES
@@ -81,20 +81,12 @@ def lit_pairs(splits: ImageSplits, held_out: tuple[str, ...] = ()) -> tuple[Tens
     fashion_x, fashion_y = splits.train  # labels 0..7 index `ids`
     keep = torch.tensor([FASHION_NAMES[ids[int(y)]] not in held_out for y in fashion_y])
     digits_x, digits_y = load_mnist(), torch.from_numpy(mnist_data()[1]).long()
-    evaluated = _digests(torch.cat([splits.far["mnist"], splits.circuit_ood]))
-    unseen = torch.tensor([digest not in evaluated for digest in _digest_list(digits_x)])
+    evaluated = {tensor_digest([image]) for image in torch.cat([splits.far["mnist"], splits.circuit_ood])}
+    unseen = torch.tensor([tensor_digest([image]) not in evaluated for image in digits_x])
     names = [FASHION_NAMES[c] for c in ids] + list(DIGIT_NAMES)
     images = torch.cat([fashion_x[keep], digits_x[unseen]])
     labels = torch.cat([fashion_y[keep], digits_y[unseen] + len(ids)])
     return images, labels, names
-
-
-def _digest_list(images: Tensor) -> list[bytes]:
-    return [hashlib.sha1(image.contiguous().numpy().tobytes()).digest() for image in images]
-
-
-def _digests(images: Tensor) -> set[bytes]:
-    return set(_digest_list(images))
 
 
 def lit_model(

@@ -14,6 +14,7 @@ import safetensors.torch
 import torch
 from torch import Tensor, nn
 
+from ..fusion.ensemble import keep_frozen
 from ..fusion.grouped import grouped_linear
 from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ..outputs import PredictorOutput
@@ -98,9 +99,7 @@ class MultiHeadMLP(nn.Module):
                 [*grown.head_weights, *grown.head_biases], [*self.head_weights, *self.head_biases]
             ):
                 target.copy_(source.expand_as(target))
-        frozen = {name for name, p in self.named_parameters() if not p.requires_grad}  # stays frozen once grown
-        for name, p in grown.named_parameters():
-            p.requires_grad_(name not in frozen)
+        keep_frozen(self, grown)
         return grown.train(self.training)
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:

@@ -210,9 +210,7 @@ class HydraEnsemble(nn.Module):
             self.fingerprint,
             self.averaged,
         )
-        frozen = {name for name, p in self.named_parameters() if not p.requires_grad}  # stays frozen once grown
-        for name, p in grown.named_parameters():
-            p.requires_grad_(name not in frozen)
+        keep_frozen(self, grown)
         return grown.train(self.training)
 
     def untie(self) -> HydraEnsemble:
@@ -613,3 +611,11 @@ def _outer_tensors(
                 member[name] = combined[name]
             averaged += [name] if approximate else []
     return shared, member, parameters, averaged
+
+
+def keep_frozen(source: nn.Module, grown: nn.Module) -> None:
+    """Freeze in `grown` (a student grown from `source`, its parameters new) every parameter `source` had frozen,
+    by name; the rest train."""
+    frozen = {name for name, p in source.named_parameters() if not p.requires_grad}
+    for name, p in grown.named_parameters():
+        p.requires_grad_(name not in frozen)

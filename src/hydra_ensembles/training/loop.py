@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from ..adapters import Adapter, get_adapter
 from ..data.loaders import Batch, materialize, split_batch, to_device
+from ..data.loaders import batch_size as examples_in
 from ..distributed import barrier, is_distributed, is_main, rank, world_size
 from ..fusion import HydraEnsemble
 from ..io import batches_digest, torch_save_atomic, weights_digest
@@ -418,7 +419,7 @@ def _my_rows(batch: Batch) -> tuple[float, Batch]:
     if not is_distributed():
         return 1.0, batch
     rows = slice(rank(), None, world_size())
-    total = next(len(v) for v in batch.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+    total = examples_in(batch)
     mine = len(range(total)[rows])
     if mine == 0:
         raise ValueError(
