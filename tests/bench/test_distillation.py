@@ -33,3 +33,33 @@ def test_a_row_averages_its_ood_sets_as_the_suite_does_not_pools_them():
     assert row["auroc_near"] == pytest.approx(sum(per_set) / 2) and row["auroc_near"] != pytest.approx(pooled)
     gaps = [bench._mu_gap(logits["near"][n], teacher["near"][n]) for n in ("small", "large")]
     assert row["mu_gap_near"] == pytest.approx(sum(gaps) / 2)
+
+
+def test_cached_students_are_reused_only_for_the_teacher_they_were_distilled_from(tmp_path):
+    """A teacher rebuilt under the same cache with other weights must not be served the old teacher's students."""
+    from hydra_ensembles.bench.datasets.toy import spiral_splits
+    from hydra_ensembles.bench.distillation import _batches, distil_both
+    from hydra_ensembles.distill import MultiHeadMLP
+
+    splits, config = spiral_splits(0), MLP_CONFIG.with_(epochs=1, seed=0)
+    train_batches, val_batches = _batches(*splits.train), _batches(*splits.val)
+    teacher = MultiHeadMLP(2, 3, body=(), head=(8,), heads=2, seed=0)
+
+    def student() -> MultiHeadMLP:
+        return MultiHeadMLP(2, 3, body=(8,), head=(8,), heads=1, seed=1)
+
+    def run(model):
+        return distil_both(model, student, train_batches, val_batches, config, temperatures=(1.0,), cache=tmp_path)
+
+    first = run(teacher)
+    again = run(teacher)  # served from the cache: the same students
+    for kind in ("KD", "Hydra"):
+        assert torch.equal(_state(first[kind][0]), _state(again[kind][0]))
+    with torch.no_grad():
+        next(teacher.parameters()).add_(0.1)
+    with pytest.raises(RuntimeError, match="distilled from a teacher with weights digest"):
+        run(teacher)
+
+
+def _state(model) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.state_dict().values()])

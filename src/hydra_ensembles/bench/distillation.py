@@ -31,7 +31,7 @@ from ..evaluation.plots import uncertainty_maps
 from ..evaluation.report import classification_metrics, ood_metrics
 from ..evaluation.tables import mean_std, over_seeds, render
 from ..fusion import HydraEnsemble
-from ..io import write_json_atomic
+from ..io import read_json_record, weights_digest, write_json_atomic
 from ..metrics import gaussian_mixture_nll
 from ..outputs import collect_member_logits, labels_of
 from ..predictors import load_predictor, save_predictor
@@ -61,7 +61,10 @@ def distil_both(
 ) -> dict[str, tuple[nn.Module, float]]:
     """{"KD": (student, T), "Hydra": (student, T)}: each kind at the temperature with its lowest validation NLL
     (regression: one run, no temperature). With `cache`, each temperature's two students are saved under
-    `cache/T<t>/{KD,Hydra}` (checkpointed under `cache/T<t>/checkpoints` while they train) and reused."""
+    `cache/T<t>/{KD,Hydra}` (checkpointed under `cache/T<t>/checkpoints` while they train) and reused, once
+    `cache/teacher.json` shows they were distilled from this teacher's weights."""
+    if cache is not None:
+        _check_teacher(cache, teacher)
     best: dict[str, tuple[float, nn.Module, float]] = {}
     transfer = None  # the teacher's outputs, computed once, and only if a student is still to be trained
     for temperature in [1.0] if getattr(teacher, "regression", False) else temperatures:
@@ -91,6 +94,21 @@ def distil_both(
             if kind not in best or score < best[kind][0]:
                 best[kind] = (score, model, temperature)
     return {kind: (model, t) for kind, (_, model, t) in best.items()}
+
+
+def _check_teacher(cache: Path, teacher: nn.Module) -> None:
+    """Refuse students cached under `cache` from a teacher other than `teacher` (a teacher rebuilt under the same
+    task fingerprint with other weights); record the teacher's digest when none is (a new cache, or students
+    cached before digests were kept)."""
+    digest, record = weights_digest(teacher), cache / "teacher.json"
+    recorded = read_json_record(record).get("weights")
+    if recorded is None:
+        write_json_atomic(record, {"weights": digest})
+    elif recorded != digest:
+        raise RuntimeError(
+            f"the students cached in {cache} were distilled from a teacher with weights digest {recorded}, "
+            f"and this teacher's is {digest}: delete {cache} to distil this teacher's students"
+        )
 
 
 def _mlp_models(
