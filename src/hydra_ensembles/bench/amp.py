@@ -24,7 +24,6 @@ import functools
 import json
 import math
 import os
-import re
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -381,10 +380,18 @@ def _row(model: Callable[[AmpSeed], nn.Module]) -> runner.Build:
 
 
 def _recovered(name: str, pruned: Callable[[AmpSeed], nn.Module], amp: AmpSeed) -> nn.Module:
-    """The row `name`'s model `pruned` of `amp`, recovered (`AmpSeed.recovered`). The criteria table's entropy row
-    is the sweep's model of its delta-E: it takes that model's recovery (one training, not two)."""
-    entropy_row = re.fullmatch(r"AMP \(entropy, dE=(.+)\)", name)
-    return amp.recovered(_slug(f"AMP dE={entropy_row[1]}" if entropy_row else name), lambda: pruned(amp))
+    """The row `name`'s model `pruned` of `amp`, recovered (`AmpSeed.recovered`) under `_recovery_name`."""
+    return amp.recovered(_recovery_name(name, pruned), lambda: pruned(amp))
+
+
+def _recovery_name(name: str, pruned: Callable[[AmpSeed], nn.Module]) -> str:
+    """The cache name of a row's recovered model. Algorithm 1's model on the entropy criterion is the sweep's
+    model of its delta-E under any row name (the criteria table's entropy row): it shares that model's recovery
+    (one training, not two), told by what the row builds, not by how it is labelled."""
+    settings = getattr(pruned, "keywords", {})
+    if getattr(pruned, "func", None) is AmpSeed.adaptive and settings.get("criterion", "entropy") == "entropy":
+        return _slug(base_name(settings["delta"]))
+    return _slug(name)
 
 
 def free_predictors(
