@@ -55,7 +55,17 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
 def read_json_record(path: str | os.PathLike) -> dict:
     """The JSON object a run recorded at `path` (`write_json_atomic`), or {} before it recorded anything."""
     path = Path(path)
-    return json.loads(path.read_text()) if path.exists() else {}
+    if not path.exists():
+        return {}
+    try:
+        record = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"the record {path} is not valid JSON ({error}): restore it or delete it") from None
+    if not isinstance(record, dict):
+        raise ValueError(
+            f"the record {path} holds a {type(record).__name__}, not a JSON object: restore it or delete it"
+        )
+    return record
 
 
 def torch_save_atomic(obj: Any, path: str | os.PathLike) -> None:

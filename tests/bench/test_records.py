@@ -29,9 +29,9 @@ def one_seed(task, out, cache, rows, **options) -> dict:
 def test_only_records_are_copied_and_the_target_keeps_its_own_unless_told(tmp_path):
     source, target = tmp_path / "cache", tmp_path / "records"
     files = {
-        "seed0/results.json": "new",
+        "seed0/results.json": '{"Single": "new"}',
         "seed0/logits/Single.pt": "logits",
-        "seed0/circuit_avg_state.json": "a search in progress",
+        "seed0/circuit_avg_state.json": '{"model": "a", "removed": [[0, 1]]}',  # a search in progress
         "seed0/amp-v2/neuron_scores_entropy.pt": "scores",
         "seed0/models/single/model.safetensors": "weights",
         "seed0/amp-v2/models/adaptive-entropy-dE0.01/search.json": "beside weights",
@@ -42,18 +42,18 @@ def test_only_records_are_copied_and_the_target_keeps_its_own_unless_told(tmp_pa
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         (source / name).write_text(text)
     (target / "seed0").mkdir(parents=True)
-    (target / "seed0" / "results.json").write_text("old")
+    (target / "seed0" / "results.json").write_text('{"Single": "old"}')
 
     kept = records.copy_records(source, target, overwrite=False)
     expected = {"seed0/logits/Single.pt", "seed0/circuit_avg_state.json", "seed0/amp-v2/neuron_scores_entropy.pt"}
     assert {str(p) for p in kept} == expected
-    assert (target / "seed0" / "results.json").read_text() == "old"  # the target's own file wins
+    assert (target / "seed0" / "results.json").read_text() == '{"Single": "old"}'  # the target's own file wins
     assert not (target / "seed0" / "models").exists() and not (target / "seed0" / "checkpoints").exists()
     assert not list(target.rglob(".*"))  # no temporary file copied or left behind
 
     replaced = records.copy_records(source, target, overwrite=True)
     assert [str(p) for p in replaced] == ["seed0/results.json"]  # the others are identical: not copied again
-    assert (target / "seed0" / "results.json").read_text() == "new"
+    assert (target / "seed0" / "results.json").read_text() == '{"Single": "new"}'
     assert records.copy_records(tmp_path / "missing", target, overwrite=True) == []
 
 
@@ -80,6 +80,60 @@ def test_rows_finished_on_either_side_are_kept(tmp_path):
     (kept.parent / "circuit_avg_state.json").write_text(json.dumps(behind | {"model": "b"}))  # another model's
     records.copy_records(tmp_path / "cache", tmp_path / "records", overwrite=True)
     assert json.loads((kept.parent / "circuit_avg_state.json").read_text()) == ahead  # the winner: the cache's
+
+
+def test_a_record_that_does_not_parse_is_refused_not_merged_around(tmp_path):
+    """A results.json cut short or left with a merge's conflict markers would lose the other side's rows."""
+    cache, kept = tmp_path / "cache" / "results.json", tmp_path / "records" / "results.json"
+    for path, text in ((cache, json.dumps({"Single": 1})), (kept, '<<<<<<< HEAD\n{"CircAvg": 3}\n=======\n')):
+        path.parent.mkdir(parents=True)
+        path.write_text(text)
+    for source, target, overwrite in (("records", "cache", False), ("cache", "records", True)):
+        with pytest.raises(ValueError, match=f"the record {kept} is not valid JSON"):
+            records.copy_records(tmp_path / source, tmp_path / target, overwrite=overwrite)
+    assert json.loads(cache.read_text()) == {"Single": 1} and kept.read_text().startswith("<<<<<<<")  # untouched
+    with pytest.raises(ValueError, match=f"the record {kept} is not valid JSON"):
+        records.read_json_record(kept)
+    kept.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="holds a list, not a JSON object"):
+        records.read_json_record(kept)
+
+
+def test_a_latency_is_served_only_to_the_rows_device_and_batch_it_was_timed_with(tmp_path):
+    path, times, rows = tmp_path / "latency.json", [], ["Single", "A"]
+
+    def stats(value: float) -> dict:
+        return dict.fromkeys(("median", "min", "max"), value)
+
+    def time_now(order, value):
+        def timed():
+            times.append(value)
+            return {row: stats(1.0 if i == 0 else value) for i, row in enumerate(order)}
+
+        return timed
+
+    def latency_of(row, order, value, conditions) -> float:
+        return records.recorded_latency(path, order, time_now(order, value), conditions)[0][row]["median"]
+
+    cpu32, gpu, batch4 = ({"device": d, "batch": b} for d, b in (("cpu", 32), ("cuda: NVIDIA H100", 32), ("cpu", 4)))
+    latency, timed = records.recorded_latency(path, rows, time_now(rows, 2.0), cpu32)
+    assert latency["A"]["median"] == 2.0 and timed["device"] == "cpu" and timed["batch"] == 32
+    assert latency_of("A", rows, 9.0, cpu32) == 2.0  # read back
+    assert latency_of("A", rows, 1.1, gpu) == 1.1  # another device: timed again
+    assert latency_of("A", rows, 3.0, batch4) == 3.0  # another batch: timed again
+    assert latency_of("Single", ["A", "Single"], 0.5, cpu32) == 0.5  # ratios to another row are not Single's
+    assert times == [2.0, 1.1, 3.0, 0.5]
+    kept = json.loads(path.read_text())["runs"]  # each condition keeps its own run, each reference its own
+    assert [(run["timed"]["device"], run["timed"]["batch"]) for run in kept] == [
+        ("cpu", 32),
+        ("cuda: NVIDIA H100", 32),
+        ("cpu", 4),
+        ("cpu", 32),
+    ]
+    # a run recorded before conditions were kept: timed on a CPU, at a batch not recorded
+    path.write_text(json.dumps({"runs": [{"rows": {"Single": stats(1.0), "A": stats(7.0)}, "timed": {}}]}))
+    assert latency_of("A", rows, 9.0, cpu32) == 7.0
+    assert latency_of("A", rows, 1.2, gpu) == 1.2
 
 
 def test_two_records_of_one_model_built_differently_merge_as_a_rebuild(tmp_path):
@@ -125,23 +179,26 @@ def test_a_search_in_progress_for_other_weights_starts_over(tmp_path):
 
 
 def test_latency_is_read_back_only_when_every_row_was_timed_together(tmp_path):
-    path, timings = tmp_path / "latency.json", []
+    path, timings, cpu = tmp_path / "latency.json", [], {"device": "cpu", "batch": 8}
 
     def time_rows(rows):
         timings.append(rows)
-        return {row: {"median": float(i + 1)} for i, row in enumerate(rows)}
+        return {row: dict.fromkeys(("median", "min", "max"), float(i + 1)) for i, row in enumerate(rows)}
+
+    def latency(rows):
+        return records.recorded_latency(path, rows, lambda: time_rows(rows), cpu)
 
     rows = ["Single", "Taylor", "CircAvg"]
-    first, timed = records.recorded_latency(path, rows, lambda: time_rows(rows))
-    again, timed_again = records.recorded_latency(path, rows[:2], lambda: time_rows(rows[:2]))
-    assert again == {"Single": {"median": 1.0}, "Taylor": {"median": 2.0}} and timed_again == timed
-    assert len(timings) == 1 and set(timed) == {"machine", "date"}
+    first, timed = latency(rows)
+    again, timed_again = latency(rows[:2])
+    assert again == {row: first[row] for row in rows[:2]} and again["Taylor"]["median"] == 2.0
+    assert timed_again == timed and len(timings) == 1 and set(timed) == {"machine", "date", "device", "batch"}
     more = [*rows, "Hydra (Circ)"]
-    assert records.recorded_latency(path, more, lambda: time_rows(more))[0]["Hydra (Circ)"] == {"median": 4.0}
+    assert latency(more)[0]["Hydra (Circ)"]["median"] == 4.0
     assert len(timings) == 2  # a row not timed before: every row timed again, together
     review = ["Single", "CircAcc"]  # another table of the seed (the reviewers' rows): its own run, kept beside
-    records.recorded_latency(path, review, lambda: time_rows(review))
-    assert records.recorded_latency(path, more, lambda: time_rows(more))[0]["Hydra (Circ)"] == {"median": 4.0}
+    latency(review)
+    assert latency(more)[0]["Hydra (Circ)"]["median"] == 4.0
     assert len(timings) == 3 and len(json.loads(path.read_text())["runs"]) == 2
 
 

@@ -17,6 +17,7 @@ import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
@@ -53,7 +54,7 @@ def copy_records(source: str | os.PathLike, target: str | os.PathLike, overwrite
         except FileNotFoundError:  # moved aside while copying (a stale search state, a renamed logits file)
             continue
         if destination.exists():
-            content = _merged(content, destination.read_bytes(), overwrite, relative.name)
+            content = _merged(content, destination.read_bytes(), overwrite, path, destination)
             if content == destination.read_bytes():
                 continue
         with replacing(destination) as tmp:
@@ -62,22 +63,30 @@ def copy_records(source: str | os.PathLike, target: str | os.PathLike, overwrite
     return written
 
 
-def _merged(new: bytes, old: bytes, overwrite: bool, name: str) -> bytes:
-    """What the record `name` becomes when `new` is copied onto `old`: of two states of one model's search in
-    progress, the one further on; of two JSON objects, their union with the winner's values (`new` if `overwrite`),
-    two digest files that disagree keeping the loser's digest as "<model>, rebuilt" (the tables say so); else the
-    winner."""
+def _merged(new: bytes, old: bytes, overwrite: bool, source: Path, target: Path) -> bytes:
+    """What the record `target` (holding `old`) becomes when `new` is copied onto it from `source`: of two states
+    of one model's search in progress, the one further on; of two JSON objects, their union with the winner's
+    values (`new` if `overwrite`), two digest files that disagree keeping the loser's digest as "<model>,
+    rebuilt" (the tables say so); of two other files (logits), the winner. A JSON record that does not parse (cut
+    short, or left with a merge's conflict markers) is refused: merging around it would lose the other's rows."""
     winner, loser = (new, old) if overwrite else (old, new)
-    try:
-        winner_data, loser_data = json.loads(winner), json.loads(loser)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    if target.suffix != ".json":
         return winner
+    for data, path in ((new, source), (old, target)):
+        try:
+            json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(
+                f"the record {path} is not valid JSON ({error}): restore it (from git or the other copy, "
+                f"{target if path == source else source}) or delete it, then copy the records again"
+            ) from None
+    winner_data, loser_data = json.loads(winner), json.loads(loser)
     if not isinstance(winner_data, dict) or not isinstance(loser_data, dict):
         return winner
     if "removed" in winner_data and "removed" in loser_data:
         same_model = winner_data.get("model") == loser_data.get("model")
         return loser if same_model and len(loser_data["removed"]) > len(winner_data["removed"]) else winner
-    if name == DIGESTS:
+    if target.name == DIGESTS:
         merged = loser_data | winner_data | _conflicts(winner_data, loser_data)
         return json.dumps(merged, indent=2, sort_keys=True).encode()
     if loser_data.keys() <= winner_data.keys():
@@ -253,18 +262,41 @@ def discard_stale_state(path: str | os.PathLike, model: nn.Module) -> None:
 
 
 def recorded_latency(
-    path: str | os.PathLike, rows: Sequence[str], time_rows: Callable[[], dict[str, dict]]
+    path: str | os.PathLike,
+    rows: Sequence[str],
+    time_rows: Callable[[], dict[str, dict]],
+    conditions: Mapping[str, Any],
 ) -> tuple[dict[str, dict], dict]:
-    """The latency of `rows` relative to the first ({row: stats}) and where and when it was timed: read back from
-    a run recorded at `path` that timed them all together (timing needs every row's model, which a fresh machine
-    would train again), else timed now by `time_rows()`, replacing the runs it covers (each table of a seed keeps
-    its own). Delete the file to time again."""
+    """The latency of `rows` relative to the first ({row: stats}) and where, when and how it was timed
+    (`measured_here` and `conditions`, e.g. {"device": "cpu", "batch": 32}): read back from a run recorded at
+    `path` that timed them all together, relative to the same first row, under the same conditions (timing needs
+    every row's model, which a fresh machine would train again), else timed now by `time_rows()`, replacing the
+    runs under these conditions it covers (each table of a seed keeps its own). Runs recorded before conditions
+    were kept were timed on a CPU, at a batch not recorded. Delete the file to time again."""
     record = read_json_record(path)
     runs = record.get("runs", [record] if record else [])  # a record of one run: written before runs were kept
     for run in reversed(runs):
-        if rows[0] in run["rows"] and set(rows) <= set(run["rows"]):
+        if _same_reference(run, rows) and set(rows) <= set(run["rows"]) and _timed_as(run, conditions):
             return {row: run["rows"][row] for row in rows}, run["timed"]
-    timed, latency = measured_here(), time_rows()
-    kept = [run for run in runs if not set(run["rows"]) <= set(latency)]
+    timed, latency = measured_here() | dict(conditions), time_rows()
+    covered = [run for run in runs if _same_reference(run, rows) and set(run["rows"]) <= set(latency)]
+    kept = [run for run in runs if not (run in covered and _timed_as(run, conditions))]
     write_json_atomic(path, {"runs": [*kept, {"rows": latency, "timed": timed}]})
     return latency, timed
+
+
+def _same_reference(run: Mapping[str, Any], rows: Sequence[str]) -> bool:
+    """Whether a recorded latency run's ratios are relative to `rows[0]`: its ratio to itself is 1 in every round
+    (the record's rows are stored sorted, not in the order timed)."""
+    reference = run["rows"].get(rows[0], {})
+    return reference.get("median") == reference.get("min") == reference.get("max") == 1.0
+
+
+def _timed_as(run: Mapping[str, Any], conditions: Mapping[str, Any]) -> bool:
+    """Whether a recorded latency run was timed under `conditions` (a condition it did not record: its default
+    in `LATENCY_DEFAULTS`, or any)."""
+    timed = run["timed"]
+    return all(timed.get(key, LATENCY_DEFAULTS.get(key, value)) == value for key, value in conditions.items())
+
+
+LATENCY_DEFAULTS = {"device": "cpu"}  # what a latency run recorded before its conditions were was timed on

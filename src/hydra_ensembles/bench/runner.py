@@ -42,7 +42,7 @@ from torch import nn
 from ..data.loaders import Batch, rebatch
 from ..evaluation.compare import Built, Data, compare, machine, time_rows
 from ..evaluation.tables import aggregate, latency_over_seeds
-from ..io import write_json_atomic
+from ..io import replacing, write_json_atomic
 from ..version import __version__
 from .records import rebuilt_notes, recorded_latency
 
@@ -163,10 +163,11 @@ def run(
         summary["latency"] = latency_over_seeds(summary["latency_per_seed"])
         at = {seed: when for seed, (_, when) in timed.items()}  # {date, machine}; one seed's alone (the suite's)
         summary["latency_timed"] = at if len(at) > 1 else at[latency_seeds[0]]
-        summary["latency_batch"] = len(next(iter(batch.values())))
+        summary["latency_batch"] = _batch_size(batch)
     summary["wall_time_s"] = round(time.perf_counter() - started, 1)
     write_json_atomic(out_dir / f"{table.output}.json", summary)
-    (out_dir / f"{table.output}.md").write_text(table.markdown(summary))
+    with replacing(out_dir / f"{table.output}.md") as tmp:
+        tmp.write_text(table.markdown(summary))
     if table.figures:
         table.figures(task, summary, seed_dirs[seeds[0]], out_dir)
     return summary
@@ -230,7 +231,20 @@ def _latency(
     def time_now() -> dict[str, dict]:
         return time_rows({row: model() for row, model in models.items()}, dict.fromkeys(models, batch), repeats)
 
-    return recorded_latency(run.cache / record, list(models), time_now)
+    conditions = {"device": device_name(run.device), "batch": _batch_size(batch)}
+    return recorded_latency(run.cache / record, list(models), time_now, conditions)
+
+
+def _batch_size(batch: Batch) -> int:
+    return len(next(iter(batch.values())))
+
+
+def device_name(device: torch.device) -> str:
+    """ "cpu", or the accelerator's type and model ("cuda: NVIDIA H100 80GB HBM3"): what a latency was timed on,
+    which `compare.machine` (the host) does not say."""
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    return device.type
 
 
 def run_record(task: str, command: str, seeds: Sequence[int]) -> dict:

@@ -753,10 +753,16 @@ def differences_lines(summary: dict) -> list[str]:
     return ["", *difference_lines(summary["differences"])] if summary.get("differences") else []
 
 
+def _timed_on(timed: Mapping[str, str]) -> str:
+    """The machine a latency was timed on, and the accelerator when it was not the CPU."""
+    device = timed.get("device", "cpu")
+    return timed["machine"] + ("" if device == "cpu" else f", {device}")
+
+
 def markdown(summary: dict) -> str:
     one, timed = len(summary["seeds"]) == 1, summary.get("latency_timed")
     batch = summary.get("latency_batch")
-    latency_timed = [f"Latency: batch of {batch}, timed {timed['date']} on {timed['machine']}  "] if timed else []
+    latency_timed = [f"Latency: batch of {batch}, timed {timed['date']} on {_timed_on(timed)}  "] if timed else []
     lines = [
         f"# {summary['task']}: Hydra Ensembles vs baselines",
         "",
