@@ -61,8 +61,9 @@ def test_one_models_price_needs_all_three_intervals_better_within_the_latency():
         said = better | changed
         return {"rows": [row, other]} | {k: dict(zip(("point", "low", "high"), v)) for k, v in said.items()}
 
+    latency = {"A": {"median": 0.9}, "B": {"median": 1.05}, "C": {"median": 1.2}, "D": {"median": 1.0}}
     summary = {
-        "latency": {"A": {"median": 0.9}, "B": {"median": 1.05}, "C": {"median": 1.2}, "D": {"median": 1.0}},
+        "latency": latency,
         "differences": {
             "pairs": [
                 pair("A"),
@@ -74,3 +75,6 @@ def test_one_models_price_needs_all_three_intervals_better_within_the_latency():
     }
     assert curve.beats_single(summary) == ["A"]
     assert curve.beats_single(summary, latency_limit=1.3) == ["A", "C"]
+    # latency timed on several seeds' models: each row's mean over seeds of its median (`latency_over_seeds`)
+    summary["latency"] = {row: {"mean": stats["median"], "std": 0.01, "runs": 2} for row, stats in latency.items()}
+    assert curve.beats_single(summary) == ["A"]

@@ -30,7 +30,7 @@ from ..evaluation import plots
 from ..evaluation.bootstrap import Interval, difference_lines, row_differences, verdict
 from ..evaluation.compare import Built
 from ..evaluation.report import evaluate
-from ..evaluation.tables import CONVENTIONS, render
+from ..evaluation.tables import CONVENTIONS, latency_ratio, render
 from ..outputs import collect_member_logits, labels_of
 from . import runner, suite
 from .runner import Table
@@ -57,7 +57,10 @@ ONE_MODEL = 1.1  # latency x Single that counts as one model's cost (issue 44's 
 
 def validation_metrics(predictor: torch.nn.Module, task) -> dict[str, float]:
     """{"nll", "acc"} of the ensemble on the task's ID validation split and "auroc", its maximum softmax
-    probability separating that split (negative) from the OOD validation data (`task.circuit_ood`, positive)."""
+    probability separating that split (negative) from the OOD validation data (`task.circuit_ood`, positive).
+    Pooled over the OOD sources: every task takes the same number of validation examples from each source, and
+    then the pooled AUROC is exactly the mean of the per-source AUROCs (AUROC averages over positives), the test
+    column's "AUROC all"."""
     val_logits = collect_member_logits(predictor, task.val)  # (N, M, C)
     ood_logits = collect_member_logits(predictor, task.circuit_ood)
     said = evaluate(val_logits, labels_of(task.val), ood={"ood validation": ood_logits})
@@ -105,14 +108,14 @@ def _summarize(task, summary: dict, seed_dirs: Mapping[int, Path]) -> dict:
 
 
 def beats_single(summary: Mapping, latency_limit: float = ONE_MODEL) -> list[str]:
-    """The rows timed at most `latency_limit` x Single's latency (median) whose paired bootstrap interval against
-    Single is "better" on NLL, ECE and all-OOD AUROC alike."""
+    """The rows timed at most `latency_limit` x Single's latency (`latency_ratio`) whose paired bootstrap interval
+    against Single is "better" on NLL, ECE and all-OOD AUROC alike."""
     latency, pairs = summary.get("latency") or {}, (summary.get("differences") or {}).get("pairs", [])
     rows = []
     for pair in pairs:
         row, other = pair["rows"]
         timed = latency.get(row)
-        if other != "Single" or timed is None or timed["median"] > latency_limit:
+        if other != "Single" or timed is None or latency_ratio(timed) > latency_limit:
             continue
         if all(k in pair and verdict(k, Interval(**pair[k])) == "better" for k in ("nll", "ece", "auroc_all")):
             rows.append(row)
@@ -130,7 +133,7 @@ def markdown(summary: dict) -> str:
             [
                 row,
                 f"{stats['flops_per_example']['mean'] / single:.2f}",
-                f"{timed['median']:.2f}" if timed else "–",
+                f"{latency_ratio(timed):.2f}" if timed else "–",
                 f"{validation[row]['nll']:.3f}",
                 f"{100 * validation[row]['auroc']:.1f}",
                 f"{100 * stats['id.acc']['mean']:.1f}",

@@ -19,6 +19,7 @@ from ..metrics import augrc, aurc  # noqa: E402
 from ..metrics.aurc import confidence_and_error, risk_coverage_points  # noqa: E402
 from ..uncertainty import decompose, ensemble_probs  # noqa: E402
 from .ood import OOD_SCORES  # noqa: E402
+from .tables import latency_ratio  # noqa: E402
 
 
 def reliability_diagram(
@@ -159,12 +160,12 @@ def sweep_figure(summary: Mapping, path: str | os.PathLike) -> Path:
 def cost_curve(summary: Mapping, path: str | os.PathLike, title: str = "Cost and quality") -> Path:
     """Quality against cost, one point per row: test all-OOD AUROC (%) and test NLL against latency x Single
     (FLOPs x Single when the rows were not timed), Single's values as dashed lines. `summary`: a benchmark table's
-    ("rows": {row: aggregated stats}, optional "latency": {row: {"median"}})."""
+    ("rows": {row: aggregated stats}, optional "latency": {row: `tables.latency_over_seeds` stats})."""
     rows, latency = summary["rows"], summary.get("latency") or {}
     single = rows["Single"]["flops_per_example"]["mean"]
     timed = all(row in latency for row in rows)
     cost = {
-        row: latency[row]["median"] if timed else stats["flops_per_example"]["mean"] / single
+        row: latency_ratio(latency[row]) if timed else stats["flops_per_example"]["mean"] / single
         for row, stats in rows.items()
     }
     panels = (("AUROC, all OOD (%)", "all.auroc", 100), ("NLL", "id.nll", 1))

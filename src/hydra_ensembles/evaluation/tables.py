@@ -84,6 +84,12 @@ def latency_over_seeds(per_seed: Mapping[int, Mapping[str, dict]]) -> dict[str, 
     return {row: over_seeds([timed[row]["median"] for timed in per_seed.values() if row in timed]) for row in rows}
 
 
+def latency_ratio(stats: Mapping[str, float]) -> float:
+    """A row's latency x the first row, from `latency_over_seeds`' stats: one seed's median over rounds, or the
+    mean over seeds of each seed's median."""
+    return stats["median"] if "median" in stats else stats["mean"]
+
+
 def conventions(score: str = "msp") -> str:
     """The tables' conventions, naming the OOD `score` they were measured with (the benchmark's: MSP)."""
     measured = (
