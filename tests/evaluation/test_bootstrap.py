@@ -3,6 +3,7 @@ against itself, a row better everywhere, the seed stage, one seed, determinism, 
 the rows' logits read from each seed and the rendered lines with their verdicts."""
 
 import json
+import math
 import statistics
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 from hydra_ensembles import metrics as M
 from hydra_ensembles.evaluation import Interval, difference_lines, paired_bootstrap
-from hydra_ensembles.evaluation.bootstrap import row_differences, verdict
+from hydra_ensembles.evaluation.bootstrap import row_differences, t_quantile, verdict
 from hydra_ensembles.evaluation.compare import row_file
 from hydra_ensembles.evaluation.ood import OOD_SCORES
 from hydra_ensembles.uncertainty import ensemble_probs
@@ -82,16 +83,48 @@ def test_a_row_better_on_every_example_has_an_interval_clear_of_zero():
     assert said["auroc_all"].low > 0  # and higher AUROC
 
 
-def test_the_seeds_are_resampled_too():
+def test_the_seeds_spread_enters_as_a_t_interval_on_their_degrees_of_freedom():
     """Every example of a seed identical: resampling examples changes nothing, so the interval is the seeds'
-    spread alone. Differences +d and -d: the mean of 2 seeds drawn is -d, 0 or +d (1/4, 1/2, 1/4)."""
+    spread alone. Differences +d and -d: sample variance 2 d^2, over S = 2: d^2; one degree of freedom:
+    0 +- t(0.975, 1) d = +-12.706 d (resampling 2 seeds from 2 said +-d)."""
     sure, unsure = torch.tensor([[[2.0, 0.0]]]).expand(5, 1, 2), torch.tensor([[[1.0, 0.0]]]).expand(5, 1, 2)
     labels = torch.zeros(5, dtype=torch.long)
     said = paired_bootstrap([{"test": sure}, {"test": unsure}], [{"test": unsure}, {"test": sure}], labels)
     d = M.nll(unsure.softmax(-1)[:, 0], labels) - M.nll(sure.softmax(-1)[:, 0], labels)
     assert said["nll"].point == pytest.approx(0.0, abs=1e-15)
-    assert said["nll"].low == pytest.approx(-d) and said["nll"].high == pytest.approx(d)
+    assert said["nll"].low == pytest.approx(-12.7062 * d, rel=1e-4) and said["nll"].high == pytest.approx(
+        12.7062 * d, rel=1e-4
+    )
     assert "auroc_all" not in said  # no OOD sets
+
+
+def test_equal_rows_read_better_or_worse_about_as_often_as_the_level_says():
+    """Rows A and B of one model, each seed's logits at a temperature of its own (U(0.7, 1.3)): equal in
+    expectation. Over 40 such comparisons of 3 seeds, a 95 % interval should exclude 0 about 2 times; resampling
+    the 3 seeds said so 10 times for NLL and for ECE (its interval was about [lowest seed, highest seed])."""
+    excluded = {"nll": 0, "ece": 0}
+
+    def row(base, ood, g):
+        return [{"test": base * t, "far": {"x": ood * t}} for t in (0.7 + 0.6 * torch.rand(3, generator=g)).tolist()]
+
+    for trial in range(40):
+        g = torch.Generator().manual_seed(trial)
+        base, labels = torch.randn(200, 1, 4, generator=g) * 2, torch.randint(0, 4, (200,), generator=g)
+        ood = torch.randn(50, 1, 4, generator=g)
+        said = paired_bootstrap(row(base, ood, g), row(base, ood, g), labels, resamples=200, seed=trial)
+        for metric in excluded:
+            excluded[metric] += verdict(metric, said[metric]) != "not separated"
+    assert excluded["nll"] <= 5 and excluded["ece"] <= 5, excluded
+
+
+def test_t_quantile_matches_scipys():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for p in (0.5, 0.8, 0.95, 0.975, 0.995):
+        for df in (1, 2, 2.7, 5, 30, 1000):
+            assert t_quantile(p, df) == pytest.approx(scipy_stats.t.ppf(p, df), abs=1e-6)
+    assert t_quantile(0.975, math.inf) == pytest.approx(1.959964, abs=1e-6)
+    with pytest.raises(ValueError, match="df >= 1"):
+        t_quantile(0.975, 0.5)
 
 
 def test_seeds_that_share_the_test_set_share_each_resamples_examples():
@@ -219,8 +252,9 @@ def test_difference_lines_say_what_was_resampled_and_each_verdict():
     }
     header, blank, *lines = difference_lines(differences)
     assert header.startswith(
-        "Differences, paired bootstrap 95 % interval (seeds and test examples resampled, one draw of the examples for "
-        "every seed: they share the test sets; 2000 resamples). "
+        "Differences, Student's t 95 % interval (the test examples' bootstrap variance (one draw for every seed, "
+        "paired) plus the 3 seeds' variance / 3, Welch-Satterthwaite degrees of freedom: few seeds, wide intervals; "
+        "2000 resamples). "
     )
     assert blank == "" and lines == [
         "- Hydra (Circ) vs Single: NLL -0.012 [-0.020, -0.004], better; ECE 0.2 [0.1, 0.3] %, worse; "
@@ -228,8 +262,12 @@ def test_difference_lines_say_what_was_resampled_and_each_verdict():
         "- CircAvg vs Single: NLL 0.000 [-0.001, 0.001], not separated; AUROC all -2.0 [-3.0, -1.0] %, worse",
     ]
     nested = difference_lines(differences | {"examples": "per seed"})[0]
-    assert "(seeds resampled, then each seed's own test examples; 2000 resamples)" in nested
+    assert "(the test examples' bootstrap variance (each seed's own, paired) plus the 3 seeds'" in nested
     one = difference_lines(differences | {"seeds": [0]})[0]
     assert "(one seed: test examples resampled only, so retraining" in one
     assert verdict("auroc_all", Interval(0.01, 0.004, 0.02)) == "better"
+    near_zero = {"rows": ["A", "B"], "auroc_all": interval(-0.018, -0.037, -0.0004)}  # worse: not printed as -0.0
+    assert (
+        difference_lines(differences | {"pairs": [near_zero]})[2] == "- A vs B: AUROC all -1.8 [-3.7, -0.04] %, worse"
+    )
     assert verdict("ece", Interval(0.0, 0.0, 0.0)) == "not separated"  # a row against itself

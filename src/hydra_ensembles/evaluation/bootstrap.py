@@ -1,39 +1,50 @@
 """Paired bootstrap intervals of the difference between two rows of a table: is row A's NLL, ECE or all-OOD AUROC
 really different from row B's, given the test sets' size and the spread over seeds?
 
-Each resample draws S seeds with replacement from the S seeds, and N test examples with replacement from the N,
-N_k examples of each OOD set k from its N_k. Paired: both rows see the same examples, so what the two rows share
-(a hard test set, a lucky seed) cancels out of the difference. How the examples are drawn follows how the seeds met
-them:
+Paired: both rows see the same resampled examples, so what the two rows share (a hard test set, a lucky seed)
+cancels out of the difference. Each resample draws N test examples with replacement from the N, and N_k examples of
+each OOD set k from its N_k, for every seed; how they are drawn follows how the seeds met them:
 
 - one test set for every seed (the benchmark's: `labels` one tensor): seeds and examples are crossed factors, so one
-  draw of the examples serves every seed of the resample (Owen, "The pigeonhole bootstrap", Ann. Appl. Stat. 2007,
-  slightly conservative). Drawing them apart per seed would average a hard example's error away over the seeds and
-  narrow the interval by up to sqrt(S);
-- a test set per seed (`labels` one tensor per seed): seeds and examples are nested, so each seed drawn gets its own
-  draw of its own examples, a seed drawn twice two draws (Davison & Hinkley, "Bootstrap Methods and their
-  Application", 1997, §3.8: resample the groups, then within each group drawn).
+  draw of the examples serves every seed of the resample. Drawing them apart per seed would average a hard
+  example's error away over the seeds and narrow the interval by up to sqrt(S);
+- a test set per seed (`labels` one tensor per seed): seeds and examples are nested, so each seed gets its own
+  draw of its own examples.
 
-With one seed both are the same: the interval is the test sets' sampling error alone, blind to how much a
-retrained seed moves.
+One seed: the percentile interval of the resampled differences, the test sets' sampling error alone, blind to how
+much a retrained seed moves. Several seeds: the seeds are few (3 in the benchmark), too few to resample: drawing 3
+seeds from 3 gives the seed mean 10 values, and the percentile interval is about [lowest seed, highest seed], which
+misses 0 for equal rows whenever the three seeds lean the same way (1 time in 4). Instead the two sources of error
+are added: the examples' (the variance of the resampled seed-mean difference, every seed kept) and the seeds'
+(the sample variance of the S seeds' differences over S), and the interval is Student's t with Welch-Satterthwaite
+degrees of freedom (the examples' part counted as known): t quantiles of 2 to S - 1 degrees of freedom when the
+seeds' part dominates, so 3 seeds give wide intervals, honestly. The seeds' variance holds part of the examples'
+again (what each seed's draw does not share), so the interval leans wide.
 
 Metrics as the tables compute them (`report.evaluate`) from member logits (N, M, C), on the ensemble's predictive
 distribution p = mean_m softmax(z_m): NLL, ECE with 15 equal-width bins, and "AUROC all", the mean over OOD sets of
-the AUROC separating the test set (negative) from the set (positive) by the MSP score 1 - max_c p_c. A row's value
-is the mean over seeds; the difference is A - B (NLL, ECE: below 0 when A is better; AUROC: above 0).
+the AUROC separating the test set (negative) from the set (positive) by the MSP score 1 - max_c p_c. The OOD
+draws are stratified (each set drawn at its own size, the test set at its), so no resample lacks a class. A row's
+value is the mean over seeds; the difference is A - B (NLL, ECE: below 0 when A is better; AUROC: above 0).
+References: Efron & Tibshirani, "An Introduction to the Bootstrap", 1993, §13 (percentile intervals); Welch, 1947,
+and Satterthwaite, 1946 (the degrees of freedom of a sum of variance estimates).
 """
 
 from __future__ import annotations
 
+import math
 import os
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from ..metrics._checks import check_probs, check_scores
 from ..uncertainty import ensemble_probs
 from .compare import row_file
 from .ood import msp
@@ -60,25 +71,23 @@ def paired_bootstrap(
     level: float = 0.95,
     bins: int = 15,
 ) -> dict[str, Interval]:
-    """{"nll", "ece", "auroc_all"}: the difference A - B of the mean over seeds, and its percentile interval.
+    """{"nll", "ece", "auroc_all"}: the difference A - B of the mean over seeds, and its interval.
 
     Shape: `a`, `b`: one entry per seed (S >= 1, in the same order for both), each what `report.measure` saves,
     {"test": (N, M, C), "near" / "far" / "ood": {set: (N_k, M, C)}} (M may differ between the rows, N and the sets
     may not); `labels`: the test labels (N,), one tensor when every seed was scored on the same test and OOD sets
     (examples drawn once per resample for all its seeds), or one per seed when each seed has its own sets (drawn
-    apart; see the module docstring). "auroc_all" only when there are OOD sets. Percentile interval: the
-    (1 - level) / 2 and (1 + level) / 2 quantiles (linear interpolation) of the `resamples` differences. Seeded by
-    `seed`: the same arguments give the same interval. One seed: only its examples are resampled (the caller knows
-    from len(a), and should say so).
-    References: Owen, 2007 (crossed factors); Davison & Hinkley, 1997, §3.8 (nested) and §5.2 (percentile
-    intervals).
+    apart; see the module docstring). "auroc_all" only when there are OOD sets. One seed: the percentile interval,
+    the (1 - level) / 2 and (1 + level) / 2 quantiles (linear interpolation) of the `resamples` differences;
+    several: Student's t interval around the point with the examples' and the seeds' variances (module docstring).
+    Seeded by `seed`: the same arguments give the same interval.
     """
     if len(a) != len(b):
         raise ValueError(f"the rows must be given the same seeds, got {len(a)} and {len(b)} runs.")
     if not a:
         raise ValueError("no runs to compare: give each row's logits on at least one seed.")
-    if resamples < 1 or not 0 < level < 1:
-        raise ValueError(f"resamples must be >= 1 and level in (0, 1), got {resamples} and {level}.")
+    if resamples < 2 or not 0 < level < 1:
+        raise ValueError(f"resamples must be >= 2 and level in (0, 1), got {resamples} and {level}.")
     shared = isinstance(labels, Tensor)  # one test set for every seed: crossed, else nested
     labels = [labels] * len(a) if shared else list(labels)
     if len(labels) != len(a):
@@ -86,14 +95,59 @@ def paired_bootstrap(
     pairs = [(_Terms.of(x, y, bins), _Terms.of(z, y, bins)) for x, z, y in zip(a, b, labels)]
     for s, (first, second) in enumerate(pairs):
         _check_paired(first, second, s)
-    point = _seed_mean([_differences(*pair, *_identity(pair[0])) for pair in pairs])
+    per_seed = [_differences(*pair, *_identity(pair[0])) for pair in pairs]  # S x {metric: (1,)}
     if shared:
         _check_shared(pairs)
-    drawn = (_crossed if shared else _nested)(pairs, resamples, seed)
+    drawn = (_crossed if shared else _nested)(pairs, resamples, seed)  # {metric: (R, S)}
+    intervals = {}
+    for metric, values in drawn.items():
+        points = torch.cat([d[metric] for d in per_seed])  # (S,) each seed's difference on its data as it is
+        intervals[metric] = (_percentile if len(pairs) == 1 else _t_interval)(points, values, level)
+    return intervals
+
+
+def _percentile(points: Tensor, drawn: Tensor, level: float) -> Interval:
+    """One seed: its difference and the percentile interval of its `drawn` (R, 1) resampled differences."""
     quantiles = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
-    return {
-        metric: Interval(point[metric], *torch.quantile(values, quantiles).tolist()) for metric, values in drawn.items()
-    }
+    return Interval(points.mean().item(), *torch.quantile(drawn[:, 0], quantiles).tolist())
+
+
+def _t_interval(points: Tensor, drawn: Tensor, level: float) -> Interval:
+    """Several seeds: mean +- t * sqrt(v_examples + v_seeds), from the seeds' differences `points` (S,) and the
+    resampled ones `drawn` (R, S); v_examples: the variance of the resampled seed means, v_seeds: the seeds'
+    sample variance / S; t: Student's quantile at Welch-Satterthwaite's degrees of freedom, v_seeds' S - 1 and
+    v_examples' as known (infinite)."""
+    runs, point = len(points), points.mean().item()
+    v_examples, v_seeds = drawn.mean(dim=1).var().item(), points.var().item() / runs
+    df = math.inf if v_seeds == 0 else (v_seeds + v_examples) ** 2 * (runs - 1) / v_seeds**2
+    half = t_quantile((1 + level) / 2, df) * math.sqrt(v_examples + v_seeds)
+    return Interval(point, point - half, point + half)
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Student's t distribution's p-quantile, p in [0.5, 1), df >= 1 (math.inf: the normal's): the root of
+    F(x) = p, F integrated from the density (Simpson's rule, 2,000 intervals) and bisected; within 1e-6 of
+    scipy.stats.t.ppf for the levels and degrees of freedom the intervals use."""
+    if not 0.5 <= p < 1 or not df >= 1:
+        raise ValueError(f"t_quantile needs p in [0.5, 1) and df >= 1, got p={p} and df={df}.")
+    if math.isinf(df):
+        return statistics.NormalDist().inv_cdf(p)
+    log_scale = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf(x: float) -> float:
+        grid = np.linspace(0.0, x, 2001)
+        density = np.exp(log_scale - (df + 1) / 2 * np.log1p(grid**2 / df))
+        weights = np.ones(2001)
+        weights[1:-1:2], weights[2:-1:2] = 4, 2
+        return 0.5 + x / 6000 * float(weights @ density)
+
+    low, high = 0.0, 1.0
+    while cdf(high) < p:
+        low, high = high, 2 * high
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if cdf(middle) < p else (low, middle)
+    return (low + high) / 2
 
 
 @dataclass
@@ -117,12 +171,15 @@ class _Terms:
             )
         probs = ensemble_probs(test.double())  # (N, C)
         labels = labels.long().to(probs.device)
+        check_probs(probs, labels, "paired_bootstrap")
         true_class = probs.gather(1, labels[:, None]).squeeze(1)
         confidence, prediction = probs.max(dim=1)
         sets = {name: scores for group in ("near", "far", "ood") for name, scores in logits.get(group, {}).items()}
         small = [name for name, scores in sets.items() if len(scores) < 2]
         if small:
             raise ValueError(f"OOD set(s) {small} have fewer than 2 examples: too few to resample.")
+        for scores in sets.values():
+            check_scores(msp(scores).numpy(), "paired_bootstrap")
         return cls(
             nll=-torch.log(true_class.clamp_min(torch.finfo(torch.float64).eps)),
             gap=(prediction == labels).double() - confidence,
@@ -200,18 +257,18 @@ def _differences(first: _Terms, second: _Terms, test: Tensor, ood: Mapping[str, 
     return {metric: mine[metric] - theirs[metric] for metric in mine}
 
 
-def _seed_mean(per_seed: Sequence[Mapping[str, Tensor]]) -> dict[str, float]:
-    return {metric: torch.stack([d[metric] for d in per_seed]).mean().item() for metric in per_seed[0]}
+def _generator(seed: int, resamples: int, runs: int) -> torch.Generator:
+    """The draws' generator, seeded by `seed`, past the (resamples, runs) seed draws the intervals made when seeds
+    were resampled: a one-seed interval draws the same examples as then (its committed tables stand)."""
+    generator = torch.Generator().manual_seed(seed)
+    torch.randint(runs, (resamples, runs), generator=generator)
+    return generator
 
 
 def _crossed(pairs: Sequence[tuple[_Terms, _Terms]], resamples: int, seed: int) -> dict[str, Tensor]:
-    """{metric: (resamples,)} the mean over the S seeds drawn of each drawn seed's difference, every seed of a
-    resample on the same drawn examples (the seeds share one test set). One generator, seeds drawn first, as
-    `_nested`: with one seed the two draw the same examples."""
-    runs, first = len(pairs), pairs[0][0]
-    generator = torch.Generator().manual_seed(seed)
-    drawn_seeds = torch.randint(runs, (resamples, runs), generator=generator)  # (R, S): which seed fills each slot
-    times = torch.stack([(drawn_seeds == s).sum(dim=1) for s in range(runs)], dim=1).double()  # (R, S) draws of s
+    """{metric: (resamples, S)} each seed's difference, every seed of a resample on the same drawn examples (the
+    seeds share one test set)."""
+    first, generator = pairs[0][0], _generator(seed, resamples, len(pairs))
     widest = max([len(first.nll), *(v.shape[1] for v in first.ood_rank.values())])
     said: dict[str, list[Tensor]] = {}
     for rows in torch.arange(resamples).split(max(1, CHUNK_ELEMENTS // widest)):
@@ -222,30 +279,26 @@ def _crossed(pairs: Sequence[tuple[_Terms, _Terms]], resamples: int, seed: int) 
         }
         per_seed = [_differences(*pair, test, ood) for pair in pairs]  # S x {metric: (R_c,)}
         for metric in per_seed[0]:
-            differences = torch.stack([d[metric] for d in per_seed], dim=1)  # (R_c, S)
-            said.setdefault(metric, []).append((differences * times[rows]).sum(dim=1) / runs)
+            said.setdefault(metric, []).append(torch.stack([d[metric] for d in per_seed], dim=1))
     return {metric: torch.cat(parts) for metric, parts in said.items()}
 
 
 def _nested(pairs: Sequence[tuple[_Terms, _Terms]], resamples: int, seed: int) -> dict[str, Tensor]:
-    """{metric: (resamples,)} the mean over the S seeds drawn of each drawn seed's difference on its own drawn
-    examples (each seed has its own test set)."""
-    runs, generator = len(pairs), torch.Generator().manual_seed(seed)
-    drawn_seeds = torch.randint(runs, (resamples, runs), generator=generator)  # (R, S): which seed fills each slot
-    slots: dict[str, Tensor] = {}
+    """{metric: (resamples, S)} each seed's difference on its own drawn examples (each seed has its own test
+    set)."""
+    runs, generator = len(pairs), _generator(seed, resamples, len(pairs))
+    said: dict[str, Tensor] = {}
     for s, (first, second) in enumerate(pairs):
-        where = (drawn_seeds == s).nonzero()  # (n_s, 2): the (resample, slot) pairs this seed fills
         widest = max([len(first.nll), *(v.shape[1] for v in first.ood_rank.values())])
-        for chunk in where.split(max(1, CHUNK_ELEMENTS // widest)):
-            test = torch.randint(len(first.nll), (len(chunk), len(first.nll)), generator=generator)
+        for rows in torch.arange(resamples).split(max(1, CHUNK_ELEMENTS // widest)):
+            test = torch.randint(len(first.nll), (len(rows), len(first.nll)), generator=generator)
             ood = {
-                k: torch.randint(v.shape[1], (len(chunk), v.shape[1]), generator=generator)
+                k: torch.randint(v.shape[1], (len(rows), v.shape[1]), generator=generator)
                 for k, v in first.ood_rank.items()
             }
             for metric, values in _differences(first, second, test, ood).items():
-                slots.setdefault(metric, torch.zeros(resamples, runs, dtype=torch.float64))
-                slots[metric][chunk[:, 0], chunk[:, 1]] = values
-    return {metric: values.mean(dim=1) for metric, values in slots.items()}
+                said.setdefault(metric, torch.zeros(resamples, runs, dtype=torch.float64))[rows, s] = values
+    return said
 
 
 def row_differences(
@@ -265,12 +318,13 @@ def row_differences(
     "high"}}]}, A - B in the metrics' own units (fractions, nats). {} when no pair has logits on every seed: tables
     recorded before their logits were kept render as they were. `labels`: as `paired_bootstrap`, in `seed_dirs`'
     order."""
-    said, shared = [], isinstance(labels, Tensor)
+    said, shared, other_dirs = [], isinstance(labels, Tensor), other_dirs or seed_dirs
+    if set(other_dirs) != set(seed_dirs):
+        raise ValueError(f"other_dirs must hold the seeds of seed_dirs, {list(seed_dirs)}, got {list(other_dirs)}.")
     for first, second in pairs:
-        second_dirs = list((other_dirs or seed_dirs).values())
         paths = [
-            (row_file(Path(d) / logits, first), row_file(Path(e) / logits, second))
-            for d, e in zip(seed_dirs.values(), second_dirs, strict=True)
+            (row_file(Path(d) / logits, first), row_file(Path(other_dirs[s]) / logits, second))
+            for s, d in seed_dirs.items()
         ]
         if not all(x.exists() and y.exists() for x, y in paths):
             continue
@@ -289,15 +343,18 @@ def difference_lines(differences: Mapping) -> list[str]:
     """`row_differences` as markdown: what was resampled, then one line per pair, "- A vs B: NLL -0.012 [-0.020,
     -0.004], better; ECE -0.3 [-0.5, -0.1] %, better; AUROC all 1.2 [-0.4, 2.0] %, not separated", A - B in the
     tables' units with its interval and what the interval says of A against B."""
-    level, resamples = 100 * differences["level"], differences["resamples"]
-    if len(differences["seeds"]) == 1:
-        drawn = "one seed: test examples resampled only, so retraining's spread is not in it"
-    elif differences.get("examples") == "per seed":
-        drawn = "seeds resampled, then each seed's own test examples"
+    level, resamples, seeds = 100 * differences["level"], differences["resamples"], len(differences["seeds"])
+    if seeds == 1:
+        kind, drawn = "paired bootstrap", "one seed: test examples resampled only, so retraining's spread is not in it"
     else:
-        drawn = "seeds and test examples resampled, one draw of the examples for every seed: they share the test sets"
+        examples = "each seed's own" if differences.get("examples") == "per seed" else "one draw for every seed"
+        kind = "Student's t"
+        drawn = (
+            f"the test examples' bootstrap variance ({examples}, paired) plus the {seeds} seeds' variance / {seeds}, "
+            "Welch-Satterthwaite degrees of freedom: few seeds, wide intervals"
+        )
     said = (
-        f"Differences, paired bootstrap {level:g} % interval ({drawn}; {resamples} resamples). A vs B: A - B in the "
+        f"Differences, {kind} {level:g} % interval ({drawn}; {resamples} resamples). A vs B: A - B in the "
         "table's units (NLL and ECE below 0, AUROC above 0 favour A); better / worse: the interval excludes 0 on "
         "A's good / bad side; not separated: it includes 0. Each interval is for its own comparison, not corrected "
         f"for the many made: of equal rows, about 1 comparison in {round(100 / (100 - level))} reads better or "
@@ -312,9 +369,21 @@ def difference_lines(differences: Mapping) -> list[str]:
 
 
 def _said(metric: str, interval: Interval) -> str:
+    """ "NLL -0.012 [-0.020, -0.004], better": an interval end that excludes 0 is never printed as 0 (rounded
+    away from it, one more digit at a time) so that the line reads as its verdict."""
     name, scale, digits, unit = SAID[metric]
-    point, low, high = (f"{scale * value:.{digits}f}" for value in interval)
+    point = f"{scale * interval.point:.{digits}f}"
+    low, high = (_away_from_zero(scale * value, digits) for value in (interval.low, interval.high))
     return f"{name} {point} [{low}, {high}]{unit}, {verdict(metric, interval)}"
+
+
+def _away_from_zero(value: float, digits: int) -> str:
+    """`value` to `digits` decimals, or more while a nonzero value would print as 0 (at most 6)."""
+    said = f"{value:.{digits}f}"
+    while value != 0 and float(said) == 0 and digits < 6:
+        digits += 1
+        said = f"{value:.{digits}f}"
+    return said
 
 
 def verdict(metric: str, interval: Interval) -> str:
