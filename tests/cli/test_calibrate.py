@@ -117,3 +117,18 @@ def test_an_unknown_method_is_refused_by_name(tmp_path, classifier, text_files):
     assert result.returncode == 2
     assert "invalid choice: 'platt'" in result.stderr and "temperature" in result.stderr and "isotonic" in result.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_conformal_sets_are_refused_on_the_data_the_calibration_map_was_fitted_on(calibrated, text_files):
+    """Split conformal needs calibration inputs the model was not fitted on; the OOD threshold alone may use them."""
+    out, _ = calibrated
+    same = refused(
+        "predict", "--model", str(out), "--inputs", str(text_files["new"]), "--calibration", str(text_files["val"]),
+        "--conformal", "0.3",
+    )  # fmt: skip
+    assert same.returncode == 2 and "is the data --model" in same.stderr and "Split the labelled data" in same.stderr
+    other = refused(
+        "predict", "--model", str(out), "--inputs", str(text_files["new"]), "--calibration", str(text_files["test"]),
+        "--text-column", "review", "--conformal", "0.3",
+    )  # fmt: skip
+    assert other.returncode == 0 and "Conformal sets:" in other.stdout and "probability 70%" in other.stdout

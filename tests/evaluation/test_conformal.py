@@ -156,3 +156,18 @@ def test_split_evaluation_on_member_logits_is_seeded_and_covers():
     report = conformal_metrics(member_logits, labels, 0.1, splits=5)
     assert set(report) == {"thr", "aps", "raps"} and set(SCORES) == {"thr", "lac", "aps", "raps"}
     assert report["thr"]["set_size"] <= report["aps"]["set_size"]  # THR: the smallest sets on average
+
+
+def test_the_same_inputs_get_the_same_randomised_sets_on_every_call():
+    """The draws u are the seeded stream's, calibration first: a second call on the same inputs repeats the first
+    (one generator advanced by every call gave another set to the same input)."""
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(2 * torch.randn(300, 5, generator=g), dim=1)
+    labels = torch.multinomial(probs, 1, generator=g).squeeze(1)
+    conformal = SplitConformal(0.1, "aps", seed=3).calibrate(probs[:200], labels[:200])
+    first = conformal.sets(probs[200:])
+    assert torch.equal(conformal.sets(probs[200:]), first)
+    stream = torch.rand(300, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    by_hand = conformal.score(probs[200:].double(), stream[200:]) <= conformal.quantile  # draws 200.. of the stream
+    assert torch.equal(first, by_hand)
+    assert conformal.quantile == SplitConformal(0.1, "aps", seed=3).calibrate(probs[:200], labels[:200]).quantile

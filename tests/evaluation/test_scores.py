@@ -49,3 +49,20 @@ def test_collect_scores_takes_logit_scores_of_any_model_and_asks_for_fitted_dete
         collect_scores(only_knn, test, "vim_concat")
     with pytest.raises(ValueError, match="unknown OOD score 'mahalanobis'"):
         collect_scores(only_knn, test, "mahalanobis")
+
+
+def test_energy_is_refused_on_log_probabilities_and_kept_on_logits():
+    """A probability map's logits are log-probabilities: logsumexp is 0 up to rounding, so energy ranks noise."""
+    from hydra_ensembles.outputs import collect_member_logits, labels_of
+    from hydra_ensembles.predictors.calibration import Calibrated, HistogramBinning, TemperatureScaling
+
+    model, val = at_trained_scale("bert"), _batches(4)
+    logits, labels = collect_member_logits(model, val), labels_of(val)
+    histogram = Calibrated(model, HistogramBinning.fit(logits, labels))
+    assert collect_member_logits(histogram, val).double().logsumexp(-1).abs().max() < 1e-5  # why: energy ~ 0
+    with pytest.raises(ValueError, match="'energy' reads the logits' scale.*histogram or isotonic"):
+        collect_scores(histogram, val, "energy")
+    assert collect_scores(histogram, val, "msp")[1].shape == (32,)
+    temperature = Calibrated(model, TemperatureScaling(2.0))  # a logit map: energy keeps its meaning
+    said = collect_scores(temperature, val, "energy")[1]
+    torch.testing.assert_close(said, OOD_SCORES["energy"](logits.double() / 2), rtol=0, atol=1e-6)

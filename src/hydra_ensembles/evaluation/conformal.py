@@ -10,9 +10,9 @@ scores have no ties (Vovk et al., 2005; Angelopoulos & Bates, "A gentle introduc
 Scores (`SCORES`), each mapping probs (N, C) and a draw u (N,) to every class's score (N, C):
 - "thr" (alias "lac"): 1 - p_y (Sadinle et al., 2019): the smallest sets on average.
 - "aps": the mass of the classes more probable than y plus u p_y (Romano et al., 2020), randomised by default:
-  u ~ U(0, 1) per input, from a seeded generator (the same call gives the same sets). Non-randomised, u = 1
-  (torch-uncertainty's randomized=False): deterministic, but the top class scores its own probability, so the most
-  confident inputs can get empty sets when q is below their top probability.
+  u ~ U(0, 1) per input, from a seeded generator (the same call gives the same sets, however often made).
+  Non-randomised, u = 1 (torch-uncertainty's randomized=False): deterministic, but the top class scores its own
+  probability, so the most confident inputs can get empty sets when q is below their top probability.
 - "raps": APS plus lam * max(0, rank(y) - k_reg), rank 1 for the most probable class (Angelopoulos et al., 2021):
   fewer unlikely classes in the sets.
 Classes of equal probability share a rank and each counts only the strictly more probable classes' mass, so a
@@ -22,7 +22,7 @@ score does not depend on the order of the classes. Shapes: N inputs, C classes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -96,8 +96,10 @@ class SplitConformal:
     """Split conformal prediction at miscoverage `alpha` (coverage 1 - alpha) with a score: a name of `SCORES`
     ("thr", "lac", "aps", "raps", at their default settings) or a score object such as `Raps(k_reg=2, lam=0.05)`.
 
-    `randomized` (default) draws u ~ U(0, 1) per input for APS / RAPS (False: u = 1, deterministic), from a generator
-    seeded with `seed` (calibration draws first). `calibrate` sets `quantile` and `calibration_size`.
+    `randomized` (default) draws u ~ U(0, 1) per input for APS / RAPS (False: u = 1, deterministic) from the
+    stream seeded with `seed`: calibration takes its first n draws, and every `sets` call the next N, from
+    position n again, so the same inputs get the same sets on every call (an input's draw is its row's: its set
+    may change when the inputs are batched otherwise). `calibrate` sets `quantile` and `calibration_size`.
     """
 
     alpha: float
@@ -106,7 +108,6 @@ class SplitConformal:
     seed: int = 0
     quantile: float | None = None
     calibration_size: int = 0
-    _generator: torch.Generator = field(init=False, repr=False)
 
     def __post_init__(self):
         self.alpha = miscoverage(self.alpha)
@@ -114,13 +115,14 @@ class SplitConformal:
             if self.score not in SCORES:
                 raise ValueError(f"unknown conformal score {self.score!r}; choose one of {sorted(SCORES)}.")
             self.score = SCORES[self.score]()
-        self._generator = torch.Generator().manual_seed(self.seed)
 
-    def scores(self, probs: Tensor) -> Tensor:
-        """Every class's score for each input, (N, C) float64, with a fresh draw u per input."""
+    def scores(self, probs: Tensor, after: int = 0) -> Tensor:
+        """Every class's score for each input, (N, C) float64, with a draw u per input: the seeded stream's draws
+        after its first `after` (calibration: 0; new inputs: the calibration size)."""
         probs = probs.double()
         if self.randomized:
-            draw = torch.rand(len(probs), generator=self._generator, dtype=torch.float64).to(probs.device)
+            generator = torch.Generator().manual_seed(self.seed)
+            draw = torch.rand(after + len(probs), generator=generator, dtype=torch.float64)[after:].to(probs.device)
         else:
             draw = torch.ones(len(probs), dtype=torch.float64, device=probs.device)
         return self.score(probs, draw)
@@ -143,7 +145,7 @@ class SplitConformal:
         """Prediction sets of new inputs as a mask (N, C), bool: class y is in input i's set when s(x_i, y) <= q."""
         if self.quantile is None:
             raise ValueError("the conformal predictor is not calibrated: call calibrate(probs, labels) first.")
-        return self.scores(probs) <= self.quantile
+        return self.scores(probs, after=self.calibration_size) <= self.quantile
 
 
 def coverage_and_size(sets: Tensor, labels: Tensor) -> dict[str, float]:

@@ -26,6 +26,12 @@ def collect_scores(
     """Member logits (N, M, C) float32 on the CPU and OOD scores (N,) float64 of any classifier over a loader of
     batches, by any logit score (`OOD_SCORES`), or any feature score the model has fitted detectors for. One
     forward pass per batch; two for a feature score when a wrapper that changes the logits sits over the detectors."""
+    if score == "energy" and _returns_log_probs(model):
+        raise ValueError(
+            "OOD score 'energy' reads the logits' scale, and this model's outputs are normalised log-probabilities "
+            "(a probability calibration map: histogram or isotonic), whose energy is 0 up to rounding: "
+            "score the model before calibration, or use msp, entropy or max_logit."
+        )
     if score in OOD_SCORES:
         logits = collect_member_logits(model, loader, progress)
         return logits, OOD_SCORES[score](logits.double())
@@ -39,6 +45,13 @@ def collect_scores(
 
     logits, scores = zip(*map_batches(model, loader, step, "scoring", progress, empty="nothing to score"), strict=True)
     return torch.cat(logits), torch.cat(scores)
+
+
+def _returns_log_probs(model: nn.Module) -> bool:
+    """Whether `model` is calibrated by a probability map (`predictors.calibration`: its member logits are one
+    member's log-probabilities), told by what it holds: this floor names no predictor class."""
+    calibration_map = getattr(model, "calibration_map", None)
+    return calibration_map is not None and not getattr(calibration_map, "on_members", True)
 
 
 def detectors_of(model: nn.Module, score: str) -> nn.Module:

@@ -199,7 +199,7 @@ def conformal_lines(per_model: Mapping[str, Mapping[str, dict]], alpha: float) -
         body.append(cells)
     first = next(iter(next(iter(per_model.values())).values()))
     note = (
-        f"Split conformal prediction at alpha = {alpha} (target coverage {100 * (1 - alpha):.0f}%): calibrated on a "
+        f"Split conformal prediction at alpha = {alpha} (target coverage {100 * (1 - alpha):.4g}%): calibrated on a "
         f"random half of the test data ({first['calibration_size']} inputs), measured on the other half, over "
         f"{first['splits']} seeded splits; coverage in % (mean ± std over the splits). Scores: THR = 1 - p_y, APS and "
         "RAPS randomised (docs/conformal.md)."
