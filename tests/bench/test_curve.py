@@ -43,10 +43,19 @@ def test_the_curve_measures_every_row_on_validation_and_chooses_on_it(tiny_task,
         assert chosen in within and summary["validation"][chosen]["auroc"] == best
     pairs = {tuple(pair["rows"]) for pair in summary["differences"]["pairs"]}  # each row against Single
     calibrated = {("CircAvg, temp. scaling", "Temp. scaling"), ("Hydra (Circ), temp. scaling", "Temp. scaling")}
-    assert pairs == {(row, "Single") for row in curve.CURVE_ROWS[1:]} | calibrated
+    assert pairs == {(row, "Single") for row in curve.CURVE_ROWS[1:] if row != curve.ENGINE} | calibrated
+    # Single on the fused engine: Single's predictions at the engine's cost (its last layer reads [CLS] alone)
+    single, engine = (suite.cached_row(tiny_task, 0, seed_dir, row).predictor for row in ("Single", curve.ENGINE))
+    torch.testing.assert_close(
+        collect_member_logits(engine, tiny_task.test), collect_member_logits(single, tiny_task.test), atol=1e-5, rtol=0
+    )
+    assert flops[curve.ENGINE] < flops["Single"]
     table = (tmp_path / "out" / "cost_curve.md").read_text()
     assert "- CircAvg vs Single: NLL" in table and "at most 1.1x Single's latency: " in table
     assert all(f"| {row} |" in table for row in curve.CURVE_ROWS) and "Chosen on validation" in table
+    engine_ratio = flops["Hydra (Circ)"] / flops[curve.ENGINE]
+    assert "The fused rows x this engine-matched Single: Hydra (Circ), shared trunk 3/4" in table
+    assert f"Hydra (Circ) {engine_ratio:.2f}x FLOPs, latency " in table
     assert (tmp_path / "out" / "cost_curve.png").stat().st_size > 5000
     assert json.loads((tmp_path / "out" / "cost_curve.json").read_text())["chosen"] == summary["chosen"]
     # rendered again from its records: nothing rebuilt, the same numbers

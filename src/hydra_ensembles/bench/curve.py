@@ -37,6 +37,7 @@ from .runner import Table
 
 CURVE_ROWS = (
     "Single",
+    "Single, fused engine",
     "Temp. scaling",
     "CircAvg",
     "CircAvg, temp. scaling",
@@ -50,7 +51,8 @@ CURVE_ROWS = (
 )
 LIMITS = (1.0, 1.5, 2.0, 3.0)  # FLOPs x Single within which a row is chosen on validation
 TABLE_LOGITS = "curve-logits"  # each seed's folder of the rows' logits, for the intervals
-CHEAPER_ROWS = tuple(row for row in CURVE_ROWS if row not in ("Single", "Hydra (Circ)", "Deep Ensembles"))
+ENGINE = "Single, fused engine"  # Single's predictions at the fused engine's cost: the reference the Hydra rows share
+CHEAPER_ROWS = tuple(row for row in CURVE_ROWS if row not in ("Single", ENGINE, "Hydra (Circ)", "Deep Ensembles"))
 CALIBRATED = "Temp. scaling"  # the single model with its temperature
 ONE_MODEL = 1.1  # latency x Single that counts as one model's cost (issue 44's question)
 
@@ -100,7 +102,7 @@ def choose(summary: Mapping, limits: Sequence[float] = LIMITS) -> dict[str, str 
 def _summarize(task, summary: dict, seed_dirs: Mapping[int, Path]) -> dict:
     said = {"validation": validation_means(summary["per_seed"])}
     rows = list(summary["rows"])
-    pairs = [(row, "Single") for row in rows[1:]]  # every row against the model it would replace
+    pairs = [(row, "Single") for row in rows[1:] if row != ENGINE]  # every row against the model it would replace
     # a calibrated row also against the single model calibrated the same way
     pairs += [(row, CALIBRATED) for row in rows if row.endswith(", temp. scaling") and CALIBRATED in rows]
     differences = row_differences(seed_dirs, labels_of(task.test), pairs, logits=TABLE_LOGITS)
@@ -161,6 +163,7 @@ def markdown(summary: dict) -> str:
         f"Wall time: {summary['wall_time_s'] / 60:.1f} min for this run",
         "",
         *render(header, body, "markdown"),
+        *engine_lines(summary),
         "",
         "Validation columns: ID validation NLL, and the all-OOD AUROC (%, maximum softmax probability) of the ID "
         "validation split against the OOD validation data (the OOD sources' validation parts; the circuit rows "
@@ -175,6 +178,30 @@ def markdown(summary: dict) -> str:
         *(f"- {note}" for note in summary["notes"]),
     ]
     return "\n".join(lines) + "\n"
+
+
+def engine_lines(summary: Mapping) -> list[str]:
+    """The fused rows' cost x `ENGINE` (Single on the fused engine), when the table has it: Single as an HF model
+    computes every token in its last layer, the engine only those the classifier reads, so x Single understates
+    what fusing the members costs."""
+    rows, latency = summary["rows"], summary.get("latency") or {}
+    if ENGINE not in rows:
+        return []
+    flops = {row: stats["flops_per_example"]["mean"] for row, stats in rows.items()}
+    fused = [row for row in rows if row.startswith("Hydra")]
+
+    def ratio(row: str) -> str:
+        timed = (
+            f", latency {latency_ratio(latency[row]) / latency_ratio(latency[ENGINE]):.2f}x"
+            if row in latency and ENGINE in latency
+            else ""
+        )
+        return f"{row} {flops[row] / flops[ENGINE]:.2f}x FLOPs{timed}"
+
+    said = f"{ENGINE}: Single's predictions at {flops[ENGINE] / flops['Single']:.2f}x its FLOPs. " + (
+        f"The fused rows x this engine-matched Single: {'; '.join(ratio(row) for row in fused)}." if fused else ""
+    )
+    return ["", said]
 
 
 def _figure(task, summary: dict, seed_cache: Path, out_dir: Path) -> None:

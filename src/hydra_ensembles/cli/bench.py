@@ -83,7 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cost-curve",
         action="store_true",
-        help="instead of the table: Single, Deep Ensembles, Hydra (Circ) and the cheaper ensembles on the same base "
+        help="instead of the table: Single (also on the fused engine), Deep Ensembles, Hydra (Circ) and the cheaper "
+        "ensembles on the same base "
         f"({'; '.join(curve.CHEAPER_ROWS)}) at their FLOPs and latency, each chosen at a cost limit on "
         "validation data; writes cost_curve.md, cost_curve.json, cost_curve.png",
     )
