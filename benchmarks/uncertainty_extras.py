@@ -437,8 +437,9 @@ def as_msp_logits(scores: Mapping[str, Tensor], near: Sequence[str], far: Sequen
 
 
 def compare_scores(a: Sequence[tuple[Mapping, str]], b: Sequence[tuple[Mapping, str]], near, far, resamples) -> dict:
-    """The paired bootstrap (`evaluation.bootstrap`: seeds, then test and OOD examples) of the test AUROC all of
-    score A minus score B, each given per seed as (its scores {score: {split: (N,)}}, score name)."""
+    """The interval (`evaluation.bootstrap.paired_bootstrap`: over the test and OOD examples, and the seeds) of the
+    test AUROC all of score A minus score B, each given per seed as (its scores {score: {split: (N,)}}, score
+    name)."""
     first = [as_msp_logits(scores[name], near, far) for scores, name in a]
     second = [as_msp_logits(scores[name], near, far) for scores, name in b]
     labels = torch.zeros(len(first[0]["test"]), dtype=torch.long)  # the AUROC reads none
@@ -580,9 +581,10 @@ def _best_lines(summary: dict) -> list[str]:
         "The detector of each row is chosen on the OOD validation split (the ID validation split against the OOD "
         "sources' validation parts, disjoint from the OOD test sets): the highest validation AUROC, mean over the "
         "seeds, ties to the first score in the order of the tables below (MSP first); test data is never read to "
-        "choose. Test AUROC in %; the difference from MSP is a paired bootstrap 95 % interval "
-        f"(`evaluation.bootstrap`: seeds, then test and OOD examples, {summary['resamples']} resamples; with one "
-        "seed, the test sets' sampling error alone); better / worse: the interval excludes 0."
+        "choose. Test AUROC in %; the difference from MSP is a 95 % interval (`evaluation.bootstrap`, "
+        f"{summary['resamples']} paired resamples of the test and OOD examples; with one seed their percentile "
+        "interval, the test sets' sampling error alone; with several, Student's t on that variance plus the seeds'); "
+        "better / worse: the interval excludes 0."
     )
     return ["## Best OOD detector per row", "", said, "", *render(header, body, "markdown"), ""]
 
