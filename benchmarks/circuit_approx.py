@@ -1,21 +1,26 @@
 """How far the approximate circuit searches agree with the exact one, and what they cost, on a benchmark task's
-own fine-tuned model and circuit data (issue 12, deliverable 5) — measured in one run.
+own fine-tuned model and circuit data (issue 12, deliverable 5).
 
-The exact ranking is the suite's cached `circuit_avg.json` for that seed when it exists (else it is computed
-here, timed). Its time: measured where this script ran it (or with --time-exact, which reruns it and checks the
-ranking against the cached one), else estimated by `estimate_exact_seconds` and printed with '~'. Each
-approximation runs the same data, criterion and budget; agreement is the overlap of the sets of the first n heads
-removed (n: half of what a pruned member loses, all of it, half the budget, the whole budget — those below the
-budget), i.e. how many of the heads that a pruned member would lose are the same.
+The exact ranking is the suite's cached `circuit_avg.json` for that seed when the suite's search was exact with
+the task's tie rule (else it is computed here, resumable, timed, and saved under `circuit_approx/`). Its time:
+measured where this script ran it (or with --time-exact, which reruns it and checks the ranking against the
+cached one), else estimated by `estimate_exact_seconds` and printed with '~'. Each approximation runs the same
+data, criterion, tie rule and budget; agreement is the overlap of the sets of the first n heads removed (n: half
+of what a pruned member loses, all of it, half the budget, the whole budget — those below the budget), i.e. how
+many of the heads that a pruned member would lose are the same. Each search is timed when it runs and its time
+saved with its circuit, with the date and machine printed beside it: a rerun only prints, so "x faster" may divide
+times taken in different runs (the table says when each was).
 
     python benchmarks/circuit_approx.py image-dinov2 --seed 0 --methods fast:bf16 multi-2 multi-4 multi-4:bf16 multi-8
     python benchmarks/circuit_approx.py sentiment-mpnet --seed 0 --batches 2 --budget 16 --methods multi-4:bf16 multi-4
 
-With --batches K, only the first K batches of each circuit set are used, exact ranking included (computed once,
-resumable, saved under the seed's cache): a cheaper comparison when the exact search on the full data is too slow.
+With --batches K, K of the batches of each circuit set, spread evenly over them (the OOD set is its sources one
+after another), are used, exact ranking included (computed once, resumable, saved under the seed's cache): a
+cheaper comparison when the exact search on the full data is too slow.
 
-Overlap alone can mislead where S is flat: when many candidates leave exactly the same S, Algorithm 1 removes the
-first in (layer, head) order, and a search that reached a slightly different state breaks those ties elsewhere.
+Overlap alone can mislead where S is flat: when many candidates leave exactly the same S, the tie rule decides
+(the task's: "score", a continuous secondary score; "order": the first in (layer, head) order), and a search
+that reached a slightly different state breaks those ties elsewhere.
 So each search also gets the quality of what it removed: S of the model with its first n heads removed, scored
 exactly (columns S@n), next to the exact search's own; and how many of the exact ranking's steps left S exactly
 unchanged (plateaus, where ties decide). Every circuit is saved under the seed's cache (`circuit_approx/`), so a
@@ -29,6 +34,7 @@ import time
 import hydra_ensembles as he
 from hydra_ensembles.bench import cache_dir, runner, suite
 from hydra_ensembles.bench.tasks import TASKS
+from hydra_ensembles.evaluation.compare import measured_here
 from hydra_ensembles.importance import CRITERIA
 from hydra_ensembles.importance.circuit import search_name
 from hydra_ensembles.importance.circuit.scoring import ReferenceScorer
@@ -60,8 +66,8 @@ def main() -> None:
     parser.add_argument(
         "--batches",
         type=int,
-        help="use only the first K batches (16 examples) of the ID and of the OOD circuit data: a cheaper exact "
-        "ranking to compare against (a proxy of the full data's agreement; saved and resumable)",
+        help="use only K batches (as the task batches them, spread evenly) of the ID and of the OOD circuit data: a "
+        "cheaper exact ranking to compare against (a proxy of the full data's agreement; saved and resumable)",
     )
     args = parser.parse_args()
     task = TASKS[args.task]("full")
@@ -69,37 +75,39 @@ def main() -> None:
     model = runner.predictor(task, suite.TABLE, args.seed, seed_cache, row="Single", progress=False)
     layers = he.get_adapter(model).num_layers(model)
     budget = args.budget or suite.circuit_removals(task, layers)
-    id_data, ood_data = task.circuit_id, task.circuit_ood
-    exact_path, state_path = seed_cache / "circuit_avg.json", None
+    id_data, ood_data, tie_break = task.circuit_id, task.circuit_ood, task.circuit_tie_break
+    suffix = f"-{args.batches}-batches" if args.batches else ""
+    own_path = seed_cache / "circuit_approx" / f"exact{suffix}-{budget}.json"  # computed here
     if args.batches:
-        id_data, ood_data = id_data[: args.batches], ood_data[: args.batches]
-        exact_path = seed_cache / "circuit_approx" / f"exact-{args.batches}-batches-{budget}.json"
-        state_path = exact_path.with_suffix(".state.json")
-    cached = he.Circuit.load(exact_path) if exact_path.exists() else None
-    if cached is not None and len(cached.removed) >= budget and not args.time_exact:
+        id_data, ood_data = spread(id_data, args.batches), spread(ood_data, args.batches)
+    suite_circuit = seed_cache / "circuit_avg.json"
+    candidates = [own_path] if args.batches else [own_path, suite_circuit]  # the suite's: on the full data
+    cached = next((c for c in (_exact(path, tie_break, budget) for path in candidates) if c), None)
+    if cached is not None and not args.time_exact:
         exact, exact_seconds = cached, None
     else:  # computed here, timed; --time-exact reruns it from scratch and checks it against the cached one
-        state_path = None if args.time_exact else state_path
+        state_path = None if args.time_exact else own_path.with_suffix(".state.json")
         resumed, started = state_path is not None and state_path.exists(), time.perf_counter()
-        exact = he.extract_circuit(model, id_data, ood_data, "avg", budget, method="fast", state_path=state_path)
+        exact = he.extract_circuit(
+            model, id_data, ood_data, "avg", budget, method="fast", state_path=state_path, tie_break=tie_break
+        )
         exact_seconds = None if resumed else time.perf_counter() - started  # resumed: a time saved or estimated below
-        if cached is not None and args.time_exact:
+        if cached is not None:
             same = exact.removed == cached.removed[:budget] and exact.scores == cached.scores[:budget]
             verdict = "the same" if same else "NOT the same"
             print(f"exact search rerun in {exact_seconds:.0f} s: {verdict} ranking and scores as the cached one")
-        elif args.batches:
-            exact.save(exact_path)
-    suffix = f"-{args.batches}-batches" if args.batches else ""
+        else:
+            exact.save(own_path)
     seconds_path = seed_cache / "circuit_approx" / f"exact-{budget}{suffix}.seconds.json"
     timing = json.loads(seconds_path.read_text()) if seconds_path.exists() else None
     timing = {"seconds": timing, "estimated": False} if isinstance(timing, float) else timing  # older files: measured
     if exact_seconds is not None:
-        timing = {"seconds": exact_seconds, "estimated": False}
+        timing = {"seconds": exact_seconds, "estimated": False} | measured_here()
     elif args.exact_seconds:
-        timing = {"seconds": args.exact_seconds, "estimated": False}
+        timing = {"seconds": args.exact_seconds, "estimated": False, "machine": "given by --exact-seconds"}
     elif timing is None:
         seconds = estimate_exact_seconds(model, list(id_data), list(ood_data), budget)
-        timing = {"seconds": seconds, "estimated": True}
+        timing = {"seconds": seconds, "estimated": True} | measured_here()
     write_json_atomic(seconds_path, timing)
     exact_seconds, approx = timing["seconds"], "~" if timing["estimated"] else ""
     half, pruned = task.prune_per_layer * layers // 2, task.prune_per_layer * layers
@@ -112,8 +120,8 @@ def main() -> None:
 
     print(
         f"{task.name} seed {args.seed}: budget {budget}; members prune {pruned}; "
-        f"exact search {approx}{exact_seconds:.0f} s; "
-        f"{flat_steps(exact)} of its {budget} steps left S exactly unchanged (plateaus: ties go to (layer, head) order)"
+        f"exact search {approx}{exact_seconds:.0f} s ({_when(timing)}); {flat_steps(exact, budget)} of its {budget} "
+        f"steps left S exactly unchanged (plateaus: ties decided by the tie rule, {tie_break!r})"
     )
     columns = ("search", "seconds", "x faster", *(f"overlap@{n}" for n in points), *(f"S@{n}" for n in points))
     print(f"{columns[0]:<16}" + "".join(f"{c:>13}" for c in columns[1:]))
@@ -125,9 +133,10 @@ def main() -> None:
         method, _, top = name.partition("-")
         search = search_name(method, int(top or 8), precision or "fp32")
         path = seed_cache / "circuit_approx" / f"{search}-{budget}{suffix}.json"
-        if path.exists():
+        if path.exists() and he.Circuit.load(path).tie_break == tie_break:
             circuit = he.Circuit.load(path)
-            seconds = json.loads(path.with_suffix(".seconds.json").read_text())
+            timed = json.loads(path.with_suffix(".seconds.json").read_text())
+            timed = timed if isinstance(timed, dict) else {"seconds": timed}  # older files: seconds alone
         else:
             started = time.perf_counter()
             circuit = he.extract_circuit(
@@ -140,20 +149,51 @@ def main() -> None:
                 top=int(top or 8),
                 precision=precision or "fp32",
                 progress=False,
+                tie_break=tie_break,
             )
-            seconds = time.perf_counter() - started
+            timed = {"seconds": time.perf_counter() - started} | measured_here()
             circuit.save(path)
-            write_json_atomic(path.with_suffix(".seconds.json"), seconds)
+            write_json_atomic(path.with_suffix(".seconds.json"), timed)
+        seconds = timed["seconds"]
         agreement = [overlap(circuit.removed, exact.removed, n) for n in points]
         cells = [f"{seconds:.0f}", f"{exact_seconds / seconds:.1f}", *(f"{a:.3f}" for a in agreement)]
         cells += [f"{q:.4f}" for q in quality(circuit)]
-        print(f"{circuit.search:<16}" + "".join(f"{c:>13}" for c in cells), flush=True)
+        print(f"{circuit.search:<16}" + "".join(f"{c:>13}" for c in cells) + f"   ({_when(timed)})", flush=True)
 
 
-def flat_steps(exact: he.Circuit) -> int:
-    """Steps of the exact ranking after which S was exactly what it was before: plateaus, where candidates that
-    leave S unchanged tie and Algorithm 1 removes the first of them in (layer, head) order."""
-    return sum(1 for before, after in zip([exact.baseline, *exact.scores], exact.scores) if before == after)
+def spread(batches: list, count: int) -> list:
+    """`count` of `batches`, evenly spaced from the first: every part of a set made of its sources one after
+    another (all of them when there are no more)."""
+    if count >= len(batches):
+        return list(batches)
+    return [batches[i * len(batches) // count] for i in range(count)]
+
+
+def _exact(path, tie_break: str, budget: int) -> "he.Circuit | None":
+    """The circuit saved at `path` when it is an exact search under `tie_break` with at least `budget` removals."""
+    if not path.exists():
+        return None
+    circuit = he.Circuit.load(path)
+    return (
+        circuit
+        if circuit.search == "exact" and circuit.tie_break == tie_break and len(circuit.removed) >= budget
+        else None
+    )
+
+
+def _when(timed: dict) -> str:
+    """When and where a search was timed (or its time estimated), as its seconds file says ("time not dated" for
+    older files)."""
+    if "date" not in timed:
+        return "time not dated"
+    return f"{'estimated' if timed.get('estimated') else 'timed'} {timed['date']} on {timed['machine']}"
+
+
+def flat_steps(exact: he.Circuit, budget: int) -> int:
+    """Steps among the exact ranking's first `budget` after which S was exactly what it was before: plateaus, where
+    candidates that leave S unchanged tie and the tie rule decides."""
+    scores = exact.scores[:budget]
+    return sum(1 for before, after in zip([exact.baseline, *scores], scores) if before == after)
 
 
 if __name__ == "__main__":
