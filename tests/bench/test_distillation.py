@@ -63,3 +63,22 @@ def test_cached_students_are_reused_only_for_the_teacher_they_were_distilled_fro
 
 def _state(model) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.state_dict().values()])
+
+
+def test_the_transformer_students_are_costed_against_single_on_their_own_engine(tmp_path):
+    """A tiny BERT task: Single, Single on the fused engine (its predictions, the students' engine), the teachers,
+    and each teacher's KD and Hydra students; the note gives the students' FLOPs x the engine-matched Single."""
+    from test_suite import tiny_task as task_fixture
+
+    from hydra_ensembles.bench import distillation as bench
+
+    task = task_fixture.__wrapped__()
+    rows = bench.benchmark_seed(task, 0, tmp_path, temperatures=(1.0,), progress=False)
+    assert list(rows)[:2] == ["Single", bench.ENGINE]
+    single, engine = rows["Single"], rows[bench.ENGINE]
+    assert engine["nll"] == pytest.approx(single["nll"], abs=1e-5) and engine["flops_x"] < 1.0  # [CLS] only, last layer
+    summary = {"rows": {row: {k: {"mean": v} for k, v in said.items() if v is not None} for row, said in rows.items()}}
+    note = bench.engine_note(summary["rows"])[0]
+    kd = rows["KD ← Deep Ensembles"]["flops_x"] / engine["flops_x"]
+    assert note.startswith(f"{bench.ENGINE}: Single's weights on the students' engine, {engine['flops_x']:.2f}x")
+    assert f"KD ← Deep Ensembles {kd:.2f}x" in note and kd == pytest.approx(1.0)  # Single's architecture
