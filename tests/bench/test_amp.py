@@ -187,3 +187,11 @@ def test_the_cost_rule_refines_the_grid_by_bisection(tiny_task, tmp_path, monkey
     assert delta == min(d for d, r in ratios.items() if r <= 1.0)
     assert seed.free_delta((0.1, 1.0), target=1.0)[0] == 0.1  # the grid's first point within: nothing below to refine
     assert seed.free_delta((0.01, 0.02), target=1.0)[0] == 0.02  # none within: the largest
+
+
+def test_uniform_rows_recorded_at_another_neuron_count_are_refused():
+    """Their names do not carry the count: rows recorded under another free delta-E would sit beside the new base."""
+    measured = {f"Uniform ({c})": {"mlp_sizes": [10, 10]} for c in amp.BASELINES}
+    amp._check_uniform_sizes(measured, 20)
+    with pytest.raises(ValueError, match=r"'Uniform \(random\)' keeps 20 MLP neurons, and this run's AMP base 24"):
+        amp._check_uniform_sizes(measured, 24)

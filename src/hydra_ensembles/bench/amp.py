@@ -205,8 +205,10 @@ class AmpSeed:
         return best
 
     def hydra_flops(self, pruned: nn.Module) -> float:
-        """FLOPs of a fused Hydra Ensemble of the task's members on `pruned` (merged MLP) relative to Single. Which
-        heads each member keeps does not change the count; member m keeps heads m, m+1, ..., so no two are equal."""
+        """FLOPs of a fused Hydra Ensemble of the task's members on `pruned` (merged MLP) relative to Single, members
+        keeping as many heads in every layer (member m heads m, m+1, ..., so no two are equal): which heads they
+        keep does not change the count. Members with uneven heads per layer (circuits) count the same in the
+        fused engine's ragged layout (a CPU's), more in its padded one (a GPU's)."""
         adapter = get_adapter(pruned)
         heads, drop = adapter.num_heads(pruned), self.task.prune_per_layer
         head_maps = [
@@ -342,6 +344,8 @@ class AmpTable:
                 built["curve"][f"AMP single, dE={d:g}"] = on_base["Single"]
                 built["curve"][f"Hydra (Taylor) on AMP, dE={d:g}"] = on_base["Hydra (Taylor)"]
         for name, plan in self.pruned(amp).items():
+            if name == "baselines":
+                _check_uniform_sizes(measured, sum(amp.search(delta)["sizes"]))
             built[name] = {"Single": measured["Single"]}
             built[name] |= {row: measured[row] for model in plan for row in (model, f"{model}, recovered")}
             sizes |= {model: measured[model]["mlp_sizes"] for model in plan}
@@ -365,6 +369,19 @@ class AmpTable:
     def timed(self, amp: AmpSeed) -> tuple[str, runner.Models]:
         delta, _ = amp.free_delta(self.deltas, self.flops_target)
         return f"{AMP_CACHE}/latency-dE{delta:g}.json", amp.free_models(delta)
+
+
+def _check_uniform_sizes(measured: Mapping[str, dict], total: int) -> None:
+    """The uniform rows keep `total` MLP neurons, the free base's count; rows recorded under another free delta-E
+    (another --flops-target or --deltas) keep another, and their names do not say so: refuse them, not mix them."""
+    for row in (f"Uniform ({c})" for c in BASELINES):
+        kept = sum(measured[row]["mlp_sizes"]) if row in measured else total
+        if kept != total:
+            raise ValueError(
+                f"the recorded row {row!r} keeps {kept} MLP neurons, and this run's AMP base {total}: it was measured "
+                "under another --flops-target or --deltas; run with those, or give this run its own --cache (and "
+                "--records directory)."
+            )
 
 
 def _row(model: Callable[[AmpSeed], nn.Module]) -> runner.Build:
@@ -480,7 +497,10 @@ def markdown(summary: dict) -> str:
                 f"costs <= {summary['settings']['flops_target']}x Single's FLOPs on the grid "
                 f"{summary['settings']['deltas']}, refined by up to {REFINE_STEPS} bisection steps between the grid's "
                 "last delta-E over the target and first within it "
-                f"(Hydra FLOPs x per delta-E, per seed: {ratios}). Heads: per layer; MLP: hidden neurons kept of all."
+                f"(Hydra FLOPs x per delta-E, per seed: {ratios}; members keeping as many heads in every layer, as "
+                "Hydra (Taylor)'s do: Hydra (Circ)'s members keep uneven numbers, which cost the same in the fused "
+                "engine's ragged layout (CPU) and more in its padded one (GPU)). Heads: per layer; MLP: hidden "
+                "neurons kept of all."
                 + "".join(
                     f" Seed {s}: no delta-E of the grid reached the target; its base is the largest, over it."
                     for s, r in per_seed.items()
