@@ -35,6 +35,7 @@ from hydra_ensembles.importance.circuit import (
     CRITERIA,
     Circuit,
     chance_agreement,
+    chance_p_value,
     extract_circuit,
     removal_agreement,
     split_halves,
@@ -180,12 +181,17 @@ def render(report: dict) -> str:
         f"Halves: alternate examples of the task's circuit data ({report['id_examples']} ID, "
         f"{report['ood_examples']} OOD examples).",
         "",
-        "| first k removed | agreement | chance (k / H) |",
-        "|---:|---:|---:|",
-        *(f"| {a['k']} | {a['agreement']:.3f} | {a['chance']:.3f} |" for a in report["agreement"]),
+        "| first k removed | agreement | chance (k / H) | p (chance agrees as much) |",
+        "|---:|---:|---:|---:|",
+        *(
+            f"| {a['k']} | {a['agreement']:.3f} | {a['chance']:.3f} | "
+            f"{_p(chance_p_value(a['k'], heads, a['agreement']))} |"
+            for a in report["agreement"]
+        ),
         "",
         "Agreement at k: the fraction of the first k heads removed on one half that are among the first k removed "
-        f"on the other. Chance: k / H (H = {heads}), what two random removal orders share.",
+        f"on the other. Chance: k / H (H = {heads}), what two random removal orders share; p: how often two random "
+        "orders share at least as many (hypergeometric, exact). The k are nested, so their p are not independent.",
         "",
         "| half | ID examples | OOD examples | wall time | tied removals |",
         "|---:|---:|---:|---:|---|",
@@ -203,10 +209,15 @@ def render(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _p(value: float) -> str:
+    return f"{value:.3f}" if value >= 0.001 else f"{value:.1e}"
+
+
 def _extraction_row(extraction: dict) -> str:
-    runs = extraction["runs"]
+    runs = extraction.get("runs", 1)  # reports written before runs were counted: one run
     over = f" over {runs} runs" if runs > 1 else ""
-    unknown = " + earlier runs' time, unknown (their state has no time record)" if extraction["earlier_unknown"] else ""
+    earlier = extraction.get("earlier_unknown", False)
+    unknown = " + earlier runs' time, unknown (their state has no time record)" if earlier else ""
     ties = extraction["tie_note"] or "unknown"
     return (
         f"| {extraction['half']} | {extraction['id_examples']} | {extraction['ood_examples']} | "

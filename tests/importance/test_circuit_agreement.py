@@ -10,7 +10,7 @@ from circuit_support import circuit_data, circuit_model
 from conftest import HEADS, LAYERS, load_script, make_inputs
 
 import hydra_ensembles as he
-from hydra_ensembles.importance.circuit import chance_agreement, removal_agreement, split_halves
+from hydra_ensembles.importance.circuit import chance_agreement, chance_p_value, removal_agreement, split_halves
 
 A, B, C, D, E, F = [(0, h) for h in range(4)] + [(1, 0), (1, 1)]
 
@@ -40,6 +40,18 @@ def test_chance_level_is_what_random_orders_share_on_average():
     shared = sum(removal_agreement(rng.sample(order, heads), rng.sample(order, heads), [k])[k] for _ in range(draws))
     assert shared / draws == pytest.approx(chance_agreement(k, heads), abs=0.02)  # k / H = 0.375
     assert chance_agreement(12, 144) == 1 / 12
+
+
+def test_chance_p_value_is_how_often_random_orders_share_as_much():
+    heads, k, draws = 8, 3, 4000
+    rng, order = random.Random(1), list(range(heads))
+    said = [removal_agreement(rng.sample(order, heads), rng.sample(order, heads), [k])[k] for _ in range(draws)]
+    for agreement in (0, 1 / 3, 2 / 3, 1):
+        seen = sum(a >= agreement - 1e-9 for a in said) / draws
+        assert chance_p_value(k, heads, agreement) == pytest.approx(seen, abs=0.02)
+    hypergeom = pytest.importorskip("scipy.stats").hypergeom
+    assert chance_p_value(12, 72, 5 / 12) == pytest.approx(hypergeom.sf(4, 72, 12, 12), rel=1e-9)  # P(X >= 5)
+    assert chance_p_value(12, 72, 0) == pytest.approx(1.0)
 
 
 # ---- the split ----

@@ -14,7 +14,7 @@ Imports run one way, down this list's layers: (agreement | joint) -> search -> b
 (an import-linter contract in pyproject.toml keeps it so).
 """
 
-from .agreement import chance_agreement, removal_agreement, split_halves
+from .agreement import chance_agreement, chance_p_value, removal_agreement, split_halves
 from .criteria import (
     CRITERIA,
     TIE_BREAKS,
@@ -41,6 +41,7 @@ __all__ = [
     "MSPAurocCriterion",
     "SearchMethod",
     "chance_agreement",
+    "chance_p_value",
     "extract_circuit",
     "extract_joint_circuit",
     "register_criterion",

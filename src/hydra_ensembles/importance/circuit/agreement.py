@@ -1,10 +1,11 @@
 """Is a circuit a property of the model or of its validation sample (issue 39)? Extract it on two disjoint halves
 of the data (`split_halves`) and count how many of the first removals agree (`removal_agreement`), against what
-two random orders would share (`chance_agreement`).
+two random orders would share (`chance_agreement`) and how often chance shares as much (`chance_p_value`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -35,6 +36,17 @@ def chance_agreement(k: int, heads: int) -> float:
     if not 1 <= k <= heads:
         raise ValueError(f"k must be in 1..{heads} (the heads ranked), got {k}.")
     return k / heads
+
+
+def chance_p_value(k: int, heads: int, agreement: float) -> float:
+    """P(A(k) >= `agreement`) for two independent uniformly random orders of `heads` heads: how often chance
+    agrees as much. Their first k share X heads, X hypergeometric (draw k of `heads`, k of them marked):
+    P(X = x) = C(k, x) C(heads - k, k - x) / C(heads, k)."""
+    if not 1 <= k <= heads:
+        raise ValueError(f"k must be in 1..{heads} (the heads ranked), got {k}.")
+    shared = round(agreement * k)
+    total = math.comb(heads, k)
+    return sum(math.comb(k, x) * math.comb(heads - k, k - x) for x in range(shared, k + 1)) / total
 
 
 def split_halves(batches: Sequence[Batch], groups: Sequence[str] | None = None) -> tuple[list[Batch], list[Batch]]:
