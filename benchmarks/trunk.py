@@ -8,13 +8,12 @@ different heads after; their weights are MiniLM's (zero-shot), so everything els
 """
 
 import argparse
-import statistics
-import time
 
 import torch
 import transformers as T
 
 import hydra_ensembles as he
+from hydra_ensembles.cost import interleaved_latency
 
 
 def main() -> None:
@@ -34,23 +33,20 @@ def main() -> None:
     ids = torch.randint(1000, 20000, (args.batch, args.tokens))
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
-    def latency(model) -> float:
-        times = []
-        with torch.inference_mode():
-            model(**inputs)
-            for _ in range(args.repeats):
-                start = time.perf_counter()
+    def run(model):
+        def forward():
+            with torch.inference_mode():
                 model(**inputs)
-                times.append(time.perf_counter() - start)
-        return statistics.median(times)
 
-    base_flops, base_time = he.count_flops(single, inputs), latency(single)
+        return forward
+
+    base_flops = he.count_flops(single, inputs)
     print(
         f"MiniLM, M={args.members}, batch {args.batch} x {args.tokens} tokens, CPU {torch.get_num_threads()} "
-        f"threads; ratios to the single HF model ({base_time * 1e3:.0f} ms)"
+        f"threads; ratios to the single HF model, timed interleaved with it ({args.repeats} rounds: median, min-max)"
     )
-    print(f"{'shared layers k':>16}{'trunk':>7}{'FLOPs x':>9}{'latency ms':>12}{'latency x':>11}")
-    for k in range(layers + 1):
+    print(f"{'shared layers k':>16}{'trunk':>7}{'FLOPs x':>9}{'latency ms':>12}{'latency x':>18}")
+    for k in range(layers):  # k = layers would make the members one model: refused by build_members
         generator = torch.Generator().manual_seed(k)
         scores = torch.rand(layers, 12, generator=generator)
         head_maps = he.sample_members(scores, num_members=args.members, budget=4, pool=12, seed=k)
@@ -58,8 +54,11 @@ def main() -> None:
             for layer in range(k):
                 head_map[layer] = head_maps[0][layer]
         ensemble = he.HydraEnsemble.fuse(he.build_members(single, head_maps))
-        flops, seconds = he.count_flops(ensemble, inputs), latency(ensemble)
-        print(f"{k:>16}{ensemble.trunk:>7}{flops / base_flops:>9.2f}{seconds * 1e3:>12.0f}{seconds / base_time:>11.2f}")
+        flops = he.count_flops(ensemble, inputs)
+        timed = interleaved_latency({"single": run(single), "ensemble": run(ensemble)}, repeats=args.repeats)
+        said = timed["ensemble"]
+        spread = f"{said['median']:.2f} ({said['min']:.2f}-{said['max']:.2f})"
+        print(f"{k:>16}{ensemble.trunk:>7}{flops / base_flops:>9.2f}{said['seconds'] * 1e3:>12.0f}{spread:>18}")
 
 
 if __name__ == "__main__":
