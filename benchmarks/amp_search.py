@@ -33,8 +33,8 @@ def main() -> None:
     scores = he.neuron_scores(model, batches, loss="entropy", progress=False)
     seconds: dict[bool, list[float]] = {True: [], False: []}
     sizes: dict[bool, list[int]] = {}
-    for _ in range(args.rounds):
-        for reuse in (True, False):
+    for round_ in range(args.rounds):
+        for reuse in (True, False) if round_ % 2 == 0 else (False, True):  # order rotated: neither always first
             started = time.perf_counter()
             _, record = he.adaptive_mlp_pruning(
                 model, batches, args.delta, scores=scores, reuse_prefix=reuse, progress=False
