@@ -41,6 +41,11 @@ def test_the_curve_measures_every_row_on_validation_and_chooses_on_it(tiny_task,
         within = [row for row in flops if flops[row] <= float(limit) * flops["Single"] * (1 + 1e-9)]
         best = max(summary["validation"][row]["auroc"] for row in within)
         assert chosen in within and summary["validation"][chosen]["auroc"] == best
+    timed = {row: stats["median"] for row, stats in summary["latency"].items()}  # and within each latency limit
+    for limit, chosen in curve.choose_by_latency(summary).items():
+        within = [row for row in timed if timed[row] <= float(limit) * (1 + 1e-9)]
+        best = max(summary["validation"][row]["auroc"] for row in within)
+        assert chosen in within and summary["validation"][chosen]["auroc"] == best
     pairs = {tuple(pair["rows"]) for pair in summary["differences"]["pairs"]}  # each row against Single
     calibrated = {("CircAvg, temp. scaling", "Temp. scaling"), ("Hydra (Circ), temp. scaling", "Temp. scaling")}
     assert pairs == {(row, "Single") for row in curve.CURVE_ROWS[1:] if row != curve.ENGINE} | calibrated
@@ -53,6 +58,7 @@ def test_the_curve_measures_every_row_on_validation_and_chooses_on_it(tiny_task,
     table = (tmp_path / "out" / "cost_curve.md").read_text()
     assert "- CircAvg vs Single: NLL" in table and "at most 1.1x Single's latency: " in table
     assert all(f"| {row} |" in table for row in curve.CURVE_ROWS) and "Chosen on validation" in table
+    assert f"- at most 1.1x Single's latency: {curve.choose_by_latency(summary)['1.1']}" in table
     engine_ratio = flops["Hydra (Circ)"] / flops[curve.ENGINE]
     assert "The fused rows x this engine-matched Single: Hydra (Circ), shared trunk 3/4" in table
     assert f"Hydra (Circ) {engine_ratio:.2f}x FLOPs, latency " in table

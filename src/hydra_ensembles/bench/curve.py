@@ -6,15 +6,16 @@ validation (next to Single's, "Temp. scaling", and Hydra (Circ)'s: one temperatu
 calibration gap on DINOv2-S); the single model pruned of as many weights by OBA and fine-tuned like the members
 ("OBA": one model's cost, level with Hydra (Circ) on the small ViT); members identical in their first half or
 three quarters of the layers, which the fused ensemble runs once ("Hydra (Circ), shared trunk 1/2", "3/4"); Hydra
-(Circ)'s members fused, then fine-tuned as one module. Each row also records the numbers a user chooses by, measured
-on validation data only: ID validation NLL and accuracy, and the all-OOD AUROC (maximum softmax probability) of
-the ID validation split against the OOD sources' validation parts (the circuit's OOD data, disjoint from the OOD
-test sets). At each cost limit (`LIMITS`, FLOPs x Single) the row of best validation AUROC within it is chosen (ties:
-lower validation NLL); the test columns are read after, never used to choose. Each row is compared with Single by
-the paired bootstrap (`evaluation.bootstrap`), and the table says which rows, if any, beat Single on NLL, ECE and
-all-OOD AUROC at most `ONE_MODEL` x its latency. Writes cost_curve.md, cost_curve.json
-and cost_curve.png beside the task's table, with records of its own (`cost_curve.json`, `curve-logits/` in each
-seed's cache) so that it renders from records like the table.
+(Circ)'s members fused, then fine-tuned as one module. "Single, fused engine" is Single on the fused rows' engine:
+their cost without the engine's own saving. Each row also records the numbers a user chooses by, measured on
+validation data only: ID validation NLL and accuracy, and the all-OOD AUROC (maximum softmax probability) of the
+ID validation split against the OOD sources' validation parts (the circuit's OOD data, disjoint from the OOD test
+sets). At each cost limit (`LIMITS`, FLOPs x Single; `LATENCY_LIMITS`, latency x Single) the row of best
+validation AUROC within it is chosen (ties: lower validation NLL); the test columns are read after, never used to
+choose. Each row is compared with Single by the paired bootstrap (`evaluation.bootstrap`), and the table says
+which rows, if any, beat Single on NLL, ECE and all-OOD AUROC at most `ONE_MODEL` x its latency. Writes
+cost_curve.md, cost_curve.json and cost_curve.png beside the task's table, with records of its own
+(`cost_curve.json`, `curve-logits/` in each seed's cache) so that it renders from records like the table.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ CURVE_ROWS = (
     "Deep Ensembles",
 )
 LIMITS = (1.0, 1.5, 2.0, 3.0)  # FLOPs x Single within which a row is chosen on validation
+LATENCY_LIMITS = (1.1, 1.5, 2.0, 3.0)  # latency x Single, likewise (1.1: one model's price, `ONE_MODEL`)
 TABLE_LOGITS = "curve-logits"  # each seed's folder of the rows' logits, for the intervals
 ENGINE = "Single, fused engine"  # Single's predictions at the fused engine's cost: the reference the Hydra rows share
 CHEAPER_ROWS = tuple(row for row in CURVE_ROWS if row not in ("Single", ENGINE, "Hydra (Circ)", "Deep Ensembles"))
@@ -89,11 +91,27 @@ def validation_means(per_seed: Mapping) -> dict[str, dict[str, float]]:
 def choose(summary: Mapping, limits: Sequence[float] = LIMITS) -> dict[str, str | None]:
     """{limit: the row of best validation AUROC among those costing at most `limit` x Single's FLOPs (ties: lower
     validation NLL), or None}. Reads validation numbers and FLOPs only."""
-    validation, rows = summary["validation"], summary["rows"]
+    rows = summary["rows"]
     single = rows["Single"]["flops_per_example"]["mean"]
+    cost = {row: stats["flops_per_example"]["mean"] / single for row, stats in rows.items()}
+    return _best_within(summary["validation"], cost, limits)
+
+
+def choose_by_latency(summary: Mapping, limits: Sequence[float] = LATENCY_LIMITS) -> dict[str, str | None]:
+    """`choose` at limits of latency x Single (the rows' timed ratios, `latency_ratio`): what a user who pays in
+    time picks; {} when the rows were not timed."""
+    latency = summary.get("latency") or {}
+    if not all(row in latency for row in summary["rows"]):
+        return {}
+    cost = {row: latency_ratio(latency[row]) for row in summary["rows"]}
+    return _best_within(summary["validation"], cost, limits)
+
+
+def _best_within(validation: Mapping, cost: Mapping[str, float], limits: Sequence[float]) -> dict[str, str | None]:
+    """{limit: the row of best validation AUROC (ties: lower validation NLL) whose `cost` is at most `limit`}."""
     chosen = {}
     for limit in limits:
-        within = [r for r in rows if rows[r]["flops_per_example"]["mean"] <= limit * single * (1 + 1e-9)]
+        within = [row for row, spent in cost.items() if spent <= limit * (1 + 1e-9)]
         best = max(within, key=lambda r: (validation[r]["auroc"], -validation[r]["nll"]), default=None)
         chosen[f"{limit:g}"] = best
     return chosen
@@ -144,9 +162,9 @@ def markdown(summary: dict) -> str:
                 f"{100 * stats['all.auroc']['mean']:.1f}" if "all.auroc" in stats else "–",
             ]
         )
-    chosen = [
-        f"- at most {limit}x Single's FLOPs: {row}" if row else f"- at most {limit}x Single's FLOPs: no row"
-        for limit, row in summary["chosen"].items()
+    chosen = [f"- at most {limit}x Single's FLOPs: {row or 'no row'}" for limit, row in summary["chosen"].items()]
+    chosen += [
+        f"- at most {limit}x Single's latency: {row or 'no row'}" for limit, row in choose_by_latency(summary).items()
     ]
     one_model = beats_single(summary)
     answer = (
