@@ -162,6 +162,9 @@ def test_a_model_built_or_loaded_is_checked_against_its_recorded_digest(tmp_path
         next(model.parameters())[0, 0] += 1e-6
     with pytest.warns(UserWarning, match="the weights of single differ from the digest recorded"):
         assert not records.check_digest(tmp_path, "single", model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same rebuild loaded again: recorded, not said again
+        assert not records.check_digest(tmp_path, "single", model)
     digests = json.loads((tmp_path / records.DIGESTS).read_text())
     assert digests["single"] == first and digests["single, rebuilt"] == weights_digest(model)  # the first is kept
     assert records.rebuilt_differently(tmp_path) == ["single"]

@@ -117,13 +117,13 @@ def _read(folder: str | os.PathLike, record: str) -> dict:
 
 def check_digest(folder: str | os.PathLike, name: str, model: nn.Module) -> bool:
     """Compare the weights of the model `name` with the digest recorded in `folder`, recording it when there is
-    none. A different digest warns, keeps the first and records the new one as "<name>, rebuilt". Returns whether the
-    model matches the record (True when there was none)."""
+    none. A different digest warns, keeps the first and records the new one as "<name>, rebuilt" (once: the same
+    rebuild loaded again is not news). Returns whether the model matches the record (True when there was none)."""
     path, digests = Path(folder) / DIGESTS, _read(folder, DIGESTS)
     digest, recorded = weights_digest(model), digests.get(name)
     if recorded is None:
         write_json_atomic(path, digests | {name: digest})
-    elif recorded != digest:
+    elif recorded != digest and digests.get(f"{name}, rebuilt") != digest:  # said once per rebuild, not every run
         warnings.warn(
             f"the weights of {name} differ from the digest recorded in {path}: this machine built it differently "
             "(another machine type, torch version or thread count). Rows recorded before were measured on the "
