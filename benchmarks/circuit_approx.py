@@ -76,7 +76,7 @@ def main() -> None:
     layers = he.get_adapter(model).num_layers(model)
     budget = args.budget or suite.circuit_removals(task, layers)
     id_data, ood_data, tie_break = task.circuit_id, task.circuit_ood, task.circuit_tie_break
-    suffix = f"-{args.batches}-batches" if args.batches else ""
+    suffix = f"-{args.batches}-spread-batches" if args.batches else ""  # files of the first K batches: other data
     own_path = seed_cache / "circuit_approx" / f"exact{suffix}-{budget}.json"  # computed here
     if args.batches:
         id_data, ood_data = spread(id_data, args.batches), spread(ood_data, args.batches)

@@ -127,6 +127,11 @@ def test_conformal_sets_are_refused_on_the_data_the_calibration_map_was_fitted_o
         "--conformal", "0.3",
     )  # fmt: skip
     assert same.returncode == 2 and "is the data --model" in same.stderr and "Split the labelled data" in same.stderr
+    inner = refused(  # the model directory inside the step's output: the same model, the same refusal
+        "predict", "--model", str(out / "model"), "--inputs", str(text_files["new"]), "--calibration",
+        str(text_files["val"]), "--conformal", "0.3",
+    )  # fmt: skip
+    assert inner.returncode == 2 and "is the data --model" in inner.stderr
     other = refused(
         "predict", "--model", str(out), "--inputs", str(text_files["new"]), "--calibration", str(text_files["test"]),
         "--text-column", "review", "--conformal", "0.3",

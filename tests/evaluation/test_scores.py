@@ -63,6 +63,10 @@ def test_energy_is_refused_on_log_probabilities_and_kept_on_logits():
     with pytest.raises(ValueError, match="'energy' reads the logits' scale.*histogram or isotonic"):
         collect_scores(histogram, val, "energy")
     assert collect_scores(histogram, val, "msp")[1].shape == (32,)
+    from hydra_ensembles.inference import prepare
+
+    with pytest.raises(ValueError, match="'energy' reads the logits' scale"):  # under a precision wrapper too
+        collect_scores(prepare(histogram, "bf16"), val, "energy")
     temperature = Calibrated(model, TemperatureScaling(2.0))  # a logit map: energy keeps its meaning
     said = collect_scores(temperature, val, "energy")[1]
     torch.testing.assert_close(said, OOD_SCORES["energy"](logits.double() / 2), rtol=0, atol=1e-6)

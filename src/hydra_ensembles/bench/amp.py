@@ -404,10 +404,13 @@ def _recovered(name: str, pruned: Callable[[AmpSeed], nn.Module], amp: AmpSeed) 
 def _recovery_name(name: str, pruned: Callable[[AmpSeed], nn.Module]) -> str:
     """The cache name of a row's recovered model. Algorithm 1's model on the entropy criterion is the sweep's
     model of its delta-E under any row name (the criteria table's entropy row): it shares that model's recovery
-    (one training, not two), told by what the row builds, not by how it is labelled."""
-    settings = getattr(pruned, "keywords", {})
-    if getattr(pruned, "func", None) is AmpSeed.adaptive and settings.get("criterion", "entropy") == "entropy":
+    (one training, not two), told by what the row builds, not by how it is labelled; a uniform-width model is
+    named with its neuron count."""
+    settings, builds = getattr(pruned, "keywords", {}), getattr(pruned, "func", None)
+    if builds is AmpSeed.adaptive and settings.get("criterion", "entropy") == "entropy":
         return _slug(base_name(settings["delta"]))
+    if builds is AmpSeed.uniform:  # its row name does not carry its neuron count, which the free delta-E sets
+        return f"{_slug(name)}-{settings['total']}"
     return _slug(name)
 
 

@@ -1,6 +1,7 @@
 """Records: the small files a benchmark leaves in its cache, everything but trained weights (`models/`,
-`checkpoints/`). A table renders from records alone; kept in a folder that outlives the machine (`--records DIR`),
-they let a benchmark go on from a fresh machine, training again only the weights unfinished rows need.
+`checkpoints/`, `distill/`). A table renders from records alone; kept in a folder that outlives the machine
+(`--records DIR`), they let a benchmark go on from a fresh machine, training again only the weights unfinished rows
+need.
 
 Provenance: training again may give other weights on another machine type, torch version or thread count, so every
 model is checked against the digest recorded at its first build (`check_digest`). The single model, which every row
@@ -24,7 +25,9 @@ from torch import nn
 from ..evaluation.compare import measured_here, row_file
 from ..io import read_json_record, replacing, weights_digest, write_json_atomic
 
-WEIGHTS = frozenset({"models", "checkpoints"})  # cache folders whose files are trained weights, never records
+# cache folders whose files are trained weights, never records (distill: the distilled students, with their
+# teacher's digest beside them: a machine that retrains the teacher retrains them too)
+WEIGHTS = frozenset({"models", "checkpoints", "distill"})
 DIGESTS = "model_digests.json"  # {model name: digest of its weights}, in the folder that holds `models/`
 REBUILT = "rebuilt.json"  # {model name: how its rebuild measured against its recorded row}, beside DIGESTS
 HEADLINE = {"id.acc": "accuracy", "all.auroc": "all-OOD AUROC"}  # what a note on a rebuilt model quotes both ways

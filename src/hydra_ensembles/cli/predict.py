@@ -126,19 +126,35 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_not_fitted_on(model: str, calibration: str) -> None:
     """Split conformal's guarantee needs calibration inputs the model was not fitted on: refuse the file that
-    `hydra-ens calibrate` fitted --model's calibration map on (a histogram or isotonic map fitted on 1,000 inputs
-    covered about 0.85 of new inputs at alpha 0.1, not 0.9; on 100, about 0.5)."""
-    record = Path(model) / RECORD
-    if not record.is_file():
-        return
-    step = json.loads(record.read_text())
-    fitted_on = step.get("settings", {}).get("val", {}).get("path") if step.get("command") == "calibrate" else None
-    if fitted_on is not None and Path(fitted_on) == Path(calibration).resolve():
+    `hydra-ens calibrate` fitted a calibration map of --model on (a histogram or isotonic map fitted on 1,000
+    inputs covered about 0.85 of new inputs at alpha 0.1, not 0.9; on 100, about 0.5). The steps are followed back
+    from --model's output directory (or the one holding it), through each step's --model, to a calibrate step."""
+    fitted_on = _calibrated_on(Path(model))
+    if fitted_on is not None and fitted_on == Path(calibration).resolve():
         raise CommandError(
             f"--calibration {calibration!r} is the data --model {model!r} was calibrated on (hydra-ens calibrate "
             "--val): conformal sets calibrated there cover less than 1 - alpha. Split the labelled data in two, "
             "one part for `calibrate --val`, the other for `predict --calibration`."
         )
+
+
+def _calibrated_on(model: Path) -> Path | None:
+    """The --val file of the calibrate step that made `model`, or of an earlier step it was built from."""
+    folder = next((f for f in (model, model.parent) if (f / RECORD).is_file()), None)
+    for _ in range(16):  # a chain of steps, each naming the --model it took
+        if folder is None:
+            return None
+        step = json.loads((folder / RECORD).read_text())
+        settings = step.get("settings", {})
+        if step.get("command") == "calibrate" and "path" in settings.get("val", {}):
+            return Path(settings["val"]["path"])
+        earlier = settings.get("model", {}).get("path") if isinstance(settings.get("model"), dict) else None
+        folder = (
+            next((f for f in (Path(earlier), Path(earlier).parent) if (f / RECORD).is_file()), None)
+            if earlier
+            else None
+        )
+    return None
 
 
 def _calibrate(args: argparse.Namespace, model, model_dir) -> tuple[float, str, SplitConformal | None]:

@@ -48,10 +48,18 @@ def collect_scores(
 
 
 def _returns_log_probs(model: nn.Module) -> bool:
-    """Whether `model` is calibrated by a probability map (`predictors.calibration`: its member logits are one
-    member's log-probabilities), told by what it holds: this floor names no predictor class."""
-    calibration_map = getattr(model, "calibration_map", None)
-    return calibration_map is not None and not getattr(calibration_map, "on_members", True)
+    """Whether `model`, or a model in its chain of wrappers (each holds the next as `base`: a precision or compile
+    wrapper, fitted detectors, MC dropout), is calibrated by a probability map (`predictors.calibration`: its
+    member logits are one member's log-probabilities), told by what it holds: this floor names no predictor
+    class."""
+    inner = model
+    while inner is not None:
+        calibration_map = getattr(inner, "calibration_map", None)
+        if calibration_map is not None and not getattr(calibration_map, "on_members", True):
+            return True
+        following = getattr(inner, "base", None)
+        inner = following if isinstance(following, nn.Module) and following is not inner else None
+    return False
 
 
 def detectors_of(model: nn.Module, score: str) -> nn.Module:
