@@ -73,6 +73,12 @@ def main() -> None:
     task = TASKS[args.task]("full")
     seed_cache = runner.seed_dir(cache_dir() / "bench" / "full", task, args.seed)
     model = runner.predictor(task, suite.TABLE, args.seed, seed_cache, row="Single", progress=False)
+    compare(task, model, seed_cache, args)
+
+
+def compare(task, model, seed_cache, args: argparse.Namespace) -> list[list[str]]:
+    """Print the comparison of `args.methods` with the exact search on `task`'s circuit data for `model` (the seed's
+    single model, whose cache is `seed_cache`); returns the printed rows (the search's name, then its cells)."""
     layers = he.get_adapter(model).num_layers(model)
     budget = args.budget or suite.circuit_removals(task, layers)
     id_data, ood_data, tie_break = task.circuit_id, task.circuit_ood, task.circuit_tie_break
@@ -128,6 +134,7 @@ def main() -> None:
     exact_cells = [f"{approx}{exact_seconds:.0f}", "1.0", *["1.000"] * len(points)]
     exact_cells += [f"{q:.4f}" for q in quality(exact)]
     print(f"{'exact':<16}" + "".join(f"{c:>13}" for c in exact_cells), flush=True)
+    printed = [["exact", *exact_cells]]
     for spec in args.methods:
         name, _, precision = spec.partition(":")
         method, _, top = name.partition("-")
@@ -159,6 +166,8 @@ def main() -> None:
         cells = [f"{seconds:.0f}", f"{exact_seconds / seconds:.1f}", *(f"{a:.3f}" for a in agreement)]
         cells += [f"{q:.4f}" for q in quality(circuit)]
         print(f"{circuit.search:<16}" + "".join(f"{c:>13}" for c in cells) + f"   ({_when(timed)})", flush=True)
+        printed.append([circuit.search, *cells])
+    return printed
 
 
 def spread(batches: list, count: int) -> list:
