@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 import transformers as T
-from conftest import LAYERS, at_trained_scale, make_inputs, perturb, random_head_maps
+from conftest import LAYERS, MODELS, at_trained_scale, make_inputs, perturb, random_head_maps
 
 import hydra_ensembles as he
 from hydra_ensembles import inference
@@ -75,6 +75,16 @@ def test_bf16_stays_within_the_derived_bound_and_moves_the_logits(name, monkeypa
     bound = bf16_bound(LAYERS)
     assert 0 < error < bound / 4, (error, bound)  # > 0: bf16 ran; a quarter of the bound: a first-order margin
     assert torch.equal(logits(model, inputs), reference)  # the predictor itself is left in fp32
+
+
+def test_every_predictor_hands_back_fp32_logits_under_bf16(monkeypatch):
+    """An HF head under autocast returns bf16 logits, the fused engine fp32: bf16 logits tie far more often (max
+    logit, energy), so rows compared in one table must share a precision."""
+    monkeypatch.setattr(inference, "native_bf16_cpu", lambda: True)
+    single, inputs = MODELS["bert"](seed=0).eval(), make_inputs("bert")
+    with torch.inference_mode():
+        assert prepare(single, "bf16")(**inputs).logits.dtype == torch.float32
+        assert member_logits_of(prepare(fused("bert"), "bf16")(**inputs)).dtype == torch.float32
 
 
 def test_bf16_on_a_cpu_without_bf16_instructions_warns_that_it_is_slow(monkeypatch):

@@ -9,7 +9,8 @@ MiniLM's shape, 64 tokens, 15 interleaved rounds on 2 cores busy with another jo
 model at batch 1, 25 ms under autocast, 23 ms cast, 37 ms fp32; a fused M = 3 ensemble at batch 8, 273, 260 and
 530 ms). Autocast keeps layer norms, softmax and everything after the logits in fp32 / float64, so it moved the
 logits half as far (0.4-0.6 % of their largest magnitude on the tiny test models, cast 1.1-1.2 %), and it runs
-every predictor unchanged: inputs, calibration maps, feature detectors and float64 buffers need no cast.
+every predictor unchanged: inputs, calibration maps, feature detectors and float64 buffers need no cast. What
+comes out is fp32 whatever ran inside (an HF head's bf16 logits cast up), so every row's logits share a precision.
 
 Compiled is `torch.compile(dynamic=True)` of the prepared module (in its place: the predictor itself is left
 eager), so that batches of other sizes and lengths reuse one graph. Compiling takes seconds to minutes on a CPU
@@ -19,6 +20,7 @@ eager), so that batches of other sizes and lengths reuse one graph. Compiling ta
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -60,7 +62,8 @@ class Prepared(ModelWrapper):
 
     def forward(self, **inputs: Any) -> Any:
         with self.context():
-            return self.model(**inputs)
+            output = self.model(**inputs)
+        return _in_fp32(output)
 
     def ood_scores(self, inputs: Mapping[str, Any], name: str) -> tuple[Tensor, Tensor]:
         """A feature score (`evaluation.scores.collect_scores`) at this precision, eager: the fitted detectors'
@@ -71,7 +74,7 @@ class Prepared(ModelWrapper):
             logits, scores = scored.ood_scores(inputs, name)
             if scored is not self.model:
                 logits = member_logits_of(self.model(**inputs))
-        return logits, scores
+        return _in_fp32(logits), scores
 
 
 def prepare(predictor: nn.Module, precision: str = "fp32", compile: bool = False) -> nn.Module:
@@ -129,3 +132,20 @@ def describe(predictor: nn.Module) -> str:
     if not isinstance(predictor, Prepared):
         return "fp32, eager"
     return f"{predictor.precision}, {'compiled' if predictor.compiled else 'eager'}"
+
+
+def _in_fp32(output: Any) -> Any:
+    """`output` with its low-precision floating tensors in float32: an HF classifier's head under autocast returns
+    bf16 logits where the fused engine's (run outside autocast) are fp32, and bf16 logits tie far more often
+    (max-logit and energy scores), so every predictor hands back fp32 whatever ran inside. A tensor, a mapping
+    (HF outputs) or a dataclass (`PredictorOutput`) of tensors; anything else as it is."""
+    if isinstance(output, Tensor):
+        return output.float() if output.is_floating_point() and output.dtype != torch.float64 else output
+    if isinstance(output, Mapping):
+        for key, value in list(output.items()):
+            output[key] = _in_fp32(value)
+        return output
+    if dataclasses.is_dataclass(output):
+        for field in dataclasses.fields(output):
+            setattr(output, field.name, _in_fp32(getattr(output, field.name)))
+    return output
