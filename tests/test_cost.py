@@ -69,7 +69,8 @@ def test_interleaved_latency_rotates_the_order_and_gives_ratios_per_round():
     calls = []
     runs = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
     stats = he.cost.interleaved_latency(runs, repeats=3, warmup=1)
-    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]  # rotated by one each round
+    # rotated by one each round, reversed every other round: b follows a, then c, then a...
+    assert calls == ["a", "b", "c", "a", "c", "b", "c", "a", "b", "c", "b", "a"]
     assert stats["a"] == {**stats["a"], "median": 1.0, "min": 1.0, "max": 1.0}  # the reference, to itself
     assert all(s["min"] <= s["median"] <= s["max"] for s in stats.values())
     assert he.cost.format_latency({"median": 1.934, "min": 1.851, "max": 2.02}) == "1.93 (1.85-2.02)"
@@ -85,3 +86,16 @@ def test_counting_flops_leaves_every_submodule_in_its_mode():
     wrapper.forward = lambda **inputs: wrapper["member"](**inputs)
     he.count_flops(wrapper, make_inputs("bert"))
     assert wrapper.training and not any(module.training for module in wrapper["member"].modules())
+
+
+def test_stored_parameters_are_found_through_wrappers():
+    """A deep ensemble of shared copies says what it stores; a temperature over it must not hide that (counting its
+    M full copies), and the temperature's own parameters are added."""
+    from hydra_ensembles import predictors as P
+
+    model = MODELS["bert"]()
+    deep = P.DeepEnsemble([model, MODELS["bert"](seed=1)], stored_parameters=7)
+    calibrated = P.Calibrated(deep, P.TemperatureScaling(2.0))
+    own = he.count_parameters(calibrated) - he.count_parameters(deep)  # the temperature's
+    assert he.cost.stored_parameters(deep) == 7 and he.cost.stored_parameters(calibrated) == 7 + own
+    assert he.cost.stored_parameters(model) == he.count_parameters(model)

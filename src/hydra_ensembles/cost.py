@@ -35,6 +35,21 @@ def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
+def stored_parameters(predictor: nn.Module) -> int:
+    """The parameters `predictor` stores: `count_parameters`, except where a model in its chain of wrappers (each
+    holds the next as `base`) says it stores fewer (`stored_parameters`: a deep ensemble of LoRA adapters merged
+    into copies of one model stores one copy and the adapters); the wrappers' own parameters (a temperature) are
+    added to that."""
+    inner = predictor
+    while inner is not None:
+        stored = getattr(inner, "stored_parameters", None)
+        if isinstance(stored, int):
+            return stored + count_parameters(predictor) - count_parameters(inner)
+        following = getattr(inner, "base", None)
+        inner = following if isinstance(following, nn.Module) and following is not inner else None
+    return count_parameters(predictor)
+
+
 @torch.no_grad()
 def count_flops(module: nn.Module, inputs: Mapping[str, Any]) -> int:
     """FLOPs of one forward pass of `module(**inputs)`, in eval mode; every submodule's mode is restored after (a
@@ -109,9 +124,9 @@ def interleaved_latency(
 ) -> dict[str, dict[str, float]]:
     """Time several models against the first, interleaved, so that the machine's drift hits all of them alike.
 
-    In each of `repeats` rounds every callable runs once, in an order rotated by one each round (so none is
-    always first or last); the round's ratio of each model is its time over the first model's time in that
-    round. `warmup` rounds run first and are not timed. Each callable runs one forward pass (and synchronises
+    In each of `repeats` rounds every callable runs once, in an order rotated by one each round and reversed
+    every other round (so none is always first or last, nor always after the same one); the round's ratio of
+    each model is its time over the first model's time in that round. `warmup` rounds run first and are not timed. Each callable runs one forward pass (and synchronises
     the device if it is a GPU). Returns {name: {"median", "min", "max": ratio to the first over the rounds,
     "seconds": median seconds per call}}; report the median with its min-max spread.
     """
@@ -123,7 +138,9 @@ def interleaved_latency(
     seconds: dict[str, list[float]] = {name: [] for name in names}
     for round_ in range(warmup + repeats):
         shift = round_ % len(names)
-        for name in names[shift:] + names[:shift]:
+        order = names[shift:] + names[:shift]
+        # reversed every other round: a rotation alone keeps who runs before whom (its cache effects) the same
+        for name in order if round_ % 2 == 0 else order[::-1]:
             start = time.perf_counter()
             runs[name]()
             if round_ >= warmup:

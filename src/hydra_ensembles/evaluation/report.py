@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import metrics as M
-from ..cost import count_flops, count_parameters
+from ..cost import count_flops, stored_parameters
 from ..data.loaders import Batch
 from ..io import torch_save_atomic
 from ..outputs import labels_of
@@ -166,7 +166,6 @@ def measure(
         scores |= {name: pair[1] for name, pair in collected.items()}
     torch_save_atomic(logits, logits_path)
     probe = {k: v[:8] for k, v in test[0].items() if k != "labels"}
-    stored = getattr(predictor, "stored_parameters", None)
     metrics = evaluate(
         test_logits,
         labels_of(test),
@@ -178,6 +177,6 @@ def measure(
     )
     return {
         "metrics": metrics,
-        "params": stored if stored is not None else count_parameters(predictor),
+        "params": stored_parameters(predictor),
         "flops_per_example": count_flops(predictor, probe) / len(next(iter(probe.values()))),
     }

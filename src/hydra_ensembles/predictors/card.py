@@ -22,7 +22,7 @@ import transformers
 from torch import nn
 
 from ..adapters import UnsupportedModelError, get_adapter
-from ..cost import count_flops, count_parameters
+from ..cost import count_flops, count_parameters, stored_parameters
 from ..fusion import HydraEnsemble
 from ..io import replacing
 from ..pruning import kept_heads, kept_neurons
@@ -172,7 +172,7 @@ def _cost_lines(predictor: nn.Module, base: nn.Module | None) -> list[str]:
     if base is None:
         return []
     probe = _probe(base)
-    own, full = count_parameters(predictor), count_parameters(base)
+    own, full = stored_parameters(predictor), count_parameters(base)
     flops, base_flops = count_flops(predictor, probe), count_flops(base, probe)
     shape = "x".join(str(s) for s in next(iter(probe.values())).shape)
     return [
