@@ -121,6 +121,41 @@ def test_a_pruned_save_whose_weights_do_not_fit_its_structure_is_refused(tmp_pat
         he.load_model(tmp_path / "member", output_loading_info=True)
 
 
+@pytest.mark.parametrize("name", ["clip_classifier", "siglip_classifier"])
+def test_a_classifier_and_its_vision_tower_share_one_head_map(name, tmp_path):
+    """Pruned through the classifier, then through its tower (`model.vision_model`, a supported model with its own
+    config): both handles see one map, the weights follow it, and the classifier saves and loads whole."""
+    model, inputs = at_trained_scale(name), make_inputs(name)
+    reference = copy.deepcopy(model)
+    he.prune_heads(model, {0: [0]})
+    assert he.kept_heads(model.vision_model)[0] == [1, 2, 3] == he.kept_heads(model)[0]
+    he.prune_heads(model.vision_model, {0: [3], 1: [2]})  # original numbering through either handle
+    assert he.kept_heads(model) == he.kept_heads(model.vision_model) and he.kept_heads(model)[0] == [1, 2]
+    with he.ablate_heads(reference, {0: [0, 3], 1: [2]}):
+        ablated = output(reference, inputs)
+    assert (output(model, inputs) - ablated).abs().max().item() <= CONTRACT
+    he.save_model(model, tmp_path / "classifier")
+    assert (output(he.load_model(tmp_path / "classifier"), inputs) - ablated).abs().max().item() <= CONTRACT
+
+
+def test_a_two_tower_model_pruned_through_a_tower_is_refused_on_load_with_the_fix(tmp_path):
+    """A CLIPModel (not supported whole) with its text tower pruned: its top-level config records nothing, the
+    tower's does. Loading failed in HF's loader, or with ignore_mismatched_sizes loaded random attention weights."""
+    import transformers as T
+
+    tower = {"hidden_size": 32, "intermediate_size": 37, "num_attention_heads": HEADS, "num_hidden_layers": LAYERS}
+    config = T.CLIPConfig(
+        text_config=tower | {"vocab_size": 99},
+        vision_config=tower | {"image_size": 30, "patch_size": 10},
+        projection_dim=16,
+    )
+    model = T.CLIPModel(config)
+    he.prune_heads(model.text_model, {0: [1]})
+    he.save_model(model, tmp_path / "m")
+    with pytest.raises(ValueError, match="has a pruned tower .*Save the pruned tower itself with save_model"):
+        he.load_model(tmp_path / "m", ignore_mismatched_sizes=True)
+
+
 def test_load_model_also_loads_unpruned_models(tmp_path):
     model = MODELS["bert"]()
     model.save_pretrained(tmp_path / "plain")

@@ -26,7 +26,7 @@ from torch import nn
 from transformers.pytorch_utils import prune_linear_layer
 
 from ..adapters import Adapter, get_adapter
-from .persist import record_fingerprint, register_structure
+from .persist import read_structure, record_fingerprint, register_structure, write_structure
 
 HeadMap = dict[int, list[int]]
 KEPT_HEADS_KEY = "hydra_kept_heads"
@@ -35,7 +35,7 @@ KEPT_HEADS_KEY = "hydra_kept_heads"
 def kept_heads(model: nn.Module) -> HeadMap:
     """The model's head map: for each layer, the kept heads in the original numbering."""
     adapter = get_adapter(model)
-    stored = getattr(model.config, KEPT_HEADS_KEY, None)
+    stored = read_structure(model, KEPT_HEADS_KEY)
     if stored is None:
         heads = list(range(adapter.num_heads(model)))
         return {layer: list(heads) for layer in range(adapter.num_layers(model))}
@@ -60,7 +60,7 @@ def prune_heads(model: nn.Module, heads_to_prune: Mapping[int, Iterable[int]]) -
         positions = [kept[layer].index(h) for h in remaining]
         _rebuild_attention(adapter, model, layers[layer], positions, remaining)
         kept[layer] = remaining
-    setattr(model.config, KEPT_HEADS_KEY, {str(layer): heads for layer, heads in kept.items()})
+    write_structure(model, KEPT_HEADS_KEY, {str(layer): heads for layer, heads in kept.items()})
     return model
 
 

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from ..adapters import get_adapter
 from .heads import complement, slice_linear, zeroed_columns
-from .persist import record_fingerprint, register_structure
+from .persist import read_structure, record_fingerprint, register_structure, write_structure
 
 NeuronMap = dict[int, list[int]]
 KEPT_NEURONS_KEY = "hydra_kept_neurons"
@@ -30,7 +30,7 @@ KEPT_NEURONS_KEY = "hydra_kept_neurons"
 def kept_neurons(model: nn.Module) -> NeuronMap:
     """The model's neuron map: for each layer, the kept MLP neurons in the original numbering."""
     adapter = get_adapter(model)
-    stored = getattr(model.config, KEPT_NEURONS_KEY, None)
+    stored = read_structure(model, KEPT_NEURONS_KEY)
     if stored is not None:
         return {int(layer): sorted(int(k) for k in kept) for layer, kept in stored.items()}
     widths = [adapter.block(layer).mlp_out.in_features for layer in adapter.layers(model)]
@@ -62,7 +62,7 @@ def prune_neurons(model: nn.Module, neurons_to_prune: Mapping[int, Iterable[int]
             slice_linear(block.mlp_out, rows, dim=1),
         )
         kept[layer] = remaining[layer]
-    setattr(model.config, KEPT_NEURONS_KEY, {str(layer): neurons for layer, neurons in kept.items()})
+    write_structure(model, KEPT_NEURONS_KEY, {str(layer): neurons for layer, neurons in kept.items()})
     return model
 
 

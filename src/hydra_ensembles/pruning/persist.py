@@ -21,7 +21,7 @@ from typing import Any
 import transformers
 from torch import nn
 
-from ..adapters import get_adapter
+from ..adapters import UnsupportedModelError, get_adapter
 from ..io import reading_dir, save_dir_atomic
 
 FINGERPRINT_KEY = "hydra_base_fingerprint"
@@ -42,10 +42,41 @@ def register_structure(
 
 
 def clear_structures(config: transformers.PretrainedConfig) -> transformers.PretrainedConfig:
-    """`config` with no structure recorded: the config of the unchanged model (in place; returns it)."""
+    """`config` with no structure recorded, in its sub-configs neither (a CLIP classifier's `vision_config`): the
+    config of the unchanged model (in place; returns it)."""
     for key in STRUCTURES:
         setattr(config, key, None)
+        for sub in _sub_configs(config):
+            if getattr(sub, key, None) is not None:
+                setattr(sub, key, None)
     return config
+
+
+def read_structure(model: nn.Module, key: str) -> Any:
+    """The structure `key` recorded for `model` (None: unchanged). One source of truth for every handle on one
+    encoder: its own config (`Adapter.config`: for a CLIP or SigLIP classifier, the vision tower's, which the
+    tower's handle `model.vision_model` holds as its config too), else the model's."""
+    for config in _structure_configs(model):
+        stored = getattr(config, key, None)
+        if stored is not None:
+            return stored
+    return None
+
+
+def write_structure(model: nn.Module, key: str, value: Any) -> None:
+    """Record the structure `key` of `model` in the encoder's own config and in the model's, where they differ:
+    either handle reads it back, and `save_model` of either saves it where `load_model` replays it."""
+    for config in _structure_configs(model):
+        setattr(config, key, value)
+
+
+def _structure_configs(model: nn.Module) -> list[transformers.PretrainedConfig]:
+    own = get_adapter(model).config(model)
+    return [own] if own is model.config else [own, model.config]
+
+
+def _sub_configs(config: transformers.PretrainedConfig) -> list[transformers.PretrainedConfig]:
+    return [value for value in vars(config).values() if isinstance(value, transformers.PretrainedConfig)]
 
 
 def save_model(model: nn.Module, path: str | os.PathLike) -> Path:
@@ -53,7 +84,20 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> Path:
 
     Every structural change travels in config.json; restore the model with `load_model`.
     """
+    _sync_structures(model)
     return save_dir_atomic(path, lambda tmp: model.save_pretrained(tmp))
+
+
+def _sync_structures(model: nn.Module) -> None:
+    """Bring the model's own config up to date with its encoder's (`read_structure`): a classifier pruned later
+    through its tower's handle saves the structure its weights have."""
+    try:
+        for key in STRUCTURES:
+            value = read_structure(model, key)
+            if value is not None:
+                write_structure(model, key, value)
+    except UnsupportedModelError:  # not a model with structures of its own (a two-tower model as a whole)
+        return
 
 
 def load_model(path: str | os.PathLike, **from_pretrained_kwargs) -> nn.Module:
@@ -69,6 +113,14 @@ def load_model(path: str | os.PathLike, **from_pretrained_kwargs) -> nn.Module:
         config = transformers.AutoConfig.from_pretrained(path)
         cls = model_class(config)
         recorded = {key: getattr(config, key) for key in STRUCTURES if getattr(config, key, None) is not None}
+        nested = [key for sub in _sub_configs(config) for key in STRUCTURES if getattr(sub, key, None) is not None]
+        if nested and not recorded:
+            raise ValueError(
+                f"the model at {str(path)!r} has a pruned tower ({', '.join(sorted(set(nested)))} in a sub-config) "
+                "but records no structure of its own: a tower of a two-tower model was pruned through its own "
+                "handle. Save the pruned tower itself with save_model (e.g. save_model(model.text_model, DIR)), or "
+                "prune a supported classifier through the classifier."
+            )
         if not recorded:
             return cls.from_pretrained(path, config=config, **from_pretrained_kwargs).eval()
 
