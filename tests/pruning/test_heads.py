@@ -85,6 +85,15 @@ def test_ablation_restores_weights_exactly():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+def test_pruning_keeps_each_tensors_trainability():
+    model = MODELS["bert"]()
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(name.endswith("bias"))  # bias-only fine-tuning
+    he.prune_heads(model, {0: [1]})
+    query = he.get_adapter(model).layers(model)[0].attention.self.query
+    assert query.bias.requires_grad and not query.weight.requires_grad
+
+
 def test_pruning_keeps_dtype():
     model = MODELS["vit"]().to(torch.bfloat16)
     he.prune_heads(model, {0: [0]})

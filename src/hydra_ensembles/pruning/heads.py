@@ -213,7 +213,9 @@ def freeze_placeholders(model: nn.Module) -> None:
 def slice_linear(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
     """`prune_linear_layer`, keeping the layer's dtype and trainability (it builds a float32 layer)."""
     sliced = prune_linear_layer(linear, index, dim=dim).to(dtype=linear.weight.dtype)
-    sliced.requires_grad_(linear.weight.requires_grad)
+    sliced.weight.requires_grad_(linear.weight.requires_grad)
+    if linear.bias is not None:  # its own: a bias-only fine-tuning freezes the weights alone
+        sliced.bias.requires_grad_(linear.bias.requires_grad)
     return sliced
 
 
