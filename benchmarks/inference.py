@@ -190,11 +190,12 @@ def main() -> None:
     where = torch.cuda.get_device_name() if args.device == "cuda" else machine()
     run_as = describe(prepared["single"][0]) if args.dtype == "float32" else args.dtype
     print(f"{args.model}, {run_as}, M={args.members}, {args.repeats} interleaved rounds; machine: {where}")
-    print(f"{'':<18}{'params':>9}{'x':>6}{'FLOPs x':>9}")  # x: ratio to the HF single model
+    # x: ratio to the HF single model; x engine: to the same model on the fused engine (the last layer's saving out)
+    print(f"{'':<18}{'params':>9}{'x':>6}{'FLOPs x':>9}{'x engine':>10}")
     for name in models:
         print(
             f"{name:<18}{params[name] / 1e6:>8.1f}M{params[name] / params['single']:>6.2f}"
-            f"{flops[name] / flops['single']:>9.2f}"
+            f"{flops[name] / flops['single']:>9.2f}{flops[name] / flops['single (engine)']:>10.2f}"
         )
     for batch_size in args.batches:
         batch = {k: v.to(args.device) for k, v in make_inputs(batch_size).items()}
