@@ -84,7 +84,8 @@ def test_a_recorded_row_is_read_back_never_built(tmp_path):
 
 def test_latency_on_several_seeds_says_when_and_where_each_was_timed(tmp_path):
     one = runner.run(TinyTask(), table([]), [0, 1], tmp_path / "out", tmp_path / "cache", latency_repeats=1)
-    assert set(one["latency_timed"]) == {"date", "machine"} and list(one["latency_per_seed"]) == [0]
+    assert set(one["latency_timed"]) == {"date", "machine", "device", "batch"} and list(one["latency_per_seed"]) == [0]
+    assert one["latency_timed"]["device"] == "cpu" and one["latency_timed"]["batch"] == one["latency_batch"]
     both = runner.run(
         TinyTask(), table([]), [0, 1], tmp_path / "out", tmp_path / "cache", latency_repeats=1, latency_seeds=[0, 1]
     )
