@@ -69,8 +69,16 @@ def test_interleaved_latency_rotates_the_order_and_gives_ratios_per_round():
     calls = []
     runs = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
     stats = he.cost.interleaved_latency(runs, repeats=3, warmup=1)
-    # rotated by one each round, reversed every other round: b follows a, then c, then a...
-    assert calls == ["a", "b", "c", "a", "c", "b", "c", "a", "b", "c", "b", "a"]
+    # rotated by one each round, the second cycle of rotations reversed: b follows a, then c, then a...
+    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "c", "b", "a"]
+    for count in (2, 3, 4):  # over 2 cycles each runs first, and after each other, equally often
+        calls.clear()
+        names = "abcd"[:count]
+        he.cost.interleaved_latency({n: (lambda n=n: calls.append(n)) for n in names}, repeats=2 * count, warmup=0)
+        rounds = [calls[i : i + count] for i in range(0, len(calls), count)]
+        assert sorted(r[0] for r in rounds) == sorted(names * 2)
+        pairs = [(r[i], r[i + 1]) for r in rounds for i in range(count - 1)]
+        assert all(pairs.count((x, y)) == pairs.count((y, x)) for x in names for y in names if x != y)
     assert stats["a"] == {**stats["a"], "median": 1.0, "min": 1.0, "max": 1.0}  # the reference, to itself
     assert all(s["min"] <= s["median"] <= s["max"] for s in stats.values())
     assert he.cost.format_latency({"median": 1.934, "min": 1.851, "max": 2.02}) == "1.93 (1.85-2.02)"

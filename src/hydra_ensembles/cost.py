@@ -124,8 +124,9 @@ def interleaved_latency(
 ) -> dict[str, dict[str, float]]:
     """Time several models against the first, interleaved, so that the machine's drift hits all of them alike.
 
-    In each of `repeats` rounds every callable runs once, in an order rotated by one each round and reversed
-    every other round (so none is always first or last, nor always after the same one); the round's ratio of
+    In each of `repeats` rounds every callable runs once, in an order rotated by one each round, every other
+    cycle of len(runs) rounds reversed (so none is always first or last, nor always after the same one; each
+    runs first equally often over 2 len(runs) rounds); the round's ratio of
     each model is its time over the first model's time in that round. `warmup` rounds run first and are not
     timed. Each callable runs one forward pass (and synchronises the device if it is a GPU). Returns {name:
     {"median", "min", "max": ratio to the first over the rounds, "seconds": median seconds per call}}; report the
@@ -140,8 +141,8 @@ def interleaved_latency(
     for round_ in range(warmup + repeats):
         shift = round_ % len(names)
         order = names[shift:] + names[:shift]
-        # reversed every other round: a rotation alone keeps who runs before whom (its cache effects) the same
-        for name in order if round_ % 2 == 0 else order[::-1]:
+        # every other cycle of rotations reversed: a rotation alone keeps who runs before whom (its cache effects)
+        for name in order if (round_ // len(names)) % 2 == 0 else order[::-1]:
             start = time.perf_counter()
             runs[name]()
             if round_ >= warmup:

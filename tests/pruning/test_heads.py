@@ -146,6 +146,17 @@ def test_a_classifier_and_its_vision_tower_share_one_head_map(name, tmp_path):
     he.save_model(model, tmp_path / "classifier")
     assert (output(he.load_model(tmp_path / "classifier"), inputs) - ablated).abs().max().item() <= CONTRACT
 
+    tower_only = at_trained_scale(name)  # pruned through the tower alone, saved by HF's own save_pretrained
+    fingerprint = he.pruning.persist.base_fingerprint(tower_only)
+    he.prune_heads(tower_only.vision_model, {1: [0]})
+    perturb(tower_only)  # fine-tuned: its identity is the one recorded at the first pruning, for either handle
+    assert he.pruning.persist.base_fingerprint(tower_only) == fingerprint
+    assert he.pruning.persist.base_fingerprint(tower_only.vision_model) == fingerprint
+    tower_only.save_pretrained(tmp_path / "hf")
+    loaded = he.load_model(tmp_path / "hf")
+    assert he.kept_heads(loaded)[1] == [1, 2, 3]
+    assert (output(loaded, inputs) - output(tower_only, inputs)).abs().max().item() <= CONTRACT
+
 
 def test_a_two_tower_model_pruned_through_a_tower_is_refused_on_load_with_the_fix(tmp_path):
     """A CLIPModel (not supported whole) with its text tower pruned: its top-level config records nothing, the

@@ -21,7 +21,7 @@ from typing import Any
 import transformers
 from torch import nn
 
-from ..adapters import UnsupportedModelError, get_adapter
+from ..adapters import UnsupportedModelError, adapter_for_class, get_adapter
 from ..io import reading_dir, save_dir_atomic
 
 FINGERPRINT_KEY = "hydra_base_fingerprint"
@@ -92,7 +92,7 @@ def _sync_structures(model: nn.Module) -> None:
     """Bring the model's own config up to date with its encoder's (`read_structure`): a classifier pruned later
     through its tower's handle saves the structure its weights have."""
     try:
-        for key in STRUCTURES:
+        for key in [*STRUCTURES, FINGERPRINT_KEY]:
             value = read_structure(model, key)
             if value is not None:
                 write_structure(model, key, value)
@@ -112,15 +112,7 @@ def load_model(path: str | os.PathLike, **from_pretrained_kwargs) -> nn.Module:
     with reading_dir(path, "saved model") as path:
         config = transformers.AutoConfig.from_pretrained(path)
         cls = model_class(config)
-        recorded = {key: getattr(config, key) for key in STRUCTURES if getattr(config, key, None) is not None}
-        nested = [key for sub in _sub_configs(config) for key in STRUCTURES if getattr(sub, key, None) is not None]
-        if nested and not recorded:
-            raise ValueError(
-                f"the model at {str(path)!r} has a pruned tower ({', '.join(sorted(set(nested)))} in a sub-config) "
-                "but records no structure of its own: a tower of a two-tower model was pruned through its own "
-                "handle. Save the pruned tower itself with save_model (e.g. save_model(model.text_model, DIR)), or "
-                "prune a supported classifier through the classifier."
-            )
+        recorded = _recorded(config, cls, path)
         if not recorded:
             return cls.from_pretrained(path, config=config, **from_pretrained_kwargs).eval()
 
@@ -143,6 +135,28 @@ def load_model(path: str | os.PathLike, **from_pretrained_kwargs) -> nn.Module:
         for key in recorded.keys() & AFTER_LOAD.keys():
             AFTER_LOAD[key](model)
         return model.eval()
+
+
+def _recorded(config: transformers.PretrainedConfig, cls: type, path: Path) -> dict[str, Any]:
+    """The structures to replay, read as `read_structure` reads them: for a supported class, the encoder's own
+    sub-config first (a CLIP classifier saved by `save_pretrained` after pruning through its tower records them
+    only there), else the top level. A class not supported whole (a two-tower CLIPModel) whose only structures
+    sit in a tower's sub-config is refused with the fix."""
+    top = {key: getattr(config, key) for key in STRUCTURES if getattr(config, key, None) is not None}
+    nested = {key: getattr(sub, key) for sub in _sub_configs(config) for key in STRUCTURES if getattr(sub, key, None)}
+    if not nested:
+        return top
+    try:
+        adapter_for_class(cls, getattr(config, "model_type", "unknown"))
+    except UnsupportedModelError:
+        if top:
+            return top
+        raise ValueError(
+            f"the model at {str(path)!r} has a pruned tower ({', '.join(sorted(nested))} in a sub-config) but "
+            "records no structure of its own: a tower of a two-tower model was pruned through its own handle. Save "
+            "the pruned tower itself with save_model (e.g. save_model(model.text_model, DIR))."
+        ) from None
+    return top | nested
 
 
 def _check_loaded(info: dict[str, Any], path: Path) -> None:
@@ -176,7 +190,7 @@ def base_fingerprint(model: nn.Module) -> str:
     Recorded in the config at the first pruning, from the embedding weights, so that members pruned from one
     checkpoint and fine-tuned later still match; computed afresh for a model that was never pruned.
     """
-    stored = getattr(model.config, FINGERPRINT_KEY, None)
+    stored = read_structure(model, FINGERPRINT_KEY)
     if stored:
         return stored
     adapter = get_adapter(model)
@@ -200,5 +214,5 @@ def _optional_submodule(root: nn.Module, path: str) -> nn.Module:
 def record_fingerprint(model: nn.Module) -> None:
     if any(p.is_meta for p in model.parameters()):  # replayed inside HF's loader: no weights to hash yet
         return
-    if not getattr(model.config, FINGERPRINT_KEY, None):
-        setattr(model.config, FINGERPRINT_KEY, base_fingerprint(model))
+    if not read_structure(model, FINGERPRINT_KEY):  # one per encoder, whichever handle pruned it first
+        write_structure(model, FINGERPRINT_KEY, base_fingerprint(model))
