@@ -140,8 +140,8 @@ def compare(task, model, seed_cache, args: argparse.Namespace) -> list[list[str]
         method, _, top = name.partition("-")
         search = search_name(method, int(top or 8), precision or "fp32")
         path = seed_cache / "circuit_approx" / f"{search}-{budget}{suffix}.json"
-        if path.exists() and he.Circuit.load(path).tie_break == tie_break:
-            circuit = he.Circuit.load(path)
+        circuit = he.Circuit.load(path) if path.exists() else None
+        if circuit is not None and circuit.tie_break == tie_break:
             timed = json.loads(path.with_suffix(".seconds.json").read_text())
             timed = timed if isinstance(timed, dict) else {"seconds": timed}  # older files: seconds alone
         else:

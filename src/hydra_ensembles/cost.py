@@ -126,11 +126,10 @@ def interleaved_latency(
 
     In each of `repeats` rounds every callable runs once, in an order rotated by one each round, every other
     cycle of len(runs) rounds reversed (so none is always first or last, nor always after the same one; each
-    runs first equally often over 2 len(runs) rounds); the round's ratio of
-    each model is its time over the first model's time in that round. `warmup` rounds run first and are not
-    timed. Each callable runs one forward pass (and synchronises the device if it is a GPU). Returns {name:
-    {"median", "min", "max": ratio to the first over the rounds, "seconds": median seconds per call}}; report the
-    median with its min-max spread.
+    runs first equally often over 2 len(runs) rounds); the round's ratio of each model is its time over the first
+    model's time in that round. `warmup` rounds run first and are not timed. Each callable runs one forward pass
+    (and synchronises the device if it is a GPU). Returns {name: {"median", "min", "max": ratio to the first over
+    the rounds, "seconds": median seconds per call}}; report the median with its min-max spread.
     """
     names = list(runs)
     if not names or repeats < 1:

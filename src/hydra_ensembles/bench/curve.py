@@ -36,9 +36,10 @@ from ..outputs import collect_member_logits, labels_of
 from . import runner, suite
 from .runner import Table
 
+ENGINE = suite.ENGINE  # Single's predictions at the fused engine's cost: the reference the Hydra rows share
 CURVE_ROWS = (
     "Single",
-    "Single, fused engine",
+    ENGINE,
     "Temp. scaling",
     "CircAvg",
     "CircAvg, temp. scaling",
@@ -53,7 +54,6 @@ CURVE_ROWS = (
 LIMITS = (1.0, 1.5, 2.0, 3.0)  # FLOPs x Single within which a row is chosen on validation
 LATENCY_LIMITS = (1.1, 1.5, 2.0, 3.0)  # latency x Single, likewise (1.1: one model's price, `ONE_MODEL`)
 TABLE_LOGITS = "curve-logits"  # each seed's folder of the rows' logits, for the intervals
-ENGINE = "Single, fused engine"  # Single's predictions at the fused engine's cost: the reference the Hydra rows share
 CHEAPER_ROWS = tuple(row for row in CURVE_ROWS if row not in ("Single", ENGINE, "Hydra (Circ)", "Deep Ensembles"))
 CALIBRATED = "Temp. scaling"  # the single model with its temperature
 ONE_MODEL = 1.1  # latency x Single that counts as one model's cost (issue 44's question)

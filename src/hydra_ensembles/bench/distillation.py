@@ -210,7 +210,7 @@ def regression_experiment(seeds: Sequence[int], out_dir: str | os.PathLike, comm
 
 # ---- (b) the benchmark tasks: transformer students ----
 
-ENGINE = "Single, fused engine"  # Single on the engine the students run on: their cost without the engine's saving
+ENGINE = suite.ENGINE  # Single on the engine the students run on: their cost without the engine's saving
 TEACHERS = ("Deep Ensembles", "Hydra (Circ)")  # protocol 2: Hydra (Circ), the suite rows issue 44 names
 BENCH_COLUMNS = (
     *QUALITY,

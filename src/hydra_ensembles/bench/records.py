@@ -75,15 +75,8 @@ def _merged(new: bytes, old: bytes, overwrite: bool, source: Path, target: Path)
     winner, loser = (new, old) if overwrite else (old, new)
     if target.suffix != ".json":
         return winner
-    for data, path in ((new, source), (old, target)):
-        try:
-            json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ValueError(
-                f"the record {path} is not valid JSON ({error}): restore it (from git or the other copy, "
-                f"{target if path == source else source}) or delete it, then copy the records again"
-            ) from None
-    winner_data, loser_data = json.loads(winner), json.loads(loser)
+    new_data, old_data = _parsed(new, source, target), _parsed(old, target, source)
+    winner_data, loser_data = (new_data, old_data) if overwrite else (old_data, new_data)
     if not isinstance(winner_data, dict) or not isinstance(loser_data, dict):
         return winner
     if "removed" in winner_data and "removed" in loser_data:
@@ -95,6 +88,17 @@ def _merged(new: bytes, old: bytes, overwrite: bool, source: Path, target: Path)
     if loser_data.keys() <= winner_data.keys():
         return winner
     return json.dumps(loser_data | winner_data, indent=2, sort_keys=True).encode()
+
+
+def _parsed(data: bytes, path: Path, other: Path) -> Any:
+    """The JSON record `data` read from `path`, or a ValueError naming it and its other copy `other`."""
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(
+            f"the record {path} is not valid JSON ({error}): restore it (from git or the other copy, {other}) or "
+            "delete it, then copy the records again"
+        ) from None
 
 
 def _conflicts(winner: Mapping[str, str], loser: Mapping[str, str]) -> dict[str, str]:
@@ -282,8 +286,11 @@ def recorded_latency(
         if _same_reference(run, rows) and set(rows) <= set(run["rows"]) and _timed_as(run, conditions):
             return {row: run["rows"][row] for row in rows}, run["timed"]
     timed, latency = measured_here() | dict(conditions), time_rows()
-    covered = [run for run in runs if _same_reference(run, rows) and set(run["rows"]) <= set(latency)]
-    kept = [run for run in runs if not (run in covered and _timed_as(run, conditions))]
+    kept = [
+        run
+        for run in runs
+        if not (_same_reference(run, rows) and _timed_as(run, conditions) and set(run["rows"]) <= set(latency))
+    ]
     write_json_atomic(path, {"runs": [*kept, {"rows": latency, "timed": timed}]})
     return latency, timed
 

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from ..data.loaders import Batch, rebatch
+from ..data.loaders import Batch, batch_size, rebatch
 from ..evaluation.compare import Built, Data, compare, machine, time_rows
 from ..evaluation.tables import aggregate, latency_over_seeds
 from ..io import replacing, write_json_atomic
@@ -163,7 +163,7 @@ def run(
         summary["latency"] = latency_over_seeds(summary["latency_per_seed"])
         at = {seed: when for seed, (_, when) in timed.items()}  # {date, machine}; one seed's alone (the suite's)
         summary["latency_timed"] = at if len(at) > 1 else at[latency_seeds[0]]
-        summary["latency_batch"] = _batch_size(batch)
+        summary["latency_batch"] = batch_size(batch)
     summary["wall_time_s"] = round(time.perf_counter() - started, 1)
     write_json_atomic(out_dir / f"{table.output}.json", summary)
     with replacing(out_dir / f"{table.output}.md") as tmp:
@@ -231,12 +231,8 @@ def _latency(
     def time_now() -> dict[str, dict]:
         return time_rows({row: model() for row, model in models.items()}, dict.fromkeys(models, batch), repeats)
 
-    conditions = {"device": device_name(run.device), "batch": _batch_size(batch)}
+    conditions = {"device": device_name(run.device), "batch": batch_size(batch)}
     return recorded_latency(run.cache / record, list(models), time_now, conditions)
-
-
-def _batch_size(batch: Batch) -> int:
-    return len(next(iter(batch.values())))
 
 
 def device_name(device: torch.device) -> str:

@@ -236,6 +236,9 @@ def _single(p: Pieces) -> Built:
     return Built(p.single(), {"heads": str(p.heads)})
 
 
+ENGINE = "Single, fused engine"  # Single's predictions at the fused engine's cost (`_single_fused`)
+
+
 def _single_fused(p: Pieces) -> Built:
     """The single model on the fused engine (`HydraEnsemble.fuse([single])`): its predictions (equal within the
     fusion contract), at the engine's cost. The Hydra rows run on this engine, whose last layer computes only the
@@ -494,7 +497,7 @@ BUILDS: dict[str, Callable[[Pieces], Built]] = {
     "Hydra (Circ), shared trunk 1/2": partial(_hydra_circ_fused_first, trunk=1 / 2),
     "Hydra (Circ), shared trunk 3/4": partial(_hydra_circ_fused_first, trunk=3 / 4),
     "CircAvg, temp. scaling": partial(_temperature, row=partial(_circuit, criterion="avg")),
-    "Single, fused engine": _single_fused,  # the cost columns' engine-matched reference (issue 44)
+    ENGINE: _single_fused,  # the cost columns' engine-matched reference (issue 44)
 }
 ALL_ROWS = tuple(BUILDS)
 FROM_SCRATCH_ROWS = ("Packed-Ensembles", "MIMO")  # refused unless the task's Single is trained from scratch

@@ -140,7 +140,7 @@ def _check_not_fitted_on(model: str, calibration: str) -> None:
 
 def _calibrated_on(model: Path) -> Path | None:
     """The --val file of the calibrate step that made `model`, or of an earlier step it was built from."""
-    folder = next((f for f in (model, model.parent) if (f / RECORD).is_file()), None)
+    folder = _step_folder(model)
     for _ in range(16):  # a chain of steps, each naming the --model it took
         if folder is None:
             return None
@@ -149,12 +149,13 @@ def _calibrated_on(model: Path) -> Path | None:
         if step.get("command") == "calibrate" and "path" in settings.get("val", {}):
             return Path(settings["val"]["path"])
         earlier = settings.get("model", {}).get("path") if isinstance(settings.get("model"), dict) else None
-        folder = (
-            next((f for f in (Path(earlier), Path(earlier).parent) if (f / RECORD).is_file()), None)
-            if earlier
-            else None
-        )
+        folder = _step_folder(Path(earlier)) if earlier else None
     return None
+
+
+def _step_folder(model: Path) -> Path | None:
+    """The step output directory that holds `model`: `model` itself, or the folder above it (`out/model`)."""
+    return next((folder for folder in (model, model.parent) if (folder / RECORD).is_file()), None)
 
 
 def _calibrate(args: argparse.Namespace, model, model_dir) -> tuple[float, str, SplitConformal | None]:

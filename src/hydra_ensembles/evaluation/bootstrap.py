@@ -268,14 +268,8 @@ def _crossed(pairs: Sequence[tuple[_Terms, _Terms]], resamples: int, seed: int) 
     """{metric: (resamples, S)} each seed's difference, every seed of a resample on the same drawn examples (the
     seeds share one test set)."""
     first, generator = pairs[0][0], _generator(seed, resamples, len(pairs))
-    widest = max([len(first.nll), *(v.shape[1] for v in first.ood_rank.values())])
     said: dict[str, list[Tensor]] = {}
-    for rows in torch.arange(resamples).split(max(1, CHUNK_ELEMENTS // widest)):
-        test = torch.randint(len(first.nll), (len(rows), len(first.nll)), generator=generator)
-        ood = {
-            k: torch.randint(v.shape[1], (len(rows), v.shape[1]), generator=generator)
-            for k, v in first.ood_rank.items()
-        }
+    for test, ood in _draws(first, resamples, generator):
         per_seed = [_differences(*pair, test, ood) for pair in pairs]  # S x {metric: (R_c,)}
         for metric in per_seed[0]:
             said.setdefault(metric, []).append(torch.stack([d[metric] for d in per_seed], dim=1))
@@ -288,16 +282,26 @@ def _nested(pairs: Sequence[tuple[_Terms, _Terms]], resamples: int, seed: int) -
     runs, generator = len(pairs), _generator(seed, resamples, len(pairs))
     said: dict[str, Tensor] = {}
     for s, (first, second) in enumerate(pairs):
-        widest = max([len(first.nll), *(v.shape[1] for v in first.ood_rank.values())])
-        for rows in torch.arange(resamples).split(max(1, CHUNK_ELEMENTS // widest)):
-            test = torch.randint(len(first.nll), (len(rows), len(first.nll)), generator=generator)
-            ood = {
-                k: torch.randint(v.shape[1], (len(rows), v.shape[1]), generator=generator)
-                for k, v in first.ood_rank.items()
-            }
+        start = 0
+        for test, ood in _draws(first, resamples, generator):
+            rows = slice(start, start + len(test))
             for metric, values in _differences(first, second, test, ood).items():
                 said.setdefault(metric, torch.zeros(resamples, runs, dtype=torch.float64))[rows, s] = values
+            start += len(test)
     return said
+
+
+def _draws(terms: _Terms, resamples: int, generator: torch.Generator):
+    """The `resamples` draws of `terms`' test examples (R_c, N) and of each OOD set's ({set: (R_c, N_k)}), in
+    chunks of R_c resamples that keep the indices held at once under `CHUNK_ELEMENTS`."""
+    widest = max([len(terms.nll), *(v.shape[1] for v in terms.ood_rank.values())])
+    for rows in torch.arange(resamples).split(max(1, CHUNK_ELEMENTS // widest)):
+        test = torch.randint(len(terms.nll), (len(rows), len(terms.nll)), generator=generator)
+        ood = {
+            k: torch.randint(v.shape[1], (len(rows), v.shape[1]), generator=generator)
+            for k, v in terms.ood_rank.items()
+        }
+        yield test, ood
 
 
 def row_differences(

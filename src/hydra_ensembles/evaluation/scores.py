@@ -52,23 +52,26 @@ def _returns_log_probs(model: nn.Module) -> bool:
     wrapper, fitted detectors, MC dropout), is calibrated by a probability map (`predictors.calibration`: its
     member logits are one member's log-probabilities), told by what it holds: this floor names no predictor
     class."""
-    inner = model
-    while inner is not None:
-        calibration_map = getattr(inner, "calibration_map", None)
-        if calibration_map is not None and not getattr(calibration_map, "on_members", True):
-            return True
-        following = getattr(inner, "base", None)
-        inner = following if isinstance(following, nn.Module) and following is not inner else None
-    return False
+    maps = (getattr(inner, "calibration_map", None) for inner in _chain(model))
+    return any(found is not None and not getattr(found, "on_members", True) for found in maps)
+
+
+def _chain(model: nn.Module):
+    """`model` and the models it is built on, outermost first: each wrapper holds the next as `base` (the duck-typed
+    twin of `predictors.wrapper.wrapper_chain`, which this floor cannot import)."""
+    while True:
+        yield model
+        following = getattr(model, "base", None)
+        if not isinstance(following, nn.Module) or following is model:
+            return
+        model = following
 
 
 def detectors_of(model: nn.Module, score: str) -> nn.Module:
     """The predictor in `model`'s chain of wrappers (each holds the next as `base`) that carries fitted
     detectors, or a ValueError that says how to fit them."""
-    inner = model
-    while not hasattr(inner, "ood_scores") and hasattr(inner, "base") and inner.base is not inner:
-        inner = inner.base
-    if not hasattr(inner, "ood_scores"):
+    inner = next((inner for inner in _chain(model) if hasattr(inner, "ood_scores")), None)
+    if inner is None:
         raise ValueError(
             f"OOD score {score!r} is not a logit score ({', '.join(sorted(OOD_SCORES))}); a feature score reads "
             "detectors fit on training features, and this model has none: fit them with "
