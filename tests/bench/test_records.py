@@ -17,6 +17,7 @@ from test_suite import tiny_task  # noqa: F401 (the fixture)
 
 from hydra_ensembles.bench import records, runner, suite
 from hydra_ensembles.cli import bench, build_parser
+from hydra_ensembles.cli.common import CommandError
 from hydra_ensembles.evaluation import compare
 from hydra_ensembles.io import weights_digest
 
@@ -282,7 +283,7 @@ def test_a_running_benchmark_saves_its_records_now_and_then_and_when_stopped(tin
 
 def test_records_only_needs_a_records_folder():
     args = Namespace(records=None, records_only=True)
-    with pytest.raises(SystemExit, match="--records-only needs --records DIR"):
+    with pytest.raises(CommandError, match="--records-only needs --records DIR"):
         with bench._records(args, None, None):
             pass
 

@@ -6,6 +6,7 @@ from argparse import Namespace
 import pytest
 
 from hydra_ensembles.cli import bench
+from hydra_ensembles.cli.common import CommandError
 
 
 def test_prune_per_layer_makes_a_labelled_variant_with_its_own_cache_key():
@@ -21,7 +22,7 @@ def test_prune_per_layer_makes_a_labelled_variant_with_its_own_cache_key():
     )
     assert bench._suffix(Namespace(quick=True, prune_per_layer=3)) == "-quick-prune3"
     assert bench._suffix(Namespace(quick=False, prune_per_layer=None)) == ""
-    with pytest.raises(SystemExit, match="between 1 and 11"):
+    with pytest.raises(CommandError, match="between 1 and 11"):
         bench._task(Namespace(quick=True, prune_per_layer=12), "text")
 
 

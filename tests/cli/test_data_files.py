@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 import transformers as T
 
 from hydra_ensembles.cli.common import CommandError
 from hydra_ensembles.cli.step import Output
-from hydra_ensembles.data.files import class_ids, image_batches, label_ids, read_texts
+from hydra_ensembles.data.files import class_ids, image_batches, label_ids, read_image_folder, read_texts
 
 
 def test_a_csv_row_with_an_unquoted_comma_is_refused_not_cut(tmp_path):
@@ -52,6 +53,31 @@ def test_integer_pixels_are_0_to_255_and_float_pixels_0_to_1():
     assert (as_int[0]["pixel_values"] == as_uint8[0]["pixel_values"]).all()  # was clipped to 0 or 255
     with pytest.raises(ValueError, match="float image pixels must be 0..1, got 0..255: divide"):
         image_batches(processor, [np.array([[0.0, 255.0]])], channels=1)
+
+
+def test_a_16_bit_image_file_keeps_its_range_and_a_float_one_is_refused(tmp_path):
+    """PIL's own convert("L") clips 16-bit pixels above 255 to white: a scan's gradient read as all white."""
+    from PIL import Image
+
+    (tmp_path / "scans").mkdir()
+    gradient = np.array([[0, 16384], [32768, 65535]], dtype=np.uint16)
+    Image.fromarray(gradient).save(tmp_path / "scans" / "a.png")
+    images = read_image_folder(tmp_path / "scans").inputs
+    assert images[0].mode.startswith("I")  # as PIL opens it: 16 bits
+    processor = T.ViTImageProcessor(size={"height": 2, "width": 2}, do_normalize=False, resample=0)
+    pixels = image_batches(processor, images, channels=1)[0]["pixel_values"][0, 0]
+    expected = torch.tensor([[0, 64], [128, 255]]) / 255  # 16384 / 257 = 63.75
+    torch.testing.assert_close(pixels, expected, atol=1 / 255, rtol=0)
+    with pytest.raises(ValueError, match="PIL mode 'F'.*no fixed pixel range"):
+        image_batches(processor, [Image.fromarray(gradient.astype(np.float32))], channels=1)
+
+
+def test_an_interrupted_run_cleared_for_other_settings_says_so(tmp_path, capsys):
+    Output(tmp_path / "step", "finetune", {"data": {"digest": "a"}, "lr": 1})
+    Output(tmp_path / "step", "finetune", {"data": {"digest": "b"}, "lr": 1})
+    assert "held an interrupted run with other settings (data;" in capsys.readouterr().out
+    Output(tmp_path / "step", "scores", {})
+    assert "held an interrupted run of another command (finetune)" in capsys.readouterr().out
 
 
 def test_an_out_folder_a_step_did_not_write_is_refused_and_kept(tmp_path):

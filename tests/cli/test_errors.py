@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import safetensors.torch
@@ -283,3 +284,106 @@ def test_amp_refuses_settings_that_prune_nothing_before_the_step_starts(tmp_path
         message = fails("amp", *given, *bad)
         assert named in message and "(--delta-e, --t-max, --temperature, --epochs)" in message, message
         assert not (tmp_path / "o").exists()
+
+
+def test_a_file_of_another_step_or_a_missing_ood_set_is_refused_before_the_step_starts(
+    tmp_path, classifier, text_files
+):
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "scores.json").write_text('{"scores": [[0.1]]}')  # `scores` writes this beside the weights
+    given = ["members", "--model", str(classifier), "--out", str(tmp_path / "m")]
+    message = fails(*given, "--scores", str(tmp_path / "s" / "scores.json"))
+    assert "is not what hydra-ens scores writes" in message and "output directory" in message
+    message = fails(*given, "--circuit", str(tmp_path / "s" / "scores.json"))  # a JSON without the kept heads
+    assert "is not what hydra-ens circuit writes (KeyError" in message
+    message = fails(
+        "circuit", "--model", str(classifier), "--data", str(text_files["val"]), "--out", str(tmp_path / "c")
+    )
+    assert "criterion 'avg' needs OOD validation data: pass --ood PATH" in message
+    assert not (tmp_path / "m").exists() and not (tmp_path / "c").exists()
+
+
+def test_monitoring_flags_without_validation_data_are_refused_and_patience_0_turns_stopping_off(
+    tmp_path, text_encoder, text_files
+):
+    from argparse import Namespace
+
+    from hydra_ensembles.cli.finetune import patience, recipe_from_flags
+
+    data = ["--data", str(text_files["train"]), "--out", str(tmp_path / "o")]
+    message = fails("finetune", "--model", str(text_encoder), *data, "--monitor", "nll")
+    assert "--monitor choose(s) the kept epoch on validation data: add --val FILE" in message
+    assert patience("none") == patience("0") == 0 and patience("3") == 3
+    validated = Namespace(recipe="text", val="v.csv")
+    assert recipe_from_flags(validated, "text", {"patience": 0}, "--val").patience is None
+    assert recipe_from_flags(validated, "text", {"patience": None}, "--val").patience == 2  # the recipe's
+    assert "expected a number of epochs" in refused("finetune", "--model", "m", *data, "--patience", "x").stderr
+
+
+def test_the_demo_never_replaces_a_readme_it_did_not_write(tmp_path):
+    (tmp_path / "README.md").write_text("my project\n")
+    assert "holds a README.md the demo did not write" in fails("demo", "--out", str(tmp_path))
+    assert (tmp_path / "README.md").read_text() == "my project\n"
+
+
+def test_evaluate_leaves_a_model_card_of_the_users_own_and_scores_says_what_auto_chose(
+    tmp_path, classifier, text_files
+):
+    model = tmp_path / "model"
+    shutil.copytree(classifier, model)
+    (model / "README.md").write_text("---\nlicense: mit\n---\n# my classifier\n")
+    result = refused("evaluate", "--model", str(model), "--data", str(text_files["val"]), "--out", str(tmp_path / "e"))
+    assert result.returncode == 0, result.stderr
+    assert "card not updated" in result.stdout and "is not a hydra-ensembles model card" in result.stdout
+    assert (model / "README.md").read_text() == "---\nlicense: mit\n---\n# my classifier\n"
+    unlabelled = tmp_path / "val.csv"  # the label column misnamed: read as unlabelled, and said so
+    unlabelled.write_text(text_files["train"].read_text().replace("text,label", "text,labels", 1))
+    result = refused("scores", "--model", str(model), "--data", str(unlabelled), "--out", str(tmp_path / "s"))
+    assert result.returncode == 0, result.stderr
+    assert "--loss auto: entropy (no label column 'label' in --data: read as unlabelled" in result.stdout
+    assert json.loads((tmp_path / "s" / "scores.json").read_text())["loss"] == "entropy"
+
+
+def test_an_interrupted_members_or_fuse_step_loses_nothing(tmp_path, classifier, text_files, monkeypatch):
+    """`members` writes each member whole with its tokenizer (a member saved without it was skipped by the rerun);
+    `fuse --finetune-train` keeps its checkpoint until the fused model is saved (a crash between retrained all)."""
+    from hydra_ensembles.cli import members as members_command
+    from hydra_ensembles.fusion import HydraEnsemble
+
+    scores, members = tmp_path / "s", tmp_path / "m"
+    assert (
+        refused("scores", "--model", str(classifier), "--data", str(text_files["val"]), "--out", str(scores)).returncode
+        == 0
+    )
+    copies = {"n": 0}
+    original_copy = members_command.copy_preprocessor
+
+    def dies_on_the_second(source, target):
+        copies["n"] += 1
+        if copies["n"] == 2:
+            raise KeyboardInterrupt("killed")
+        original_copy(source, target)
+
+    monkeypatch.setattr(members_command, "copy_preprocessor", dies_on_the_second)
+    given = ["members", "--model", str(classifier), "--scores", str(scores), "--budget", "2", "--out", str(members)]
+    assert refused(*given).returncode == 130  # interrupted while member1 was written
+    monkeypatch.setattr(members_command, "copy_preprocessor", original_copy)
+    assert refused(*given).returncode == 0
+    assert all((members / f"member{i}" / "tokenizer_config.json").is_file() for i in range(3))
+
+    original_save, saves = HydraEnsemble.save_pretrained, {"n": 0}
+
+    def fails_once(self, path):
+        saves["n"] += 1
+        if saves["n"] == 1:
+            raise KeyboardInterrupt("killed while saving")
+        return original_save(self, path)
+
+    monkeypatch.setattr(HydraEnsemble, "save_pretrained", fails_once)
+    fuse = ["fuse", "--members", str(members), "--mlp", "stack", "--finetune-train", str(text_files["train"])]
+    fuse += ["--epochs", "1", "--out", str(tmp_path / "f")]
+    assert refused(*fuse).returncode == 130
+    assert (tmp_path / "f" / "checkpoints" / "checkpoint.pt").is_file()  # the trained epoch, kept
+    resumed = refused(*fuse)
+    assert resumed.returncode == 0 and "resuming from" in resumed.stdout
+    assert not (tmp_path / "f" / "checkpoints").exists() and (tmp_path / "f" / "ensemble").is_dir()

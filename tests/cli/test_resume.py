@@ -42,6 +42,8 @@ def test_interrupted_finetune_resumes_to_the_uninterrupted_result(tmp_path, text
     assert not (out / "model").exists()
 
     resumed = hydra_ens(*args, "--out", str(out))
+    # a seeded restart would end with the same weights too: that the loop reads the checkpoint is tested in
+    # tests/training/test_loop.py (it counts the resumed run's steps); here, that the CLI hands it the same folder
     assert "resuming from" in resumed.stdout
     assert not (out / "checkpoints").exists()  # cleaned up once the model is saved
     uninterrupted = hydra_ens(*args, "--out", str(tmp_path / "straight"))

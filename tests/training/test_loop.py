@@ -23,8 +23,12 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path):
     with killed_at_step(8):  # 3 steps per epoch: the 2nd step of epoch 3
         ft.finetune(MODELS["bert"](), _data(), CONFIG, checkpoint_dir=tmp_path, progress=False)
     assert torch.load(tmp_path / ft.CHECKPOINT, weights_only=False)["state"]["epoch"] == 2
-    resumed = ft.finetune(MODELS["bert"](), _data(), CONFIG, checkpoint_dir=tmp_path, progress=False).state_dict()
+    model, steps = MODELS["bert"](), []
+    model.register_forward_hook(lambda module, args, output: steps.append(module.training))
+    resumed = ft.finetune(model, _data(), CONFIG, checkpoint_dir=tmp_path, progress=False).state_dict()
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)  # same operations: bit-identical
+    # and it did resume: a seeded restart from epoch 1 would end with the same weights, in 9 steps, not 3
+    assert steps.count(True) == 3
     with pytest.raises(ValueError, match="different config"):
         ft.finetune(MODELS["bert"](), _data(), CONFIG.with_(lr=2e-3), checkpoint_dir=tmp_path, progress=False)
     other = MODELS["bert"]()
@@ -90,6 +94,62 @@ def test_validation_keeps_the_best_epoch_and_stops_early():
     best = max(h["val_acc"] for h in by_accuracy.training_history)
     assert ft.validate(by_accuracy, _data(seed=20))["val_acc"] == best
     assert ft.TEXT_RECIPE.monitor == "acc_nll"  # the paper's accuracy (§C.2), ties to the lower NLL
+
+
+def test_patience_stops_and_a_resumed_run_keeps_its_best_epoch_and_stale_count(tmp_path, monkeypatch):
+    """Validation scores that only fall after epoch 1: patience 2 stops after epoch 3 and keeps epoch 1. Killed
+    in epoch 3 and resumed, the run restores its best weights and stale count: same history, same weights."""
+    scores = iter([0.9, 0.8, 0.7, 0.6, 0.5, 0.4] * 3)
+    monkeypatch.setattr(ft.loop, "validate", lambda model, batches: {"val_acc": next(scores), "val_nll": 1.0})
+    config = CONFIG.with_(epochs=6, patience=2, monitor="acc")
+    straight = ft.finetune(MODELS["bert"](), _data(), config, val_loader=_data(seed=20), progress=False)
+    assert [h["epoch"] for h in straight.training_history] == [1, 2, 3] and straight.kept_epoch == 1
+    scores = iter([0.9, 0.8, 0.7, 0.6])
+    with killed_at_step(8):  # 3 steps per epoch: in epoch 3, after epoch 2's checkpoint (stale 1)
+        ft.finetune(
+            MODELS["bert"](), _data(), config, val_loader=_data(seed=20), checkpoint_dir=tmp_path, progress=False
+        )
+    scores = iter([0.7, 0.6])  # what epoch 3 and after see
+    resumed = ft.finetune(
+        MODELS["bert"](), _data(), config, val_loader=_data(seed=20), checkpoint_dir=tmp_path, progress=False
+    )
+    assert resumed.training_history == straight.training_history and resumed.kept_epoch == 1
+    assert all(torch.equal(a, b) for a, b in zip(straight.state_dict().values(), resumed.state_dict().values()))
+
+
+def test_a_checkpoint_is_refused_for_another_split_or_loss_setting(tmp_path):
+    """The data digest covers training and validation batches together: the split between them and the loss's
+    own settings (label smoothing) are recorded too, or a checkpoint trained on today's validation data resumes."""
+    data = _data(batches=3)
+    with killed_at_step(5):
+        ft.train(MODELS["bert"](), data, CONFIG, loss=ft.losses.CrossEntropy(), checkpoint_dir=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="split of the data into training and validation"):
+        ft.train(
+            MODELS["bert"](), data[:2], CONFIG, loss=ft.losses.CrossEntropy(), val_loader=data[2:],
+            checkpoint_dir=tmp_path,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="loss setting"):
+        ft.train(MODELS["bert"](), data, CONFIG, loss=ft.losses.CrossEntropy(0.2), checkpoint_dir=tmp_path)
+
+
+def test_unlabelled_validation_data_is_refused_before_training():
+    model, steps = MODELS["bert"](), []
+    model.register_forward_hook(lambda module, args, output: steps.append(module.training))
+    unlabelled = [{k: v for k, v in batch.items() if k != "labels"} for batch in _data(seed=20)]
+    with pytest.raises(ValueError, match="validation loader has batches without 'labels'"):
+        ft.finetune(model, _data(), CONFIG, val_loader=unlabelled, progress=False)
+    assert not steps
+
+
+def test_what_a_config_freezes_is_trainable_again_after_the_call():
+    model = MODELS["bert"]()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ft.finetune(model, _data(), CONFIG.with_(epochs=1, train_last=1), progress=False)
+    embeddings = "bert.embeddings.word_embeddings.weight"
+    assert torch.equal(model.state_dict()[embeddings], before[embeddings])  # frozen during the call
+    assert all(p.requires_grad for p in model.parameters())
+    ft.finetune(model, _data(), CONFIG.with_(epochs=1), progress=False)  # a later call trains everything
+    assert not torch.equal(model.state_dict()[embeddings], before[embeddings])
 
 
 def _kept(history, monitor):

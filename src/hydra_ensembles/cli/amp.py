@@ -109,8 +109,7 @@ def run(args: argparse.Namespace) -> int:
             f"recovered: feature MSE {history[0]['loss']:.4f} in epoch 1, {history[-1]['loss']:.4f} in epoch "
             f"{len(history)}"
         )
-    save_model(pruned, out.path / "model")
-    copy_preprocessor(model_dir, out.path / "model")
+    save_model(pruned, out.path / "model", also=lambda folder: copy_preprocessor(model_dir, folder))
     shutil.rmtree(out.path / "checkpoint", ignore_errors=True)
     out.finish(
         {

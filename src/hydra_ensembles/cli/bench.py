@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
             f"--device cuda: bench {args.task} runs on the CPU only; leave --device out (or pass --device cpu)."
         )
     if (args.records or args.records_only) and (args.task in DISTILL or args.task in zero_shot.TASKS):
-        raise SystemExit(f"--records and --records-only apply to the suite and amp-* tables, not to {args.task}.")
+        raise CommandError(f"--records and --records-only apply to the suite and amp-* tables, not to {args.task}.")
     if args.head_layers != 1 and DISTILL.get(args.task) not in DISTILL_TASKS:
         raise CommandError(
             f"--head-layers applies to the transformer students (distill-{', distill-'.join(DISTILL_TASKS)}), "
@@ -210,7 +210,9 @@ def _task(args: argparse.Namespace, name: str) -> Task:
     adapter = get_adapter(model)
     layers, heads = adapter.num_layers(model), adapter.num_heads(model)
     if not 1 <= args.prune_per_layer < heads:
-        raise SystemExit(f"--prune-per-layer must be between 1 and {heads - 1} ({task.name}: {heads} heads per layer).")
+        raise CommandError(
+            f"--prune-per-layer must be between 1 and {heads - 1} ({task.name}: {heads} heads per layer)."
+        )
     return with_prune_per_layer(task, args.prune_per_layer, layers, heads)  # pools and notes follow the budget
 
 
@@ -222,7 +224,7 @@ def _records(args: argparse.Namespace, cache: Path, task: Task) -> Iterator[bool
     Yields whether to run (not with --records-only)."""
     if args.records is None:
         if args.records_only:
-            raise SystemExit("--records-only needs --records DIR.")
+            raise CommandError("--records-only needs --records DIR.")
         yield True
         return
     key = f"{task.name}-{task.fingerprint()}"

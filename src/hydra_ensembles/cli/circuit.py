@@ -117,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
     time_budget = duration_seconds(args.time_budget, "--time-budget")
     model_dir = check_model_dir(args.model)
     check_one_model(model_dir, "circuit", two_tower=True)
+    if CRITERIA[args.criterion].needs_ood and not args.ood:  # before the step starts: nothing loaded, nothing left
+        raise CommandError(f"criterion {args.criterion!r} needs OOD validation data: pass --ood PATH.")
     settings = {
         "model": fingerprint_path(model_dir, "--model"),
         "data": fingerprint_path(args.data, "--data"),
@@ -138,8 +140,6 @@ def run(args: argparse.Namespace) -> int:
     model = classifier_at(model_dir, zero_shot=zero_shot_options(args)).to(device)
     config = model_config(model)
     id_data = read_data(args, args.data, model_dir, config, labelled=True, flag="--data")
-    if CRITERIA[args.criterion].needs_ood and not args.ood:
-        raise ValueError(f"criterion {args.criterion!r} needs OOD validation data: pass --ood PATH.")
     ood_data = read_data(args, args.ood, model_dir, config, labelled=False, flag="--ood") if args.ood else None
     state = out.path / "circuit_state.json"
     if state.exists():

@@ -20,7 +20,7 @@ from ..bench import cache_dir, runner, suite
 from ..bench.suite import ROWS
 from ..bench.tasks import TEXT_SIZES, text_task
 from ..evaluation.tables import COLUMNS, table_lines
-from .common import add_device_argument, resolve_device
+from .common import CommandError, add_device_argument, resolve_device
 from .step import check_model_dir
 
 EXAMPLE = """hydra-ens demo                                  # report in ./hydra-demo
@@ -53,11 +53,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_argument(parser)
 
 
+REPORT_TITLE = "# Hydra Ensembles demo report"  # the first line of the README.md the demo writes in --out
+
+
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     device = resolve_device(args.device)
     if args.model is not None:
         check_model_dir(args.model)
+    readme = args.out / "README.md"
+    if readme.is_file() and not readme.read_text(errors="replace").startswith(REPORT_TITLE):
+        raise CommandError(  # `--out .` in a project: its README is not ours to replace
+            f"--out {str(args.out)!r} holds a README.md the demo did not write; give another --out."
+        )
     sizes = TEXT_SIZES[args.size]
     print(
         f"hydra-ens demo: BBC News ({sizes.train} training articles per topic), "
@@ -93,7 +101,7 @@ def terminal_table(rows: dict[str, dict], latency: dict[str, dict] | None = None
 
 
 def report_readme(summary: dict) -> str:
-    return f"""# Hydra Ensembles demo report
+    return f"""{REPORT_TITLE}
 
 {summary["notes"][1]}
 

@@ -214,7 +214,10 @@ def run(args: argparse.Namespace) -> int:
     )
     for name, path in models.items():  # each model's card (README.md beside its weights) shows these metrics
         report = {"metrics": results[name]["metrics"], "report": str(out.path / "report.md")}
-        write_card(built[name].predictor, check_model_dir(path), report)
+        try:
+            write_card(built[name].predictor, check_model_dir(path), report)
+        except OSError as error:  # a model card of the user's own (FileExistsError), a read-only folder
+            print(f"note: {name}'s card not updated: {error}")
     plots.logit_figures(logits, labels, out.path, "evaluation")
     curves = {name: (ensemble_probs(v["test"]), labels) for name, v in logits.items()}
     plots.risk_coverage(curves, out.path / "risk_coverage.png", "evaluation: risk-coverage (test)")

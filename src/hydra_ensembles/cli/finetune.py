@@ -18,13 +18,12 @@ from pathlib import Path
 
 import torch
 import transformers
-from torch import nn
 
 from ..data.files import class_ids, label_ids, read_source
-from ..io import read_json_record, save_dir_atomic, write_json_atomic
+from ..io import read_json_record, write_json_atomic
 from ..predictors import copy_preprocessor, load_preprocessor
-from ..pruning import load_model
-from ..training import IMAGE_RECIPE, TEXT_RECIPE, finetune
+from ..pruning import load_model, save_model
+from ..training import IMAGE_RECIPE, TEXT_RECIPE, TrainConfig, finetune
 from ..training.recipes import MONITORS, PRECISIONS
 from .common import (
     CommandError,
@@ -50,6 +49,35 @@ def recipe_defaults(field: str) -> str:
     return f"(default: the recipe's: {values})"
 
 
+def patience(text: str) -> int:
+    """--patience: epochs without improvement before stopping, >= 1; 0 (or "none"): every epoch runs."""
+    if text.lower() == "none":
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of epochs (0: no early stopping), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of epochs >= 0 (0: no early stopping), got {value}")
+    return value
+
+
+def recipe_from_flags(args: argparse.Namespace, kind: str, flags: dict, val_flag: str) -> TrainConfig:
+    """`--recipe` (default: by `kind`, what the model reads) with the given flags' values (`flags`: field ->
+    value, None where not given); --patience 0 turns early stopping off. Without validation data (`val_flag`,
+    the flag that gives it, not given) nothing can be monitored: --monitor or --patience is then refused."""
+    recipe = RECIPES[args.recipe or kind]
+    given = {field: value for field, value in flags.items() if value is not None}
+    validated = getattr(args, val_flag.removeprefix("--").replace("-", "_")) is not None
+    unused = [f"--{field}" for field in ("monitor", "patience") if field in given]
+    if unused and not validated:
+        raise CommandError(f"{', '.join(unused)} choose(s) the kept epoch on validation data: add {val_flag} FILE.")
+    if given.get("patience") == 0:
+        given["patience"] = None
+    recipe = recipe.with_(**given)
+    return recipe if validated else recipe.with_(patience=None)  # early stopping needs validation data
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="an HF checkpoint directory, or a members directory")
     parser.add_argument("--data", required=True, help="labelled training data")
@@ -63,8 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--patience",
-        type=int,
-        help="with --val, stop after this many epochs without improvement; None: every epoch runs "
+        type=patience,
+        help="with --val, stop after this many epochs without improvement; 0: every epoch runs "
         + recipe_defaults("patience"),
     )
     parser.add_argument("--epochs", type=int, help=f"at most this many epochs {recipe_defaults('epochs')}")
@@ -90,20 +118,9 @@ def run(args: argparse.Namespace) -> int:
     sources = member_dirs(source, "--model") if members else [check_model_dir(source)]
     check_one_model(sources[0], "finetune", takes="one model or a members directory")
     kind, _ = load_preprocessor(sources[0])
-    recipe = RECIPES[args.recipe or kind]
-    overrides = {
-        "epochs": args.epochs,
-        "lr": args.lr,
-        "train_last": args.train_last,
-        "monitor": args.monitor,
-        "patience": args.patience,
-        "precision": args.precision,
-    }
-    recipe = recipe.with_(
-        **{k: v for k, v in overrides.items() if v is not None}, freeze_embeddings=args.freeze_embeddings
-    )
-    if not args.val:
-        recipe = recipe.with_(patience=None)  # early stopping needs validation data
+    flags = {name: getattr(args, name) for name in ("epochs", "lr", "train_last", "monitor", "patience", "precision")}
+    recipe = recipe_from_flags(args, kind, flags, "--val")
+    recipe = recipe.with_(freeze_embeddings=args.freeze_embeddings)
     settings = {
         "model": fingerprint_path(source, "--model"),
         "data": fingerprint_path(args.data, "--data"),
@@ -152,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
             print("  " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
         print(f"  {kept_epoch_line(model.training_history, model.kept_epoch, recipe, val is not None)}")
         write_json_atomic(out.path / "histories" / f"{name}.json", histories[name])
-        save_dir_atomic(target, lambda tmp, model=model, source=model_dir: _save_with_preprocessor(model, source, tmp))
+        save_model(model, target, also=lambda folder, source=model_dir: copy_preprocessor(source, folder))
         shutil.rmtree(checkpoints, ignore_errors=True)
     if members:
         index = json.loads((source / MEMBERS_FILE).read_text())
@@ -181,11 +198,6 @@ def kept_epoch_line(history: list[dict], kept: int, recipe, validated: bool) -> 
         f"kept epoch {kept} of {ran}: {best} validation {'accuracy' if key == 'val_acc' else 'NLL'} "
         f"({value:.4f}; --monitor {recipe.monitor}, {ties}){stopped}"
     )
-
-
-def _save_with_preprocessor(model: nn.Module, source: Path, folder: Path) -> None:
-    model.save_pretrained(folder)
-    copy_preprocessor(source, folder)
 
 
 def _warn_unused_classes(name: str, config: transformers.PretrainedConfig, labels: list[str]) -> None:

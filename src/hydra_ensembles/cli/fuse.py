@@ -33,7 +33,7 @@ from .common import (
     read_data,
     resolve_device,
 )
-from .finetune import RECIPES, kept_epoch_line, recipe_defaults
+from .finetune import RECIPES, kept_epoch_line, patience, recipe_defaults, recipe_from_flags
 from .members import member_dirs
 from .step import Output, add_output_options, fingerprint_path, start_step
 
@@ -88,8 +88,8 @@ def add_finetune_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--patience",
-        type=int,
-        help="with --finetune-val, stop after this many epochs without improvement; None: every epoch runs "
+        type=patience,
+        help="with --finetune-val, stop after this many epochs without improvement; 0: every epoch runs "
         + recipe_defaults("patience"),
     )
     group.add_argument("--precision", choices=PRECISIONS, help="bf16: mixed precision (default: fp32)")
@@ -104,10 +104,8 @@ def add_finetune_options(parser: argparse.ArgumentParser) -> None:
 
 def finetune_recipe(args: argparse.Namespace, kind: str) -> TrainConfig:
     """The recipe for the fused ensemble: `--recipe` (default: by `kind`) with the flags given."""
-    recipe = RECIPES[args.recipe or kind]
-    overrides = {name: getattr(args, name) for name in RECIPE_FLAGS if getattr(args, name) is not None}
-    recipe = recipe.with_(**overrides, seed=args.seed)
-    return recipe if args.finetune_val else recipe.with_(patience=None)  # early stopping needs validation data
+    flags = {name: getattr(args, name) for name in RECIPE_FLAGS}
+    return recipe_from_flags(args, kind, flags, "--finetune-val").with_(seed=args.seed)
 
 
 def check_finetune_flags(args: argparse.Namespace, kind: str) -> None:
@@ -139,11 +137,11 @@ def run(args: argparse.Namespace) -> int:
             "val": fingerprint_path(args.finetune_val, "--finetune-val") if args.finetune_val else None,
             "recipe": recipe.key(),
         }
+    if args.sample < 1:
+        raise CommandError(f"--sample must be at least 1, got {args.sample}.")
     out = start_step(args, "fuse", settings, "ensemble")
     if out is None:
         return 0
-    if args.sample < 1:
-        raise CommandError(f"--sample must be at least 1, got {args.sample}.")
     members = [load_model(d).to(device) for d in dirs]
     try:
         ensemble = HydraEnsemble.fuse(members, mlp=args.mlp, allow_identical=args.allow_identical)
@@ -163,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
     target = out.path / "ensemble"
     ensemble.save_pretrained(target)
     copy_preprocessor(dirs[0], target)
+    shutil.rmtree(out.path / "checkpoints", ignore_errors=True)  # only once the model they would resume is saved
     params = count_parameters(ensemble)
     out.finish(
         {
@@ -212,7 +211,6 @@ def _finetune(args: argparse.Namespace, out: Output, ensemble: HydraEnsemble, mo
         print("  " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
     kept = kept_epoch_line(ensemble.training_history, ensemble.kept_epoch, recipe, val is not None)
     print("  " + kept.replace("--val", "--finetune-val"))
-    shutil.rmtree(checkpoints, ignore_errors=True)
     return {"epochs": ensemble.training_history, "kept_epoch": ensemble.kept_epoch}
 
 

@@ -21,6 +21,8 @@ import json
 from pathlib import Path
 
 import safetensors.torch
+import torch
+from safetensors import SafetensorError
 
 from ..adapters import get_adapter
 from ..importance import Circuit, JointCircuit
@@ -81,21 +83,21 @@ def run(args: argparse.Namespace) -> int:
         **({"trunk": args.trunk} if args.trunk else {}),  # absent at 0: earlier runs' settings still match
         "zero_shot": vars(zero_shot_options(args)),
     }
+    source = _read_source(source_path, bool(args.scores))  # bad input refused before the step starts
     out = start_step(args, "members", settings)
     if out is None:
         return 0
-    if args.circuit and "image" in json.loads(source_path.read_text())["kept"]:
-        return _zero_shot_members(args, out, model_dir, source_path)
+    if isinstance(source, JointCircuit):
+        return _zero_shot_members(args, out, model_dir, source_path, source)
     model = classifier_at(model_dir)
-    source = safetensors.torch.load_file(source_path)["scores"] if args.scores else Circuit.load(source_path)
     _check_fits(model, source, f"--scores {args.scores}" if args.scores else f"--circuit {args.circuit}")
     head_maps = _sample(args, source)
     write_members(out.path, model_dir, head_maps, {"source": "scores" if args.scores else "circuit"})
     for index, head_map in enumerate(head_maps):
         target = out.path / f"member{index}"
-        if not target.exists():  # a rerun after an interruption keeps the members already written
-            save_model(build_members(model, [head_map], allow_identical=True)[0], target)  # distinct: checked above
-            copy_preprocessor(model_dir, target)
+        if not target.exists():  # a rerun after an interruption keeps the members already written (each whole)
+            member = build_members(model, [head_map], allow_identical=True)[0]  # distinct: checked above
+            save_model(member, target, also=lambda folder: copy_preprocessor(model_dir, folder))
         kept = sum(len(heads) for heads in head_map.values())
         print(f"member{index}: keeps {kept} heads, per layer {[len(h) for h in head_map.values()]}")
     out.finish({"members": len(head_maps)})
@@ -103,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _zero_shot_members(args: argparse.Namespace, out, model_dir: Path, source_path: Path) -> int:
+def _zero_shot_members(args: argparse.Namespace, out, model_dir: Path, source_path: Path, circuit: JointCircuit) -> int:
     """Members from a joint circuit of a two-tower model: the zero-shot ensemble, written to out/model."""
     if saved_kind(model_dir) != TwoTowerModel.kind:
         raise CommandError(
@@ -116,7 +118,7 @@ def _zero_shot_members(args: argparse.Namespace, out, model_dir: Path, source_pa
     classes, templates = zero_shot.classes or made.get("classes"), zero_shot.templates or made.get("templates")
     if not classes:
         raise CommandError("name the classes with --classes (the circuit's record does not say them).")
-    members = _sample(args, JointCircuit.load(source_path))
+    members = _sample(args, circuit)
     image, text = [m["image"] for m in members], [m["text"] for m in members]
     two_tower = TwoTowerModel.from_pretrained(model_dir)
     ensemble = zero_shot_ensemble(
@@ -213,6 +215,21 @@ def _what_it_is(path: Path) -> str:
     except (CommandError, ValueError):
         return "; make one with hydra-ens members"
     return f": it is {saved}; hydra-ens members makes a members directory from one model"
+
+
+def _read_source(path: Path, scores: bool) -> torch.Tensor | Circuit | JointCircuit:
+    """The head scores (L, H) of `scores`, or the circuit (a joint one for a two-tower model) of `circuit`."""
+    flag, maker = ("--scores", "hydra-ens scores") if scores else ("--circuit", "hydra-ens circuit")
+    try:
+        if scores:
+            return safetensors.torch.load_file(path)["scores"]
+        kept = json.loads(path.read_text())["kept"]
+        return JointCircuit.load(path) if isinstance(kept, dict) and "image" in kept else Circuit.load(path)
+    except (SafetensorError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as error:
+        raise CommandError(
+            f"{flag} {str(path)!r} is not what {maker} writes ({type(error).__name__}: {error}); give that "
+            "step's output directory."
+        ) from None
 
 
 def _source_file(path: str, name: str) -> Path:

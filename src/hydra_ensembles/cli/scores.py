@@ -12,9 +12,10 @@ import argparse
 
 import safetensors.torch
 
+from ..adapters import get_adapter
 from ..evaluation import plots
 from ..importance import taylor_head_scores
-from ..importance.losses import loss_choices, needs_labels
+from ..importance.losses import choose_loss, loss_choices, needs_labels
 from ..io import write_json_atomic
 from ..pruning import kept_heads
 from .common import (
@@ -96,9 +97,18 @@ def run(args: argparse.Namespace) -> int:
     sequential = sequential_budget(args.sequential, model)
     labelled = needs_labels(args.loss)
     data = read_data(args, args.data, model_dir, model.config, labelled=labelled, flag="--data")
-    scores = taylor_head_scores(
-        model, data.batches, loss=args.loss, sequential_budget=sequential, progress=not args.quiet
-    )
+    classifier = get_adapter(model).is_classifier(model)
+    loss = choose_loss(args.loss, classifier, data.batches)  # what "auto" means here, recorded and said
+    if args.loss == "auto":
+        why = (
+            "labelled data"
+            if loss == "cross_entropy"
+            else "the model has no classifier"
+            if not classifier
+            else f"no label column {args.label_column!r} in --data: read as unlabelled (--label-column names it)"
+        )
+        print(f"--loss auto: {loss} ({why})")
+    scores = taylor_head_scores(model, data.batches, loss=loss, sequential_budget=sequential, progress=not args.quiet)
     safetensors.torch.save_file({"scores": scores.contiguous()}, out.path / "scores.safetensors")
     plots.head_heatmap({"Taylor score": scores}, out.path / "head_importance.png", title="Taylor head importance")
     ranked = {
@@ -110,12 +120,14 @@ def run(args: argparse.Namespace) -> int:
         {
             "scores": [[None if v != v else v for v in row] for row in scores.tolist()],  # NaN (pruned) -> null
             "least_useful_first": ranked,
-            "loss": args.loss,
+            "loss": loss,
             "sequential": sequential,
             "examples": len(data.examples),
         },
     )
-    out.finish({"shape": list(scores.shape), "least_useful_first": ranked, "examples": len(data.examples)})
+    out.finish(
+        {"shape": list(scores.shape), "loss": loss, "least_useful_first": ranked, "examples": len(data.examples)}
+    )
     mode = f", sequential: {sequential} pruned per layer before the next is scored" if sequential else ", one-shot"
     shape = f"{scores.shape[0]} layers x {scores.shape[1]} heads"
     print(f"scored {shape} on {len(data.examples)} examples{mode} -> {out.path}")

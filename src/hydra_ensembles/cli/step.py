@@ -105,6 +105,9 @@ class Output:
             )
         same = previous is not None and (previous.get("command"), previous.get("settings")) == (command, self.settings)
         if previous is not None and (force or not (same or previous.get("finished"))):
+            if not force:  # what the interrupted run had done is lost: say so, and why
+                why = _difference(previous, command, self.settings)
+                print(f"--out {str(self.path)!r} held an interrupted run {why}: starting afresh")
             shutil.rmtree(self.path)  # --force, or the unfinished part of a different run: nothing finished is lost
             previous = None
         if previous is not None and not same:
@@ -133,3 +136,12 @@ class Output:
         if finished:
             record |= {"wall_time_s": round(time.perf_counter() - self.started, 1), "results": results}
         write_json_atomic(self.path / RECORD, record)
+
+
+def _difference(previous: dict, command: str, settings: dict) -> str:
+    """How an interrupted run's record differs from this run: another command, or which settings changed."""
+    if previous.get("command") != command:
+        return f"of another command ({previous.get('command')})"
+    before = previous.get("settings") or {}
+    changed = sorted(k for k in before.keys() | settings.keys() if before.get(k) != settings.get(k))
+    return f"with other settings ({', '.join(changed)}; an input file's size or time counts)"

@@ -327,6 +327,8 @@ def image_batches(
 
 
 def _to_pil(image: Any, channels: int) -> Image.Image:
+    if isinstance(image, Image.Image) and image.mode in WIDE_MODES:
+        image = _to_8_bits(image)
     if not isinstance(image, Image.Image):
         array = np.asarray(image)
         if array.ndim not in (2, 3):
@@ -343,6 +345,24 @@ def _to_pil(image: Any, channels: int) -> Image.Image:
             array = (array.astype(np.float32) * 255).round().astype(np.uint8)
         image = Image.fromarray(array[..., 0] if array.ndim == 3 and array.shape[-1] == 1 else array)
     return image.convert("RGB" if channels == 3 else "L")
+
+
+WIDE_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")  # PIL modes wider than 8 bits a channel
+
+
+def _to_8_bits(image: Image.Image) -> Image.Image:
+    """A 16-bit image (a PNG or TIFF scan) as 8 bits, its full range to the full range: PIL's own convert("L")
+    clips every value above 255 to white. A 32-bit integer image whose pixels fit 16 bits is read as 16 bits (some
+    readers open 16-bit files so); wider ones and float images have no fixed range: refused."""
+    if not image.mode.startswith("I;16") and not (image.mode == "I" and np.asarray(image).max(initial=0) <= 65535):
+        raise ValueError(
+            f"an image in PIL mode {image.mode!r} (32-bit, beyond 16 bits or float) has no fixed pixel range: "
+            "convert it to 8 or 16 bits, or pass it as a float array scaled to 0..1."
+        )
+    array = np.asarray(image).astype(np.float32)
+    if array.min(initial=0) < 0:
+        raise ValueError(f"a 16-bit image's pixels must be 0..65535, got {array.min():g}..{array.max():g}.")
+    return Image.fromarray((array / 257).round().astype(np.uint8))
 
 
 def _batched(count: int, labels, batch_size: int, encode) -> list[dict[str, torch.Tensor]]:

@@ -31,18 +31,29 @@ from ..version import __version__
 from .wrapper import base_model, wrapper_chain
 
 CARD_NAME = "README.md"
+LIBRARY = "hydra-ensembles"  # the card's library_name: what marks a README.md as a card this library wrote
 RECORD = "hydra-ens.json"  # a CLI step's record (cli/step.py), read here to say where the heads came from
 PROBE_TOKENS = 128  # the text input the FLOPs are counted on: one sequence of this many tokens (or the maximum)
 
 
 def write_card(predictor: nn.Module, path: str | os.PathLike, evaluation: Mapping[str, Any] | None = None) -> Path:
     """Write (atomically) the card of `predictor`, saved at `path`, as `path`/README.md; `evaluation`: the
-    metrics an evaluate run measured for it ({"metrics": {"id": {...}, "near": ..., ...}, "report": where})."""
+    metrics an evaluate run measured for it ({"metrics": {"id": {...}, "near": ..., ...}, "report": where}).
+
+    Raises FileExistsError when `path` holds a README.md that is not a hydra-ensembles card (a Hugging Face
+    checkpoint's own model card is the user's: never replaced)."""
     target = Path(path) / CARD_NAME
+    if target.is_file() and not is_own_card(target):
+        raise FileExistsError(f"{str(target)!r} is not a hydra-ensembles model card; it is left as it is.")
     text = card_text(predictor, Path(path), evaluation)
     with replacing(target) as tmp:
         tmp.write_text(text)
     return target
+
+
+def is_own_card(path: str | os.PathLike) -> bool:
+    """Whether the file at `path` is a card this library wrote (its YAML header names the library)."""
+    return Path(path).read_text(errors="replace").startswith(f"---\nlibrary_name: {LIBRARY}\n")
 
 
 def card_text(predictor: nn.Module, path: Path | None = None, evaluation: Mapping[str, Any] | None = None) -> str:
@@ -63,7 +74,7 @@ def _header(inner: nn.Module) -> list[str]:
     base = _name_or_path(inner)
     return [
         "---",
-        "library_name: hydra-ensembles",
+        f"library_name: {LIBRARY}",
         *([f"base_model: {base}"] if base and not Path(base).is_absolute() else []),
         "tags: [hydra-ensembles, ensemble, uncertainty, pruning]",
         "---",

@@ -79,13 +79,20 @@ def _sub_configs(config: transformers.PretrainedConfig) -> list[transformers.Pre
     return [value for value in vars(config).values() if isinstance(value, transformers.PretrainedConfig)]
 
 
-def save_model(model: nn.Module, path: str | os.PathLike) -> Path:
+def save_model(model: nn.Module, path: str | os.PathLike, also: Callable[[Path], None] | None = None) -> Path:
     """`model.save_pretrained(path)`, atomically: a crash midway leaves the previous save at `path` intact.
 
-    Every structural change travels in config.json; restore the model with `load_model`.
+    Every structural change travels in config.json; restore the model with `load_model`. `also(folder)` writes
+    more files into the same atomic save (a tokenizer beside the weights): the folder appears whole or not at all.
     """
     _sync_structures(model)
-    return save_dir_atomic(path, lambda tmp: model.save_pretrained(tmp))
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        if also is not None:
+            also(tmp)
+
+    return save_dir_atomic(path, write)
 
 
 def _sync_structures(model: nn.Module) -> None:

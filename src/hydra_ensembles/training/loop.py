@@ -65,15 +65,17 @@ def train(
             module's member outputs (B, M, C) (`outputs.member_outputs_of`).
         val_loader: labelled validation batches (classes; a regressor's float targets, monitored by NLL only):
             the epoch with the best `config.monitor` ("acc": highest accuracy, "nll": lowest NLL; an improvement
-            must exceed `min_delta`, so a tie keeps the earlier epoch) is kept, and training stops after
-            `patience` epochs without one.
+            must exceed `min_delta`, so a tie keeps the earlier epoch; "acc_nll": highest accuracy, an epoch as
+            accurate within `min_delta` improving when its NLL is lower by more than `min_delta`) is kept, and
+            training stops after `patience` epochs without one.
         checkpoint_dir: where a checkpoint is written (atomically) after every epoch; a run started again
             with it resumes and ends with the same weights as an uninterrupted one. A checkpoint written under
-            another config or loss is refused.
+            another config, loss, starting model or data (or split of it into training and validation) is refused.
 
     Batches are reshuffled every epoch from `config.seed`, and dropout is seeded per epoch; with `config.augment`,
     every training batch is augmented (`training.augment`) with draws seeded per epoch too. `model.training_history`
-    lists every epoch; `model.kept_epoch` is the epoch whose weights were returned.
+    lists every epoch; `model.kept_epoch` is the epoch whose weights were returned. What `config` freezes
+    (`freeze_embeddings`, `train_last`) is frozen for this call only: trainable again when it returns.
     """
     adapter, is_hf = _family(model)
     if forward is None:
@@ -82,68 +84,81 @@ def train(
     val_batches = materialize(val_loader, "validation loader") if val_loader is not None else None
     if is_distributed() and getattr(loss, "batch_coupled", False):
         raise ValueError(
-            f"the {getattr(loss, 'name', type(loss).__name__)} loss compares each example with the rest of its "
-            "batch: sharded across processes, each would see a part of it. Train it on one process."
+            f"the {getattr(loss, 'name', type(loss).__name__)} loss reads each example with the rest of its batch "
+            "(contrastive targets, MIMO's mixed inputs): sharded across processes, each would see a part of it. "
+            "Train it on one process."
+        )
+    if val_batches is not None and any(batch.get("labels") is None for batch in val_batches):
+        raise ValueError(  # found now, not after the first epoch's training
+            "the validation loader has batches without 'labels': validation scores the model against them; give "
+            "labelled validation data, or no val_loader."
         )
     if val_batches is not None and config.monitor != "nll" and getattr(model, "regression", False):
         raise ValueError(f"a regressor has no accuracy to monitor (monitor={config.monitor!r}): use monitor='nll'.")
+    was_trainable = [p for p in model.parameters() if p.requires_grad]
     trainable = _select_trainable(model, _locator(model, adapter if is_hf else None), config)
-    augment = AUGMENTATIONS[config.augment] if config.augment is not None else None
-    optimizer = OPTIMIZERS[config.optimizer](trainable, config, _stacked_vectors(model))
-    total = config.epochs * len(batches)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(config, total))
-    identity = {"config": config.key(), "loss": getattr(loss, "name", type(loss).__name__)}
-    path = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None
-    if path is not None:  # what the run starts from, so that another model's or data's checkpoint is refused
-        identity |= {"start": weights_digest(model), "data": batches_digest([*batches, *(val_batches or [])])}
-    state = {"epoch": 0, "history": [], "best": None, "best_epoch": None, "best_score": -math.inf, "stale": 0}
-    if path is not None and path.exists():
-        state = _resume(path, model, optimizer, schedule, identity)
-    device = next(model.parameters()).device
-    runner = nn.parallel.DistributedDataParallel(model) if is_distributed() else model
-    with tqdm(
-        total=total, initial=state["epoch"] * len(batches), desc=desc, disable=not progress or not is_main()
-    ) as bar:
-        for epoch in range(state["epoch"], config.epochs):
-            if config.patience is not None and state["stale"] >= config.patience:
-                break
-            model.train()
-            # dropout masks: one stream per process (one process: the seed it always had)
-            torch.manual_seed((config.seed * 1000 + epoch) * world_size() + rank())
-            draws = torch.Generator().manual_seed(config.seed * 1000 + epoch)  # batch order, then augmentation
-            order = torch.randperm(len(batches), generator=draws)
-            losses = []
-            for index in order.tolist():
-                batch = batches[index] if augment is None else augment(batches[index], draws)  # whole batch: as
-                share, batch = _my_rows(batch)  # one process would, under torchrun too
-                batch = to_device(batch, device)
-                inputs, _ = split_batch(adapter, batch)
-                with torch.autocast(device.type, torch.bfloat16, enabled=config.precision == "bf16"):
-                    value = loss(forward(runner, inputs), batch)
-                optimizer.zero_grad(set_to_none=True)
-                (value * share).backward()
-                if config.clip is not None:
-                    nn.utils.clip_grad_norm_(trainable, config.clip)
-                optimizer.step()
-                schedule.step()
-                losses.append(value.item())
-                bar.update()
-                bar.set_postfix(epoch=epoch + 1, loss=f"{value.item():.3f}")
-            record = {"epoch": epoch + 1, "loss": sum(losses) / len(losses)}
-            if val_batches is not None:
-                record.update(validate(model, val_batches))
-                if _remember(record, state, config):
-                    state["best"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            state["history"].append(record)
-            state["epoch"] = epoch + 1
-            if path is not None and is_main():
-                _save(path, model, optimizer, schedule, identity, state)
-            barrier()
-    if state["best"] is not None:
-        model.load_state_dict(state["best"])
-    model.training_history = state["history"]
-    model.kept_epoch = state.get("best_epoch") or state["epoch"]
-    return model.eval()
+    try:
+        augment = AUGMENTATIONS[config.augment] if config.augment is not None else None
+        optimizer = OPTIMIZERS[config.optimizer](trainable, config, _stacked_vectors(model))
+        total = config.epochs * len(batches)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(config, total))
+        identity = {"config": config.key(), "loss": getattr(loss, "name", type(loss).__name__)}
+        path = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None
+        if path is not None:  # what the run starts from, so that another model's or data's checkpoint is refused
+            identity |= {"start": weights_digest(model), "data": batches_digest([*batches, *(val_batches or [])])}
+            # the split between training and validation batches (the digest covers both) and the loss's own settings
+            identity |= {"train_batches": len(batches)} | ({"loss_key": loss.key()} if hasattr(loss, "key") else {})
+        state = {"epoch": 0, "history": [], "best": None, "best_epoch": None, "best_score": -math.inf, "stale": 0}
+        if path is not None and path.exists():
+            state = _resume(path, model, optimizer, schedule, identity)
+        device = next(model.parameters()).device
+        runner = nn.parallel.DistributedDataParallel(model) if is_distributed() else model
+        with tqdm(
+            total=total, initial=state["epoch"] * len(batches), desc=desc, disable=not progress or not is_main()
+        ) as bar:
+            for epoch in range(state["epoch"], config.epochs):
+                if config.patience is not None and state["stale"] >= config.patience:
+                    break
+                model.train()
+                # dropout masks: one stream per process (one process: the seed it always had)
+                torch.manual_seed((config.seed * 1000 + epoch) * world_size() + rank())
+                draws = torch.Generator().manual_seed(config.seed * 1000 + epoch)  # batch order, then augmentation
+                order = torch.randperm(len(batches), generator=draws)
+                losses = []
+                for index in order.tolist():
+                    batch = batches[index] if augment is None else augment(batches[index], draws)  # whole batch: as
+                    share, batch = _my_rows(batch)  # one process would, under torchrun too
+                    batch = to_device(batch, device)
+                    inputs, _ = split_batch(adapter, batch)
+                    with torch.autocast(device.type, torch.bfloat16, enabled=config.precision == "bf16"):
+                        value = loss(forward(runner, inputs), batch)
+                    optimizer.zero_grad(set_to_none=True)
+                    (value * share).backward()
+                    if config.clip is not None:
+                        nn.utils.clip_grad_norm_(trainable, config.clip)
+                    optimizer.step()
+                    schedule.step()
+                    losses.append(value.item())
+                    bar.update()
+                    bar.set_postfix(epoch=epoch + 1, loss=f"{value.item():.3f}")
+                record = {"epoch": epoch + 1, "loss": sum(losses) / len(losses)}
+                if val_batches is not None:
+                    record.update(validate(model, val_batches))
+                    if _remember(record, state, config):
+                        state["best"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                state["history"].append(record)
+                state["epoch"] = epoch + 1
+                if path is not None and is_main():
+                    _save(path, model, optimizer, schedule, identity, state)
+                barrier()
+        if state["best"] is not None:
+            model.load_state_dict(state["best"])
+        model.training_history = state["history"]
+        model.kept_epoch = state.get("best_epoch") or state["epoch"]
+        return model.eval()
+    finally:  # what the config froze is frozen for this call only
+        for param in was_trainable:
+            param.requires_grad_(True)
 
 
 def _score(record: dict, config: TrainConfig) -> float:
@@ -372,8 +387,13 @@ def _resume(path: Path, model, optimizer, schedule, identity: dict) -> dict:
             f"the checkpoint at {str(path)!r} was written with a different config ({changed}); "
             "delete it or pass another checkpoint_dir."
         )
-    for key, what in (("start", "starting model"), ("data", "training or validation data")):
-        if key in payload and payload[key] != identity[key]:  # a checkpoint written before these keys: trusted
+    for key, what in (
+        ("start", "starting model"),
+        ("data", "training or validation data"),
+        ("train_batches", "split of the data into training and validation batches"),
+        ("loss_key", "loss setting (label smoothing, teacher)"),
+    ):
+        if key in payload and payload[key] != identity.get(key):  # a checkpoint written before a key: trusted
             raise ValueError(
                 f"the checkpoint at {str(path)!r} was written for another {what} (digest {payload[key]}, this run's "
                 f"{identity[key]}): resuming would continue another run. Delete it or pass another checkpoint_dir."

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data.loaders import split_batch
+from ..io import weights_digest
 
 Forward = Callable[[nn.Module, dict[str, Any]], Tensor]
 
@@ -29,6 +30,10 @@ class CrossEntropy:
 
     def __init__(self, label_smoothing: float = 0.0):
         self.label_smoothing = label_smoothing
+
+    def key(self) -> dict:
+        """What a checkpoint records of this loss beyond its name: a resumed run must use the same."""
+        return {"label_smoothing": self.label_smoothing}
 
     def __call__(self, logits: Tensor, batch: dict[str, Any]) -> Tensor:
         labels = batch.get("labels")
@@ -49,9 +54,13 @@ class MIMOLoss:
     the batch's `labels` (B,)."""
 
     name = "mimo_cross_entropy"
+    batch_coupled = True  # the forward mixes each example with others of its batch: not shardable across processes
 
     def __init__(self, label_smoothing: float = 0.0):
         self.label_smoothing = label_smoothing
+
+    def key(self) -> dict:
+        return {"label_smoothing": self.label_smoothing}
 
     def __call__(self, output: Any, batch: dict[str, Any]) -> Tensor:
         labels = batch.get("labels")
@@ -166,6 +175,9 @@ class FeatureMSE:
 
     def __init__(self, teacher: nn.Module, forward: Forward):
         self.teacher, self.forward = teacher.eval(), forward
+
+    def key(self) -> dict:
+        return {"teacher": weights_digest(self.teacher)}  # another teacher is another run
 
     def __call__(self, features: Tensor, batch: dict[str, Any]) -> Tensor:
         inputs = split_batch(None, batch)[0]  # what the student was given: the batch less its targets
