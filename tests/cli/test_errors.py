@@ -99,7 +99,8 @@ def test_unreadable_data(tmp_path, classifier, text_files):
     unknown.write_text("text,label\ngoal match,cooking\n")
     message = fails("evaluate", "--model", str(classifier), "--data", str(unknown), "--out", out)
     assert "['cooking'] are not classes of the model" in message and "business" in message
-    message = fails("circuit", "--model", str(classifier), "--data", str(text_files["ood"]), "--out", out)
+    ood = ["--ood", str(text_files["ood"])]
+    message = fails("circuit", "--model", str(classifier), "--data", str(text_files["ood"]), *ood, "--out", out)
     assert "plain text without labels" in message
 
 
