@@ -89,17 +89,18 @@ RAGGED_MAPS = [
 ]
 
 
-@pytest.mark.parametrize("mlp", ["average", "stack"])
+@pytest.mark.parametrize(("mlp", "layout"), [("average", "auto"), ("stack", "auto"), ("stack", "padded")])
 @pytest.mark.parametrize("name", FUSED_MODELS)
-def test_ragged_layers_equal_members_run_one_by_one(name, mlp):
+def test_ragged_layers_equal_members_run_one_by_one(name, mlp, layout):
     """Members keeping different numbers of heads in a layer run without padded heads, exactly: separately tuned
-    members (stack; MPNet then holds one relative position bias per member) and zero-shot ones (average)."""
+    members (stack; MPNet then holds one relative position bias per member) and zero-shot ones (average); and
+    padded to the widest member, as on a GPU (each family's position scores, rotary tables, layer scale)."""
     model, inputs = at_trained_scale(name), make_inputs(name)
     members = he.build_members(model, RAGGED_MAPS)
     if mlp == "stack":
         members = [perturb(m, seed=i) for i, m in enumerate(members)]
-    ensemble = he.HydraEnsemble.fuse(members, mlp=mlp)
-    assert [layer.ragged for layer in ensemble.layers] == [True, False, True]
+    ensemble = he.HydraEnsemble.fuse(members, mlp=mlp).set_layout(layout)
+    assert [layer.ragged for layer in ensemble.layers] == ([True, False, True] if layout == "auto" else [False] * 3)
     expected = torch.stack([output(m, inputs) for m in members], dim=1)  # (B, M, C)
     assert (fused_output(ensemble, inputs) - expected).abs().max().item() <= TOL
     assert min(smallest_head_effect(m, inputs) for m in members[1:]) >= DEFECT  # a head misplaced would show

@@ -66,3 +66,26 @@ def test_deviation_needs_data_and_the_right_members():
         he.fusion_deviation(ensemble, shared, [])
     with pytest.raises(ValueError, match="has 3 members, got 2"):
         he.fusion_deviation(ensemble, shared[:2], [make_inputs("bert")])
+
+
+def test_members_given_in_another_order_are_refused():
+    """An exact ensemble compared with its members swapped reads as an approximation (its ensemble probabilities,
+    a mean over members, would not show it)."""
+    model, inputs = MODELS["bert"](), make_inputs("bert")
+    tuned = members(model, tuned=True)
+    stacked = he.HydraEnsemble.fuse(tuned, mlp="stack")
+    with pytest.raises(ValueError, match="model 0 keeps other heads than the ensemble's member 0.*order"):
+        he.fusion_deviation(stacked, tuned[::-1], [inputs])
+
+
+def test_members_that_keep_different_neurons_are_stacked_not_averaged():
+    """Averaging neuron k of one member with neuron k of another is meaningless when they are different neurons
+    of the original MLP (equal widths, other neurons kept)."""
+    model, inputs = MODELS["vit"](), make_inputs("vit")
+    pruned = he.build_members(model, random_head_maps(2, seed=1, min_heads=1))
+    he.prune_neurons(pruned[0], {0: range(10)})
+    he.prune_neurons(pruned[1], {0: range(20, 30)})
+    with pytest.raises(ValueError, match="members 0 and 1 keep different MLP neurons \\(layer 0\\).*mlp='stack'"):
+        he.HydraEnsemble.fuse(pruned, mlp="average")
+    stacked = he.HydraEnsemble.fuse(pruned, mlp="stack")
+    assert he.fusion_deviation(stacked, pruned, [inputs])["logits"] <= ROUNDING

@@ -5,7 +5,8 @@ import copy
 import pytest
 import safetensors.torch
 import torch
-from conftest import MODELS, fused_output, make_inputs, perturb, random_head_maps
+import transformers as T
+from conftest import MODELS, VOCAB, at_trained_scale, fused_output, make_inputs, output, perturb, random_head_maps
 from tolerances import CONTRACT
 
 import hydra_ensembles as he
@@ -257,3 +258,27 @@ def test_the_states_a_prefix_keeps_are_every_members_own(name):
         for k, state in enumerate(states):
             assert (engine.run_layers(state, mask, start=k) - whole).abs().max() <= CONTRACT, k
     assert states[-1].shape[0] == 2
+
+
+def test_an_mpnet_row_with_every_token_masked_equals_hf():
+    """HF fills masked scores with the dtype's lowest value, so a row with no token left attends evenly; -inf
+    would make it another value (or NaN)."""
+    model, inputs = at_trained_scale("mpnet"), make_inputs("mpnet")
+    inputs["attention_mask"][0] = 0
+    members = he.build_members(model, random_head_maps(2, seed=3, min_heads=1))
+    expected = torch.stack([output(m, inputs) for m in members], dim=1)
+    assert (fused_output(he.HydraEnsemble.fuse(members), inputs) - expected).abs().max().item() <= CONTRACT
+
+
+def test_an_encoder_whose_weights_are_all_embeddings_or_layers_runs_as_export_traces_it(monkeypatch):
+    """A DistilBERT or DeBERTa encoder has no head weights: fused members sharing their embeddings leave nothing
+    per member, and the loop `torch.export` runs over members took their count from those tensors."""
+    config = T.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=3, n_heads=4, hidden_dim=37)
+    torch.manual_seed(0)
+    model, inputs = T.DistilBertModel(config), make_inputs("distilbert")
+    ensemble = he.HydraEnsemble.fuse(he.build_members(model, random_head_maps(2, seed=1, min_heads=1)))
+    with torch.no_grad():
+        eager = ensemble(**inputs).member_pooled
+        monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+        traced = ensemble(**inputs).member_pooled
+    torch.testing.assert_close(traced, eager, atol=CONTRACT, rtol=0)

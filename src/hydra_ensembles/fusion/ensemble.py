@@ -27,7 +27,7 @@ from ..adapters import Adapter, adapter_by_name, get_adapter
 from ..data.loaders import Batch, split_batch, to_device
 from ..io import reading_dir, save_dir_atomic, write_json_atomic
 from ..outputs import PredictorOutput
-from ..pruning import HeadMap, base_fingerprint, kept_heads
+from ..pruning import HeadMap, base_fingerprint, kept_heads, kept_neurons
 from ..pruning.persist import clear_structures
 from ..uncertainty import ensemble_probs
 from ..version import __version__
@@ -136,8 +136,10 @@ class HydraEnsemble(nn.Module):
                 when members share them, as zero-shot members do; an approximation once members were fine-tuned
                 apart: `ensemble.averaged` names what was averaged, `fusion_deviation` measures the effect; fusing
                 the pruned members and then fine-tuning the fused ensemble, `training.finetune_fused`, stays exact);
-                "stack" keeps each member's own (exact for separately fine-tuned members). Tensors identical
-                across members are stored once either way.
+                "stack" keeps each member's own (exact for separately fine-tuned members). Embedding, MLP and
+                norm tensors identical across members are stored once either way; each member's head (pooler,
+                classifier, final norm) is its own. Members that keep different MLP neurons are refused under
+                "average" (different neurons would be averaged).
             allow_identical: fuse members with the same heads and weights (refused by default: no diversity).
         """
         _check_members(members, mlp)
@@ -306,7 +308,7 @@ class HydraEnsemble(nn.Module):
         Returns x (1, B, T, d) when the members share their embeddings (else (M, B, T, d)) and the mask, as every
         layer takes it: bool, (B, 1, 1|T, T) or (T, T), or None; or, for families whose layers share an additive
         score bias (MPNet), float (B, G*H, T, T): one plane per original head of each of G = 1 or M bias copies,
-        -inf where the padding mask forbids; or, for families whose layers differ in it (ModernBERT), a list of
+        the dtype's lowest value where the padding mask forbids; or, for families whose layers differ in it (ModernBERT), a list of
         one `LayerAttention` per layer (mask and rotary table). Pass it on as it is: the engine's steps pick
         each layer's part."""
         x = self.outer.embed(inputs)
@@ -320,7 +322,8 @@ class HydraEnsemble(nn.Module):
             return x, mask
         bias = bias.flatten(0, 1)[None].expand(batch, -1, -1, -1)  # (B, G*H, T, T), a view
         if mask is not None:
-            bias = bias.masked_fill(~mask, float("-inf"))
+            # HF's own fill (a row with every key masked then attends evenly, as HF's; -inf would make it NaN)
+            bias = bias.masked_fill(~mask, torch.finfo(bias.dtype).min)
         return x, bias
 
     def prefix(self, inputs: dict[str, Any], last: int) -> tuple[list[Tensor], Tensor | None]:
@@ -484,6 +487,16 @@ def _check_members(members: Sequence[nn.Module], mlp: str) -> None:
         raise ValueError(
             f"members have different classifiers: num_labels = {labels}; fine-tune every member on the same classes."
         )
+    if mlp == "average":
+        neurons = [kept_neurons(m) for m in members]
+        differ = next((m for m in range(1, len(members)) if neurons[m] != neurons[0]), None)
+        if differ is not None:
+            layer = next(i for i in neurons[0] if neurons[differ].get(i) != neurons[0][i])
+            raise ValueError(
+                f"members 0 and {differ} keep different MLP neurons (layer {layer}): averaging their MLPs would "
+                "average different neurons. Use mlp='stack' (exact), or prune the neurons of the base before "
+                "building members (every member then keeps the same)."
+            )
     placements = {(p.device, p.dtype) for m in members for p in m.parameters()}
     if len(placements) > 1:
         raise ValueError(f"members sit on different devices/dtypes {sorted(map(str, placements))}; move them to one.")
@@ -514,6 +527,12 @@ def fusion_deviation(
     """
     if len(members) != ensemble.num_members:
         raise ValueError(f"the ensemble has {ensemble.num_members} members, got {len(members)} models to compare.")
+    for m, member in enumerate(members):  # in another order, an exact ensemble would read as an approximation
+        if kept_heads(member) != ensemble.head_maps[m]:
+            raise ValueError(
+                f"model {m} keeps other heads than the ensemble's member {m}: give the members in the order they "
+                "were fused."
+            )
     adapter = get_adapter(members[0])
     worst = {"logits": 0.0, "probs": 0.0, "examples": 0}
     with torch.no_grad():

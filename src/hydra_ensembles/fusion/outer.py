@@ -147,7 +147,7 @@ class OuterModules(nn.Module):
         so fixes a dynamic batch (`hydra_ensembles.export`; under torch.compile too: a graph per batch size)."""
         if not (torch.compiler.is_exporting() or torch.compiler.is_compiling()):
             return torch.vmap(fn)(tensors, *batched)
-        members = range(next(iter(tensors.values())).shape[0])
+        members = range((batched[0] if batched else next(iter(tensors.values()))).shape[0])  # tensors may be empty
         return torch.stack([fn({k: t[m] for k, t in tensors.items()}, *(x[m] for x in batched)) for m in members])
 
     def member_slice(self, m: int) -> dict[str, Tensor]:
