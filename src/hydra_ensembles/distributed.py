@@ -76,3 +76,14 @@ def gather_dict(local: dict[Any, Any]) -> dict[Any, Any]:
 def barrier() -> None:
     if is_distributed():
         dist.barrier()
+
+
+def sum_over_ranks(value: float) -> float:
+    """`value` summed over every rank (each receives the sum); `value` itself with one process."""
+    if not is_distributed():
+        return value
+    import torch
+
+    total = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(total)
+    return total.item()

@@ -1,5 +1,6 @@
 """torch.distributed scale-out on CPU with gloo: 2 processes give what 1 process gives."""
 
+import json
 import os
 import subprocess
 import sys
@@ -56,9 +57,13 @@ def test_data_parallel_fine_tuning_equals_one_process(tmp_path):
     """
     torchrun("finetune", str(tmp_path / "model.safetensors"))
     two = safetensors.torch.load_file(tmp_path / "model.safetensors")
-    one = run_finetune().state_dict()
+    one_model = run_finetune()
+    one, one_history = one_model.state_dict(), one_model.training_history
     steps, lr, terms, eps64, grad, eps_adam = 6, 1e-3, 1e3, torch.finfo(torch.float64).eps, 1.0, 1e-8
     bound = steps * lr * terms * eps64 * grad / eps_adam
     assert max((two[k] - one[k]).abs().max().item() for k in one if one[k].is_floating_point()) < bound
+    # the recorded loss is the whole batch's, as one process records it (each rank's own mean would differ)
+    history = json.loads((tmp_path / "model.json").read_text())
+    assert [h["loss"] for h in history] == pytest.approx([h["loss"] for h in one_history], abs=1e-9)
     untrained = MODELS["bert"]().double().state_dict()  # training moved the weights far beyond the bound
     assert max((one[k] - untrained[k]).abs().max().item() for k in one if one[k].is_floating_point()) > 1e4 * bound

@@ -6,6 +6,7 @@ python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distribute
 python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/worker.py finetune OUT
 """
 
+import json
 import sys
 from pathlib import Path
 
@@ -52,4 +53,5 @@ if __name__ == "__main__":
             result.save(out)
         else:
             safetensors.torch.save_file({k: v.contiguous() for k, v in result.state_dict().items()}, out)
+            Path(out).with_suffix(".json").write_text(json.dumps(result.training_history))
     shutdown()

@@ -308,9 +308,9 @@ class HydraEnsemble(nn.Module):
         Returns x (1, B, T, d) when the members share their embeddings (else (M, B, T, d)) and the mask, as every
         layer takes it: bool, (B, 1, 1|T, T) or (T, T), or None; or, for families whose layers share an additive
         score bias (MPNet), float (B, G*H, T, T): one plane per original head of each of G = 1 or M bias copies,
-        the dtype's lowest value where the padding mask forbids; or, for families whose layers differ in it (ModernBERT), a list of
-        one `LayerAttention` per layer (mask and rotary table). Pass it on as it is: the engine's steps pick
-        each layer's part."""
+        the dtype's lowest value where the padding mask forbids; or, for families whose layers differ in it
+        (ModernBERT), a list of one `LayerAttention` per layer (mask and rotary table). Pass it on as it is: the
+        engine's steps pick each layer's part."""
         x = self.outer.embed(inputs)
         batch, tokens = x.shape[1], x.shape[2]
         per_layer = self.outer.layer_attention(inputs, tokens)

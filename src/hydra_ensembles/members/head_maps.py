@@ -5,8 +5,9 @@ the `pool` least useful candidates (the paper draws 48 of the 100 least useful h
 per member), or each member comes from a different circuit (CircAcc, CircOOD, CircAvg).
 
 Defaults follow the paper's proportions: a member prunes a third of the heads (48 of 144), drawn from twice as
-many of the least useful (96; the paper's 100 is about twice, rounded), capped at what was ranked. Members are always distinct: a draw that repeats an earlier member is
-drawn again, and settings that cannot give M distinct members are refused (unless `allow_identical=True`).
+many of the least useful (96; the paper's 100 is about twice, rounded), capped at what was ranked. Members are
+always distinct: a draw that repeats an earlier member is drawn again, and settings that cannot give M distinct
+members are refused (unless `allow_identical=True`).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from ..adapters import Adapter, get_adapter
 from ..data.loaders import Batch, materialize, split_batch, to_device
 from ..data.loaders import batch_size as examples_in
-from ..distributed import barrier, is_distributed, is_main, rank, world_size
+from ..distributed import barrier, is_distributed, is_main, rank, sum_over_ranks, world_size
 from ..fusion import HydraEnsemble
 from ..io import batches_digest, torch_save_atomic, weights_digest
 from ..metrics import accuracy, gaussian_mixture_nll, nll
@@ -138,10 +138,10 @@ def train(
                         nn.utils.clip_grad_norm_(trainable, config.clip)
                     optimizer.step()
                     schedule.step()
-                    losses.append(value.item())
+                    losses.append(value.item() * share)  # summed over ranks / world: the whole batch's mean
                     bar.update()
                     bar.set_postfix(epoch=epoch + 1, loss=f"{value.item():.3f}")
-                record = {"epoch": epoch + 1, "loss": sum(losses) / len(losses)}
+                record = {"epoch": epoch + 1, "loss": sum_over_ranks(sum(losses)) / world_size() / len(losses)}
                 if val_batches is not None:
                     record.update(validate(model, val_batches))
                     if _remember(record, state, config):
