@@ -1,11 +1,12 @@
 """`hydra-ens bench` options that change the task: a labelled variant gets its own cache key and folder."""
 
 import json
+import re
 from argparse import Namespace
 
 import pytest
 
-from hydra_ensembles.cli import bench
+from hydra_ensembles.cli import bench, build_parser
 from hydra_ensembles.cli.common import CommandError
 
 
@@ -73,3 +74,15 @@ def test_head_layers_is_refused_where_no_transformer_student_is_distilled():
         said = refused("bench", task, "--quick", "--head-layers", "2")
         assert said.returncode != 0 and "--head-layers applies to the transformer students (distill-text" in said.stderr
         assert f"not to {task}." in said.stderr
+
+
+def test_flags_that_do_not_apply_to_a_task_are_refused_not_ignored():
+    parser = build_parser()
+    for argv, named in (
+        (["bench", "distill-image", "--rows", "Single"], "--rows appl(y) to the suite tasks"),
+        (["bench", "amp-text", "--cost-curve"], "--cost-curve appl(y) to the suite tasks"),
+        (["bench", "text", "--head-sweep", "2", "--cost-curve"], "give one of them"),
+        (["bench", "distill-image", "--prune-per-layer", "2"], "--prune-per-layer applies to the suite and amp-*"),
+    ):
+        with pytest.raises(CommandError, match=re.escape(named)):
+            bench.run(parser.parse_args(argv))

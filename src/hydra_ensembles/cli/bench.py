@@ -157,6 +157,14 @@ def run(args: argparse.Namespace) -> int:
             f"--head-layers applies to the transformer students (distill-{', distill-'.join(DISTILL_TASKS)}), "
             f"not to {args.task}."
         )
+    suite_flags = {"--rows": args.rows, "--head-sweep": args.head_sweep, "--cost-curve": args.cost_curve}
+    given = [flag for flag, value in suite_flags.items() if value]
+    if given and args.task not in TASKS:
+        raise CommandError(f"{', '.join(given)} appl(y) to the suite tasks ({', '.join(TASKS)}), not to {args.task}.")
+    if args.head_sweep and args.cost_curve:
+        raise CommandError("--head-sweep and --cost-curve each replace the table: give one of them.")
+    if args.prune_per_layer is not None and args.task not in TASKS and args.task not in AMP:
+        raise CommandError(f"--prune-per-layer applies to the suite and amp-* tables, not to {args.task}.")
     if args.task in DISTILL:
         return _distill(args)
     if args.task in AMP:
