@@ -12,6 +12,7 @@ from sklearn.metrics import roc_auc_score
 
 import hydra_ensembles as he
 from hydra_ensembles.importance import circuit as circuit_module
+from hydra_ensembles.importance.circuit import scoring
 
 
 def _score(model, id_batches, ood_batches, criterion, rule=None):
@@ -373,10 +374,19 @@ def test_searches_refuse_a_top_below_one_and_a_multi_state_extended_past_its_bud
                                                  progress=False).removed  # fmt: skip
 
 
-def test_bf16_search_is_labelled_approximate_and_ranks_distinct_heads(tmp_path):
+def test_bf16_search_is_labelled_approximate_and_ranks_distinct_heads(tmp_path, monkeypatch):
     model, (id_batches, ood_batches) = MODELS["bert"](), tied_data()
+    products, numerics = [], scoring.CandidateScorer.numerics
+
+    def spied(scorer):
+        with numerics(scorer):
+            products.append(torch.ones(2, 2) @ torch.ones(2, 2))  # what the scorer's passes run in
+        return numerics(scorer)
+
+    monkeypatch.setattr(scoring.CandidateScorer, "numerics", spied)
     circuit = he.extract_circuit(model, id_batches, ood_batches, "avg", 5, precision="bf16", progress=False)
     assert circuit.search == "fast-bf16" and len(set(circuit.removed)) == 5
+    assert products and all(p.dtype == torch.bfloat16 for p in products)  # precision ignored: float32
     circuit.save(tmp_path / "c.json")
     assert he.Circuit.load(tmp_path / "c.json").search == "fast-bf16"
     with pytest.raises(ValueError, match="precision must be one of"):

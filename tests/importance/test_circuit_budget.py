@@ -10,8 +10,8 @@ from circuit_support import circuit_data, circuit_model
 
 import hydra_ensembles as he
 from hydra_ensembles.data.loaders import batch_size as examples_in
+from hydra_ensembles.importance.circuit import Choice, scoring
 from hydra_ensembles.importance.circuit import budget as budget_module
-from hydra_ensembles.importance.circuit import scoring
 from hydra_ensembles.importance.circuit import search as search_module
 
 EXAMPLES = 48  # circuit_data: 24 ID + 24 OOD
@@ -126,8 +126,9 @@ def test_a_search_no_coarser_search_can_finish_stops_with_its_state_saved_and_re
     exact = _extract(fake_time, method="fast")
     fake_time.now, fake_time.slowdown = 0.0, 20.0  # predicted ~72 s within 100 s; the search runs 20x slower
     state = tmp_path / "state.json"
-    with pytest.raises(search_module.TimeBudgetExceeded, match="stopped by its time budget.* run it again with"):
+    with pytest.raises(search_module.TimeBudgetExceeded, match="stopped by its time budget.* run it again with") as e:
         _extract(fake_time, time_budget=100, state_path=state)
+    assert "removals run" not in str(e.value)  # it stopped: no search runs them
     stopped_at = fake_time.now
     saved = json.loads(state.read_text())
     assert len(saved["removed"]) == 1 and saved["removed"][0] == list(exact.removed[0])  # the step made is kept
@@ -195,3 +196,58 @@ def test_an_old_state_without_timing_resumes(tmp_path):
         model, id_batches, ood_batches, "avg", 3, method="fast", state_path=state, progress=False
     )
     assert resumed.removed == fresh.removed and resumed.search == "exact"
+
+
+def test_the_probe_counts_before_the_plan_keeps_or_leaves_the_exact_search(fake_time):
+    """Exact: 68 s of search after a 4 1/3-s probe, 72 1/3 s in all: over a 72-s budget only once the probe is
+    counted. Counted after (as it was), the exact search alone was tried and refused, fast-bf16 never looked at."""
+    circuit = _extract(fake_time, time_budget=72)
+    assert circuit.search == "fast-bf16" and circuit.timing["measured_s"] <= 72
+
+
+def test_a_resumed_auto_search_finds_its_coarser_searches_whatever_the_exact_searchs_top():
+    """The exact search ignores `top`: a plan made with top 8, resumed with top 4, still has rungs below it."""
+    rungs = [Choice("fast", 8), Choice("multi", 2, "bf16")]
+    plan = budget_module.Plan(rungs[0], None, rungs, time_budget=100, predicted_s=1, probe_s=1)
+    assert plan.coarser_than(Choice("fast", 4)) == rungs[1:]
+
+
+def test_s_values_equal_in_exact_arithmetic_tie():
+    """(acc + AUROC) / 2 of two (acc, AUROC) pairs with one sum: 24 ID and 24 OOD examples, one more correct
+    prediction traded for 24 ranked pairs. In floats they differ in the last bit, and the bit, not the secondary
+    score, decided; the tie went uncounted."""
+    from hydra_ensembles.importance.circuit.criteria import TIE_BREAKS
+
+    class Given(he.CircuitCriterion):
+        def __init__(self, value):
+            self.value = value
+
+        def __call__(self, *args):
+            return self.value
+
+    a, b = (15 / 24 + 300 / 576) / 2, (16 / 24 + 276 / 576) / 2
+    assert a != b  # the rounding the rule must not see
+    rule = TIE_BREAKS["order"]
+    assert rule.value(Given(a), None, None, None) == rule.value(Given(b), None, None, None)
+
+
+def test_the_bar_ends_each_step_at_its_size_under_several_processes(monkeypatch):
+    """Rank 0 scores 6 of 11 candidates on 2 processes and ticks for both (x 2): capped at 11, and topped up."""
+    seen = []
+
+    class Bar:
+        def update(self, n):
+            seen.append(n)
+
+    monkeypatch.setattr(search_module, "world_size", lambda: 2)
+    ticks = search_module._StepTicks(Bar(), 11)
+    for _ in range(6):
+        ticks(1)
+    ticks.finish()
+    assert sum(seen) == 11
+    ticks = search_module._StepTicks(Bar(), 11)
+    seen.clear()
+    for _ in range(5):
+        ticks(1)
+    ticks.finish()  # rank 0 held 5 of 11 (the uneven share): the step still ends at 11
+    assert sum(seen) == 11

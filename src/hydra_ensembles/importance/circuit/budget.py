@@ -147,7 +147,8 @@ class Plan:
         """The rungs after `choice`; the whole ladder is measured (bf16 probed) the first time it is needed."""
         if len(self.rungs) == 1:
             self.rungs = ladder(self.costs, self.rungs[0].top, self.rungs[0].precision)
-        return self.rungs[self.rungs.index(choice) + 1 :] if choice in self.rungs else []
+        names = [rung.name for rung in self.rungs]  # by name: an exact search's `top` is not part of it
+        return self.rungs[names.index(choice.name) + 1 :] if choice.name in names else []
 
     def note(self) -> str:
         probe = "a saved probe (resumed)" if self.resumed else f"a {self.probe_s:.1f}-s probe, counted in the budget"
@@ -186,7 +187,8 @@ def plan_search(
     step, when none fits, naming what does. bf16 is probed only when the exact search does not fit."""
     exact = Choice("fast", top, precision)
     rungs = [exact]
-    if elapsed() + costs.seconds(exact, candidates, 0, budget) > time_budget:
+    predicted = costs.seconds(exact, candidates, 0, budget)  # first: it runs the probe, whose time elapsed() counts
+    if elapsed() + predicted > time_budget:
         rungs = ladder(costs, top, precision)
     for rung in rungs:
         predicted = costs.seconds(rung, candidates, 0, budget)
@@ -263,8 +265,9 @@ def largest_subsample(costs: Costs, choice: Choice, candidates: int, budget: int
 class Pace:
     """Method "auto"'s clock during the search. After each step (`step_done`), the measured seconds of the steps so
     far against their prediction give a pace (measured / predicted); `check` projects the remaining removals at
-    that pace and, if they would end past the budget, returns the most accurate coarser rung that fits (the
-    coarsest if none does, and says by how much it will overrun), with a warning naming measured vs predicted."""
+    that pace and, if they would end past the budget, returns the most accurate coarser rung that fits, with a
+    warning naming measured vs predicted; if none fits, it sets `stop` (the search stops after this step, its state
+    saved, rather than overrun) with a message naming the time that would finish it."""
 
     plan: Plan
     candidates: int
@@ -299,7 +302,7 @@ class Pace:
             f"after {removed} of {self.budget} removals, {self.measured:.0f} s measured against {self.predicted:.0f} s "
             f"predicted ({pace:.2f}x): {choice.name} would end at {ends / 60:.1f} min of the {_duration(limit)} budget"
         )
-        if rung != choice:
+        if fitting and rung != choice:
             said += f"; the remaining {self.budget - removed} removals run {rung.name} (~{end / 60:.1f} min in all)"
         if not fitting:  # the budget is a promise: stop, the state saved, rather than overrun
             self.stop = (

@@ -124,9 +124,13 @@ def register_criterion(name: str, criterion: CircuitCriterion) -> None:
     CRITERIA[name] = criterion
 
 
+S_DIGITS = 12  # S compared at 12 decimals: values equal in exact arithmetic, e.g. (acc + AUROC) / 2 of two other
+# (acc, AUROC) pairs with one sum, can differ in the last bit; counts over <= 1e5 examples differ far above it
+
+
 class TieBreak(ABC):
     """How candidates are compared: by the tuple `value` gives, greatest first; equal values fall to candidate
-    order, and count as ties (removals the data could not decide)."""
+    order, and count as ties (removals the data could not decide). S is compared rounded to `S_DIGITS` decimals."""
 
     says: ClassVar[str]  # the rule, as a circuit's tie note names it
 
@@ -147,7 +151,7 @@ class ByOrder(TieBreak):
     says = "S alone"
 
     def value(self, criterion, id_logits, id_labels, ood_logits):
-        return (criterion(id_logits, id_labels, ood_logits),)
+        return (round(criterion(id_logits, id_labels, ood_logits), S_DIGITS),)
 
 
 class BySecondary(TieBreak):
@@ -159,7 +163,8 @@ class BySecondary(TieBreak):
         return criterion.has_secondary()
 
     def value(self, criterion, id_logits, id_labels, ood_logits):
-        return criterion(id_logits, id_labels, ood_logits), criterion.secondary(id_logits, id_labels, ood_logits)
+        s = round(criterion(id_logits, id_labels, ood_logits), S_DIGITS)
+        return s, criterion.secondary(id_logits, id_labels, ood_logits)
 
 
 TIE_BREAKS: dict[str, TieBreak] = {"score": BySecondary(), "order": ByOrder()}

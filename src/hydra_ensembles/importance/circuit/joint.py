@@ -125,7 +125,8 @@ class JointScorer:
     def _embeddings(self, tower: str, pooled: Tensor) -> Tensor:
         """Image embeddings (N, P), or class embeddings (C, P) from the prompts' pooled outputs (C*T, d)."""
         projection = self.projections[tower]
-        z = F.normalize(projection(pooled.to(projection.weight.dtype)).float(), dim=-1)
+        weight = projection.weight  # the scorers' outputs are on the CPU; the tower may be on a GPU
+        z = F.normalize(projection(pooled.to(weight.device, weight.dtype)).float().cpu(), dim=-1)
         if tower == "text":
             z = F.normalize(z.view(self.num_classes, -1, z.shape[-1]).mean(dim=1), dim=-1)
         return z

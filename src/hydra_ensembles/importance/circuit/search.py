@@ -386,7 +386,9 @@ def greedy_removal(
             remaining = method.shortlist(remaining, step, known, scorer, removed, search.top)  # sorts are stable
             remaining.sort(key=order.__getitem__)
             # each rank scores a share; the gathered values carry the secondary score too
-            values = gather_dict(scorer.score(removed, shard(remaining), lambda n: bar.update(n * world_size())))
+            ticked = _StepTicks(bar, len(remaining))  # rank 0's share, scaled to the step: never past its end
+            values = gather_dict(scorer.score(removed, shard(remaining), ticked))
+            ticked.finish()
             ranked = sorted(remaining, key=values.__getitem__, reverse=True)  # best first; stable: equal values
             known.update(values)  # keep candidate order
             for best in ranked[: last - step]:
@@ -497,3 +499,21 @@ def _load_state(path: str | os.PathLike | None, identity: dict) -> dict:
             "(criterion, search, tie rule, model weights or validation data); delete it or pass another state_path."
         )
     return state
+
+
+class _StepTicks:
+    """The bar's ticks for one step of `size` candidates: rank 0 scores about 1/world of them and ticks for all
+    ranks (n x world), capped at the step's size; `finish` adds what the cap or the uneven share left out."""
+
+    def __init__(self, bar, size: int):
+        self.bar, self.size, self.done = bar, size, 0
+
+    def __call__(self, n: int) -> None:
+        n = min(n * world_size(), self.size - self.done)
+        self.done += n
+        self.bar.update(n)
+
+    def finish(self) -> None:
+        if self.done < self.size:
+            self.bar.update(self.size - self.done)
+            self.done = self.size
