@@ -628,6 +628,9 @@ DIFFERENCES = (  # (A, B): is A really better than B? Paper rows against the bas
     ("CircAvg", "Deep Ensembles"),
     ("Deep Ensembles", "Single"),
     ("Hydra (Circ)", "Single, trained as long"),
+    ("CircAvg", "Single, trained as long"),  # pruning, apart from the members' extra training
+    ("Single, trained as long", "Single"),  # what the extra training alone gives
+    ("Hydra (Circ), temp. scaling", "Deep Ensembles"),  # calibrated, against the ensemble a user would train
     ("Hydra (Circ), temp. scaling", "Temp. scaling"),
     ("CircAvg, temp. scaling", "Temp. scaling"),
     ("CircAvg, temp. scaling", "Single"),  # issue 44: one model's cost, better than the model a user has?
