@@ -1,10 +1,11 @@
-"""The demo: what a Hydra Ensemble does for a real model, on the embedded default (no download, no GPU).
+"""The demo: what a Hydra Ensemble does for a real model, on the embedded default (no model download, no GPU;
+the Amazon sentences are fetched once from PyPI, vaderSentiment's source archive).
 
 Fine-tunes the packaged all-MiniLM-L6-v2 on three BBC News topics (business, politics, sports), builds
 Hydra (Taylor) and Hydra (Circ) — 3 members, each keeping two thirds of the heads of the model, fine-tuned
 briefly and fused into one module — and compares them with the single model on held-out articles, the two unseen
 BBC topics (near-OOD) and drug reviews and Amazon product reviews (far-OOD). About 6 minutes on 2 free CPU cores
-the first time (357 s measured alone, 2026-11-26); trained models are cached (--cache), so a second run takes
+the first time (339 s measured alone, 2026-11-27); trained models are cached (--cache), so a second run takes
 seconds.
 Writes a report folder: README.md (how to read it), table.md, table.json, reliability.png, ood_scores.png,
 head_importance.png.
