@@ -187,3 +187,36 @@ def test_msp_does_not_saturate_for_confident_inputs():
     members = torch.tensor([[[0.0, 45.0, 0.0], [0.0, 50.0, 3.0]]], dtype=torch.float64)
     off_top = members.softmax(-1)[..., [0, 2]].sum(-1).mean(-1)
     assert torch.allclose(OOD_SCORES["msp"](members), off_top, rtol=1e-12, atol=0)
+
+
+def test_logits_bad_labels_and_bad_arguments_are_refused_not_measured():
+    """Logits passed as probabilities gave a negative NLL (-0.896), an ECE of 1.5, a Brier score of 3.1; a label
+    out of range was counted wrong by ECE and crashed NLL with an index error."""
+    logits, probs = torch.tensor([[3.0, -1.0], [0.5, 2.0]]), torch.tensor([[0.9, 0.1], [0.3, 0.7]])
+    for metric in (M.nll, M.ece, M.brier, M.adaptive_ece):
+        with pytest.raises(ValueError, match="needs probabilities .* not logits"):
+            metric(logits, torch.tensor([0, 1]))
+        with pytest.raises(ValueError, match=r"integer class ids in \[0, 2\)"):
+            metric(probs, torch.tensor([0, 2]))
+    with pytest.raises(ValueError, match="bins >= 1"):
+        M.ece(probs, torch.tensor([0, 1]), bins=0)
+    scores, is_ood = torch.tensor([0.1, 0.9, 0.4]), torch.tensor([False, True, True])
+    with pytest.raises(ValueError, match=r"true-positive rate in \(0, 1\]"):
+        M.fpr_at_tpr(scores, is_ood, tpr=1.5)
+    for metric in (M.fpr_at_tpr, M.average_precision, M.auroc):
+        with pytest.raises(ValueError, match=r"both \(N,\)"):
+            metric(scores, is_ood[:2])
+
+
+def test_labels_of_refuses_a_shuffling_loader_and_a_loader_labelled_in_part():
+    """calibrate(model, collect_member_logits(model, loader), labels_of(loader)) reads the loader twice: a shuffling
+    DataLoader would pair logits with another order's labels, silently."""
+    from hydra_ensembles.outputs import labels_of
+
+    rows = [{"x": torch.tensor([float(i)]), "labels": torch.tensor(i % 2)} for i in range(6)]
+    with pytest.raises(ValueError, match="shuffles, so each pass reads another order"):
+        labels_of(torch.utils.data.DataLoader(rows, batch_size=2, shuffle=True))
+    assert labels_of(torch.utils.data.DataLoader(rows, batch_size=2)).tolist() == [0, 1, 0, 1, 0, 1]
+    batches = [{"labels": torch.tensor([0, 1])}, {"x": torch.ones(2)}]
+    with pytest.raises(ValueError, match="1 of the loader's 2 batches have no 'labels'"):
+        labels_of(batches)

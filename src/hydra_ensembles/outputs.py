@@ -104,8 +104,25 @@ def collect_member_logits(model: nn.Module, loader: Iterable[Mapping[str, Any]],
 
 
 def labels_of(loader: Iterable[Mapping[str, Any]]) -> Tensor:
-    """The labels of a labelled loader, concatenated (N,)."""
-    labels = [torch.as_tensor(batch["labels"]) for batch in loader if batch.get("labels") is not None]
+    """The labels of a labelled loader, concatenated (N,), in the order `collect_member_logits` reads its inputs:
+    a loader that shuffles anew on each pass is refused (its labels would not line up with logits of another
+    pass), and so is one whose batches are labelled only in part."""
+    sampler = getattr(loader, "sampler", None)
+    if isinstance(loader, torch.utils.data.DataLoader) and isinstance(sampler, torch.utils.data.RandomSampler):
+        raise ValueError(
+            "the loader shuffles, so each pass reads another order: its labels would not line up with the logits "
+            "of another pass. Use DataLoader(..., shuffle=False) (or a list of batches) for evaluation."
+        )
+    labels, batches = [], 0
+    for batch in loader:  # one batch at a time: the inputs are not kept
+        batches += 1
+        if batch.get("labels") is not None:
+            labels.append(torch.as_tensor(batch["labels"]))
     if not labels:
         raise ValueError("the loader has no 'labels'.")
+    if len(labels) < batches:
+        raise ValueError(
+            f"{batches - len(labels)} of the loader's {batches} batches have no 'labels': labels would not line up "
+            "with the inputs. Label every batch."
+        )
     return torch.cat(labels)

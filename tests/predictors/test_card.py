@@ -154,6 +154,20 @@ def test_a_baseline_that_is_its_own_method_says_so_in_its_title():
         assert f"# {title}" in text and "Hydra Ensemble" not in text.split("\n## ")[0]
 
 
+def test_a_packed_ensemble_card_compares_with_the_full_width_model_and_names_no_heads(tmp_path):
+    """Its members are narrow networks trained from scratch: measured against one narrow member, the card called
+    the base "hidden size 24" and listed pruned heads."""
+    vit = MODELS["vit"]()
+    packed = he.predictors.packed_ensemble(vit)
+    he.predictors.save_predictor(packed, tmp_path / "p")
+    for predictor in (packed, he.predictors.load_predictor(tmp_path / "p")):
+        text = model_card.card_text(predictor)
+        assert f"hidden size {vit.config.hidden_size}" in text and "Heads kept per layer" not in text
+        assert "3 narrow networks (alpha=2, gamma=1" in text
+        ratio = he.count_parameters(packed) / he.count_parameters(vit)
+        assert f"{ratio:.2f}x" in text, text
+
+
 @pytest.mark.parametrize("name, width", [("distilbert", 37), ("dinov2", 64), ("clip_classifier", 37)])
 def test_card_reads_sizes_from_the_model_whatever_its_config_calls_them(name, width):
     """DistilBERT's hidden_dim, DINOv2's mlp_ratio, CLIP's vision_config: an unpruned model is not called pruned."""

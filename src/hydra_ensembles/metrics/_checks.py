@@ -9,7 +9,8 @@ from torch import Tensor
 
 
 def check_probs(probs: Tensor, labels: Tensor, metric: str) -> None:
-    """probs (N, C) and labels (N,), N > 0, no NaN."""
+    """probs (N, C) and labels (N,), N > 0, no NaN; each row a probability distribution (logits would give a
+    negative NLL or an ECE above 1), each label a class id in [0, C)."""
     if probs.ndim != 2 or tuple(labels.shape) != tuple(probs.shape[:1]) or probs.shape[0] == 0:
         raise ValueError(
             f"{metric} needs probs (N, C) and labels (N,) with N > 0, got {tuple(probs.shape)} and "
@@ -21,10 +22,32 @@ def check_probs(probs: Tensor, labels: Tensor, metric: str) -> None:
             f"{metric}: {bad} row(s) of the probabilities hold NaN (for example logits that overflowed to inf in "
             "bf16); fix them before measuring."
         )
+    sums = probs.sum(dim=1, dtype=torch.float64)
+    slack = 1e-3 if probs.dtype in (torch.float32, torch.float64) else 5e-2  # bf16/fp16 round each probability
+    if probs.min() < -1e-6 or probs.max() > 1 + 1e-6 or (sums - 1).abs().max() > slack:
+        raise ValueError(
+            f"{metric} needs probabilities (each in [0, 1], each row summing to 1), got values in "
+            f"[{probs.min().item():.3g}, {probs.max().item():.3g}] and row sums in [{sums.min().item():.4g}, "
+            f"{sums.max().item():.4g}]: pass softmax(logits) (a predictor's `out.probs`), not logits."
+        )
+    if labels.dtype.is_floating_point or labels.min() < 0 or labels.max() >= probs.shape[1]:
+        raise ValueError(
+            f"{metric} needs integer class ids in [0, {probs.shape[1]}) as labels, got {labels.dtype} labels in "
+            f"[{labels.min().item()}, {labels.max().item()}]."
+        )
 
 
-def check_scores(scores: np.ndarray, metric: str) -> None:
-    """OOD scores (N,) without NaN: each metric would rank a NaN differently (AUROC last, AUPR first)."""
+def check_bins(bins: int, metric: str) -> None:
+    if not isinstance(bins, int) or bins < 1:
+        raise ValueError(f"{metric} needs bins >= 1 (an integer), got {bins!r}.")
+
+
+def check_scores(scores: np.ndarray, metric: str, positive: np.ndarray | None = None) -> None:
+    """OOD scores (N,) without NaN: each metric would rank a NaN differently (AUROC last, AUPR first); with
+    `positive`, the labels (N,) beside them."""
+    if scores.ndim != 1 or (positive is not None and positive.shape != scores.shape):
+        shapes = f"{scores.shape} and {positive.shape}" if positive is not None else f"{scores.shape}"
+        raise ValueError(f"{metric} needs scores and labels that are both (N,), got {shapes}.")
     bad = int(np.isnan(scores).sum())
     if bad:
         raise ValueError(

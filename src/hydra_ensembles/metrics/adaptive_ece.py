@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_probs
+from ._checks import check_bins, check_probs
 from .ece import _compute
 
 
@@ -23,6 +23,7 @@ def adaptive_ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
     Reference: Nixon et al., "Measuring calibration in deep learning", 2019.
     """
     check_probs(probs, labels, "adaptive ECE")
+    check_bins(bins, "adaptive ECE")
     confidence, prediction = probs.double().max(dim=1)
     correct = (prediction == labels.to(probs.device)).double()
     return _bins_and_compute(confidence, correct, bins).item()

@@ -35,7 +35,7 @@ def aupr_in(ood_scores: Tensor, is_ood: Tensor) -> float:
 
 
 def _compute(scores: np.ndarray, positive: np.ndarray) -> float:
-    check_scores(scores, "AUPR")
+    check_scores(scores, "AUPR", positive)
     if not positive.any():
         raise ValueError(
             "average precision needs at least one positive sample: pass both ID and OOD samples (is_ood with "

@@ -25,9 +25,7 @@ def auroc(scores: Tensor, is_positive: Tensor) -> float:
 
 
 def _compute(scores: np.ndarray, positive: np.ndarray) -> float:
-    if scores.shape != positive.shape or scores.ndim != 1:
-        raise ValueError(f"scores and labels must both be (N,), got {scores.shape} and {positive.shape}.")
-    check_scores(scores, "AUROC")
+    check_scores(scores, "AUROC", positive)
     n_pos = int(positive.sum())
     n_neg = positive.size - n_pos
     if n_pos == 0 or n_neg == 0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_probs
+from ._checks import check_bins, check_probs
 
 
 def ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
@@ -19,6 +19,7 @@ def ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
     and at a confidence exactly on an edge b/15, which torchmetrics' float32 edges may put in the bin below.
     """
     check_probs(probs, labels, "ECE")
+    check_bins(bins, "ECE")
     confidence, prediction = probs.double().max(dim=1)
     correct = (prediction == labels.to(probs.device)).double()
     index = (confidence * bins).long().clamp(max=bins - 1)  # bin b: [b/bins, (b+1)/bins)

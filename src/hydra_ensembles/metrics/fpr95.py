@@ -22,9 +22,11 @@ def fpr_at_tpr(scores: Tensor, is_positive: Tensor, tpr: float = 0.95) -> float:
 
 
 def _compute(scores: np.ndarray, positive: np.ndarray, tpr: float) -> float:
+    if not 0 < tpr <= 1:
+        raise ValueError(f"FPR at TPR needs a true-positive rate in (0, 1], got {tpr}.")
+    check_scores(scores, "FPR at TPR", positive)
     if positive.all() or not positive.any():
         raise ValueError("FPR at TPR needs both positive (OOD) and negative (ID) samples; got only one class.")
-    check_scores(scores, "FPR at TPR")
     positives = np.sort(scores[positive])[::-1]
     needed = int(np.ceil(tpr * len(positives) - 1e-12))  # positives the threshold must catch
     threshold = positives[max(needed, 1) - 1]  # the strictest threshold catching them: the needed-th highest

@@ -59,7 +59,11 @@ def is_own_card(path: str | os.PathLike) -> bool:
 def card_text(predictor: nn.Module, path: Path | None = None, evaluation: Mapping[str, Any] | None = None) -> str:
     """The card of `predictor` (see the module docstring) as Markdown."""
     inner = base_model(predictor)
-    base = _unpruned(inner) if isinstance(inner, HydraEnsemble) or _is_hf(inner) else None
+    own = _own_method(predictor)
+    if own is not None:  # a baseline whose members are not pruned copies (Packed-Ensembles)
+        base = own.reference_model()
+    else:
+        base = _unpruned(inner) if isinstance(inner, HydraEnsemble) or _is_hf(inner) else None
     lines = [*_header(inner), f"# {_title(predictor, inner, base)}", ""]
     lines += [f"Made with hydra-ensembles {__version__}; load it with `hydra_ensembles.load_predictor(path)`.", ""]
     lines += _base_lines(inner, base) + _method_lines(predictor, inner, base, path) + _cost_lines(predictor, base)
@@ -120,6 +124,8 @@ def _method_lines(predictor: nn.Module, inner: nn.Module, base: nn.Module | None
     lines = ["## Method and settings", ""]
     for wrapper in wrapper_chain(predictor)[:-1]:
         lines.append(f"- wrapper: `{getattr(wrapper, 'kind', type(wrapper).__name__)}` around the model below")
+    if (own := _own_method(predictor)) is not None:  # a method of its own, not pruned members
+        return [*lines, *own.card_method_lines(), ""]
     if isinstance(inner, HydraEnsemble):
         lines += [
             f"- members: {inner.num_members}, fused into one module that runs them in one pass (paper 000, §4.2)",
@@ -244,6 +250,12 @@ def _is_pruned(model: nn.Module, base: nn.Module) -> bool:
     """Heads or MLP neurons fewer than the unpruned model's (`base`)."""
     counts = [[len(h) for _, h in sorted(kept_heads(m).items())] for m in (model, base)]
     return counts[0] != counts[1] or _widths(model) != _widths(base)
+
+
+def _own_method(predictor: nn.Module) -> nn.Module | None:
+    """The predictor in the wrapper chain that describes itself (`reference_model`, `card_method_lines`): a
+    baseline such as Packed-Ensembles, whose fused engine holds members that are not pruned copies of a model."""
+    return next((m for m in wrapper_chain(predictor) if hasattr(m, "reference_model")), None)
 
 
 def _unpruned(inner: nn.Module) -> nn.Module:

@@ -79,9 +79,27 @@ class PackedEnsemble(Wrapper):
     # the model card's title (`card.py`)
     title = "Packed-Ensembles (Laurent et al., 2023): {members} narrow {model} networks trained from scratch, fused"
 
-    def __init__(self, fused: HydraEnsemble, alpha: float, gamma: int = 1):
+    def __init__(self, fused: HydraEnsemble, alpha: float, gamma: int = 1, source_config: dict | None = None):
         super().__init__()
         self.fused, self.alpha, self.gamma = fused, alpha, gamma
+        self.source_config = source_config  # the full-width model's config, which the members narrow
+
+    def reference_model(self) -> nn.Module | None:
+        """One full-width model of the config the members were narrowed from (randomly initialised: the model
+        card reads its size and FLOPs); None for a save made before the config was recorded."""
+        if self.source_config is None:
+            return None
+        model_class = self.fused.model_class
+        return model_class(model_class.config_class.from_dict(self.source_config)).eval()
+
+    def card_method_lines(self) -> list[str]:
+        """What the model card says of the method, in place of a Hydra Ensemble's head table."""
+        config = self.fused.model_config
+        return [
+            f"- members: {self.num_members} narrow networks (alpha={self.alpha:g}, gamma={self.gamma}: each "
+            f"{config.num_attention_heads} heads, hidden size {config.hidden_size}, MLP width "
+            f"{config.intermediate_size}), trained from scratch, run in one pass as grouped projections"
+        ]
 
     @property
     def base(self) -> nn.Module:
@@ -101,6 +119,7 @@ class PackedEnsemble(Wrapper):
         def write(tmp: Path) -> None:
             self.fused.save_pretrained(tmp / FUSED_DIR)
             record = {"kind": self.kind, "members": self.num_members, "alpha": self.alpha, "gamma": self.gamma}
+            record["source_config"] = self.source_config
             write_json_atomic(tmp / PREDICTOR_FILE, record)
 
         return save_dir_atomic(path, write)
@@ -109,7 +128,8 @@ class PackedEnsemble(Wrapper):
     def from_pretrained(cls, path: str | os.PathLike) -> PackedEnsemble:
         path = Path(path)
         record = json.loads((path / PREDICTOR_FILE).read_text())
-        return cls(HydraEnsemble.from_pretrained(path / FUSED_DIR), record["alpha"], record["gamma"]).eval()
+        fused = HydraEnsemble.from_pretrained(path / FUSED_DIR)
+        return cls(fused, record["alpha"], record["gamma"], record.get("source_config")).eval()
 
     @classmethod
     def describe(cls, path: Path) -> str:
@@ -138,7 +158,7 @@ def packed_ensemble(
     for member in narrow:
         setattr(member.config, FINGERPRINT_KEY, fingerprint)
     fused = HydraEnsemble.fuse(narrow, mlp="stack").untie()
-    return PackedEnsemble(fused, alpha, gamma).eval()
+    return PackedEnsemble(fused, alpha, gamma, model.config.to_dict()).eval()
 
 
 def train_packed(

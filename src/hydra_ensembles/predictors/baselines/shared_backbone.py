@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ...adapters import get_adapter
-from ...data.loaders import Batch, materialize, split_batch
+from ...data.loaders import Batch, materialize, split_batch, to_device
 from ...fusion import HydraEnsemble
 from .heads import head_parameters, reset_classifier
 
@@ -53,11 +53,11 @@ def shared_backbone_ensemble(
 def _features(model: nn.Module, batches: list[Batch]) -> list[tuple[Tensor, dict, Tensor]]:
     """(last-layer hidden states of the tokens the head reads, inputs, labels) for every batch."""
     engine = HydraEnsemble.fuse([model])
-    adapter = get_adapter(model)
+    adapter, device = get_adapter(model), next(model.parameters()).device
     out = []
     for batch in batches:
-        inputs, labels = split_batch(adapter, batch)
+        inputs, labels = split_batch(adapter, to_device(batch, device))  # batches as given: on the CPU
         x, mask = engine.embed(inputs)
         hidden = engine.run_layers(x, mask, queries=engine.head_tokens)[0]  # (B, q, d)
-        out.append((hidden, inputs, torch.as_tensor(labels)))
+        out.append((hidden, inputs, torch.as_tensor(labels, device=device)))
     return out
