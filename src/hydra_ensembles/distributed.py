@@ -82,8 +82,6 @@ def sum_over_ranks(value: float) -> float:
     """`value` summed over every rank (each receives the sum); `value` itself with one process."""
     if not is_distributed():
         return value
-    import torch
-
-    total = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(total)
-    return total.item()
+    parts: list[float | None] = [None] * world_size()
+    dist.all_gather_object(parts, value)  # any backend: NCCL has no CPU tensors, and a float needs no device
+    return sum(parts)

@@ -229,6 +229,7 @@ def test_s_values_equal_in_exact_arithmetic_tie():
     assert a != b  # the rounding the rule must not see
     rule = TIE_BREAKS["order"]
     assert rule.value(Given(a), None, None, None) == rule.value(Given(b), None, None, None)
+    assert rule.value(Given(torch.tensor(a, dtype=torch.float64)), None, None, None) == (round(a, 12),)  # 0-d
 
 
 def test_the_bar_ends_each_step_at_its_size_under_several_processes(monkeypatch):

@@ -96,8 +96,8 @@ def train(
     if val_batches is not None and config.monitor != "nll" and getattr(model, "regression", False):
         raise ValueError(f"a regressor has no accuracy to monitor (monitor={config.monitor!r}): use monitor='nll'.")
     was_trainable = [p for p in model.parameters() if p.requires_grad]
-    trainable = _select_trainable(model, _locator(model, adapter if is_hf else None), config)
     try:
+        trainable = _select_trainable(model, _locator(model, adapter if is_hf else None), config)
         augment = AUGMENTATIONS[config.augment] if config.augment is not None else None
         optimizer = OPTIMIZERS[config.optimizer](trainable, config, _stacked_vectors(model))
         total = config.epochs * len(batches)
@@ -395,8 +395,9 @@ def _resume(path: Path, model, optimizer, schedule, identity: dict) -> dict:
     ):
         if key in payload and payload[key] != identity.get(key):  # a checkpoint written before a key: trusted
             raise ValueError(
-                f"the checkpoint at {str(path)!r} was written for another {what} (digest {payload[key]}, this run's "
-                f"{identity[key]}): resuming would continue another run. Delete it or pass another checkpoint_dir."
+                f"the checkpoint at {str(path)!r} was written for another {what} (recorded {payload[key]!r}, this "
+                f"run's {identity.get(key)!r}): resuming would continue another run. Delete it or pass another "
+                "checkpoint_dir."
             )
     misfits = _misfits(model.state_dict(), payload["model"])
     if misfits:  # checked before loading: a refused checkpoint leaves the model as it was (torch would load part)

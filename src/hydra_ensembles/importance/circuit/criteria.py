@@ -125,7 +125,8 @@ def register_criterion(name: str, criterion: CircuitCriterion) -> None:
 
 
 S_DIGITS = 12  # S compared at 12 decimals: values equal in exact arithmetic, e.g. (acc + AUROC) / 2 of two other
-# (acc, AUROC) pairs with one sum, can differ in the last bit; counts over <= 1e5 examples differ far above it
+# (acc, AUROC) pairs with one sum, can differ in the last bit; counts over <= 1e5 examples differ far above it.
+# (Two values a bit apart can still straddle a rounding boundary: about 1e-4 odds, not never.)
 
 
 class TieBreak(ABC):
@@ -151,7 +152,7 @@ class ByOrder(TieBreak):
     says = "S alone"
 
     def value(self, criterion, id_logits, id_labels, ood_logits):
-        return (round(criterion(id_logits, id_labels, ood_logits), S_DIGITS),)
+        return (round(float(criterion(id_logits, id_labels, ood_logits)), S_DIGITS),)
 
 
 class BySecondary(TieBreak):
@@ -163,7 +164,7 @@ class BySecondary(TieBreak):
         return criterion.has_secondary()
 
     def value(self, criterion, id_logits, id_labels, ood_logits):
-        s = round(criterion(id_logits, id_labels, ood_logits), S_DIGITS)
+        s = round(float(criterion(id_logits, id_labels, ood_logits)), S_DIGITS)
         return s, criterion.secondary(id_logits, id_labels, ood_logits)
 
 

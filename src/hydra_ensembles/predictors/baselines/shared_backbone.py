@@ -41,7 +41,8 @@ def shared_backbone_ensemble(
         for _ in tqdm(range(epochs), desc=f"head, seed {seed}", disable=not progress, leave=False):
             for index in torch.randperm(len(features), generator=generator).tolist():
                 hidden, inputs, labels = features[index]
-                loss = nn.functional.cross_entropy(adapter.head(member, hidden, inputs), labels)
+                logits = adapter.head(member, hidden, to_device(inputs, hidden.device))
+                loss = nn.functional.cross_entropy(logits, labels)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
@@ -56,8 +57,8 @@ def _features(model: nn.Module, batches: list[Batch]) -> list[tuple[Tensor, dict
     adapter, device = get_adapter(model), next(model.parameters()).device
     out = []
     for batch in batches:
-        inputs, labels = split_batch(adapter, to_device(batch, device))  # batches as given: on the CPU
-        x, mask = engine.embed(inputs)
+        inputs, labels = split_batch(adapter, batch)  # kept where given (the CPU): the heads read little of them
+        x, mask = engine.embed(to_device(inputs, device))
         hidden = engine.run_layers(x, mask, queries=engine.head_tokens)[0]  # (B, q, d)
         out.append((hidden, inputs, torch.as_tensor(labels, device=device)))
     return out
