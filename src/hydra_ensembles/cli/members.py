@@ -223,8 +223,9 @@ def _read_source(path: Path, scores: bool) -> torch.Tensor | Circuit | JointCirc
     try:
         if scores:
             return safetensors.torch.load_file(path)["scores"]
-        kept = json.loads(path.read_text())["kept"]
-        return JointCircuit.load(path) if isinstance(kept, dict) and "image" in kept else Circuit.load(path)
+        data = json.loads(path.read_text())  # read once: the kind of circuit is in its kept heads
+        joint = isinstance(data["kept"], dict) and "image" in data["kept"]
+        return (JointCircuit if joint else Circuit).from_dict(data)
     except (SafetensorError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as error:
         raise CommandError(
             f"{flag} {str(path)!r} is not what {maker} writes ({type(error).__name__}: {error}); give that "

@@ -238,21 +238,27 @@ class HydraEnsemble(nn.Module):
         self.trunk = 0
         return self
 
+    def check_in_order(self, models: Sequence[nn.Module], what: str, fix: str) -> None:
+        """Refuse `models` that are not this ensemble's members, one per member, in its order (each keeping
+        member m's heads); `what` names them in the message, `fix` says what to pass instead."""
+        if len(models) != self.num_members:
+            raise ValueError(f"the ensemble has {self.num_members} members, got {len(models)} {what}s.")
+        for m, model in enumerate(models):
+            if kept_heads(model) != self.head_maps[m]:
+                raise ValueError(
+                    f"{what} {m} keeps other heads than the ensemble's member {m} ({kept_heads(model)} vs "
+                    f"{self.head_maps[m]}): {fix}."
+                )
+
     def unfuse(self, templates: Sequence[nn.Module]) -> list[nn.Module]:
         """The members this ensemble runs, as HF models: copies of `templates` (the pruned members it was fused
         from, or any models of the same class pruned to the same heads: they give the structure) holding this
         ensemble's weights, a tensor the members share in every copy and a member's own in its copy. The inverse
         of `fuse`: each copy run alone gives its member's logits here (up to float rounding), also after the
         fused ensemble was trained (`training.finetune_fused`), which is how a member is taken out of it."""
-        if len(templates) != self.num_members:
-            raise ValueError(f"the ensemble has {self.num_members} members, got {len(templates)} templates.")
+        self.check_in_order(templates, "template", "pass the pruned members the ensemble was fused from")
         members = []
         for m, template in enumerate(templates):
-            if kept_heads(template) != self.head_maps[m]:
-                raise ValueError(
-                    f"template {m} keeps other heads than member {m} ({kept_heads(template)} vs "
-                    f"{self.head_maps[m]}): pass the pruned members the ensemble was fused from."
-                )
             member = copy.deepcopy(template)
             with torch.no_grad():
                 for index, layer in enumerate(self.layers):
@@ -525,14 +531,8 @@ def fusion_deviation(
     "examples": inputs compared}. Zero up to float rounding for mlp="stack" and for members that share their
     MLPs; the paper's merged MLP (mlp="average") after separate fine-tuning is an approximation measured here.
     """
-    if len(members) != ensemble.num_members:
-        raise ValueError(f"the ensemble has {ensemble.num_members} members, got {len(members)} models to compare.")
-    for m, member in enumerate(members):  # in another order, an exact ensemble would read as an approximation
-        if kept_heads(member) != ensemble.head_maps[m]:
-            raise ValueError(
-                f"model {m} keeps other heads than the ensemble's member {m}: give the members in the order they "
-                "were fused."
-            )
+    # in another order, an exact ensemble would read as an approximation
+    ensemble.check_in_order(members, "model", "give the members in the order they were fused")
     adapter = get_adapter(members[0])
     worst = {"logits": 0.0, "probs": 0.0, "examples": 0}
     with torch.no_grad():
