@@ -214,8 +214,15 @@ def test_labels_of_refuses_a_shuffling_loader_and_a_loader_labelled_in_part():
     from hydra_ensembles.outputs import labels_of
 
     rows = [{"x": torch.tensor([float(i)]), "labels": torch.tensor(i % 2)} for i in range(6)]
-    with pytest.raises(ValueError, match="shuffles, so each pass reads another order"):
-        labels_of(torch.utils.data.DataLoader(rows, batch_size=2, shuffle=True))
+    data = torch.utils.data
+    reshuffling = {
+        "RandomSampler": dict(shuffle=True),
+        "SubsetRandomSampler": dict(sampler=data.SubsetRandomSampler(range(4))),
+        "WeightedRandomSampler": dict(sampler=data.WeightedRandomSampler([1.0] * 6, 6)),
+    }
+    for name, how in reshuffling.items():
+        with pytest.raises(ValueError, match=f"sampler \\({name}\\) may read another order on each pass"):
+            labels_of(data.DataLoader(rows, batch_size=2, **how))
     assert labels_of(torch.utils.data.DataLoader(rows, batch_size=2)).tolist() == [0, 1, 0, 1, 0, 1]
     batches = [{"labels": torch.tensor([0, 1])}, {"x": torch.ones(2)}]
     with pytest.raises(ValueError, match="1 of the loader's 2 batches have no 'labels'"):

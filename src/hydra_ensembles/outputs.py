@@ -107,11 +107,11 @@ def labels_of(loader: Iterable[Mapping[str, Any]]) -> Tensor:
     """The labels of a labelled loader, concatenated (N,), in the order `collect_member_logits` reads its inputs:
     a loader that shuffles anew on each pass is refused (its labels would not line up with logits of another
     pass), and so is one whose batches are labelled only in part."""
-    sampler = getattr(loader, "sampler", None)
-    if isinstance(loader, torch.utils.data.DataLoader) and isinstance(sampler, torch.utils.data.RandomSampler):
+    if isinstance(loader, torch.utils.data.DataLoader) and not _reads_in_order(loader):
         raise ValueError(
-            "the loader shuffles, so each pass reads another order: its labels would not line up with the logits "
-            "of another pass. Use DataLoader(..., shuffle=False) (or a list of batches) for evaluation."
+            f"the loader's sampler ({_sampler_name(loader)}) may read another order on each pass: its labels would "
+            "not line up with the logits of another pass. Use DataLoader(..., shuffle=False) on the subset "
+            "(torch.utils.data.Subset rather than SubsetRandomSampler), or a list of batches, for evaluation."
         )
     labels, batches = [], 0
     for batch in loader:  # one batch at a time: the inputs are not kept
@@ -126,3 +126,20 @@ def labels_of(loader: Iterable[Mapping[str, Any]]) -> Tensor:
             "with the inputs. Label every batch."
         )
     return torch.cat(labels)
+
+
+def _reads_in_order(loader: torch.utils.data.DataLoader) -> bool:
+    """Whether every pass reads the same order: the sequential sampler (or none, for an iterable dataset) under
+    the default batch sampler. Any other sampler (random, subset-random, weighted) may reshuffle on each pass."""
+    if isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        return True  # the dataset reads itself in its own order
+    sampler = loader.batch_sampler.sampler if loader.batch_sampler is not None else loader.sampler
+    batched_by_default = loader.batch_sampler is None or type(loader.batch_sampler) is torch.utils.data.BatchSampler
+    return batched_by_default and isinstance(sampler, torch.utils.data.SequentialSampler)
+
+
+def _sampler_name(loader: torch.utils.data.DataLoader) -> str:
+    sampler = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+    if type(sampler) is torch.utils.data.BatchSampler:
+        sampler = sampler.sampler
+    return type(sampler).__name__

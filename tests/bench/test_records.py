@@ -84,6 +84,27 @@ def test_rows_finished_on_either_side_are_kept(tmp_path):
     assert json.loads((kept.parent / "circuit_avg_state.json").read_text()) == ahead  # the winner: the cache's
 
 
+def test_timed_runs_of_both_sides_are_kept_and_other_settings_are_refused(tmp_path):
+    """latency.json holds one run per table timed ({"runs": [...]}): both sides' keys are equal, so a merge by
+    keys kept the winner's file whole and lost the other side's runs (timing them again needs every row's model,
+    which a fresh machine trains again). AMP's settings.json decides which rows may share a table: two different
+    ones are refused, not merged."""
+    cache, kept = tmp_path / "cache" / "latency.json", tmp_path / "records" / "latency.json"
+    suite_run, curve_run = {"rows": {"Single": 1.0}, "timed": {"a": 1}}, {"rows": {"OBA": 2.0}, "timed": {"b": 2}}
+    for path, run in ((cache, suite_run), (kept, curve_run)):
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"runs": [run]}))
+    records.copy_records(tmp_path / "records", tmp_path / "cache", overwrite=False)
+    assert json.loads(cache.read_text())["runs"] == [curve_run, suite_run]  # the winner's last: read first
+    records.copy_records(tmp_path / "cache", tmp_path / "records", overwrite=True)
+    assert json.loads(kept.read_text())["runs"] == [curve_run, suite_run]
+
+    for path, epochs in ((cache, 10), (kept, 3)):
+        path.with_name("settings.json").write_text(json.dumps({"recovery": {"epochs": epochs}}))
+    with pytest.raises(ValueError, match=r"record other settings \(recovery: .*\).*its own --cache"):
+        records.copy_records(tmp_path / "records", tmp_path / "cache", overwrite=False)
+
+
 def test_a_record_that_does_not_parse_is_refused_not_merged_around(tmp_path):
     """A results.json cut short or left with a merge's conflict markers would lose the other side's rows."""
     cache, kept = tmp_path / "cache" / "results.json", tmp_path / "records" / "results.json"

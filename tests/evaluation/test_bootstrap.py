@@ -127,6 +127,20 @@ def test_t_quantile_matches_scipys():
         t_quantile(0.975, 0.5)
 
 
+def test_seeds_that_agree_to_float_noise_give_the_examples_interval_not_a_blown_up_one():
+    """Three seeds holding the same run: their differences agree to float noise (sample variance ~1e-34, not 0),
+    so Welch-Satterthwaite's degrees of freedom run to ~1e60. The interval is the examples' (normal quantile):
+    it once came out as +-1e48, from t_quantile evaluated far past what its integration grid resolves."""
+    assert t_quantile(0.975, 1e8) == pytest.approx(1.959964, abs=1e-6)
+    assert t_quantile(0.975, 1e60) == pytest.approx(1.959964, abs=1e-6)
+    runs = [_run(3), _run(4)]
+    said = paired_bootstrap([runs[0]] * 3, [runs[1]] * 3, LABELS, resamples=400)
+    one = paired_bootstrap([runs[0]], [runs[1]], LABELS, resamples=400)
+    for metric, interval in said.items():
+        width, one_width = interval.high - interval.low, one[metric].high - one[metric].low
+        assert math.isfinite(width) and 0.5 * one_width < width < 2 * one_width, (metric, interval, one[metric])
+
+
 def test_seeds_that_share_the_test_set_share_each_resamples_examples():
     """One test set for every seed (one labels tensor): copies of a seed add nothing, so S copies give one seed's
     interval (up to the Monte Carlo error of other draws). Drawing each seed's examples apart would average a hard

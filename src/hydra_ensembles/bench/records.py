@@ -29,6 +29,7 @@ from ..io import read_json_record, replacing, weights_digest, write_json_atomic
 # teacher's digest beside them: a machine that retrains the teacher retrains them too)
 WEIGHTS = frozenset({"models", "checkpoints", "distill"})
 DIGESTS = "model_digests.json"  # {model name: digest of its weights}, in the folder that holds `models/`
+SETTINGS = "settings.json"  # what a task's rows depend on beyond the fingerprint (amp-*): never mixed
 REBUILT = "rebuilt.json"  # {model name: how its rebuild measured against its recorded row}, beside DIGESTS
 HEADLINE = {"id.acc": "accuracy", "all.auroc": "all-OOD AUROC"}  # what a note on a rebuilt model quotes both ways
 
@@ -68,7 +69,8 @@ def copy_records(source: str | os.PathLike, target: str | os.PathLike, overwrite
 
 def _merged(new: bytes, old: bytes, overwrite: bool, source: Path, target: Path) -> bytes:
     """What the record `target` (holding `old`) becomes when `new` is copied onto it from `source`: of two states
-    of one model's search in progress, the one further on; of two JSON objects, their union with the winner's
+    of one model's search in progress, the one further on; of two timing records, every run of both; two
+    different settings files are refused; of two JSON objects, their union with the winner's
     values (`new` if `overwrite`), two digest files that disagree keeping the loser's digest as "<model>,
     rebuilt" (the tables say so); of two other files (logits), the winner. A JSON record that does not parse (cut
     short, or left with a merge's conflict markers) is refused: merging around it would lose the other's rows."""
@@ -82,12 +84,30 @@ def _merged(new: bytes, old: bytes, overwrite: bool, source: Path, target: Path)
     if "removed" in winner_data and "removed" in loser_data:
         same_model = winner_data.get("model") == loser_data.get("model")
         return loser if same_model and len(loser_data["removed"]) > len(winner_data["removed"]) else winner
+    if target.name == SETTINGS and winner_data != loser_data:
+        raise ValueError(
+            f"{source} and {target} record other settings ({_differing(winner_data, loser_data)}): their rows would "
+            "mix in one table. Give one of the two runs its own --cache and --records directory."
+        )
+    if isinstance(winner_data.get("runs"), list) and isinstance(loser_data.get("runs"), list):  # timed runs
+        kept = {json.dumps(run, sort_keys=True) for run in winner_data["runs"]}
+        # the loser's other runs first: a reader takes the last run that fits, so the winner's stay the newest
+        runs = [run for run in loser_data["runs"] if json.dumps(run, sort_keys=True) not in kept] + winner_data["runs"]
+        return json.dumps(loser_data | winner_data | {"runs": runs}, indent=2, sort_keys=True).encode()
     if target.name == DIGESTS:
         merged = loser_data | winner_data | _conflicts(winner_data, loser_data)
         return json.dumps(merged, indent=2, sort_keys=True).encode()
     if loser_data.keys() <= winner_data.keys():
         return winner
     return json.dumps(loser_data | winner_data, indent=2, sort_keys=True).encode()
+
+
+def _differing(first: Mapping, second: Mapping) -> str:
+    return ", ".join(
+        f"{key}: {first.get(key)} vs {second.get(key)}"
+        for key in sorted(first.keys() | second.keys())
+        if first.get(key) != second.get(key)
+    )
 
 
 def _parsed(data: bytes, path: Path, other: Path) -> Any:
