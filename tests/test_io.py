@@ -26,15 +26,42 @@ def test_a_record_not_yet_written_reads_empty(tmp_path):
     assert read_json_record(path) == {"Single": {"acc": 0.9}}
 
 
+def _save(name, text):
+    """A save's `write`: a model's config and one file of its own."""
+    return lambda d: ((d / "config.json").write_text("{}"), (d / name).write_text(text))
+
+
 def test_directory_save_replaces_whole_or_not_at_all(tmp_path):
     target = tmp_path / "out"
-    save_dir_atomic(target, lambda d: (d / "a.txt").write_text("old"))
+    save_dir_atomic(target, _save("a.txt", "old"))
     with pytest.raises(RuntimeError):
         save_dir_atomic(target, lambda d: ((d / "a.txt").write_text("new"), (_ for _ in ()).throw(RuntimeError()))[0])
     assert (target / "a.txt").read_text() == "old"
-    save_dir_atomic(target, lambda d: (d / "b.txt").write_text("new"))
-    assert sorted(p.name for p in target.iterdir()) == ["b.txt"]
+    save_dir_atomic(target, _save("b.txt", "new"))  # a previous save's own files go with it
+    assert sorted(p.name for p in target.iterdir()) == ["b.txt", "config.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_save_keeps_the_tokenizer_beside_it_and_refuses_to_replace_what_is_no_save(tmp_path):
+    """HF's habit, tokenizer.save_pretrained(d) then model.save_pretrained(d), kept the model alone: the save
+    replaced the directory whole. A directory of other files (no saved model) would have been deleted."""
+    target = tmp_path / "model"
+    target.mkdir()
+    (target / "tokenizer.json").write_text("tok")
+    save_dir_atomic(target, _save("weights", "1"))
+    save_dir_atomic(target, _save("weights", "2"))  # saved again: still there
+    assert (target / "tokenizer.json").read_text() == "tok" and (target / "weights").read_text() == "2"
+    save_dir_atomic(target, lambda d: (_save("weights", "3")(d), (d / "tokenizer.json").write_text("new")))
+    assert (target / "tokenizer.json").read_text() == "new"  # a save that writes its own wins
+
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="holds notes.txt and no saved model: a save replaces its directory"):
+        save_dir_atomic(results, _save("weights", "1"))
+    assert [p.name for p in results.iterdir()] == ["notes.txt"]
+    with pytest.raises(FileExistsError, match="is a file, not a directory"):
+        save_dir_atomic(results / "notes.txt", _save("weights", "1"))
 
 
 def test_rebatch_pads_token_inputs_and_keeps_order():

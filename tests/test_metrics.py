@@ -198,6 +198,11 @@ def test_logits_bad_labels_and_bad_arguments_are_refused_not_measured():
             metric(logits, torch.tensor([0, 1]))
         with pytest.raises(ValueError, match=r"integer class ids in \[0, 2\)"):
             metric(probs, torch.tensor([0, 2]))
+    for metric in (M.aurc, M.augrc):  # ranked by a meaningless off-top sum of logits; label 5 counted wrong
+        with pytest.raises(ValueError, match="needs probabilities .* not logits"):
+            metric(logits, torch.tensor([0, 1]))
+        with pytest.raises(ValueError, match=r"integer class ids in \[0, 2\)"):
+            metric(probs, torch.tensor([0, 5]))
     with pytest.raises(ValueError, match="bins >= 1"):
         M.ece(probs, torch.tensor([0, 1]), bins=0)
     scores, is_ood = torch.tensor([0.1, 0.9, 0.4]), torch.tensor([False, True, True])

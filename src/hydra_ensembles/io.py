@@ -15,6 +15,23 @@ from typing import Any
 import torch
 
 PREDICTOR_FILE = "predictor.json"  # what a saved wrapper predictor (or MLP student) is: its kind and settings
+HYDRA_CONFIG = "hydra_config.json"  # a saved HydraEnsemble
+TWO_TOWER_FILE = "two_tower.json"  # a saved TwoTowerModel
+SAVED_MODEL_FILES = ("config.json", HYDRA_CONFIG, TWO_TOWER_FILE, PREDICTOR_FILE)  # a directory holding one: a save
+PREPROCESSOR_FILES = (  # a tokenizer's or image processor's files, saved beside a model
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "spm.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "preprocessor_config.json",
+    "processor_config.json",
+)
 
 
 @contextmanager
@@ -85,10 +102,14 @@ def save_dir_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> P
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     recover_dir(path)
+    preprocessor = _replaceable(path)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes the directory private; a saved model should be readable like any other
     try:
         write(tmp)
+        for name in preprocessor:  # a tokenizer saved there before the model (HF's habit) stays with it
+            if not (tmp / name).exists():
+                shutil.copy2(path / name, tmp / name)
         for folder, _, files in os.walk(tmp):  # every byte on the disk before the swap makes it the save
             for name in files:
                 _sync(Path(folder) / name)
@@ -103,6 +124,24 @@ def save_dir_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> P
     _sync(path.parent)
     shutil.rmtree(previous, ignore_errors=True)
     return path
+
+
+def _replaceable(path: Path) -> list[str]:
+    """The preprocessor files in `path` that a save into it keeps; refuses a directory that holds other files and
+    no saved model, since the save replaces the directory whole (a previous save's other files are its own)."""
+    if not path.exists():
+        return []
+    if not path.is_dir():
+        raise FileExistsError(f"{path} is a file, not a directory: save to another path, or remove it first.")
+    names = sorted(entry.name for entry in path.iterdir())
+    others = [name for name in names if name not in PREPROCESSOR_FILES]
+    if others and not set(names) & set(SAVED_MODEL_FILES):
+        shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
+        raise FileExistsError(
+            f"{path} holds {shown} and no saved model: a save replaces its directory whole, so they would be lost. "
+            "Save into a new or empty directory (or move them out first)."
+        )
+    return [name for name in names if name in PREPROCESSOR_FILES and (path / name).is_file()]
 
 
 def _swap_name(path: Path) -> Path:

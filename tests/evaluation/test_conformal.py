@@ -88,6 +88,13 @@ def test_too_few_calibration_inputs_and_bad_arguments():
         SplitConformal(0.1, "naive")
     with pytest.raises(ValueError, match="not calibrated"):
         SplitConformal(0.1).sets(torch.full((1, 2), 0.5))
+    logits = torch.tensor([[5.0, 0.0], [4.0, -10.0]]).repeat(5, 1)  # a quantile of 4.85 fitted on logits, once
+    with pytest.raises(ValueError, match="needs probabilities .* not logits"):
+        SplitConformal(0.1).calibrate(logits, torch.zeros(10, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"integer class ids in \[0, 2\)"):
+        SplitConformal(0.1).calibrate(torch.full((10, 2), 0.5), torch.full((10,), 2))
+    with pytest.raises(ValueError, match="needs probabilities"):
+        SplitConformal(0.5).calibrate(torch.full((3, 2), 0.5), torch.zeros(3, dtype=torch.long)).sets(logits)
 
 
 def _exchangeable(trials, n, classes, seed):

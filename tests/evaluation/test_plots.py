@@ -20,3 +20,18 @@ def test_figures_are_written(tmp_path):
     ]
     for path in paths:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+def test_the_head_sweep_draws_each_budget_at_its_own_place(tmp_path, monkeypatch):
+    """Budgets [1, 2, 3] with rows for 1 and 3 only: budget 3's value was drawn at 2 (x cut to the values' count)."""
+    drawn = {}
+
+    def keep(fig, path):
+        drawn["lines"] = [(line.get_label(), list(line.get_xdata())) for line in fig.axes[0].get_lines()]
+        return path
+
+    monkeypatch.setattr(plots, "_save", keep)
+    stat = {"id.acc": {"mean": 0.8}, "all.auroc": {"mean": 0.7}, "all.fpr95": {"mean": 0.5}}
+    rows = {"Taylor, 1 pruned/layer, fine-tuned": stat, "Taylor, 3 pruned/layer, fine-tuned": stat}
+    plots.sweep_figure({"rows": rows, "budgets": [1, 2, 3]}, tmp_path / "sweep.png")
+    assert drawn["lines"] == [("Taylor, fine-tuned", [1, 3])]

@@ -51,6 +51,15 @@ def test_collect_scores_takes_logit_scores_of_any_model_and_asks_for_fitted_dete
         collect_scores(only_knn, test, "mahalanobis")
 
 
+def test_member_disagreement_scores_are_refused_for_one_member():
+    """Mutual information and disagreement are 0 for every input of one member: predict --score flagged nothing
+    (threshold 0, no score above it) and evaluate printed AUROC 0.5, silently."""
+    model, test = at_trained_scale("bert"), _batches(1)
+    for score in ("mutual_information", "disagreement"):
+        with pytest.raises(ValueError, match=f"OOD score '{score}' measures how the members disagree"):
+            collect_scores(model, test, score)
+
+
 def test_energy_is_refused_on_log_probabilities_and_kept_on_logits():
     """A probability map's logits are log-probabilities: logsumexp is 0 up to rounding, so energy ranks noise."""
     from hydra_ensembles.outputs import collect_member_logits, labels_of

@@ -188,3 +188,14 @@ def test_an_unknown_method_names_the_known_ones(tmp_path):
         P.fit_calibration("platt", logits, labels)
     with pytest.raises(ValueError, match=r"member logits \(N, M, C\) and labels \(N,\)"):
         P.fit_calibration("vector", logits[:, 0], labels)
+
+
+@pytest.mark.parametrize("method", ["temperature", "vector", "dirichlet", "histogram", "isotonic"])
+def test_labels_out_of_range_are_refused_by_every_map(method):
+    """Histogram and isotonic fits read a label >= C (or -100, the ignore index) as no class and shrank every
+    class's probability; the logit maps failed inside gather with an index error."""
+    logits = torch.randn(12, 2, 3, generator=torch.Generator().manual_seed(0))
+    for bad in (3, -100):
+        labels = torch.tensor([0, 1, 2] * 3 + [0, 1, bad])
+        with pytest.raises(ValueError, match=r"integer class ids in \[0, 3\)"):
+            P.fit_calibration(method, logits, labels)

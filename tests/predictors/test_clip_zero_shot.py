@@ -248,3 +248,36 @@ def test_class_embeddings_are_computed_without_dropout_whatever_the_mode(family,
     prompts = _prompts(two_tower, tokenizer)
     assert torch.equal(class_embeddings(two_tower.text, prompts, len(CLASSES)), reference)
     assert two_tower.text.training  # given back in the mode it came in
+
+
+def test_other_classes_are_refused_for_a_zero_shot_ensemble_calibrated_class_by_class(tmp_path, clip_tokenizer):
+    """A vector-scaling bias fitted for [cat, dog, car, tree] was applied to whichever class sat at its index once
+    the saved ensemble was given other classes (load_classifier, predict --classes): refused. Temperature is the
+    same for every class and carries over."""
+    from hydra_ensembles.predictors import VectorScaling, load_classifier
+
+    ensemble = zero_shot_ensemble(TwoTowerModel.from_clip(TWO_TOWERS["clip"]()), CLASSES, clip_tokenizer, TEMPLATES)
+    fits = {"vector": VectorScaling(torch.ones(4), torch.tensor([5.0, 0.0, 0.0, 0.0])), "temperature": None}
+    fits["temperature"] = TemperatureScaling(2.0)
+    reordered = list(reversed(CLASSES))
+    for name, calibration_map in fits.items():
+        clip_tokenizer.save_pretrained(tmp_path / name)
+        save_predictor(Calibrated(ensemble, calibration_map), tmp_path / name)
+        assert load_classifier(tmp_path / name, classes=CLASSES) is not None  # its own classes
+    with pytest.raises(ValueError, match=r"vector-scaled, fitted class by class for its classes \['cat'"):
+        load_classifier(tmp_path / "vector", classes=reordered)
+    assert load_classifier(tmp_path / "temperature", classes=reordered).model.classes == reordered
+
+
+@pytest.mark.parametrize("family", TWO_TOWERS)
+def test_a_bf16_two_tower_model_classifies_before_and_after_a_save(family, tmp_path, clip_tokenizer):
+    """The projections were rebuilt in fp32 (SigLIP's identity, and every tower's after loading) in front of bf16
+    towers: "mat1 and mat2 must have the same dtype"."""
+    two_tower = TwoTowerModel.from_clip(TWO_TOWERS[family]().to(torch.bfloat16))
+    inputs = {"pixel_values": _images()["pixel_values"].to(torch.bfloat16)}
+    before = zero_shot_ensemble(two_tower, CLASSES, clip_tokenizer, TEMPLATES)(**inputs).member_logits
+    two_tower.save_pretrained(tmp_path / "tt")
+    loaded = TwoTowerModel.from_pretrained(tmp_path / "tt")
+    assert loaded.image.projection.weight.dtype == torch.bfloat16
+    after = zero_shot_ensemble(loaded, CLASSES, clip_tokenizer, TEMPLATES)(**inputs).member_logits
+    assert torch.equal(before, after)

@@ -131,6 +131,8 @@ def test_saves_loads_and_counts_its_costs(tmp_path):
     extra = 2 * batch * (patches * d * c * p * p + d * classes) * 2  # multiply-adds x 2
     assert he.count_flops(network, inputs) - he.count_flops(model, inputs) == extra
     assert he.predictors.model_config(loaded).num_labels == classes  # it names the C classes
+    save_predictor(network.to(torch.bfloat16), tmp_path / "bf16")  # loaded as saved, not cast into fp32
+    assert next(load_predictor(tmp_path / "bf16").parameters()).dtype == torch.bfloat16
 
 
 def test_images_of_other_channels_are_refused_not_read_as_m_inputs():

@@ -219,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as error:  # a model card of the user's own (FileExistsError), a read-only folder
             print(f"note: {name}'s card not updated: {error}")
     plots.logit_figures(logits, labels, out.path, "evaluation")
-    curves = {name: (ensemble_probs(v["test"]), labels) for name, v in logits.items()}
+    curves = {name: (ensemble_probs(v["test"].double()), labels) for name, v in logits.items()}  # as the table
     plots.risk_coverage(curves, out.path / "risk_coverage.png", "evaluation: risk-coverage (test)")
     if shifted is not None:
         by_model = {

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..metrics._checks import check_distributions, check_probs
 from ..uncertainty import ensemble_probs
 
 
@@ -129,6 +130,7 @@ class SplitConformal:
 
     def calibrate(self, probs: Tensor, labels: Tensor) -> SplitConformal:
         """Set `quantile` from held-out labelled inputs: probs (n, C), labels (n,). Returns self."""
+        check_probs(probs, labels, "split conformal")
         n = len(labels)
         k = math.ceil((n + 1) * (1 - self.alpha) - 1e-9)  # 1e-9: (n + 1) * 0.9 may round up past an integer
         if k > n:
@@ -145,6 +147,7 @@ class SplitConformal:
         """Prediction sets of new inputs as a mask (N, C), bool: class y is in input i's set when s(x_i, y) <= q."""
         if self.quantile is None:
             raise ValueError("the conformal predictor is not calibrated: call calibrate(probs, labels) first.")
+        check_distributions(probs, "split conformal")
         return self.scores(probs, after=self.calibration_size) <= self.quantile
 
 

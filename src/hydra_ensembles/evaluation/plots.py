@@ -148,10 +148,11 @@ def sweep_figure(summary: Mapping, path: str | os.PathLike) -> Path:
             ax.axhline(100 * rows["Single"][key]["mean"], color="grey", lw=1, label="Single")
         for method, color in (("Taylor", "tab:blue"), ("CircAvg", "tab:orange")):
             for stage, style in (("zero-shot", "--"), ("fine-tuned", "-")):
-                names = [f"{method}, {b} pruned/layer, {stage}" for b in budgets]
-                values = [100 * rows[n][key]["mean"] for n in names if n in rows]
-                if values:
-                    ax.plot(budgets[: len(values)], values, style, color=color, marker="o", label=f"{method}, {stage}")
+                named = {b: f"{method}, {b} pruned/layer, {stage}" for b in budgets}
+                done = [b for b, name in named.items() if name in rows]  # each value at its own budget
+                if done:
+                    values = [100 * rows[named[b]][key]["mean"] for b in done]
+                    ax.plot(done, values, style, color=color, marker="o", label=f"{method}, {stage}")
         ax.set(title=title, xlabel="heads pruned per layer", xticks=list(budgets))
     axes[0].legend(fontsize=7)
     return _save(fig, path)

@@ -18,6 +18,8 @@ from torch import Tensor, nn
 from ..outputs import collect_member_logits, map_batches, member_logits_of
 from .ood import OOD_SCORES
 
+MEMBER_SCORES = ("mutual_information", "disagreement")  # 0 for every input of a one-member model
+
 
 @torch.no_grad()
 def collect_scores(
@@ -34,6 +36,12 @@ def collect_scores(
         )
     if score in OOD_SCORES:
         logits = collect_member_logits(model, loader, progress)
+        if score in MEMBER_SCORES and logits.shape[1] == 1:
+            raise ValueError(
+                f"OOD score {score!r} measures how the members disagree, and this model has one member (a single "
+                "model, or a probability calibration map that returns the ensemble's): every score would be 0. "
+                "Use msp, entropy, max_logit or energy."
+            )
         return logits, OOD_SCORES[score](logits.double())
     scored = detectors_of(model, score)
 

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from ..adapters import Adapter, adapter_by_name, get_adapter
 from ..data.loaders import Batch, split_batch, to_device
-from ..io import reading_dir, save_dir_atomic, write_json_atomic
+from ..io import HYDRA_CONFIG, reading_dir, save_dir_atomic, write_json_atomic
 from ..outputs import PredictorOutput
 from ..pruning import HeadMap, base_fingerprint, kept_heads, kept_neurons
 from ..pruning.persist import clear_structures
@@ -43,7 +43,7 @@ from .layer import (
 )
 from .outer import OuterModules, TensorStore
 
-CONFIG_NAME = "hydra_config.json"
+CONFIG_NAME = HYDRA_CONFIG
 WEIGHTS_NAME = "model.safetensors"
 FORMAT_VERSION = 1
 Layout = Literal["auto", "ragged", "padded"]  # how layers with uneven heads lay out their attention (`set_layout`)

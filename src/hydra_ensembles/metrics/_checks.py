@@ -16,6 +16,12 @@ def check_probs(probs: Tensor, labels: Tensor, metric: str) -> None:
             f"{metric} needs probs (N, C) and labels (N,) with N > 0, got {tuple(probs.shape)} and "
             f"{tuple(labels.shape)}."
         )
+    check_distributions(probs, metric)
+    check_labels(labels, probs.shape[1], metric)
+
+
+def check_distributions(probs: Tensor, metric: str) -> None:
+    """probs (N, C): no NaN, each row a probability distribution."""
     bad = int(torch.isnan(probs).any(dim=1).sum())
     if bad:
         raise ValueError(
@@ -30,9 +36,13 @@ def check_probs(probs: Tensor, labels: Tensor, metric: str) -> None:
             f"[{probs.min().item():.3g}, {probs.max().item():.3g}] and row sums in [{sums.min().item():.4g}, "
             f"{sums.max().item():.4g}]: pass softmax(logits) (a predictor's `out.probs`), not logits."
         )
-    if labels.dtype.is_floating_point or labels.min() < 0 or labels.max() >= probs.shape[1]:
+
+
+def check_labels(labels: Tensor, classes: int, metric: str) -> None:
+    """labels (N,), N > 0: integer class ids in [0, classes)."""
+    if labels.dtype.is_floating_point or labels.min() < 0 or labels.max() >= classes:
         raise ValueError(
-            f"{metric} needs integer class ids in [0, {probs.shape[1]}) as labels, got {labels.dtype} labels in "
+            f"{metric} needs integer class ids in [0, {classes}) as labels, got {labels.dtype} labels in "
             f"[{labels.min().item()}, {labels.max().item()}]."
         )
 

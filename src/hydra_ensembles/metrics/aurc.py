@@ -6,6 +6,7 @@ import numpy as np
 from torch import Tensor
 
 from ..uncertainty import off_top_mass
+from ._checks import check_probs
 from .auroc import _numpy
 
 
@@ -39,11 +40,7 @@ def _compute(confidence: np.ndarray, error: np.ndarray) -> float:
 def confidence_and_error(probs: Tensor, labels: Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Each input's confidence (ordered as max_c p_c: the negated off-top mass, float64) and whether its arg-max
     prediction is wrong, as numpy arrays (N,). probs (N, C), labels (N,)."""
-    if probs.ndim != 2 or tuple(labels.shape) != tuple(probs.shape[:1]) or len(labels) == 0:
-        raise ValueError(
-            f"selective metrics need probs (N, C) and labels (N,) with N > 0, got {tuple(probs.shape)} and "
-            f"{tuple(labels.shape)}."
-        )
+    check_probs(probs, labels, "selective metrics")  # logits would rank by a meaningless off-top sum
     probs = probs.double()
     error = probs.argmax(dim=1) != labels.to(probs.device)
     return _numpy(-off_top_mass(probs)), _numpy(error).astype(bool)

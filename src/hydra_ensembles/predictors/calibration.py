@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from ..io import PREDICTOR_FILE
+from ..metrics._checks import check_labels
 from ..outputs import PredictorOutput, member_logits_of
 from ..uncertainty import ensemble_probs
 from .load import PREDICTOR_KINDS, ModelWrapper, describe_saved, num_members, register_predictor
@@ -59,6 +60,7 @@ class CalibrationMap(ABC):
     name: ClassVar[str]
     described: ClassVar[str]  # what a saved predictor says it is, e.g. "temperature-scaled"
     on_members: ClassVar[bool]
+    per_class: ClassVar[bool] = True  # fitted class by class (indexed by class): only for the classes it saw
 
     @classmethod
     @abstractmethod
@@ -116,6 +118,7 @@ class TemperatureScaling(CalibrationMap):
     temperature: float
     name: ClassVar[str] = "temperature"
     described: ClassVar[str] = "temperature-scaled"
+    per_class: ClassVar[bool] = False
     on_members: ClassVar[bool] = True
 
     def __post_init__(self):
@@ -453,6 +456,10 @@ class Calibrated(ModelWrapper):
     def num_members(self) -> int:
         return num_members(self.model) if self.calibration_map.on_members else 1
 
+    @property
+    def fitted_to_classes(self) -> bool:
+        return self.calibration_map.per_class
+
     def forward(self, **inputs) -> PredictorOutput:
         return PredictorOutput(member_logits=self.calibration_map.apply(member_logits_of(self.model(**inputs))))
 
@@ -505,6 +512,7 @@ def _validation(member_logits: Tensor, labels: Tensor, method: str) -> tuple[Ten
         )
     if member_logits.shape[-1] < 2:
         raise ValueError(f"{method} needs at least 2 classes; got {member_logits.shape[-1]}.")
+    check_labels(labels, member_logits.shape[-1], method)  # histogram/isotonic read a label >= C as no class
     return member_logits.detach().double().cpu(), labels.detach().long().cpu()
 
 

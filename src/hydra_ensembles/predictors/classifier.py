@@ -14,20 +14,11 @@ from torch import nn
 
 from ..adapters import get_adapter
 from ..fusion import HydraEnsemble
+from ..io import PREPROCESSOR_FILES
 from .clip_zero_shot import DEFAULT_TEMPLATES, TwoTowerModel, ZeroShotEnsemble, zero_shot_ensemble
 from .load import describe_saved, load_predictor
-from .wrapper import base_model
+from .wrapper import base_model, wrapper_chain
 
-PREPROCESSOR_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "vocab.txt",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-    "preprocessor_config.json",
-    "processor_config.json",
-)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
 
 
@@ -48,6 +39,8 @@ def load_classifier(
         return zero_shot_ensemble(model, classes, prompt_tokenizer(path), templates or DEFAULT_TEMPLATES)
     inner = base_model(model)
     if isinstance(inner, ZeroShotEnsemble):
+        if classes and list(classes) != inner.classes:
+            _check_not_fitted_to_classes(model, inner.classes, path)
         if classes:
             inner.set_classes(classes, templates or inner.templates, prompt_tokenizer(path))
         return model
@@ -64,6 +57,18 @@ def load_classifier(
             "--classes (zero-shot class names, `classes` in Python) is for two-tower models."
         )
     return model
+
+
+def _check_not_fitted_to_classes(model: nn.Module, saved_classes: list[str], path: Path) -> None:
+    """Refuse other classes for a zero-shot ensemble under a wrapper fitted class by class (its per-class map
+    would be applied to whichever class now sits at that index)."""
+    fitted = [wrapper for wrapper in wrapper_chain(model)[:-1] if wrapper.fitted_to_classes]
+    if fitted:
+        raise ValueError(
+            f"{str(path)!r} is {describe_saved(path)}, fitted class by class for its classes {saved_classes}: "
+            "that fit does not carry over to other classes. Calibrate (or fit the detectors) again from the "
+            "two-tower model with these classes, or use this one without new classes."
+        )
 
 
 def model_config(model: nn.Module) -> transformers.PretrainedConfig:

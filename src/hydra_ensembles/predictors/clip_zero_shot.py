@@ -34,6 +34,7 @@ import transformers
 from torch import Tensor, nn
 
 from ..adapters import get_adapter
+from ..data.loaders import to_device
 from ..fusion import HydraEnsemble
 from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ..members import build_members
@@ -66,10 +67,10 @@ class Tower(nn.Module):
         return F.normalize(self.projection(pooled), dim=-1)
 
 
-def identity_projection(dim: int) -> nn.Linear:
+def identity_projection(dim: int, dtype: torch.dtype = torch.float32) -> nn.Linear:
     """The projection of a tower whose pooled output is already in the shared space (SigLIP's): x @ I is exactly
     x in floating point (each output sums x_i and zeros), and it saves and scores as any projection does."""
-    projection = nn.Linear(dim, dim, bias=False)
+    projection = nn.Linear(dim, dim, bias=False, dtype=dtype)
     with torch.no_grad():
         projection.weight.copy_(torch.eye(dim))
     return projection.requires_grad_(False)
@@ -80,9 +81,9 @@ def _clip_towers(model: nn.Module) -> tuple[Tower, Tower]:
 
 
 def _siglip_towers(model: nn.Module) -> tuple[Tower, Tower]:
-    config = model.config
-    image = Tower(model.vision_model, identity_projection(config.vision_config.hidden_size))  # MAP head: (B, d)
-    return image, Tower(model.text_model, identity_projection(config.text_config.projection_size))
+    config, dtype = model.config, model.dtype  # in the towers' dtype: a bf16 tower's output meets a bf16 weight
+    image = Tower(model.vision_model, identity_projection(config.vision_config.hidden_size, dtype))  # MAP head: (B, d)
+    return image, Tower(model.text_model, identity_projection(config.text_config.projection_size, dtype))
 
 
 # HF two-tower class -> its (image, text) towers; see also `load.HF_TWO_TOWER_MODELS` (their model types).
@@ -159,9 +160,9 @@ def class_embeddings(text: Tower, prompts: Sequence[dict], num_classes: int) -> 
     """(M, C, P): per member, the normalised mean over templates of the normalised prompt embeddings.
     `prompts`: the tokenised `class_prompts`, in order (`prompt_batches`). The tower runs in eval mode (no
     dropout), whatever mode it is in, and is put back in it."""
-    was_training = text.training
+    was_training, device = text.training, next(text.parameters()).device  # prompts are tokenised on the CPU
     try:
-        embedded = torch.cat([text.eval()(**batch) for batch in prompts])  # (C*T, M, P), normalised
+        embedded = torch.cat([text.eval()(**to_device(batch, device)) for batch in prompts])  # (C*T, M, P)
     finally:
         text.train(was_training)
     if embedded.shape[0] % num_classes:
@@ -380,7 +381,7 @@ def _load_projections(path: Path) -> tuple[nn.Linear, nn.Linear]:
     projections = []
     for name in ("image", "text"):
         weight, bias = tensors[f"{name}.weight"], tensors.get(f"{name}.bias")
-        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=weight.dtype)  # as saved
         linear.load_state_dict({"weight": weight} | ({"bias": bias} if bias is not None else {}))
         projections.append(linear)
     return projections[0], projections[1]

@@ -45,6 +45,10 @@ class FeatureScored(ModelWrapper):
         self.examples = examples
 
     @property
+    def fitted_to_classes(self) -> bool:
+        return True  # class means, the classifier's null space: fitted on the classes the detectors saw
+
+    @property
     def score_names(self) -> list[str]:
         return [name + variant for name in self.detectors for variant in ("", CONCAT)]
 

@@ -26,12 +26,11 @@ from ..adapters import UnsupportedModelError, adapter_for_class
 from ..distill import MultiHeadMLP
 from ..fusion import HydraEnsemble
 from ..fusion.ensemble import CONFIG_NAME as HYDRA_CONFIG
-from ..io import PREDICTOR_FILE, recover_dir, save_dir_atomic, write_json_atomic
+from ..io import PREDICTOR_FILE, TWO_TOWER_FILE, recover_dir, save_dir_atomic, write_json_atomic
 from ..pruning import load_model, save_model
 from .card import write_card
 from .wrapper import Wrapper
 
-TWO_TOWER_FILE = "two_tower.json"
 HF_TWO_TOWER_MODELS = {"clip": "CLIPModel", "siglip": "SiglipModel"}  # model_type -> the HF two-tower class
 
 

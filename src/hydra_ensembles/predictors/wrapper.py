@@ -19,6 +19,12 @@ class Wrapper(nn.Module, ABC):
     def base(self) -> nn.Module:
         """The model whose config names the classes (the first member of a deep ensemble)."""
 
+    @property
+    def fitted_to_classes(self) -> bool:
+        """Whether what it adds was fitted class by class (a vector-scaling bias, class-conditional detectors):
+        it does not carry over when a zero-shot model is given other classes."""
+        return False
+
 
 def wrapper_chain(model: nn.Module) -> list[nn.Module]:
     """`model` and the models it is built on, outermost first: the last is no wrapper (an HF model, a Hydra

@@ -145,7 +145,11 @@ class MIMO(Wrapper):
         model_class = getattr(transformers, record["model_class"])
         config = model_class.config_class.from_dict(record["model_config"])
         model = _mimo_network(model_class, config, record["members"])
-        model.load_state_dict(safetensors.torch.load_file(path / WEIGHTS))
+        weights = safetensors.torch.load_file(path / WEIGHTS)
+        dtypes = {w.dtype for w in weights.values() if w.is_floating_point()}
+        if len(dtypes) == 1:  # in the dtype it was saved in (load_state_dict would cast into the fp32 network)
+            model = model.to(dtypes.pop())
+        model.load_state_dict(weights)
         return cls(model, record["members"], record["rho"], record["batch_repetition"]).eval()
 
     @classmethod
