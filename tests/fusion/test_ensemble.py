@@ -154,6 +154,17 @@ def test_members_from_different_base_models_are_rejected():
         he.HydraEnsemble.fuse(a + b)
 
 
+def test_a_bert_decoder_is_refused_it_attends_causally():
+    """HF runs a BERT-family model with is_decoder=True causally; the fused engine ran it bidirectionally, so a
+    fused ensemble of it differed from its members, silently. Pruning it stays exact (not refused)."""
+    from conftest import SIZES
+
+    decoder = T.BertModel(T.BertConfig(vocab_size=VOCAB, max_position_embeddings=24, is_decoder=True, **SIZES))
+    members = he.build_members(decoder, random_head_maps(2, seed=0))
+    with pytest.raises(ValueError, match="BertModel cannot be fused: its config has is_decoder=True"):
+        he.HydraEnsemble.fuse(members)
+
+
 def test_fine_tuned_members_keep_their_base_fingerprint():
     members = he.build_members(MODELS["bert"](), random_head_maps(2, seed=0))
     perturb(members[1])  # embeddings change under fine-tuning; the recorded fingerprint does not

@@ -24,6 +24,9 @@ def test_identical_members_are_refused_with_the_fix():
         he.sample_members(SCORES, num_members=2, budget=[2, 1, 3], pool=[2, 1, 3])
     with pytest.raises(ValueError, match="only 1 distinct member"):
         he.sample_members(_circuit(), num_members=3, budget=3, pool=3)
+    two_heads = torch.rand(3, 2, generator=torch.Generator().manual_seed(0))  # bert-tiny: 2 heads a layer
+    with pytest.raises(ValueError, match="every budget is 0 .* give a budget of at least 1"):  # not "a larger pool"
+        he.sample_members(two_heads, num_members=2)
     with pytest.raises(ValueError, match="only 2 distinct member"):  # 2 choose 1 in one layer: 2 maps for 3 members
         he.sample_members(SCORES[:1], num_members=3, budget=1, pool=2)
     with pytest.raises(ValueError, match="members 0 and 1 keep the same heads"):

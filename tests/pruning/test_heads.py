@@ -1,10 +1,13 @@
 """Structural pruning: contract 2 (pruned == ablated original), the head map, save/load, bad input."""
 
 import copy
+import warnings
 
+import numpy as np
 import pytest
 import safetensors.torch
 import torch
+import transformers as T
 from conftest import (
     CONTRACT_MODELS,
     HEADS,
@@ -128,6 +131,58 @@ def test_a_pruned_save_whose_weights_do_not_fit_its_structure_is_refused(tmp_pat
         he.load_model(tmp_path / "member")
     with pytest.raises(TypeError, match="load_model sets .'output_loading_info'. itself"):
         he.load_model(tmp_path / "member", output_loading_info=True)
+
+
+def test_a_pruned_save_loaded_at_full_width_is_refused_not_cut_at_the_wrong_heads(tmp_path):
+    """HF's size-mismatch error suggests ignore_mismatched_sizes=True: full-width layers of random weights under a
+    config that records the pruned map, so positions read from the map zeroed or cut the wrong heads."""
+    he.save_model(he.prune_heads(MODELS["bert"](), {0: [0, 1]}), tmp_path / "member")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loaded = T.BertForSequenceClassification.from_pretrained(tmp_path / "member", ignore_mismatched_sizes=True)
+    with pytest.raises(
+        ValueError,
+        match="layer 0 of this BertForSequenceClassification has 4 heads, and its config "
+        "records 2 kept.*hydra_ensembles.load_model",
+    ):
+        with he.ablate_heads(loaded, {0: [3]}):
+            pass
+
+
+def test_grouped_query_attention_and_an_mpnet_layer_without_its_head_ids_are_refused():
+    """An adapter added for a GQA encoder would have its query heads' rows cut out of the shared key/value
+    projections; MPNet's set_projections without `kept` gave every head head 0's position-bias plane."""
+    model = MODELS["bert"]()
+    model.config.num_key_value_heads = 2
+    with pytest.raises(ValueError, match="grouped-query attention .2 key/value heads for 4 query heads"):
+        he.prune_heads(model, {0: [1]})
+    mpnet = MODELS["mpnet"]()
+    adapter, layer = he.adapters.get_adapter(mpnet), he.adapters.get_adapter(mpnet).layers(mpnet)[0]
+    block = adapter.block(layer)
+    with pytest.raises(ValueError, match="needs `kept`, the original index of each of the 4 heads"):
+        adapter.set_projections(layer, (block.query, block.key, block.value, block.output), num_heads=4)
+
+
+def test_a_layer_that_fails_midway_leaves_the_record_true_to_the_layers_cut(monkeypatch):
+    """prune_heads recorded its map only at the end: a failure in layer 2 (a LoRA-wrapped projection, memory)
+    left layer 0 cut and recorded as whole."""
+    from hydra_ensembles.pruning import heads as heads_module
+
+    model, calls = MODELS["bert"](), []
+    real = heads_module._rebuild_attention
+
+    def fail_on_the_second(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("cannot slice this projection")
+        return real(*args)
+
+    monkeypatch.setattr(heads_module, "_rebuild_attention", fail_on_the_second)
+    with pytest.raises(RuntimeError, match="cannot slice"):
+        he.prune_heads(model, {0: [1], 2: [0]})
+    assert he.kept_heads(model)[0] == [0, 2, 3] and he.kept_heads(model)[2] == [0, 1, 2, 3]
+    assert he.pruning.heads.per_layer(np.int64(2), 3, "budget") == [2, 2, 2]  # numpy / 0-d tensor ints too
+    assert he.pruning.heads.per_layer(torch.tensor(1), 3, "budget") == [1, 1, 1]
 
 
 @pytest.mark.parametrize("name", ["clip_classifier", "siglip_classifier"])

@@ -62,6 +62,14 @@ class BertAdapter(Adapter):
         ),
     }
 
+    def fusion_unsupported(self, model: nn.Module) -> str | None:
+        if getattr(self.config(model), "is_decoder", False):  # HF then masks self-attention causally
+            return (
+                "its config has is_decoder=True, so HF runs its self-attention causally, and the fused engine runs "
+                "this family as a bidirectional encoder"
+            )
+        return None
+
     def embed(self, backbone: nn.Module, inputs: Inputs) -> Tensor:
         return backbone.embeddings(
             input_ids=inputs["input_ids"],

@@ -92,6 +92,11 @@ class MPNetAdapter(Adapter):
         num_heads: int,
         kept: Sequence[int] | None = None,
     ) -> None:
+        if kept is None or len(kept) not in (0, num_heads):  # each head reads its own plane of the shared bias
+            raise ValueError(
+                f"MPNet's set_projections needs `kept`, the original index of each of the {num_heads} heads kept "
+                f"(empty for a placeholder head), got {kept!r}."
+            )
         super().set_projections(layer, projections, num_heads, kept)
         attention = layer.get_submodule(self.layer_names.attention)
         attention.__class__ = PrunedMPNetSelfAttention

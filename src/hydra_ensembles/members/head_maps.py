@@ -143,7 +143,7 @@ def _from_scores(
         ranked.append(sorted(heads, key=lambda h: (scores[layer, h].item(), h)))
     distinct = math.prod(math.comb(p, b) for p, b in zip(pools, budgets))
     if not allow_identical:
-        _check_enough(distinct, num_members, f"per-layer budgets {budgets} and pools {pools}")
+        _check_enough(distinct, num_members, f"per-layer budgets {budgets} and pools {pools}", not any(budgets))
 
     def draw(generator: torch.Generator) -> HeadMap:
         head_map = {}
@@ -166,7 +166,7 @@ def _from_circuit(
     _check_members(num_members)
     budget, pool = _budget_and_pool(circuit, budget, pool)
     if not allow_identical:
-        _check_enough(math.comb(pool, budget), num_members, f"budget {budget} and pool {pool}")
+        _check_enough(math.comb(pool, budget), num_members, f"budget {budget} and pool {pool}", budget == 0)
 
     def draw(generator: torch.Generator) -> HeadMap:
         return circuit.without(circuit.removed[i] for i in _draw(pool, budget, generator))
@@ -237,12 +237,19 @@ def _draw_members(draw, num_members: int, seed: int, allow_identical: bool) -> l
     return maps
 
 
-def _check_enough(distinct: int, num_members: int, settings: str) -> None:
+def _check_enough(distinct: int, num_members: int, settings: str, no_budget: bool) -> None:
+    """`no_budget`: every budget is 0, so every member keeps every head whatever the pool."""
     if distinct < num_members:
+        fix = (
+            "every budget is 0 (the default, a third of a layer's heads, is 0 below 3 heads), so every member keeps "
+            "every head: give a budget of at least 1"
+            if no_budget
+            else "use a pool larger than the budget (the default is twice the budget)"
+        )
         raise ValueError(
             f"{settings} allow only {distinct} distinct member(s), fewer than the {num_members} asked for, so "
-            "members would be identical: use a pool larger than the budget (the default is twice the budget), "
-            "or pass allow_identical=True if identical members are what you want."
+            f"members would be identical: {fix}, or pass allow_identical=True if identical members are what you "
+            "want."
         )
 
 

@@ -18,6 +18,7 @@ drops the placeholder. Parameter counts of the HF model include the placeholder 
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
@@ -39,7 +40,24 @@ def kept_heads(model: nn.Module) -> HeadMap:
     if stored is None:
         heads = list(range(adapter.num_heads(model)))
         return {layer: list(heads) for layer in range(adapter.num_layers(model))}
-    return {int(layer): sorted(int(h) for h in heads) for layer, heads in stored.items()}
+    kept = {int(layer): sorted(int(h) for h in heads) for layer, heads in stored.items()}
+    _check_widths(adapter, model, kept)
+    return kept
+
+
+def _check_widths(adapter: Adapter, model: nn.Module, kept: HeadMap) -> None:
+    """Refuse a model whose attention widths disagree with its recorded head map (a pruned save loaded by plain
+    `from_pretrained(..., ignore_mismatched_sizes=True)`: full-width layers of random weights): positions read from
+    the map would cut or zero the wrong heads."""
+    head_dim, layers = adapter.head_dim(model), adapter.layers(model)
+    for layer, heads in kept.items():
+        width = adapter.block(layers[layer]).output.in_features // head_dim
+        if width != max(len(heads), 1):  # an emptied layer keeps one all-zero placeholder head
+            raise ValueError(
+                f"layer {layer} of this {type(model).__name__} has {width} heads, and its config records "
+                f"{len(heads)} kept ({KEPT_HEADS_KEY}): its weights do not match its pruning record. Load a pruned "
+                "save with hydra_ensembles.load_model, not from_pretrained(..., ignore_mismatched_sizes=True)."
+            )
 
 
 def prune_heads(model: nn.Module, heads_to_prune: Mapping[int, Iterable[int]]) -> nn.Module:
@@ -51,17 +69,34 @@ def prune_heads(model: nn.Module, heads_to_prune: Mapping[int, Iterable[int]]) -
             also after earlier pruning).
     """
     adapter = get_adapter(model)
+    _check_one_key_per_query(adapter, model)
     kept = kept_heads(model)
     plan = check_heads(model, heads_to_prune, kept, what="prune")
     record_fingerprint(model)
     layers = adapter.layers(model)
-    for layer, heads in plan.items():
-        remaining = [h for h in kept[layer] if h not in heads]
-        positions = [kept[layer].index(h) for h in remaining]
-        _rebuild_attention(adapter, model, layers[layer], positions, remaining)
-        kept[layer] = remaining
-    write_structure(model, KEPT_HEADS_KEY, {str(layer): heads for layer, heads in kept.items()})
+    try:
+        for layer, heads in plan.items():
+            remaining = [h for h in kept[layer] if h not in heads]
+            positions = [kept[layer].index(h) for h in remaining]
+            _rebuild_attention(adapter, model, layers[layer], positions, remaining)
+            kept[layer] = remaining
+    finally:  # a layer that failed midway (a LoRA-wrapped projection, memory) leaves the record true to the rest
+        write_structure(model, KEPT_HEADS_KEY, {str(layer): heads for layer, heads in kept.items()})
     return model
+
+
+def _check_one_key_per_query(adapter: Adapter, model: nn.Module) -> None:
+    """Refuse grouped-query attention (fewer key/value heads than query heads; none of the supported families has
+    it, an adapter added for one would): cutting a query head's rows out of the key and value projections would
+    cut another group's."""
+    config, heads = adapter.config(model), adapter.num_heads(model)
+    kv_heads = getattr(config, "num_key_value_heads", None)
+    if kv_heads is not None and kv_heads != heads:
+        raise ValueError(
+            f"this {type(model).__name__} has grouped-query attention ({kv_heads} key/value heads for {heads} query "
+            "heads): head pruning here removes each head's own query, key and value rows, so it supports "
+            "multi-head attention only."
+        )
 
 
 def keep_heads(model: nn.Module, head_map: Mapping[int, Iterable[int]]) -> nn.Module:
@@ -151,7 +186,8 @@ def zeroed_columns(columns: Iterable[tuple[torch.Tensor, slice | torch.Tensor]])
 
 def per_layer(value: int | Sequence[int], num_layers: int, name: str) -> list[int]:
     """A per-layer count of heads (`budget`, `pool`, ...): one int for every layer, or one per layer."""
-    values = [int(value)] * num_layers if isinstance(value, int) else [int(v) for v in value]
+    one = isinstance(value, numbers.Integral) or (isinstance(value, torch.Tensor) and value.ndim == 0)  # np.int64
+    values = [int(value)] * num_layers if one else [int(v) for v in value]
     if len(values) != num_layers or any(v < 0 for v in values):
         raise ValueError(f"{name} must be an int >= 0 or {num_layers} of them (one per layer), got {value!r}.")
     return values
