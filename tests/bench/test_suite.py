@@ -243,10 +243,12 @@ def test_the_table_says_which_differences_the_bootstrap_separates(tiny_task, tmp
     members = {name.rsplit("-", 1)[0] for name in recorded if name.startswith("hydra-circ")}  # without the digest
     assert members and members <= set(summary["training"]["0"])
     assert f"| single | {len(single['epochs'])} / {single['kept_epoch']}, {kept['val_nll']:.3f} |" in table
-    assert [suite._model_kind(n) for n in ("start1-2", "hydra-circ0-1d5aeb22", "hydra-circ-fused-976dd26f-trunk1")] == [
+    names = ("start1-2", "hydra-circ0-1d5aeb22", "hydra-circ-fused-976dd26f-trunk1", "single-dropout2")
+    assert [suite._model_kind(n) for n in names] == [
         "start-2",
         "hydra-circ0",
         "hydra-circ-fused-trunk1",
+        "single-dropout",  # one MC-Dropout line for every seed, not one a seed
     ]
 
     # each ensemble beside its members alone: the ensemble's is the table's AUROC; a member's, its own logits'

@@ -219,6 +219,19 @@ def test_ood_sources_split_by_group_put_no_group_on_both_sides():
     assert len(val) == 2 and sorted(val + test) == ["a", "b", "c", "d"]  # the duplicate dropped first
     with pytest.raises(ValueError, match="cannot give 5 for validation"):
         tasks._split_off(["a", "b"], 5, 10, random.Random(0))
+    with pytest.raises(ValueError, match="of 20 groups .60 texts. cannot give 60 texts for validation and a test"):
+        tasks._split_groups(rows, 60, 100, random.Random(0))  # the test part was left empty
+
+
+def test_a_class_with_too_few_texts_is_refused_not_labelled_out_of_step():
+    """3 labels were added for a class that had 1 text: later texts took earlier classes' labels, silently."""
+    import random
+
+    sizes = tasks.TextSize(1, 1, 1, ood=1, ood_val=1, circuit=1, tokens=8, epochs=1, member_epochs=1, mc_samples=1)
+    with pytest.raises(ValueError, match="class 0 has 1 texts, fewer than the 3 that train/val/test"):
+        tasks._split_by_label([["a"], ["b", "c", "d"]], sizes, random.Random(0))
+    splits = tasks._split_by_label([["a", "e", "f"], ["b", "c", "d"]], sizes, random.Random(0))
+    assert all(len(texts) == len(labels) == 2 for texts, labels in splits)
 
 
 @pytest.mark.parametrize("data", ["bbc", "sentiment"])

@@ -3,6 +3,7 @@
 import json
 import re
 from argparse import Namespace
+from pathlib import Path
 
 import pytest
 
@@ -83,6 +84,27 @@ def test_flags_that_do_not_apply_to_a_task_are_refused_not_ignored():
         (["bench", "amp-text", "--cost-curve"], "--cost-curve appl(y) to the suite tasks"),
         (["bench", "text", "--head-sweep", "2", "--cost-curve"], "give one of them"),
         (["bench", "distill-image", "--prune-per-layer", "2"], "--prune-per-layer applies to the suite and amp-*"),
+        (["bench", "image-dinov2", "--latency-seeds", "0", "1"], "--latency-seeds appl(y) to the amp-* experiments"),
+        (["bench", "text", "--tables", "free", "--deltas", "0.1"], "--deltas, --tables appl(y) to the amp-*"),
     ):
         with pytest.raises(CommandError, match=re.escape(named)):
             bench.run(parser.parse_args(argv))
+
+
+def test_a_quick_distillation_run_writes_apart_from_the_full_tables(monkeypatch, tmp_path):
+    """distill-<task>.md of a --quick run (one seed) replaced the committed three-seed table in distillation/."""
+    from hydra_ensembles.bench import distillation
+
+    written = []
+
+    def experiment(seeds, out, command):
+        written.append(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "spiral.md").write_text("table")
+        return {"experiment": "spiral", "wall_time_s": 0.0}
+
+    monkeypatch.setattr(distillation, "EXPERIMENTS", {**distillation.EXPERIMENTS, "spiral": experiment})
+    monkeypatch.chdir(tmp_path)
+    for quick in ([], ["--quick"]):
+        bench.run(build_parser().parse_args(["bench", "distill-spiral", *quick]))
+    assert written == [Path("benchmarks/results/distillation"), Path("benchmarks/results/distillation-quick")]

@@ -720,9 +720,10 @@ def training(task, summary: dict, seed_dirs: Mapping[int, Path]) -> dict:
 
 
 def _model_kind(name: str) -> str:
-    """A cached model's name as every seed shares it: "start1-2" -> "start-2", "hydra-circ0-1d5aeb22" ->
-    "hydra-circ0" (the seed and the head map's digest dropped)."""
-    return re.sub(r"^start\d+", "start", re.sub(r"-[0-9a-f]{8}(?=-|$)", "", name))
+    """A cached model's name as every seed shares it: "start1-2" -> "start-2", "single-dropout2" ->
+    "single-dropout", "hydra-circ0-1d5aeb22" -> "hydra-circ0" (the seed and the head map's digest dropped)."""
+    name = re.sub(r"^(start|single-dropout)\d+", r"\1", name)
+    return re.sub(r"-[0-9a-f]{8}(?=-|$)", "", name)
 
 
 def _training_of(record: Mapping) -> dict:

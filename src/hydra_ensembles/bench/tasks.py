@@ -157,6 +157,11 @@ def _split_groups(rows: list[tuple[str, str]], val: int, test: int, rng: random.
     val_rows, rest = [], []
     for group in order:
         (val_rows if len(val_rows) < val else rest).extend((group, text) for text in groups[group])
+    if not rest:
+        raise ValueError(
+            f"an OOD source of {len(groups)} groups ({len(rows)} texts) cannot give {val} texts for validation and a "
+            "test part."
+        )
     rng.shuffle(rest)
     return val_rows[:val], [text for _, text in rest[:test]]
 
@@ -305,7 +310,13 @@ def _split_by_label(texts_per_label: list[list[str]], sizes: TextSize, rng: rand
     """Train, val and test splits of `sizes.train` / `.val` / `.test` texts per label (its position in
     `texts_per_label`), each label's texts shuffled first and each split after."""
     splits: list[Split] = [([], []), ([], []), ([], [])]
+    needed = sizes.train + sizes.val + sizes.test
     for label, texts in enumerate(texts_per_label):
+        if len(texts) < needed:  # the splits would take fewer texts than labels: every later label out of step
+            raise ValueError(
+                f"class {label} has {len(texts)} texts, fewer than the {needed} that train/val/test "
+                f"({sizes.train}/{sizes.val}/{sizes.test} per class) take: give smaller sizes."
+            )
         rng.shuffle(texts)
         start = 0
         for (split_texts, split_labels), count in zip(splits, (sizes.train, sizes.val, sizes.test)):

@@ -161,6 +161,18 @@ def run(args: argparse.Namespace) -> int:
     given = [flag for flag, value in suite_flags.items() if value]
     if given and args.task not in TASKS:
         raise CommandError(f"{', '.join(given)} appl(y) to the suite tasks ({', '.join(TASKS)}), not to {args.task}.")
+    amp_flags = {
+        "--deltas": args.deltas != list(amp.DELTAS),
+        "--flops-target": args.flops_target != 1.0,
+        "--recovery-epochs": args.recovery_epochs is not None,
+        "--tables": args.tables != list(amp.TABLE_NAMES),
+        "--latency-seeds": args.latency_seeds is not None,
+    }
+    given = [flag for flag, differs in amp_flags.items() if differs]
+    if given and args.task not in AMP:
+        raise CommandError(
+            f"{', '.join(given)} appl(y) to the amp-* experiments ({', '.join(AMP)}), not to {args.task}."
+        )
     if args.head_sweep and args.cost_curve:
         raise CommandError("--head-sweep and --cost-curve each replace the table: give one of them.")
     if args.prune_per_layer is not None and args.task not in TASKS and args.task not in AMP:
@@ -278,7 +290,7 @@ def _suffix(args: argparse.Namespace) -> str:
 def _distill(args: argparse.Namespace) -> int:
     name = DISTILL[args.task]
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
-    out = args.out or Path("benchmarks") / "results" / "distillation"
+    out = args.out or Path("benchmarks") / "results" / ("distillation" + ("-quick" if args.quick else ""))
     command = "hydra-ens " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     if name in distillation.EXPERIMENTS:
         summary = distillation.EXPERIMENTS[name](seeds, out, command=command)

@@ -2,14 +2,15 @@
 
 It takes any saved classifier: an HF classifier, a Hydra Ensemble, a distilled student, a zero-shot ensemble.
 `--method` picks the map (`predictors.CALIBRATION_MAPS`; definitions in docs/calibration.md):
-  temperature  one temperature divides every member's logits (Guo et al., 2017); never changes the class
+  temperature  one temperature divides every member's logits (Guo et al., 2017); never changes a member's class
   vector       a scale and a bias per class on every member's logits (Guo et al., 2017)
   dirichlet    a C x C matrix and a bias on every member's log-probabilities, ODIR-regularised (Kull et al., 2019)
   histogram    per class, the frequency of the class in its probability's bin (Zadrozny & Elkan, 2001)
   isotonic     per class, an isotonic regression of the probability (scikit-learn; Zadrozny & Elkan, 2002)
 The first three keep the members (and their mutual information); histogram and isotonic map the ensemble
 probability and leave one member, so an ensemble's mutual information and disagreement become 0.
-Prints what was fitted and the validation NLL and ECE before and after. Writes <out>/model/ (`evaluate` and
+Prints what was fitted and the validation NLL and ECE before and after (on the data it was fitted on: an
+optimistic "after", most for histogram and isotonic). Writes <out>/model/ (`evaluate` and
 `predict` take <out> as --model). Fit on validation data, not on the test data you report on.
 """
 
@@ -108,7 +109,10 @@ def _report(results: dict, calibration_map: CalibrationMap) -> None:
     before, after = results["before"], results["after"]
     fitted = ", ".join(f"{name} {value:.4f}" for name, value in calibration_map.summary().items())
     print(f"fitted {results['method']} calibration on {results['examples']} validation examples: {fitted}")
-    print(f"  validation NLL {before['nll']:.4f} -> {after['nll']:.4f}, ECE {before['ece']:.4f} -> {after['ece']:.4f}")
+    print(
+        f"  validation NLL {before['nll']:.4f} -> {after['nll']:.4f}, ECE {before['ece']:.4f} -> {after['ece']:.4f} "
+        "(on the data it was fitted on: measure it on held-out data with `evaluate`)"
+    )
     if not calibration_map.on_members:
         print(
             f"  {results['method']} maps the ensemble probability and returns one member (the model has "
