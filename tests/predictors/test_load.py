@@ -71,6 +71,24 @@ def test_the_saved_formats_are_those_written_before_the_kinds_named_themselves(t
     assert json.loads((tmp_path / "s" / "predictor.json").read_text())["kind"] == "multi_head_mlp"
 
 
+def test_a_folder_of_two_saves_and_a_kinds_own_loader_given_another_kind_are_refused(tmp_path):
+    """An HF save_pretrained into an ensemble's folder (it adds files, ours replace the folder) left both configs:
+    load_predictor read the stale ensemble. MCDropout.from_pretrained of a calibrated folder: KeyError 'samples'."""
+    model = MODELS["bert"]()
+    P.save_predictor(_hydra(model), tmp_path / "h")
+    model.save_pretrained(tmp_path / "h")
+    with pytest.raises(ValueError, match="holds files of two saves .hydra_config.json and config.json"):
+        P.load_predictor(tmp_path / "h")
+    P.save_predictor(_hydra(model), tmp_path / "h")  # saved again: the folder is replaced whole
+    assert isinstance(P.load_predictor(tmp_path / "h"), he.HydraEnsemble)
+    P.save_predictor(P.Calibrated(model, P.TemperatureScaling(2.0)), tmp_path / "c")
+    for kind in (P.MCDropout, P.DeepEnsemble, P.BatchEnsemble, P.PackedEnsemble, P.MIMO):
+        with pytest.raises(ValueError, match=f"holds a 'calibrated' predictor, not a '{kind.kind}': load it with"):
+            kind.from_pretrained(tmp_path / "c")
+    with pytest.raises(ValueError, match="holds a 'hydra_ensemble' predictor, not a 'calibrated'"):
+        P.Calibrated.from_pretrained(tmp_path / "h")
+
+
 def test_an_unknown_kind_names_the_known_ones_and_register_predictor_adds_one(tmp_path):
     (tmp_path / "predictor.json").write_text(json.dumps({"kind": "bayes_by_backprop"}))
     with pytest.raises(ValueError, match="unknown kind 'bayes_by_backprop'.*'deep_ensemble'.*'hydra_ensemble'"):

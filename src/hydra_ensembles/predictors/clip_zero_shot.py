@@ -40,7 +40,7 @@ from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ..members import build_members
 from ..outputs import PredictorOutput
 from ..pruning import HeadMap, kept_heads
-from .load import HF_TWO_TOWER_MODELS, TWO_TOWER_FILE, load_predictor, register_predictor, save_predictor
+from .load import HF_TWO_TOWER_MODELS, TWO_TOWER_FILE, load_predictor, register_predictor, save_predictor, saved_record
 
 DEFAULT_TEMPLATES = ("a photo of a {}.",)
 
@@ -266,7 +266,7 @@ class ZeroShotEnsemble(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> ZeroShotEnsemble:
         path = Path(path)
-        record = json.loads((path / PREDICTOR_FILE).read_text())
+        record = saved_record(path, cls)
         image, text = _load_projections(path)
         embeddings = safetensors.torch.load_file(str(path / "classes.safetensors"))["embeddings"]
         towers = [

@@ -83,6 +83,12 @@ def saved_kind(path: str | os.PathLike) -> str:
     """The kind saved at `path`: predictor.json names it; the formats that do not are told by their files."""
     path = Path(path)
     recover_dir(path)  # a save cut off between its two renames is put back before its files are read
+    marks = [name for name in (HYDRA_CONFIG, PREDICTOR_FILE, TWO_TOWER_FILE, "config.json") if (path / name).is_file()]
+    if len(marks) > 1:  # e.g. an HF save_pretrained into an ensemble's folder (it adds, where ours replace)
+        raise ValueError(
+            f"{str(path)!r} holds files of two saves ({' and '.join(marks)}), so which one it is cannot be told: "
+            "save each predictor into its own directory (or save this one again, which replaces the folder whole)."
+        )
     if (path / HYDRA_CONFIG).is_file():
         return HydraEnsemble.kind
     if (path / PREDICTOR_FILE).is_file():
@@ -169,10 +175,23 @@ class ModelWrapper(Wrapper):
 
         return save_dir_atomic(path, write)
 
-    @staticmethod
-    def load_wrapped(path: str | os.PathLike) -> tuple[nn.Module, dict]:
+    @classmethod
+    def load_wrapped(cls, path: str | os.PathLike) -> tuple[nn.Module, dict]:
         """The wrapped predictor saved at `path`/model and the wrapper's predictor.json record."""
-        return load_predictor(Path(path) / "model"), json.loads((Path(path) / PREDICTOR_FILE).read_text())
+        record = saved_record(path, cls)
+        return load_predictor(Path(path) / "model"), record
+
+
+def saved_record(path: str | os.PathLike, cls: type[SavedPredictor]) -> dict:
+    """The predictor.json record at `path`, refused unless what is saved there is a `cls` (its `kind`, or an
+    earlier name of it): a kind's own `from_pretrained` given another kind's folder failed with a bare KeyError."""
+    kind = saved_kind(path)
+    if PREDICTOR_KINDS.get(kind) is not cls:
+        raise ValueError(
+            f"{str(Path(path))!r} holds a {kind!r} predictor, not a {cls.kind!r}: load it with load_predictor, "
+            "which reads every kind."
+        )
+    return json.loads((Path(path) / PREDICTOR_FILE).read_text())
 
 
 def check_supported(path: str | os.PathLike) -> None:
@@ -197,4 +216,4 @@ def _is_hf_two_tower(path: Path) -> bool:
         return False
     config = json.loads((path / "config.json").read_text())
     model_class = HF_TWO_TOWER_MODELS.get(config.get("model_type"))
-    return model_class is not None and model_class in config.get("architectures", [model_class])
+    return model_class is not None and model_class in (config.get("architectures") or [model_class])  # or null

@@ -36,7 +36,7 @@ from ...adapters import get_adapter
 from ...io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ...outputs import PredictorOutput
 from ...pruning import load_model, save_model
-from ..load import register_predictor
+from ..load import register_predictor, saved_record
 from ..wrapper import Wrapper
 
 FAST_WEIGHTS = "fast_weights.safetensors"
@@ -272,7 +272,7 @@ class BatchEnsemble(Wrapper):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> BatchEnsemble:
         path = Path(path)
-        record = json.loads((path / PREDICTOR_FILE).read_text())
+        record = saved_record(path, cls)
         ensemble = cls(load_model(path / "model"), record["members"], record["linears"])
         fast = safetensors.torch.load_file(path / FAST_WEIGHTS)
         if set(fast) != set(ensemble.fast_weights()):

@@ -14,7 +14,7 @@ from ...adapters import get_adapter
 from ...io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ...outputs import PredictorOutput
 from ...pruning import load_model, save_model
-from ..load import register_predictor
+from ..load import register_predictor, saved_record
 from ..wrapper import Wrapper
 
 
@@ -56,7 +56,7 @@ class DeepEnsemble(Wrapper):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> DeepEnsemble:
         path = Path(path)
-        record = json.loads((path / PREDICTOR_FILE).read_text())
+        record = saved_record(path, cls)
         models = [load_model(path / f"member{i}") for i in range(record["members"])]
         return cls(models, record.get("stored_parameters")).eval()
 

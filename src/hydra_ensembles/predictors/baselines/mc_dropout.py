@@ -12,6 +12,7 @@ from torch import nn
 from ...adapters import get_adapter
 from ...io import PREDICTOR_FILE
 from ...outputs import PredictorOutput
+from ...seeding import seeded
 from ..load import ModelWrapper, describe_saved, register_predictor
 
 
@@ -19,7 +20,9 @@ from ..load import ModelWrapper, describe_saved, register_predictor
 class MCDropout(ModelWrapper):
     """One model, `samples` stochastic passes with its dropout (hidden and attention) switched on.
 
-    The dropout masks come from `seed` and a call counter, so a sequence of calls is reproducible.
+    The dropout masks come from `seed` and a call counter, so a sequence of calls is reproducible; an input's
+    masks depend on the batch it comes in and on the calls before (saving with a model card, which counts FLOPs,
+    is a call).
     """
 
     kind = "mc_dropout"
@@ -40,8 +43,7 @@ class MCDropout(ModelWrapper):
         inputs = {k: v for k, v in inputs.items() if k != "labels"}
         adapter = get_adapter(self.model)
         was_training = self.model.training
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed * 1_000_003 + self.calls)
+        with seeded(self.seed * 1_000_003 + self.calls):
             self.calls += 1
             self.model.train()  # dropout on; no batch norm in these transformers, layer norm is unaffected
             try:

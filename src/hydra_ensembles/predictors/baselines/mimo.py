@@ -46,9 +46,10 @@ from torch import Tensor, nn
 from ...data.loaders import TARGETS, Batch
 from ...io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ...outputs import PredictorOutput
+from ...seeding import seeded
 from ...training import TrainConfig, train
 from ...training.losses import MIMOLoss
-from ..load import register_predictor
+from ..load import register_predictor, saved_record
 from ..wrapper import Wrapper
 
 WEIGHTS = "model.safetensors"
@@ -141,7 +142,7 @@ class MIMO(Wrapper):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> MIMO:
         path = Path(path)
-        record = json.loads((path / PREDICTOR_FILE).read_text())
+        record = saved_record(path, cls)
         model_class = getattr(transformers, record["model_class"])
         config = model_class.config_class.from_dict(record["model_config"])
         model = _mimo_network(model_class, config, record["members"])
@@ -209,8 +210,7 @@ def mimo(model: nn.Module, members: int = 3, rho: float = 0.5, batch_repetition:
             f"`classifier` (ViT, DINOv2); a {type(model).__name__} is not one. Text has no sensible analogue "
             "(docs/baselines.md)."
         )
-    with torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
-        torch.manual_seed(seed)
+    with seeded(seed):  # the caller's random state is left as it was
         network = _mimo_network(type(model), config, members)
     return MIMO(network.to(next(model.parameters()).device), members, rho, batch_repetition).eval()
 

@@ -23,7 +23,6 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-import torch
 import transformers
 from torch import nn
 
@@ -32,8 +31,9 @@ from ...fusion import HydraEnsemble
 from ...io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ...outputs import PredictorOutput
 from ...pruning.persist import FINGERPRINT_KEY
+from ...seeding import seeded
 from ...training import TrainConfig, finetune_fused
-from ..load import register_predictor
+from ..load import register_predictor, saved_record
 from ..wrapper import Wrapper
 
 FUSED_DIR = "fused"
@@ -127,7 +127,7 @@ class PackedEnsemble(Wrapper):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> PackedEnsemble:
         path = Path(path)
-        record = json.loads((path / PREDICTOR_FILE).read_text())
+        record = saved_record(path, cls)
         fused = HydraEnsemble.from_pretrained(path / FUSED_DIR)
         return cls(fused, record["alpha"], record["gamma"], record.get("source_config")).eval()
 
@@ -149,8 +149,7 @@ def packed_ensemble(
             f"only gamma=1 is implemented (no subgroups: §C.1.4 gives E=3 and alpha=2 and no gamma), got gamma={gamma}."
         )
     config = packed_config(model.config, members, alpha)
-    with torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
-        torch.manual_seed(seed)
+    with seeded(seed):  # the caller's random state is left as it was
         narrow = [type(model)(copy.deepcopy(config)).to(next(model.parameters()).device) for _ in range(members)]
     # Fusion fuses pruned copies of one checkpoint, checked by a fingerprint of the embeddings; these members are
     # one initialisation of one Packed-Ensemble, recorded as such.
