@@ -39,7 +39,7 @@ from hydra_ensembles.importance import CRITERIA
 from hydra_ensembles.importance.circuit import search_name
 from hydra_ensembles.importance.circuit.scoring import ReferenceScorer
 from hydra_ensembles.importance.circuit.search import estimate_exact_seconds
-from hydra_ensembles.io import write_json_atomic
+from hydra_ensembles.io import weights_digest, write_json_atomic
 
 
 def overlap(a, b, n):
@@ -118,6 +118,7 @@ def compare(task, model, seed_cache, args: argparse.Namespace) -> list[list[str]
     exact_seconds, approx = timing["seconds"], "~" if timing["estimated"] else ""
     half, pruned = task.prune_per_layer * layers // 2, task.prune_per_layer * layers
     scorer = ReferenceScorer(model, id_data, ood_data, CRITERIA["avg"])  # any set of removed heads, in any order
+    digest = weights_digest(model)  # what a cached approximate search was run on
 
     points = sorted({n for n in (half, pruned, budget // 2) if 0 < n < budget} | {budget})  # prefixes compared
 
@@ -141,10 +142,13 @@ def compare(task, model, seed_cache, args: argparse.Namespace) -> list[list[str]
         search = search_name(method, int(top or 8), precision or "fp32")
         path = seed_cache / "circuit_approx" / f"{search}-{budget}{suffix}.json"
         circuit = he.Circuit.load(path) if path.exists() else None
-        if circuit is not None and circuit.tie_break == tie_break:
+        if circuit is not None:
             timed = json.loads(path.with_suffix(".seconds.json").read_text())
             timed = timed if isinstance(timed, dict) else {"seconds": timed}  # older files: seconds alone
-        else:
+            # searched for another tie rule, or on other weights (a records machine that rebuilt the model): again
+            if circuit.tie_break != tie_break or timed.get("model", digest) != digest:
+                circuit = None
+        if circuit is None:
             started = time.perf_counter()
             circuit = he.extract_circuit(
                 model,
@@ -158,7 +162,7 @@ def compare(task, model, seed_cache, args: argparse.Namespace) -> list[list[str]
                 progress=False,
                 tie_break=tie_break,
             )
-            timed = {"seconds": time.perf_counter() - started} | measured_here()
+            timed = {"seconds": time.perf_counter() - started, "model": digest} | measured_here()
             circuit.save(path)
             write_json_atomic(path.with_suffix(".seconds.json"), timed)
         seconds = timed["seconds"]

@@ -49,6 +49,9 @@ def test_the_exact_ranking_is_the_suites_only_when_it_was_exact_under_the_tasks_
     rows = approx.compare(task, model, tmp_path, _args())
     points = (len(rows[0]) - 3) // 2
     assert calls == [] and rows[0][2] == "1.0" and set(rows[0][3 : 3 + points]) == {"1.000"}  # read back, no search
+    rebuilt = MODELS["bert"](seed=1).eval()  # the approximations were searched on seed 0's weights: again
+    approx.compare(task, rebuilt, tmp_path, _args(methods=["multi-2"]))
+    assert calls == ["multi"]
 
 
 def test_batches_are_spread_over_the_sets_and_named_so(tiny_task, tmp_path):  # noqa: F811

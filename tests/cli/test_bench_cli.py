@@ -108,3 +108,27 @@ def test_a_quick_distillation_run_writes_apart_from_the_full_tables(monkeypatch,
     for quick in ([], ["--quick"]):
         bench.run(build_parser().parse_args(["bench", "distill-spiral", *quick]))
     assert written == [Path("benchmarks/results/distillation"), Path("benchmarks/results/distillation-quick")]
+
+
+def test_a_failed_run_shows_its_own_error_when_the_last_push_fails_too(monkeypatch, tmp_path, capsys):
+    """The last push runs in a finally: when it failed after the run had failed, its error replaced the run's."""
+    from types import SimpleNamespace
+
+    pushes = []
+
+    def copy(source, target, overwrite):
+        pushes.append(overwrite)
+        if overwrite:
+            raise OSError("disk full")
+        return []
+
+    monkeypatch.setattr(bench, "copy_records", copy)
+    args = SimpleNamespace(records=tmp_path / "records", records_only=False)
+    task = SimpleNamespace(name="t", fingerprint=lambda: "f")
+    with pytest.raises(ValueError, match="the run's own"):
+        with bench._records(args, tmp_path / "cache", task):
+            raise ValueError("the run's own")
+    assert pushes == [False, True] and "could not save to" in capsys.readouterr().out
+    with pytest.raises(OSError, match="disk full"):  # a run that succeeded: the failed push is the error
+        with bench._records(args, tmp_path / "cache", task):
+            pass

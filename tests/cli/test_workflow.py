@@ -357,6 +357,12 @@ def test_evaluate_reports_the_metrics_of_each_model(flow):
     assert saved["hydra"]["metrics"]["ood"]["ood"]["auroc"] == pytest.approx(auroc)
     report = (root / "report" / "report.md").read_text()
     assert "| single |" in report and "| hydra |" in report
+    # the comparison DESIGN asks for: a paired interval of the difference, not two means side by side
+    pair = json.loads((root / "report" / "metrics.json").read_text())["differences"]["pairs"][0]
+    assert pair["rows"] == ["hydra", "single"] and "Each model against the first, single:" in report
+    nll = {name: saved[name]["metrics"]["id"]["nll"] for name in ("hydra", "single")}
+    assert pair["nll"]["point"] == pytest.approx(nll["hydra"] - nll["single"], abs=1e-9)
+    assert pair["nll"]["low"] <= pair["nll"]["point"] <= pair["nll"]["high"] and "- hydra vs single: NLL" in report
     for name in ("reliability.png", "ood_scores.png"):
         assert (root / "report" / name).stat().st_size > 0
 

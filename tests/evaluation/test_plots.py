@@ -35,3 +35,21 @@ def test_the_head_sweep_draws_each_budget_at_its_own_place(tmp_path, monkeypatch
     rows = {"Taylor, 1 pruned/layer, fine-tuned": stat, "Taylor, 3 pruned/layer, fine-tuned": stat}
     plots.sweep_figure({"rows": rows, "budgets": [1, 2, 3]}, tmp_path / "sweep.png")
     assert drawn["lines"] == [("Taylor, fine-tuned", [1, 3])]
+
+
+def test_the_ood_figure_shows_the_score_the_report_uses(tmp_path, monkeypatch):
+    """ood_scores.png showed 1 - MSP under evaluate --score energy, beside a table of energy AUROCs."""
+    from hydra_ensembles.evaluation.ood import OOD_SCORES
+
+    shown = {}
+    monkeypatch.setattr(
+        plots, "ood_histograms", lambda panels, path, name, title: shown.update(panels=panels, name=name)
+    )
+    g = torch.Generator().manual_seed(0)
+    run = {"test": torch.randn(20, 2, 3, generator=g), "far": {"x": torch.randn(10, 2, 3, generator=g)}}
+    for score, name in (("energy", "energy"), ("msp", "1 - MSP"), ("knn", "1 - MSP")):  # knn: a feature score
+        plots.logit_figures({"hydra": run}, torch.zeros(20, dtype=torch.long), tmp_path, "t", score)
+        used = score if score in OOD_SCORES else "msp"
+        assert shown["name"] == name and torch.equal(
+            shown["panels"]["hydra"]["ID"], OOD_SCORES[used](run["test"].double())
+        )

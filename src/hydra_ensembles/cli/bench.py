@@ -262,8 +262,12 @@ def _records(args: argparse.Namespace, cache: Path, task: Task) -> Iterator[bool
     pusher = threading.Thread(target=push_now_and_then, daemon=True)
     pusher.start()
     previous = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    failed = False
     try:
         yield not args.records_only
+    except BaseException:
+        failed = True
+        raise
     finally:
         for sig in previous:  # a second signal must not cut the last push short
             signal.signal(sig, signal.SIG_IGN)
@@ -272,6 +276,11 @@ def _records(args: argparse.Namespace, cache: Path, task: Task) -> Iterator[bool
             pusher.join()
             pushed = copy_records(cache / key, args.records / key, overwrite=True)
             print(f"records: {len(pushed)} file(s) new or changed, saved to {args.records / key}", flush=True)
+        except Exception as error:
+            if not failed:
+                raise
+            # the run's own error is the one to see: a failed last push is said, not raised in its place
+            print(f"records: could not save to {args.records / key} ({error})", flush=True)
         finally:  # the caller's handlers back, even when the last push fails
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

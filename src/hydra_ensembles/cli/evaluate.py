@@ -5,7 +5,8 @@ OOD detection follows OpenOOD: OOD is the positive class, the score is one minus
 of the ensemble's prediction (the mean of member softmaxes), or --score (feature scores: docs/ood_scores.md).
 Selective classification (docs/selective.md): AURC, AUGRC, risk at 80% coverage and coverage at 5% risk;
 with --conformal ALPHA, split conformal coverage and set size (docs/conformal.md); with --shift, accuracy, NLL,
-ECE and uncertainty as the test inputs degrade (shift.json, shift.md, shift_*.png: docs/shift.md). Writes
+ECE and uncertainty as the test inputs degrade (shift.json, shift.md, shift_*.png: docs/shift.md). With several
+models, each after the first is compared with the first by a paired bootstrap interval of the difference. Writes
 report.md (the table), metrics.json (every number), reliability.png, ood_scores.png and risk_coverage.png;
 each model's result is recorded in results.json and its logits kept in logits/ as it is measured
 (`evaluation.compare`), so an interrupted run resumes at the next model.
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..evaluation import plots
+from ..evaluation.bootstrap import difference_lines, row_differences
 from ..evaluation.compare import Built, Data, compare, machine, row_file, time_rows
 from ..evaluation.conformal import minimum_calibration, miscoverage
 from ..evaluation.report import COVERAGE_LEVEL, RISK_LEVEL, conformal_metrics, selective_metrics
@@ -198,6 +200,9 @@ def run(args: argparse.Namespace) -> int:
     if args.conformal is not None:
         conformal = {name: conformal_metrics(logits[name]["test"], labels, args.conformal) for name in results}
         lines += [*conformal_lines(conformal, args.conformal), ""]
+    differences = _differences(out.path, labels, list(results), args.score)
+    if differences:
+        lines += [f"Each model against the first, {next(iter(results))}:", "", *difference_lines(differences), ""]
     if names:
         lines += ["AUROC (%) per OOD set:", "", *per_set_lines({0: results}, names), ""]
     (out.path / "report.md").write_text("\n".join(lines))
@@ -209,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
             "latency": latency,
             "selective": {"coverage": COVERAGE_LEVEL, "risk": RISK_LEVEL, "models": selective},
             "conformal": None if conformal is None else {"alpha": args.conformal, "models": conformal},
+            "differences": differences,
             "inference": {"precision": args.precision, "compile": args.compile},
         },
     )
@@ -218,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
             write_card(built[name].predictor, check_model_dir(path), report)
         except OSError as error:  # a model card of the user's own (FileExistsError), a read-only folder
             print(f"note: {name}'s card not updated: {error}")
-    plots.logit_figures(logits, labels, out.path, "evaluation")
+    plots.logit_figures(logits, labels, out.path, "evaluation", args.score)
     curves = {name: (ensemble_probs(v["test"].double()), labels) for name, v in logits.items()}  # as the table
     plots.risk_coverage(curves, out.path / "risk_coverage.png", "evaluation: risk-coverage (test)")
     if shifted is not None:
@@ -265,6 +271,19 @@ def _write_shift(curves: dict, data: str, out_dir: Path) -> None:
         for metric, (title, scale, _) in CURVE_METRICS.items():
             series = {m: {s: scale * v[metric] for s, v in mean_over_shifts(c).items()} for m, c in curves.items()}
             plots.shift_curves(series, out_dir / f"shift_{metric}.png", title, "evaluation: mean over shifts")
+
+
+def _differences(out: Path, labels: torch.Tensor, names: list[str], score: str) -> dict:
+    """Each model after the first against the first, a paired bootstrap over the test examples (one seed), as
+    `row_differences` keeps it; {} for one model. Its AUROC ranks by MSP: left out under another --score."""
+    if len(names) < 2:
+        return {}
+    first, *others = names
+    differences = row_differences({0: out}, labels, [(name, first) for name in others])
+    if differences and score != "msp":
+        for pair in differences["pairs"]:
+            pair.pop("auroc_all", None)
+    return differences
 
 
 def _check_conformal(alpha: float | None, examples: int) -> None:

@@ -193,21 +193,24 @@ def _save(fig, path: str | os.PathLike) -> Path:
     return path
 
 
-def logit_figures(logits: Mapping[str, dict], labels: Tensor, out_dir: Path, title: str) -> None:
-    """reliability.png and ood_scores.png from each row's saved logits {"test", "near", "far", "ood"}."""
+def logit_figures(logits: Mapping[str, dict], labels: Tensor, out_dir: Path, title: str, score: str = "msp") -> None:
+    """reliability.png and ood_scores.png from each row's saved logits {"test", "near", "far", "ood"}; the OOD
+    scores are `score`'s when it is a logit score (`OOD_SCORES`), else MSP's (a feature score needs the model)."""
     reliability_diagram(
         {row: (ensemble_probs(v["test"]), labels) for row, v in logits.items()},
         out_dir / "reliability.png",
         title=f"{title}: reliability (test)",
     )
-    msp = OOD_SCORES["msp"]
+    name = score if score in OOD_SCORES else "msp"
+    scored = lambda member_logits: OOD_SCORES[name](member_logits.double())  # noqa: E731 (as the table scores)
     panels = {}
     for row, v in logits.items():
-        panels[row] = {"ID": msp(v["test"])}
+        panels[row] = {"ID": scored(v["test"])}
         for group in ("near", "far", "ood"):
             if v.get(group):
-                panels[row][group if group != "ood" else "OOD"] = torch.cat([msp(x) for x in v[group].values()])
-    ood_histograms(panels, out_dir / "ood_scores.png", "1 - MSP", title=f"{title}: OOD scores")
+                panels[row][group if group != "ood" else "OOD"] = torch.cat([scored(x) for x in v[group].values()])
+    shown = "1 - MSP" if name == "msp" else name
+    ood_histograms(panels, out_dir / "ood_scores.png", shown, title=f"{title}: OOD scores")
 
 
 def uncertainty_maps(
