@@ -54,6 +54,18 @@ def test_a_save_keeps_the_tokenizer_beside_it_and_refuses_to_replace_what_is_no_
     save_dir_atomic(target, lambda d: (_save("weights", "3")(d), (d / "tokenizer.json").write_text("new")))
     assert (target / "tokenizer.json").read_text() == "new"  # a save that writes its own wins
 
+    image = tmp_path / "image"  # another kind of model saved over an image model: its image processor goes
+    save_dir_atomic(image, lambda d: ((d / "config.json").write_text('{"model_type": "vit"}'),))
+    (image / "preprocessor_config.json").write_text("{}")
+    save_dir_atomic(image, lambda d: ((d / "config.json").write_text('{"model_type": "bert"}'),))
+    assert not (image / "preprocessor_config.json").exists()
+    hidden = tmp_path / "hidden"  # a tokenizer and a .DS_Store: no files of the user's to lose
+    hidden.mkdir()
+    (hidden / ".DS_Store").write_text("")
+    (hidden / "vocab.txt").write_text("v")
+    save_dir_atomic(hidden, _save("weights", "1"))
+    assert (hidden / "vocab.txt").read_text() == "v"
+
     results = tmp_path / "results"
     results.mkdir()
     (results / "notes.txt").write_text("mine")

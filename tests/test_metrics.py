@@ -228,7 +228,10 @@ def test_labels_of_refuses_a_shuffling_loader_and_a_loader_labelled_in_part():
     for name, how in reshuffling.items():
         with pytest.raises(ValueError, match=f"sampler \\({name}\\) may read another order on each pass"):
             labels_of(data.DataLoader(rows, batch_size=2, **how))
-    assert labels_of(torch.utils.data.DataLoader(rows, batch_size=2)).tolist() == [0, 1, 0, 1, 0, 1]
+    assert labels_of(data.DataLoader(rows, batch_size=2)).tolist() == [0, 1, 0, 1, 0, 1]
+    # a list of indices and a custom batch sampler read their own order on every pass: taken, not refused
+    assert labels_of(data.DataLoader(rows, batch_size=2, sampler=[5, 4, 3, 2, 1, 0])).tolist() == [1, 0] * 3
+    assert labels_of(data.DataLoader(rows, batch_sampler=[[1, 0], [2]])).tolist() == [1, 0, 0]
     batches = [{"labels": torch.tensor([0, 1])}, {"x": torch.ones(2)}]
     with pytest.raises(ValueError, match="1 of the loader's 2 batches have no 'labels'"):
         labels_of(batches)

@@ -107,7 +107,7 @@ def save_dir_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> P
     os.chmod(tmp, 0o755)  # mkdtemp makes the directory private; a saved model should be readable like any other
     try:
         write(tmp)
-        for name in preprocessor:  # a tokenizer saved there before the model (HF's habit) stays with it
+        for name in preprocessor if _same_model_type(path, tmp) else ():  # a tokenizer saved there stays with it
             if not (tmp / name).exists():
                 shutil.copy2(path / name, tmp / name)
         for folder, _, files in os.walk(tmp):  # every byte on the disk before the swap makes it the save
@@ -127,14 +127,15 @@ def save_dir_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> P
 
 
 def _replaceable(path: Path) -> list[str]:
-    """The preprocessor files in `path` that a save into it keeps; refuses a directory that holds other files and
-    no saved model, since the save replaces the directory whole (a previous save's other files are its own)."""
+    """The preprocessor files in `path` that a save into it may keep (`_same_model_type`); refuses a directory
+    that holds other files (hidden ones aside) and no saved model, since the save replaces the directory whole (a
+    previous save's other files are its own)."""
     if not path.exists():
         return []
     if not path.is_dir():
         raise FileExistsError(f"{path} is a file, not a directory: save to another path, or remove it first.")
     names = sorted(entry.name for entry in path.iterdir())
-    others = [name for name in names if name not in PREPROCESSOR_FILES]
+    others = [name for name in names if name not in PREPROCESSOR_FILES and not name.startswith(".")]
     if others and not set(names) & set(SAVED_MODEL_FILES):
         shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
         raise FileExistsError(
@@ -142,6 +143,18 @@ def _replaceable(path: Path) -> list[str]:
             "Save into a new or empty directory (or move them out first)."
         )
     return [name for name in names if name in PREPROCESSOR_FILES and (path / name).is_file()]
+
+
+def _same_model_type(old: Path, new: Path) -> bool:
+    """Whether the preprocessor files in `old` belong with the save in `new`: `old` held no saved model (they were
+    saved before it), or both are HF models of one model_type (another model's image processor would make a text
+    model's folder load as an image model's)."""
+    if not any((old / name).is_file() for name in SAVED_MODEL_FILES):
+        return True
+    configs = [folder / "config.json" for folder in (old, new)]
+    if not all(config.is_file() for config in configs):
+        return False
+    return len({json.loads(config.read_text()).get("model_type") for config in configs}) == 1
 
 
 def _swap_name(path: Path) -> Path:

@@ -107,9 +107,10 @@ def labels_of(loader: Iterable[Mapping[str, Any]]) -> Tensor:
     """The labels of a labelled loader, concatenated (N,), in the order `collect_member_logits` reads its inputs:
     a loader that shuffles anew on each pass is refused (its labels would not line up with logits of another
     pass), and so is one whose batches are labelled only in part."""
-    if isinstance(loader, torch.utils.data.DataLoader) and not _reads_in_order(loader):
+    reshuffling = _reshuffling_sampler(loader) if isinstance(loader, torch.utils.data.DataLoader) else None
+    if reshuffling is not None:
         raise ValueError(
-            f"the loader's sampler ({_sampler_name(loader)}) may read another order on each pass: its labels would "
+            f"the loader's sampler ({reshuffling}) may read another order on each pass: its labels would "
             "not line up with the logits of another pass. Use DataLoader(..., shuffle=False) on the subset "
             "(torch.utils.data.Subset rather than SubsetRandomSampler), or a list of batches, for evaluation."
         )
@@ -128,18 +129,14 @@ def labels_of(loader: Iterable[Mapping[str, Any]]) -> Tensor:
     return torch.cat(labels)
 
 
-def _reads_in_order(loader: torch.utils.data.DataLoader) -> bool:
-    """Whether every pass reads the same order: the sequential sampler (or none, for an iterable dataset) under
-    the default batch sampler. Any other sampler (random, subset-random, weighted) may reshuffle on each pass."""
-    if isinstance(loader.dataset, torch.utils.data.IterableDataset):
-        return True  # the dataset reads itself in its own order
-    sampler = loader.batch_sampler.sampler if loader.batch_sampler is not None else loader.sampler
-    batched_by_default = loader.batch_sampler is None or type(loader.batch_sampler) is torch.utils.data.BatchSampler
-    return batched_by_default and isinstance(sampler, torch.utils.data.SequentialSampler)
-
-
-def _sampler_name(loader: torch.utils.data.DataLoader) -> str:
-    sampler = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
-    if type(sampler) is torch.utils.data.BatchSampler:
-        sampler = sampler.sampler
-    return type(sampler).__name__
+def _reshuffling_sampler(loader: torch.utils.data.DataLoader) -> str | None:
+    """The name of the loader's sampler when it draws another order on each pass (random, subset-random,
+    weighted, a shuffling DistributedSampler), also inside a batch sampler; None for any other (sequential, a
+    list of indices, a custom batch sampler: their order is theirs to keep)."""
+    data = torch.utils.data
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    for sampler in (getattr(batch_sampler, "sampler", None), getattr(loader, "sampler", None)):
+        random = isinstance(sampler, data.RandomSampler | data.SubsetRandomSampler | data.WeightedRandomSampler)
+        if random or (isinstance(sampler, data.DistributedSampler) and sampler.shuffle):
+            return type(sampler).__name__
+    return None

@@ -9,11 +9,14 @@ import torch
 
 
 @contextmanager
-def seeded(seed: int) -> Iterator[None]:
-    """Run the block with every generator torch.manual_seed sets (the CPU's and each CUDA device's) seeded from
-    `seed`, and put them all back afterwards: `fork_rng(devices=[])` restored the CPU's alone, so a seeded draw
-    reset the caller's CUDA stream."""
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
+def seeded(seed: int, device: torch.device | str = "cpu") -> Iterator[None]:
+    """Run the block with the CPU generator, and `device`'s when it is a CUDA device (where a model on it draws
+    its dropout masks), seeded from `seed`, and put them back afterwards. torch.manual_seed would also (lazily)
+    seed every CUDA device, which `fork_rng(devices=[])` did not put back: the caller's CUDA stream was reset."""
+    device = torch.device(device)
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.default_generator.manual_seed(seed)
+        for index in cuda:
+            torch.cuda.default_generators[index].manual_seed(seed)
         yield

@@ -51,13 +51,18 @@ def test_collect_scores_takes_logit_scores_of_any_model_and_asks_for_fitted_dete
         collect_scores(only_knn, test, "mahalanobis")
 
 
-def test_member_disagreement_scores_are_refused_for_one_member():
+def test_member_disagreement_scores_are_refused_for_one_member_where_a_threshold_is_set():
     """Mutual information and disagreement are 0 for every input of one member: predict --score flagged nothing
-    (threshold 0, no score above it) and evaluate printed AUROC 0.5, silently."""
+    (threshold 0, no score above it), silently. evaluate measures them (AUROC 50, chance)."""
+    from hydra_ensembles.evaluation.scores import check_flags_something
+
     model, test = at_trained_scale("bert"), _batches(1)
     for score in ("mutual_information", "disagreement"):
+        logits, scores = collect_scores(model, test, score)
+        assert scores.abs().max() == 0
         with pytest.raises(ValueError, match=f"OOD score '{score}' measures how the members disagree"):
-            collect_scores(model, test, score)
+            check_flags_something(score, logits)
+    check_flags_something("mutual_information", torch.zeros(4, 2, 3))  # two members: scored
 
 
 def test_energy_is_refused_on_log_probabilities_and_kept_on_logits():

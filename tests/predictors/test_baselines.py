@@ -125,3 +125,12 @@ def test_seeded_draws_leave_the_callers_random_state_as_it_was():
     assert torch.equal(torch.rand(3), expected)
     with seeded(5):
         assert torch.equal(torch.rand(2), inside)
+    forked = []  # a CPU model forks the CPU generator alone: no CUDA device is started or reseeded
+    real = torch.random.fork_rng
+    torch.random.fork_rng = lambda devices: forked.append(list(devices)) or real(devices=devices)
+    try:
+        with seeded(5, "cpu"):
+            pass
+    finally:
+        torch.random.fork_rng = real
+    assert forked == [[]]

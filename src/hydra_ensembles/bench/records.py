@@ -47,6 +47,7 @@ def copy_records(source: str | os.PathLike, target: str | os.PathLike, overwrite
     source, target = Path(source), Path(target)
     if not source.is_dir():
         return []
+    _check_settings_agree(source, target)  # before any file is written: the rows of both would already mix
     written = []
     for path in sorted(source.rglob("*")):
         relative = path.relative_to(source)
@@ -69,8 +70,9 @@ def copy_records(source: str | os.PathLike, target: str | os.PathLike, overwrite
 
 def _merged(new: bytes, old: bytes, overwrite: bool, source: Path, target: Path) -> bytes:
     """What the record `target` (holding `old`) becomes when `new` is copied onto it from `source`: of two states
-    of one model's search in progress, the one further on; of two timing records, every run of both; two
-    different settings files are refused; of two JSON objects, their union with the winner's
+    of one model's search in progress, the one further on; of two timing records, every run of both (two
+    different settings files are refused before any copy, `_check_settings_agree`); of two JSON objects, their
+    union with the winner's
     values (`new` if `overwrite`), two digest files that disagree keeping the loser's digest as "<model>,
     rebuilt" (the tables say so); of two other files (logits), the winner. A JSON record that does not parse (cut
     short, or left with a merge's conflict markers) is refused: merging around it would lose the other's rows."""
@@ -84,11 +86,6 @@ def _merged(new: bytes, old: bytes, overwrite: bool, source: Path, target: Path)
     if "removed" in winner_data and "removed" in loser_data:
         same_model = winner_data.get("model") == loser_data.get("model")
         return loser if same_model and len(loser_data["removed"]) > len(winner_data["removed"]) else winner
-    if target.name == SETTINGS and winner_data != loser_data:
-        raise ValueError(
-            f"{source} and {target} record other settings ({_differing(winner_data, loser_data)}): their rows would "
-            "mix in one table. Give one of the two runs its own --cache and --records directory."
-        )
     if isinstance(winner_data.get("runs"), list) and isinstance(loser_data.get("runs"), list):  # timed runs
         kept = {json.dumps(run, sort_keys=True) for run in winner_data["runs"]}
         # the loser's other runs first: a reader takes the last run that fits, so the winner's stay the newest
@@ -100,6 +97,20 @@ def _merged(new: bytes, old: bytes, overwrite: bool, source: Path, target: Path)
     if loser_data.keys() <= winner_data.keys():
         return winner
     return json.dumps(loser_data | winner_data, indent=2, sort_keys=True).encode()
+
+
+def _check_settings_agree(source: Path, target: Path) -> None:
+    """Refuse two records whose settings files (`SETTINGS`: what an amp-* seed's rows depend on) differ."""
+    for path in sorted(source.rglob(SETTINGS)):
+        other = target / path.relative_to(source)
+        if not other.is_file():
+            continue
+        new, old = _parsed(path.read_bytes(), path, other), _parsed(other.read_bytes(), other, path)
+        if new != old:
+            raise ValueError(
+                f"{path} and {other} record other settings ({_differing(new, old)}): their rows would mix in one "
+                "table. Give one of the two runs its own --cache and --records directory."
+            )
 
 
 def _differing(first: Mapping, second: Mapping) -> str:

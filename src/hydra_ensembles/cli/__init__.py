@@ -42,7 +42,15 @@ from . import (
 )
 from .common import CommandError, HelpFormatter
 
-USER_ERRORS = (CommandError, UnsupportedModelError, DataFetchError, ValueError, FileNotFoundError, NotADirectoryError)
+USER_ERRORS = (
+    CommandError,
+    UnsupportedModelError,
+    DataFetchError,
+    ValueError,
+    FileNotFoundError,
+    NotADirectoryError,
+    FileExistsError,
+)
 COMMANDS = (
     finetune,
     amp,

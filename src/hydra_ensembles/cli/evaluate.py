@@ -279,7 +279,11 @@ def _differences(out: Path, labels: torch.Tensor, names: list[str], score: str) 
     if len(names) < 2:
         return {}
     first, *others = names
-    differences = row_differences({0: out}, labels, [(name, first) for name in others])
+    try:
+        differences = row_differences({0: out}, labels, [(name, first) for name in others])
+    except ValueError as error:  # too few examples to resample: the report goes on without the intervals
+        print(f"note: no intervals of the differences between models: {error}")
+        return {}
     if differences and score != "msp":
         for pair in differences["pairs"]:
             pair.pop("auroc_all", None)

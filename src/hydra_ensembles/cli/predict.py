@@ -20,7 +20,7 @@ import torch
 
 from ..evaluation.conformal import SCORES as CONFORMAL_SCORES
 from ..evaluation.conformal import SplitConformal, miscoverage
-from ..evaluation.scores import collect_scores
+from ..evaluation.scores import check_flags_something, collect_scores
 from ..inference import describe
 from ..outputs import labels_of
 from ..predictors import class_names, model_config
@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     threshold, origin, conformal = _calibrate(args, model, model_dir)
     data = read_data(args, args.inputs, model_dir, model_config(model), labelled=False, flag="--inputs")
     member_logits, scores = collect_scores(model, data.batches, args.score, not args.quiet)
+    check_flags_something(args.score, member_logits)  # also under --threshold, which has no calibration pass
     member_logits = member_logits.double()  # (N, M, C), as evaluation
     rows = predictions(member_logits, scores, threshold, class_names(model), data.examples.names)
     header = (
@@ -168,6 +169,7 @@ def _calibrate(args: argparse.Namespace, model, model_dir) -> tuple[float, str, 
         args, args.calibration, model_dir, model_config(model), labelled=labelled, flag="--calibration"
     )
     member_logits, id_scores = collect_scores(model, calibration.batches, args.score, not args.quiet)
+    check_flags_something(args.score, member_logits)
     threshold, accepted = id_threshold(id_scores, args.tpr)
     inputs = len(id_scores)
     origin = f"chosen on {inputs} ID calibration inputs to accept {args.tpr:.1%} of them (accepts {accepted:.1%})"

@@ -36,12 +36,6 @@ def collect_scores(
         )
     if score in OOD_SCORES:
         logits = collect_member_logits(model, loader, progress)
-        if score in MEMBER_SCORES and logits.shape[1] == 1:
-            raise ValueError(
-                f"OOD score {score!r} measures how the members disagree, and this model has one member (a single "
-                "model, or a probability calibration map that returns the ensemble's): every score would be 0. "
-                "Use msp, entropy, max_logit or energy."
-            )
         return logits, OOD_SCORES[score](logits.double())
     scored = detectors_of(model, score)
 
@@ -53,6 +47,17 @@ def collect_scores(
 
     logits, scores = zip(*map_batches(model, loader, step, "scoring", progress, empty="nothing to score"), strict=True)
     return torch.cat(logits), torch.cat(scores)
+
+
+def check_flags_something(score: str, member_logits: Tensor) -> None:
+    """Refuse a member-disagreement score of a one-member model where a threshold is set on it (`predict`):
+    every score is 0, so nothing could ever be flagged. (`evaluate` measures it: AUROC 50, the chance level.)"""
+    if score in MEMBER_SCORES and member_logits.shape[1] == 1:
+        raise ValueError(
+            f"OOD score {score!r} measures how the members disagree, and this model has one member (a single "
+            "model, or a probability calibration map that returns the ensemble's): every score is 0, so nothing "
+            "would be flagged. Use msp, entropy, max_logit or energy."
+        )
 
 
 def _returns_log_probs(model: nn.Module) -> bool:

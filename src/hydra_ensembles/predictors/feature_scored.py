@@ -46,7 +46,8 @@ class FeatureScored(ModelWrapper):
 
     @property
     def fitted_to_classes(self) -> bool:
-        return True  # class means, the classifier's null space: fitted on the classes the detectors saw
+        # class means (MDS, RMDS), the classifier's null space (ViM): fitted on the classes they saw; KNN: no class
+        return any(name != "knn" for name in self.detectors)
 
     @property
     def score_names(self) -> list[str]:

@@ -185,8 +185,8 @@ class ModelWrapper(Wrapper):
 def saved_record(path: str | os.PathLike, cls: type[SavedPredictor]) -> dict:
     """The predictor.json record at `path`, refused unless what is saved there is a `cls` (its `kind`, or an
     earlier name of it): a kind's own `from_pretrained` given another kind's folder failed with a bare KeyError."""
-    kind = saved_kind(path)
-    if PREDICTOR_KINDS.get(kind) is not cls:
+    kind, saved = saved_kind(path), PREDICTOR_KINDS.get(saved_kind(path))
+    if saved is None or not (issubclass(cls, saved) or issubclass(saved, cls)):  # a subclass reads its parent's
         raise ValueError(
             f"{str(Path(path))!r} holds a {kind!r} predictor, not a {cls.kind!r}: load it with load_predictor, "
             "which reads every kind."

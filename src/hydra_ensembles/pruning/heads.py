@@ -186,7 +186,7 @@ def zeroed_columns(columns: Iterable[tuple[torch.Tensor, slice | torch.Tensor]])
 
 def per_layer(value: int | Sequence[int], num_layers: int, name: str) -> list[int]:
     """A per-layer count of heads (`budget`, `pool`, ...): one int for every layer, or one per layer."""
-    one = isinstance(value, numbers.Integral) or (isinstance(value, torch.Tensor) and value.ndim == 0)  # np.int64
+    one = isinstance(value, numbers.Integral) or getattr(value, "ndim", None) == 0  # np.int64, 0-d tensor / array
     values = [int(value)] * num_layers if one else [int(v) for v in value]
     if len(values) != num_layers or any(v < 0 for v in values):
         raise ValueError(f"{name} must be an int >= 0 or {num_layers} of them (one per layer), got {value!r}.")

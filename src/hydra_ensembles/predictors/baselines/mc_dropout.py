@@ -43,7 +43,7 @@ class MCDropout(ModelWrapper):
         inputs = {k: v for k, v in inputs.items() if k != "labels"}
         adapter = get_adapter(self.model)
         was_training = self.model.training
-        with seeded(self.seed * 1_000_003 + self.calls):
+        with seeded(self.seed * 1_000_003 + self.calls, next(self.model.parameters()).device):
             self.calls += 1
             self.model.train()  # dropout on; no batch norm in these transformers, layer norm is unaffected
             try:
