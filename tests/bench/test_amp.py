@@ -195,3 +195,6 @@ def test_uniform_rows_recorded_at_another_neuron_count_are_refused():
     amp._check_uniform_sizes(measured, 20)
     with pytest.raises(ValueError, match=r"'Uniform \(random\)' keeps 20 MLP neurons, and this run's AMP base 24"):
         amp._check_uniform_sizes(measured, 24)
+    measured["Uniform (l2), recovered"] = {"mlp_sizes": [12, 12]}  # the pair's other half, recorded at another count
+    with pytest.raises(ValueError, match=r"'Uniform \(l2\), recovered' keeps 24 MLP neurons, and this run's AMP"):
+        amp._check_uniform_sizes(measured, 20)

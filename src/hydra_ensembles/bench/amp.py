@@ -374,7 +374,7 @@ class AmpTable:
 def _check_uniform_sizes(measured: Mapping[str, dict], total: int) -> None:
     """The uniform rows keep `total` MLP neurons, the free base's count; rows recorded under another free delta-E
     (another --flops-target or --deltas) keep another, and their names do not say so: refuse them, not mix them."""
-    for row in (f"Uniform ({c})" for c in BASELINES):
+    for row in (f"Uniform ({c}){recovered}" for c in BASELINES for recovered in ("", ", recovered")):
         kept = sum(measured[row]["mlp_sizes"]) if row in measured else total
         if kept != total:
             raise ValueError(
