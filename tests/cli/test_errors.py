@@ -251,6 +251,15 @@ def test_distill_refuses_a_teacher_of_one_member(tmp_path, classifier, text_file
     assert "Pass an ensemble: a Hydra Ensemble (hydra-ens fuse)" in message
 
 
+def test_distill_refuses_head_layers_beyond_the_student_before_the_teacher_runs(
+    tmp_path, ensemble, classifier, text_files
+):
+    """--head-layers 99 was refused by distill() only after the teacher had run over the whole transfer set."""
+    given = ["--teacher", str(ensemble), "--model", str(classifier), "--data", str(text_files["train"])]
+    message = fails("distill", *given, "--head-layers", "99", "--out", str(tmp_path / "o"))
+    assert "--head-layers must be in 0..2 (the student's layers), got 99" in message
+
+
 def test_a_two_tower_model_is_refused_where_a_classifier_of_its_own_classes_is_needed(tmp_path, clip_model, text_files):
     data = str(text_files["val"])
     for command, extra in (("amp", ["--delta-e", "0.01"]), ("scores", []), ("distill", ["--teacher", str(clip_model)])):

@@ -346,3 +346,15 @@ def test_distill_refuses_what_would_teach_a_head_the_wrong_target():
     with pytest.raises(ValueError, match="cannot augment its transfer batches .*augment=None"):
         distill(he.HydraEnsemble.fuse([model]), transfer, phase1=config, phase2=config.with_(augment="crop_flip"),
                 progress=False)  # fmt: skip
+
+
+def test_a_one_shot_validation_loader_serves_both_phases():
+    """val_loader was handed raw to both phases: a generator was spent by phase 1, and phase 2 failed with "the
+    validation loader is empty" after phase 1 had trained."""
+    x, y = _blobs(64, 1)
+    teacher = MultiHeadMLP(2, 3, body=(), head=(8,), heads=3, seed=0)
+    batches = attach_teacher(_batches(x, y), teacher)
+    config = ft.TrainConfig(epochs=1, lr=1e-2, warmup=0.0)
+    student = MultiHeadMLP(2, 3, body=(8,), head=(), heads=1, seed=1)
+    result = distill(student, batches, phase1=config, phase2=config, val_loader=(b for b in batches), progress=False)
+    assert result.hydra.num_members == 3

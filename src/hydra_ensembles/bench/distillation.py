@@ -6,10 +6,11 @@ text|image  the benchmark tasks' Deep Ensemble and Hydra Ensemble distilled into
             the first L - k layers, each head = the last k layers + classifier), against the single model
 
 Every student starts from one head trained on the ensemble mean (the KD row), then grows one head per member.
-Chosen on validation only: the temperature (per student kind, lowest validation NLL) and each phase's length
-(best validation NLL, early stopping). Each experiment is a seed function ({row: values}) run by `experiment`:
-its rows are not recorded (the trained students are cached) and its values are its own (the gap in model
-uncertainty to the row's teacher, cost as ratios to Single), so it does not go through `evaluation.compare`.
+Chosen on validation only: the temperature (per student kind, lowest validation NLL) and each phase's kept
+epoch (best validation NLL; early stopping where the recipe sets a patience). Each experiment is a seed
+function ({row: values}) run by `experiment`: its rows are not recorded (the trained students are cached) and its
+values are its own (the gap in model uncertainty to the row's teacher, cost as ratios to Single), so it does not
+go through `evaluation.compare`.
 """
 
 from __future__ import annotations

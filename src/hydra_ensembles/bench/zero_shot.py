@@ -230,11 +230,11 @@ def fmnist_task(size: str = "full") -> ZeroShotTask:
             f"templates: {list(EVAL_TEMPLATES)}. Near-OOD: shirt, sneaker (held-out classes); far-OOD: MNIST "
             "(other digits captioned in training, as digits), scikit-learn digits, solar cells.",
             "Pruning: 12 of the 144 heads (72 image + 72 text; the paper prunes 24 of 240), drawn per member from "
-            "the first 24 of the exact joint circuit (S_avg on 96 validation images and the OOD validation "
-            f"images, {len(data.circuit_ood)} from the OOD sources, disjoint from their test parts); Taylor: 1 "
-            "head per image layer (sequential scores of the zero-shot cross-entropy on the validation images), "
-            "Hydra (Taylor) drawn from each layer's 2 least useful. Temperature fit on the "
-            "validation images.",
+            f"the first 24 of the exact joint circuit (S_avg on {circuit_count} validation images and the OOD "
+            f"validation images, {len(data.circuit_ood)} from the OOD sources, disjoint from their test parts); "
+            "Taylor: 1 head per image layer (sequential scores of the zero-shot cross-entropy on the validation "
+            "images), Hydra (Taylor) drawn from each layer's 2 least useful. Temperature fit on the validation "
+            "images.",
         ],
     )
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from torch import nn
 
+from ..adapters import get_adapter
 from ..cost import count_parameters
 from ..distill import attach_teacher, distill
 from ..fusion import HydraEnsemble
@@ -56,7 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=2.0, help="T of the KL losses")
     parser.add_argument("--epochs", type=int, help=f"epochs of each phase {recipe_defaults('epochs')}")
     parser.add_argument("--lr", type=float, help=f"learning rate of each phase {recipe_defaults('lr')}")
-    parser.add_argument("--seed", type=int, default=0, help="batch order and dropout seed")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the seed of each phase's batch order (the fused student has no dropout; the grown heads are copies)",
+    )
     add_output_options(parser)
     add_data_options(parser)
     add_device_argument(parser)
@@ -89,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _check_same_preprocessor(teacher_dir, model_dir)
     teacher, student_model = (on_device(model, device) for model in _teacher_and_student(teacher_dir, model_dir))
+    layers = get_adapter(student_model).num_layers(student_model)
+    if not 0 <= args.head_layers <= layers:  # before the teacher runs over the whole transfer set
+        raise CommandError(f"--head-layers must be in 0..{layers} (the student's layers), got {args.head_layers}.")
     transfer = read_data(args, args.data, model_dir, student_model.config, labelled=False, flag="--data").batches
     val = (
         read_data(args, args.val, model_dir, student_model.config, labelled=True, flag="--val").batches

@@ -58,6 +58,8 @@ def distill(
         checkpoint_dir: each phase checkpoints every epoch under it (`phase1/`, `phase2/`) and resumes.
     """
     batches = materialize(train_loader, "transfer loader")
+    if val_loader is not None:  # read once: both phases validate on it (a generator would be spent by phase 1)
+        val_loader = materialize(val_loader, "validation loader")
     if any(batch.get("teacher_outputs") is None for batch in batches):
         raise ValueError(
             "every transfer batch needs 'teacher_outputs': build them with attach_teacher(loader, teacher)."
