@@ -17,7 +17,7 @@ import torch
 PREDICTOR_FILE = "predictor.json"  # what a saved wrapper predictor (or MLP student) is: its kind and settings
 HYDRA_CONFIG = "hydra_config.json"  # a saved HydraEnsemble
 TWO_TOWER_FILE = "two_tower.json"  # a saved TwoTowerModel
-SAVED_MODEL_FILES = ("config.json", HYDRA_CONFIG, TWO_TOWER_FILE, PREDICTOR_FILE)  # a directory holding one: a save
+SAVED_MODEL_FILES = (HYDRA_CONFIG, PREDICTOR_FILE, TWO_TOWER_FILE, "config.json")  # a directory holding one: a save
 PREPROCESSOR_FILES = (  # a tokenizer's or image processor's files, saved beside a model
     "tokenizer.json",
     "tokenizer_config.json",

@@ -18,6 +18,7 @@ from ..fusion.ensemble import keep_frozen
 from ..fusion.grouped import grouped_linear
 from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ..outputs import PredictorOutput
+from ..seeding import seeded
 
 WEIGHTS_NAME = "model.safetensors"
 
@@ -62,8 +63,7 @@ class MultiHeadMLP(nn.Module):
         }
         self.regression = regression
         widths = [in_features, *body]
-        with torch.random.fork_rng():
-            torch.manual_seed(seed)
+        with seeded(seed):  # the caller's random state is left as it was
             self.body = nn.Sequential(*[_relu_linear(a, b) for a, b in zip(widths[:-1], widths[1:])])
             sizes = [widths[-1], *head, outputs]
             # head layer l: weight (M, in, out), bias (M, 1, out), each head's slice an nn.Linear's initialisation

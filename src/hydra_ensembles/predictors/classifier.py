@@ -39,9 +39,9 @@ def load_classifier(
         return zero_shot_ensemble(model, classes, prompt_tokenizer(path), templates or DEFAULT_TEMPLATES)
     inner = base_model(model)
     if isinstance(inner, ZeroShotEnsemble):
-        if classes and list(classes) != inner.classes:
-            _check_not_fitted_to_classes(model, inner.classes, path)
         if classes:
+            if list(classes) != inner.classes:
+                _check_not_fitted_to_classes(model, inner.classes, path)
             inner.set_classes(classes, templates or inner.templates, prompt_tokenizer(path))
         return model
     if isinstance(inner, HydraEnsemble) and not inner.is_classifier:

@@ -25,8 +25,15 @@ from torch import nn
 from ..adapters import UnsupportedModelError, adapter_for_class
 from ..distill import MultiHeadMLP
 from ..fusion import HydraEnsemble
-from ..fusion.ensemble import CONFIG_NAME as HYDRA_CONFIG
-from ..io import PREDICTOR_FILE, TWO_TOWER_FILE, recover_dir, save_dir_atomic, write_json_atomic
+from ..io import (
+    HYDRA_CONFIG,
+    PREDICTOR_FILE,
+    SAVED_MODEL_FILES,
+    TWO_TOWER_FILE,
+    recover_dir,
+    save_dir_atomic,
+    write_json_atomic,
+)
 from ..pruning import load_model, save_model
 from .card import write_card
 from .wrapper import Wrapper
@@ -83,7 +90,7 @@ def saved_kind(path: str | os.PathLike) -> str:
     """The kind saved at `path`: predictor.json names it; the formats that do not are told by their files."""
     path = Path(path)
     recover_dir(path)  # a save cut off between its two renames is put back before its files are read
-    marks = [name for name in (HYDRA_CONFIG, PREDICTOR_FILE, TWO_TOWER_FILE, "config.json") if (path / name).is_file()]
+    marks = [name for name in SAVED_MODEL_FILES if (path / name).is_file()]
     if len(marks) > 1:  # e.g. an HF save_pretrained into an ensemble's folder (it adds, where ours replace)
         raise ValueError(
             f"{str(path)!r} holds files of two saves ({' and '.join(marks)}), so which one it is cannot be told: "
@@ -185,7 +192,8 @@ class ModelWrapper(Wrapper):
 def saved_record(path: str | os.PathLike, cls: type[SavedPredictor]) -> dict:
     """The predictor.json record at `path`, refused unless what is saved there is a `cls` (its `kind`, or an
     earlier name of it): a kind's own `from_pretrained` given another kind's folder failed with a bare KeyError."""
-    kind, saved = saved_kind(path), PREDICTOR_KINDS.get(saved_kind(path))
+    kind = saved_kind(path)
+    saved = PREDICTOR_KINDS.get(kind)
     if saved is None or not (issubclass(cls, saved) or issubclass(saved, cls)):  # a subclass reads its parent's
         raise ValueError(
             f"{str(Path(path))!r} holds a {kind!r} predictor, not a {cls.kind!r}: load it with load_predictor, "
