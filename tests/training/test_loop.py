@@ -2,7 +2,8 @@
 
 import pytest
 import torch
-from conftest import MODELS, killed_at_step, make_inputs
+import transformers as T
+from conftest import IMAGE, MODELS, SIZES, killed_at_step, make_inputs
 
 from hydra_ensembles import training as ft
 from hydra_ensembles.distill import MultiHeadMLP, attach_teacher
@@ -38,6 +39,36 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path):
         ft.finetune(other, _data(), CONFIG, checkpoint_dir=tmp_path, progress=False)
     with pytest.raises(ValueError, match="written for another training or validation data"):
         ft.finetune(MODELS["bert"](), _data(seed=9), CONFIG, checkpoint_dir=tmp_path, progress=False)
+
+
+@pytest.mark.parametrize("augment", [None, "crop_flip"])
+def test_a_run_killed_within_an_epoch_resumes_at_its_step_to_the_same_weights(tmp_path, augment):
+    """With a checkpoint after every step (checkpoint_every=0), a run killed in the middle of epoch 3 resumes at
+    the step it reached, not the epoch's start: its batch order, augmentation draws and dropout masks as an
+    uninterrupted run's (dropout 0.1 in both models), so it ends bit-identical having run only the steps left."""
+    if augment is None:
+        build, data, config = MODELS["bert"], _data(), CONFIG
+    else:
+
+        def build():
+            torch.manual_seed(0)
+            return T.ViTForImageClassification(T.ViTConfig(**IMAGE, **SIZES, num_labels=5, hidden_dropout_prob=0.1))
+
+        data, config = _data("vit"), CONFIG.with_(augment=augment)
+    loss = ft.losses.CrossEntropy()
+    model = build()
+    assert model.config.hidden_dropout_prob > 0  # or the dropout streams would go untested
+    uninterrupted = ft.train(model, data, config, loss=loss, progress=False)
+    with killed_at_step(8):  # 3 steps per epoch: the 2nd step of epoch 3, after a checkpoint at its 1st
+        ft.train(build(), data, config, loss=loss, checkpoint_dir=tmp_path, checkpoint_every=0, progress=False)
+    saved = torch.load(tmp_path / ft.CHECKPOINT, weights_only=False)["state"]
+    assert saved["epoch"] == 2 and saved["within"]["step"] == 1
+    model, steps = build(), []
+    model.register_forward_hook(lambda module, args, output: steps.append(module.training))
+    resumed = ft.train(model, data, config, loss=loss, checkpoint_dir=tmp_path, progress=False)
+    assert steps.count(True) == 2  # the steps left of epoch 3
+    assert all(torch.equal(a, b) for a, b in zip(resumed.state_dict().values(), uninterrupted.state_dict().values()))
+    assert resumed.training_history == uninterrupted.training_history  # epoch 3's mean loss counts its 1st step
 
 
 def test_adamw_betas_come_from_the_config_and_key_it_only_when_changed():

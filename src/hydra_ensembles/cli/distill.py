@@ -8,7 +8,8 @@ the fine-tuned single model, or the teacher's base checkpoint). Phase 1 trains i
 mean (the KD student); phase 2 grows one head per member — a copy of the last --head-layers layers and the
 classifier — and trains head m against member m. With --val each phase keeps its epoch with the best validation
 NLL. Writes <out>/hydra/ and <out>/kd/ (both saved Hydra Ensembles: `evaluate` and `predict` take them as
---model); checkpoints per epoch under <out>/checkpoints/: run the same command again to resume.
+--model); checkpoints per epoch (and every 10 minutes within one) under <out>/checkpoints/: run the same
+command again to resume.
 """
 
 from __future__ import annotations

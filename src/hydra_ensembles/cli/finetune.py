@@ -5,7 +5,8 @@ Recipes (paper 000, §C, §D.2): text = AdamW, linear warm-up then decay; image 
 schedule, label smoothing. With --val, the epoch with the best validation score is kept (--monitor: accuracy,
 the paper's §C.2, ties to the lower NLL, for text; NLL for images) and training stops after --patience epochs
 without improvement; the command says which epoch it kept and why. Flags override single fields. A checkpoint
-is written after every epoch under <out>/checkpoints/: run the same command again to resume.
+is written after every epoch (and every 10 minutes within one) under <out>/checkpoints/: run the same command
+again to resume.
 Writes <out>/model/ (one model) or <out>/member0/, ... plus members.json (a members directory).
 """
 

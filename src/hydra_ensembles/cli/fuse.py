@@ -10,8 +10,8 @@ preprocessor files), which every later step takes as --model.
 member's cross-entropy on its own logits, summed, so the merged MLP, norms and embeddings are trained for all
 members at once and each member's heads and classifier for it alone. Give it the pruned members (from `members`,
 not fine-tuned): they share their MLPs exactly, so the fused model is exact before training and stays an exact
-ensemble of its members after. A checkpoint is written every epoch under <out>/checkpoints/: run the same
-command again to resume.
+ensemble of its members after. A checkpoint is written every epoch (and every 10 minutes within one) under
+<out>/checkpoints/: run the same command again to resume.
 """
 
 from __future__ import annotations

@@ -55,7 +55,8 @@ def distill(
             after `patience` epochs without one ("until convergence").
         temperature: T of the KL losses (classification; regression uses the Gaussian KL, no temperature).
         head_layers: k, the last layers each head of a transformer student owns (0: the classifier alone).
-        checkpoint_dir: each phase checkpoints every epoch under it (`phase1/`, `phase2/`) and resumes.
+        checkpoint_dir: each phase checkpoints every epoch (and every 10 minutes within one) under it (`phase1/`,
+            `phase2/`) and resumes.
     """
     batches = materialize(train_loader, "transfer loader")
     if val_loader is not None:  # read once: both phases validate on it (a generator would be spent by phase 1)

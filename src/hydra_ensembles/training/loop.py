@@ -1,4 +1,5 @@
-"""The one training loop: seeded, checkpointed every epoch, resumable, data-parallel under torchrun.
+"""The one training loop: seeded, checkpointed every epoch (and every 10 minutes within one), resumable,
+data-parallel under torchrun.
 
 It takes the loss and the forward as arguments: fine-tuning (`finetune`: cross-entropy on the model's logits),
 distillation from a teacher's outputs (`losses.DistillKL`, `losses.GaussianKL`: `hydra_ensembles.distill`), and
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
@@ -38,6 +40,7 @@ from .losses import CrossEntropy, FeatureMSE, Forward
 from .recipes import AMP_RECOVERY, OPTIMIZERS, TEXT_RECIPE, TrainConfig, lr_factor
 
 CHECKPOINT = "checkpoint.pt"
+CHECKPOINT_EVERY = 600.0  # seconds: within a long epoch too, a killed run loses at most this much
 Loss = Callable[[Any, dict[str, Any]], Tensor]
 
 
@@ -50,6 +53,7 @@ def train(
     forward: Forward | None = None,
     val_loader: Iterable[Batch] | None = None,
     checkpoint_dir: str | os.PathLike | None = None,
+    checkpoint_every: float | None = CHECKPOINT_EVERY,
     progress: bool = True,
     desc: str = "training",
 ) -> nn.Module:
@@ -68,9 +72,14 @@ def train(
             must exceed `min_delta`, so a tie keeps the earlier epoch; "acc_nll": highest accuracy, an epoch as
             accurate within `min_delta` improving when its NLL is lower by more than `min_delta`) is kept, and
             training stops after `patience` epochs without one.
-        checkpoint_dir: where a checkpoint is written (atomically) after every epoch; a run started again
-            with it resumes and ends with the same weights as an uninterrupted one. A checkpoint written under
-            another config, loss, starting model or data (or split of it into training and validation) is refused.
+        checkpoint_dir: where a checkpoint is written (atomically) after every epoch (and within one, see
+            `checkpoint_every`); a run started again with it resumes and ends with the same weights as an
+            uninterrupted one. A checkpoint written under another config, loss, starting model or data (or split of
+            it into training and validation) is refused.
+        checkpoint_every: seconds between checkpoints within an epoch too (default 10 minutes; None: at epoch
+            ends only), so that a killed run loses at most that much of a long epoch; it resumes at the step it
+            reached, with the batch order and random streams it had there. One process only: under torchrun
+            each rank draws its own dropout, and the checkpoints come at epoch ends.
 
     Batches are reshuffled every epoch from `config.seed`, and dropout is seeded per epoch; with `config.augment`,
     every training batch is augmented (`training.augment`) with draws seeded per epoch too. `model.training_history`
@@ -113,9 +122,10 @@ def train(
             state = _resume(path, model, optimizer, schedule, identity)
         device = next(model.parameters()).device
         runner = nn.parallel.DistributedDataParallel(model) if is_distributed() else model
-        with tqdm(
-            total=total, initial=state["epoch"] * len(batches), desc=desc, disable=not progress or not is_main()
-        ) as bar:
+        within = state.pop("within", None)  # where a checkpoint written within an epoch stopped
+        every = checkpoint_every if path is not None and not is_distributed() else None
+        done = state["epoch"] * len(batches) + (within["step"] if within else 0)
+        with tqdm(total=total, initial=done, desc=desc, disable=not progress or not is_main()) as bar:
             for epoch in range(state["epoch"], config.epochs):
                 if config.patience is not None and state["stale"] >= config.patience:
                     break
@@ -124,8 +134,13 @@ def train(
                 torch.manual_seed((config.seed * 1000 + epoch) * world_size() + rank())
                 draws = torch.Generator().manual_seed(config.seed * 1000 + epoch)  # batch order, then augmentation
                 order = torch.randperm(len(batches), generator=draws)
-                losses = []
-                for index in order.tolist():
+                losses, start = [], 0
+                if within is not None:  # resumed within this epoch: the streams as they were at its step
+                    losses, start = within["losses"], within["step"]
+                    _set_streams(within["streams"], draws, device)
+                    within = None
+                last_save = time.monotonic()
+                for step, index in enumerate(order.tolist()[start:], start=start):
                     batch = batches[index] if augment is None else augment(batches[index], draws)  # whole batch: as
                     share, batch = _my_rows(batch)  # one process would, under torchrun too
                     batch = to_device(batch, device)
@@ -141,6 +156,10 @@ def train(
                     losses.append(value.item() * share)  # summed over ranks / world: the whole batch's mean
                     bar.update()
                     bar.set_postfix(epoch=epoch + 1, loss=f"{value.item():.3f}")
+                    if every is not None and step + 1 < len(order) and time.monotonic() - last_save >= every:
+                        within = {"step": step + 1, "losses": losses, "streams": _streams(draws, device)}
+                        _save(path, model, optimizer, schedule, identity, state | {"within": within})
+                        within, last_save = None, time.monotonic()
                 record = {"epoch": epoch + 1, "loss": sum_over_ranks(sum(losses)) / world_size() / len(losses)}
                 if val_batches is not None:
                     record.update(validate(model, val_batches))
@@ -363,6 +382,22 @@ def _stacked_vectors(model: nn.Module) -> set[int]:
     base = _unwrapped(model)
     names = set(base.no_weight_decay()) if hasattr(base, "no_weight_decay") else set()
     return {id(p) for name, p in base.named_parameters() if name in names}
+
+
+def _streams(draws: torch.Generator, device: torch.device) -> dict[str, Tensor]:
+    """The random streams a step draws from: the batch order's and augmentation's generator, and dropout's
+    (the CPU's, and the accelerator's when the model is on one)."""
+    streams = {"draws": draws.get_state(), "cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        streams["cuda"] = torch.cuda.get_rng_state(device)
+    return streams
+
+
+def _set_streams(streams: dict[str, Tensor], draws: torch.Generator, device: torch.device) -> None:
+    draws.set_state(streams["draws"])
+    torch.set_rng_state(streams["cpu"])
+    if "cuda" in streams:
+        torch.cuda.set_rng_state(streams["cuda"], device)
 
 
 def _save(path: Path, model, optimizer, schedule, identity: dict, state: dict) -> None:
