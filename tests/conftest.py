@@ -24,6 +24,9 @@ import transformers as T
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # scripts/test.sh runs a worker per core: one thread each, subprocesses too
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 T.utils.logging.disable_progress_bar()
 T.utils.logging.set_verbosity_error()
 
