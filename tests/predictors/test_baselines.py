@@ -69,6 +69,23 @@ def test_lora_ensemble_trains_adapters_and_leaves_the_model():
     assert type(ensemble.models[0]) is type(model)  # merged back into plain HF models
 
 
+def test_lora_and_shared_backbone_members_come_from_their_seeds_not_the_callers_generator():
+    """LoRA's A matrices (peft draws them from the global generator) and the shared-backbone heads' dropout masks
+    are seeded from each member's seed: the same seeds build the same ensemble whatever the caller drew before."""
+    recipe = TEXT_RECIPE.with_(epochs=1, lr=1e-2, patience=None)
+    builds = {
+        "lora": lambda model, data: B.lora_ensemble(model, data, recipe, seeds=(0, 1), progress=False),
+        "shared": lambda model, data: B.shared_backbone_ensemble(model, data, seeds=(0, 1), epochs=2, progress=False),
+    }
+    for name, build in builds.items():
+        outputs = []
+        for caller_seed in (1, 2):
+            model, data, inputs = MODELS["bert"](), _train(), make_inputs("bert")  # these seed the generator too
+            torch.manual_seed(caller_seed)
+            outputs.append(fused_output(build(model, data), inputs))
+        assert torch.equal(outputs[0], outputs[1]), name
+
+
 def test_temperature_scaling_recovers_a_known_temperature():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(4000, 5, generator=g) * 3

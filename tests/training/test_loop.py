@@ -71,6 +71,47 @@ def test_a_run_killed_within_an_epoch_resumes_at_its_step_to_the_same_weights(tm
     assert resumed.training_history == uninterrupted.training_history  # epoch 3's mean loss counts its 1st step
 
 
+def test_a_checkpoint_is_refused_for_another_set_of_trainable_parameters_and_a_killed_run_keeps_its_mode(tmp_path):
+    """What trains is part of a checkpoint's identity (the optimiser's state is per parameter: resumed with another
+    parameter frozen, Adam's moments would land on other tensors), checked before anything is loaded; finetune
+    passes checkpoint_every on; a killed run leaves the model in the mode it was given in."""
+    model = MODELS["bert"]()
+    with killed_at_step(5):  # epoch 2's 2nd step: a checkpoint within the epoch, finetune passing checkpoint_every on
+        ft.finetune(model, _data(), CONFIG, checkpoint_dir=tmp_path, checkpoint_every=0, progress=False)
+    assert not model.training  # given in eval mode, left in it
+    assert torch.load(tmp_path / ft.CHECKPOINT, weights_only=False)["state"]["within"]["step"] == 1
+    other = MODELS["bert"]()
+    other.bert.encoder.layer[0].attention.self.query.weight.requires_grad_(False)
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(ValueError, match="another set of trainable parameters"):
+        ft.finetune(other, _data(), CONFIG, checkpoint_dir=tmp_path, progress=False)
+    assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("lr", 0.0), ("warmup", 1.5), ("min_lr", -0.1), ("weight_decay", -1e-4), ("label_smoothing", 1.0),
+     ("min_delta", -1e-3), ("clip", 0.0), ("train_last", -1)],
+)  # fmt: skip
+def test_train_config_refuses_values_that_would_train_silently_wrong(field, value):
+    with pytest.raises(ValueError, match=f"{field} must be"):
+        CONFIG.with_(**{field: value})
+
+
+def test_feature_mse_compares_float32_features_under_bf16():
+    """Features that arrive in bfloat16 (a forward under bf16 autocast without a final float32 norm) are compared
+    in float32, as the other losses compute, not as bf16-rounded differences."""
+    teacher, batch = MODELS["bert"](), make_inputs("bert")
+    forward = lambda model, inputs: ft.last_hidden_states(model, inputs).bfloat16()  # noqa: E731
+    features = forward(MODELS["bert"](seed=1), batch).detach()
+    value = ft.losses.FeatureMSE(teacher, forward)(features, batch)
+    difference = (features.float() - forward(teacher, batch).float()) ** 2  # float32 arithmetic on the bf16 values
+    mask = batch["attention_mask"][:, 1:].float()
+    rest = (difference[:, 1:].mean(-1) * mask).sum(1) / mask.sum(1)
+    assert value.dtype == torch.float32
+    assert torch.allclose(value, (difference[:, 0].mean(-1) + rest).mean(), rtol=1e-6, atol=0)
+
+
 def test_adamw_betas_come_from_the_config_and_key_it_only_when_changed():
     """AMP_RECOVERY uses paper 002's Table 8 betas; recipes at AdamW's default keep their cache keys."""
     parameters = [torch.nn.Parameter(torch.zeros(2, 2))]

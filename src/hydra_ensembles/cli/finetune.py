@@ -24,7 +24,7 @@ from ..data.files import class_ids, label_ids, read_source
 from ..io import read_json_record, write_json_atomic
 from ..predictors import copy_preprocessor, load_preprocessor
 from ..pruning import load_model, save_model
-from ..training import IMAGE_RECIPE, TEXT_RECIPE, TrainConfig, finetune
+from ..training import CHECKPOINT, IMAGE_RECIPE, TEXT_RECIPE, TrainConfig, finetune
 from ..training.recipes import MONITORS, PRECISIONS
 from .common import (
     CommandError,
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             else None
         )
         checkpoints = out.path / "checkpoints" / name
-        if (checkpoints / "checkpoint.pt").exists():
+        if (checkpoints / CHECKPOINT).exists():
             print(f"{name}: resuming from {checkpoints}")
         _warn_unused_classes(name, model.config, train_examples.labels)
         epochs = f"{recipe.epochs} epoch{'s' if recipe.epochs != 1 else ''}"

@@ -13,6 +13,7 @@ N-th example of each batch, so a step averages the gradient over the whole batch
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
@@ -75,11 +76,12 @@ def train(
         checkpoint_dir: where a checkpoint is written (atomically) after every epoch (and within one, see
             `checkpoint_every`); a run started again with it resumes and ends with the same weights as an
             uninterrupted one. A checkpoint written under another config, loss, starting model or data (or split of
-            it into training and validation) is refused.
+            it into training and validation), set of trainable parameters or number of processes is refused.
         checkpoint_every: seconds between checkpoints within an epoch too (default 10 minutes; None: at epoch
             ends only), so that a killed run loses at most that much of a long epoch; it resumes at the step it
             reached, with the batch order and random streams it had there. One process only: under torchrun
-            each rank draws its own dropout, and the checkpoints come at epoch ends.
+            each rank draws its own dropout, and the checkpoints come at epoch ends. Each checkpoint writes the
+            model, its optimiser state and the best epoch's weights (about 4x the model's size).
 
     Batches are reshuffled every epoch from `config.seed`, and dropout is seeded per epoch; with `config.augment`,
     every training batch is augmented (`training.augment`) with draws seeded per epoch too. `model.training_history`
@@ -104,7 +106,7 @@ def train(
         )
     if val_batches is not None and config.monitor != "nll" and getattr(model, "regression", False):
         raise ValueError(f"a regressor has no accuracy to monitor (monitor={config.monitor!r}): use monitor='nll'.")
-    was_trainable = [p for p in model.parameters() if p.requires_grad]
+    was_trainable, was_training = [p for p in model.parameters() if p.requires_grad], model.training
     try:
         trainable = _select_trainable(model, _locator(model, adapter if is_hf else None), config)
         augment = AUGMENTATIONS[config.augment] if config.augment is not None else None
@@ -117,11 +119,14 @@ def train(
             identity |= {"start": weights_digest(model), "data": batches_digest([*batches, *(val_batches or [])])}
             # the split between training and validation batches (the digest covers both) and the loss's own settings
             identity |= {"train_batches": len(batches)} | ({"loss_key": loss.key()} if hasattr(loss, "key") else {})
+            # what trains (the optimiser's state is per parameter) and on how many processes (dropout's streams)
+            identity |= {"trainable": _trainable_names(model), "world": world_size()}
         state = {"epoch": 0, "history": [], "best": None, "best_epoch": None, "best_score": -math.inf, "stale": 0}
         if path is not None and path.exists():
             state = _resume(path, model, optimizer, schedule, identity)
         device = next(model.parameters()).device
-        runner = nn.parallel.DistributedDataParallel(model) if is_distributed() else model
+        # unused parameters: CLIP's and SigLIP's image classifiers skip their vision tower's post-norm / pooling head
+        runner = nn.parallel.DistributedDataParallel(model, find_unused_parameters=True) if is_distributed() else model
         within = state.pop("within", None)  # where a checkpoint written within an epoch stopped
         every = checkpoint_every if path is not None and not is_distributed() else None
         done = state["epoch"] * len(batches) + (within["step"] if within else 0)
@@ -175,6 +180,9 @@ def train(
         model.training_history = state["history"]
         model.kept_epoch = state.get("best_epoch") or state["epoch"]
         return model.eval()
+    except BaseException:  # a failed or killed run leaves the model in the mode it was given in
+        model.train(was_training)
+        raise
     finally:  # what the config froze is frozen for this call only
         for param in was_trainable:
             param.requires_grad_(True)
@@ -213,6 +221,7 @@ def finetune(
     *,
     val_loader: Iterable[Batch] | None = None,
     checkpoint_dir: str | os.PathLike | None = None,
+    checkpoint_every: float | None = CHECKPOINT_EVERY,
     progress: bool = True,
 ) -> nn.Module:
     """Fine-tune a classifier in place with cross-entropy on its logits (`train` with the recipe's label
@@ -223,7 +232,7 @@ def finetune(
             "AutoModelForSequenceClassification / AutoModelForImageClassification (num_labels=...), or run "
             "`hydra-ens finetune`, which adds one."
         )
-    return _cross_entropy(model, train_loader, config, val_loader, checkpoint_dir, progress, "fine-tuning")
+    return _cross_entropy(model, train_loader, config, val_loader, checkpoint_dir, checkpoint_every, progress)
 
 
 def finetune_fused(
@@ -233,6 +242,7 @@ def finetune_fused(
     *,
     val_loader: Iterable[Batch] | None = None,
     checkpoint_dir: str | os.PathLike | None = None,
+    checkpoint_every: float | None = CHECKPOINT_EVERY,
     progress: bool = True,
 ) -> nn.Module:
     """Fine-tune a fused ensemble (`HydraEnsemble`) as one module, in place (paper 000, Fig. 1: prune, fuse, then
@@ -241,7 +251,8 @@ def finetune_fused(
     members' gradients, a member's own heads and classifier only its own. Fuse members that were pruned and not
     fine-tuned: they share those tensors exactly, so the ensemble is exactly its members before training and
     stays so (`HydraEnsemble.unfuse` returns them as HF models). With `val_loader`, the epoch kept is chosen on
-    the ensemble's validation NLL or accuracy (`config.monitor`). The fused layers have no dropout.
+    the ensemble's validation NLL or accuracy (`config.monitor`). The fused ensemble has no dropout (its layers,
+    embeddings and classifier heads alike): fine-tuning it is fine-tuning the members without dropout.
 
     Returns the ensemble in eval mode (`training_history`, `kept_epoch` as `train`)."""
     if not getattr(ensemble, "is_classifier", False) or not hasattr(ensemble, "num_members"):
@@ -250,7 +261,7 @@ def finetune_fused(
             f"{type(ensemble).__name__}: fine-tune one HF classifier with training.finetune."
         )
     desc = "fine-tuning the fused ensemble"
-    return _cross_entropy(ensemble, train_loader, config, val_loader, checkpoint_dir, progress, desc)
+    return _cross_entropy(ensemble, train_loader, config, val_loader, checkpoint_dir, checkpoint_every, progress, desc)
 
 
 def _cross_entropy(
@@ -259,8 +270,9 @@ def _cross_entropy(
     config: TrainConfig,
     val_loader: Iterable[Batch] | None,
     checkpoint_dir: str | os.PathLike | None,
+    checkpoint_every: float | None,
     progress: bool,
-    desc: str,
+    desc: str = "fine-tuning",
 ) -> nn.Module:
     """`train` with cross-entropy on the logits (summed over members for member logits, `CrossEntropy`) and the
     recipe's label smoothing: what `finetune` and `finetune_fused` share once each has checked its model."""
@@ -271,6 +283,7 @@ def _cross_entropy(
         loss=CrossEntropy(config.label_smoothing),
         val_loader=val_loader,
         checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
         progress=progress,
         desc=desc,
     )
@@ -296,6 +309,7 @@ def recover(
     config: TrainConfig = AMP_RECOVERY,
     *,
     checkpoint_dir: str | os.PathLike | None = None,
+    checkpoint_every: float | None = CHECKPOINT_EVERY,
     progress: bool = True,
 ) -> nn.Module:
     """Recovery of a pruned model by distillation from the unpruned one (paper 002, §3.5, Eq. 8): the loop with
@@ -303,8 +317,8 @@ def recover(
     from the student's encoder directly, which DistributedDataParallel would not synchronise."""
     if is_distributed():
         raise ValueError(
-            "recovery (paper 002, Eq. 8) runs on one process: run `hydra-ens amp` (or `recover`) without torchrun; "
-            "the steps after it (scores, circuit, finetune) can use torchrun again."
+            "recovery (paper 002, Eq. 8) runs on one process: call `recover` without torchrun; the library calls "
+            "after it (circuit extraction, finetune) can run under torchrun again (the CLI runs on one process)."
         )
     return train(
         student,
@@ -313,6 +327,7 @@ def recover(
         loss=FeatureMSE(teacher, last_hidden_states),
         forward=last_hidden_states,
         checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
         progress=progress,
         desc="recovery",
     )
@@ -384,6 +399,12 @@ def _stacked_vectors(model: nn.Module) -> set[int]:
     return {id(p) for name, p in base.named_parameters() if name in names}
 
 
+def _trainable_names(model: nn.Module) -> str:
+    """A digest of the names of the parameters that train, in the optimiser's order."""
+    names = "\n".join(name for name, param in model.named_parameters() if param.requires_grad)
+    return hashlib.sha256(names.encode()).hexdigest()[:16]
+
+
 def _streams(draws: torch.Generator, device: torch.device) -> dict[str, Tensor]:
     """The random streams a step draws from: the batch order's and augmentation's generator, and dropout's
     (the CPU's, and the accelerator's when the model is on one)."""
@@ -412,7 +433,9 @@ def _save(path: Path, model, optimizer, schedule, identity: dict, state: dict) -
 
 
 def _resume(path: Path, model, optimizer, schedule, identity: dict) -> dict:
-    payload = torch.load(path, map_location=next(model.parameters()).device, weights_only=False)
+    # on the CPU: the random streams of a checkpoint within an epoch must stay CPU tensors (torch.set_rng_state);
+    # load_state_dict copies weights and optimiser state to the model's device
+    payload = torch.load(path, map_location="cpu", weights_only=False)
     if payload["config"] != identity["config"] or payload.get("loss") != identity["loss"]:
         fields = sorted(set(payload["config"]) | set(identity["config"]))
         changed = [k for k in fields if payload["config"].get(k) != identity["config"].get(k)]
@@ -427,6 +450,8 @@ def _resume(path: Path, model, optimizer, schedule, identity: dict) -> dict:
         ("data", "training or validation data"),
         ("train_batches", "split of the data into training and validation batches"),
         ("loss_key", "loss setting (label smoothing, teacher)"),
+        ("trainable", "set of trainable parameters (what is frozen)"),
+        ("world", "number of processes"),
     ):
         if key in payload and payload[key] != identity.get(key):  # a checkpoint written before a key: trusted
             raise ValueError(

@@ -181,8 +181,9 @@ class FeatureMSE:
 
     def __call__(self, features: Tensor, batch: dict[str, Any]) -> Tensor:
         inputs = split_batch(None, batch)[0]  # what the student was given: the batch less its targets
-        with torch.no_grad():
-            target = self.forward(self.teacher, inputs).to(features.device)
+        with torch.no_grad():  # float32, as the other losses: under bf16 autocast both sides are bf16-rounded
+            target = self.forward(self.teacher, inputs).to(features.device).float()
+        features = features.float()
         first = ((features[:, 0] - target[:, 0]) ** 2).mean(dim=-1)  # (B,)
         rest = ((features[:, 1:] - target[:, 1:]) ** 2).mean(dim=-1)  # (B, T-1)
         mask = batch.get("attention_mask")

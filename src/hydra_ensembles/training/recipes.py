@@ -82,6 +82,18 @@ class TrainConfig:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}.")
         if self.augment is not None and self.augment not in AUGMENTATIONS:
             raise ValueError(f"augment must be None or one of {sorted(AUGMENTATIONS)}, got {self.augment!r}.")
+        for name, value, valid, rule in (
+            ("lr", self.lr, self.lr > 0, "> 0"),
+            ("warmup", self.warmup, 0 <= self.warmup <= 1, "a fraction of all steps in [0, 1]"),
+            ("min_lr", self.min_lr, 0 <= self.min_lr <= 1, "a fraction of lr in [0, 1]"),
+            ("weight_decay", self.weight_decay, self.weight_decay >= 0, ">= 0"),
+            ("label_smoothing", self.label_smoothing, 0 <= self.label_smoothing < 1, "in [0, 1)"),
+            ("min_delta", self.min_delta, self.min_delta >= 0, ">= 0"),
+            ("clip", self.clip, self.clip is None or self.clip > 0, "None (no clipping) or > 0: 0 zeroes every step"),
+            ("train_last", self.train_last, self.train_last is None or self.train_last >= 0, "None or >= 0 layers"),
+        ):
+            if not valid:
+                raise ValueError(f"{name} must be {rule}, got {value!r}.")
 
     def with_(self, **changes) -> TrainConfig:
         return replace(self, **changes)
@@ -109,7 +121,8 @@ def adamw(params: list[nn.Parameter], config: TrainConfig, vectors: Collection[i
 
 
 def sgd(params: list[nn.Parameter], config: TrainConfig, vectors: Collection[int] = ()) -> torch.optim.Optimizer:
-    """SGD with momentum; its weight decay (0 in our recipes) applies to every parameter."""
+    """SGD with momentum; its weight decay (0 in our recipes) applies to every parameter, `vectors` too (unlike
+    `adamw`: set weight_decay=0 to leave a BatchEnsemble's fast weights undecayed)."""
     return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
 
 

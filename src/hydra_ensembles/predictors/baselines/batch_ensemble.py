@@ -11,7 +11,8 @@ Paper 000 (§C.1.4) applies BatchEnsemble to a trained checkpoint and then fine-
 of the classifier head; `training.finetune_fused` fine-tunes it (each member's cross-entropy on its own logits,
 summed over members). The paper gives no fast-weight initialisation, learning rate or weight decay, so the fast
 weights train with the task's recipe as it is: the same learning rate as W and, like the biases of the model they
-wrap, no weight decay (`no_weight_decay`: r, s and the members' biases are one vector per member). They start as
+wrap, no weight decay under AdamW (`no_weight_decay`: r, s and the members' biases are one vector per member;
+SGD decays every parameter, so its recipes set weight_decay=0). They start as
 Wen et al. describe: N(1, std) (`init="normal"`, std 0.5 as in torch-uncertainty's BatchLinear), random signs
 (`init="sign"`), or ones (`init="ones"`: every member is the checkpoint). Each member's bias starts as the
 checkpoint's, so members differ only by their fast weights.

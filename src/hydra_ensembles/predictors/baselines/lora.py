@@ -11,6 +11,7 @@ from torch import nn
 
 from ...adapters import get_adapter
 from ...data.loaders import Batch
+from ...seeding import seeded
 from ...training import TrainConfig, finetune
 from .deep_ensemble import DeepEnsemble
 from .heads import reset_classifier
@@ -50,7 +51,8 @@ def lora_ensemble(
         )
         with warnings.catch_warnings():  # peft 0.21.2 reads transformers v5's deprecated `is_gradient_checkpointing`
             warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
-            peft_model = get_peft_model(member, lora_config)
+            with seeded(seed, next(member.parameters()).device):  # LoRA's A matrices: drawn from the member's seed
+                peft_model = get_peft_model(member, lora_config)
         stored += sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
         finetune(peft_model, train_loader, config.with_(seed=seed), val_loader=val_loader, progress=progress)
         members.append(peft_model.merge_and_unload().eval())

@@ -170,8 +170,8 @@ def train_packed(
     progress: bool = True,
 ) -> PackedEnsemble:
     """Train the members from scratch, in place, as one module: the one training loop (`finetune_fused`: each
-    member's cross-entropy on its own logits, summed). The fused layers have no dropout. Returns `packed` in eval
-    mode, with the loop's `training_history` and `kept_epoch`."""
+    member's cross-entropy on its own logits, summed). The fused ensemble has no dropout (layers, embeddings, heads).
+    Returns `packed` in eval mode, with the loop's `training_history` and `kept_epoch`."""
     finetune_fused(
         packed.fused, train_loader, config, val_loader=val_loader, checkpoint_dir=checkpoint_dir, progress=progress
     )

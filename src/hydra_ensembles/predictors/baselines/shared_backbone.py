@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from ...adapters import get_adapter
 from ...data.loaders import Batch, materialize, split_batch, to_device
 from ...fusion import HydraEnsemble
+from ...seeding import seeded
 from .heads import head_parameters, reset_classifier
 
 
@@ -38,14 +39,15 @@ def shared_backbone_ensemble(
         optimizer = torch.optim.AdamW(head, lr=lr, weight_decay=0.01)
         generator = torch.Generator().manual_seed(seed)
         member.train()
-        for _ in tqdm(range(epochs), desc=f"head, seed {seed}", disable=not progress, leave=False):
-            for index in torch.randperm(len(features), generator=generator).tolist():
-                hidden, inputs, labels = features[index]
-                logits = adapter.head(member, hidden, to_device(inputs, hidden.device))
-                loss = nn.functional.cross_entropy(logits, labels)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
+        with seeded(seed, next(member.parameters()).device):  # the heads' dropout masks too
+            for _ in tqdm(range(epochs), desc=f"head, seed {seed}", disable=not progress, leave=False):
+                for index in torch.randperm(len(features), generator=generator).tolist():
+                    hidden, inputs, labels = features[index]
+                    logits = adapter.head(member, hidden, to_device(inputs, hidden.device))
+                    loss = nn.functional.cross_entropy(logits, labels)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimizer.step()
         members.append(member.eval())
     return HydraEnsemble.fuse(members, mlp="stack")
 
