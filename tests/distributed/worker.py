@@ -1,6 +1,7 @@
 """Run by tests under `torchrun --nproc-per-node N`: circuit extraction or fine-tuning on a tiny BERT (the circuit
 on `circuit_support`'s model and data, where heads change S and removals do not tie; or, with DATA "tied", on
-its `tied_data`, where every removal ties on S and the secondary score decides).
+its `tied_data`, where every removal ties on S and the secondary score decides; with DATA "sharded", rank 1
+without the first ID batch, which the search must refuse).
 
 python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/worker.py circuit OUT METHOD DATA
 python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/worker.py finetune OUT
@@ -30,7 +31,11 @@ def training_data():
 
 
 def run_circuit(method: str, data: str = "circuit") -> he.Circuit:
-    model, batches = (circuit_model(), circuit_data()) if data == "circuit" else (MODELS["bert"](), tied_data())
+    model, batches = (MODELS["bert"](), tied_data()) if data == "tied" else (circuit_model(), circuit_data())
+    if data == "sharded":  # rank 1 leaves out the first ID batch, as a DistributedSampler would split the data
+        from hydra_ensembles.distributed import rank
+
+        batches = (batches[0][rank() :], batches[1])
     return he.extract_circuit(model, *batches, "avg", budget=4, method=method, progress=False)
 
 

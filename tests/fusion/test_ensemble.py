@@ -45,6 +45,40 @@ def test_reload_gives_identical_outputs(name, mlp, tmp_path):
     assert he.count_parameters(loaded) == he.count_parameters(ensemble)
 
 
+def test_members_built_without_a_pooler_fuse_exactly_and_reload(tmp_path):
+    """BertModel(config, add_pooling_layer=False) (as ViTModel, MPNetModel, ...): the fused skeleton is built
+    without the pooler too, so its head reads the [CLS] state as the members' does; the save records it."""
+    torch.manual_seed(0)
+    base = T.BertModel(MODELS["bert_encoder"]().config, add_pooling_layer=False).eval()
+    members = [perturb(m, seed=i) for i, m in enumerate(he.build_members(base, random_head_maps(3, seed=7)))]
+    ensemble = he.HydraEnsemble.fuse(members, mlp="stack")
+    inputs = make_inputs("bert_encoder")
+    fused = fused_output(ensemble, inputs)
+    for index, member in enumerate(members):
+        assert (fused[:, index] - output(member, inputs)).abs().max().item() <= CONTRACT
+    ensemble.save_pretrained(tmp_path / "hydra")
+    assert torch.equal(fused_output(he.HydraEnsemble.from_pretrained(tmp_path / "hydra"), inputs), fused)
+
+
+def test_untie_keeps_outputs_and_what_was_frozen_and_fuse_takes_a_module_list():
+    """untie gives each member its own copy of the shared tensors (the embeddings here: members pruned from one
+    model share them); a tensor frozen before stays frozen after, by name. fuse accepts an nn.ModuleList."""
+    members = torch.nn.ModuleList(he.build_members(MODELS["bert"](), random_head_maps(3, seed=7)))
+    ensemble = he.HydraEnsemble.fuse(members, mlp="stack")
+    inputs = make_inputs("bert")
+    before = fused_output(ensemble, inputs)
+    frozen = [name for name, p in ensemble.outer.named_parameters() if "embeddings" in name]
+    assert frozen and all(name.startswith("shared.") for name in frozen)
+    for name, p in ensemble.outer.named_parameters():
+        p.requires_grad_(name not in frozen)
+    ensemble.untie()
+    after = dict(ensemble.outer.named_parameters())
+    embeddings = [name for name in after if "embeddings" in name]
+    assert embeddings and all(name.startswith("member.") and not after[name].requires_grad for name in embeddings)
+    assert all(p.requires_grad for name, p in after.items() if name not in embeddings)
+    assert torch.equal(fused_output(ensemble, inputs), before)
+
+
 def test_an_ensemble_saved_zero_padded_loads_ragged_with_the_same_outputs(tmp_path):
     """Ensembles saved before the ragged layout hold members with uneven head counts zero-padded to the widest
     (3-D q/k/v and W_o tensors): they load, converted to the ragged layout, and predict what they did."""

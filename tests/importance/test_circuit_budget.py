@@ -118,6 +118,11 @@ def test_a_search_that_falls_behind_runs_its_remaining_removals_coarser_and_says
     fake_time.now = 0.0
     again = _extract(fake_time, time_budget=100, state_path=state)  # resumes the saved plan: no probe, no step
     assert fake_time.now == 0.0 and again.removed == circuit.removed and again.search == circuit.search
+    # killed after removal 3, then resumed asking for the exact search: its state would go on with multi-2-bf16
+    saved |= {key: saved[key][:3] for key in ("removed", "scores", "ties")}
+    state.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="continues a multi-2-bf16 search .*from removal 2.*method='auto'"):
+        _extract(fake_time, method="fast", state_path=state)
 
 
 def test_a_search_no_coarser_search_can_finish_stops_with_its_state_saved_and_resumes(fake_time, tmp_path):
@@ -136,6 +141,9 @@ def test_a_search_no_coarser_search_can_finish_stops_with_its_state_saved_and_re
     fake_time.slowdown = 1.0
     finished = _extract(fake_time, time_budget=3600, state_path=state)  # a larger budget: resumes, no new probe
     assert finished.removed[0] == exact.removed[0] and len(set(finished.removed)) == BUDGET
+    fake_time.now, fake_time.slowdown = 0.0, 20.0
+    with pytest.raises(search_module.TimeBudgetExceeded, match="Nothing was saved \\(no state_path\\): run it again"):
+        _extract(fake_time, time_budget=100)  # no state kept: the message does not promise a resume
 
 
 def test_the_bar_moves_within_a_step_one_candidate_at_a_time(monkeypatch, tmp_path):

@@ -132,6 +132,11 @@ def test_bad_input_is_rejected():
         he.taylor_head_scores(model, _loader("bert", labels=False), loss="cross_entropy", progress=False)
     with pytest.raises(ValueError, match="layer 0 is 4 but the layer has 4 heads"):
         he.taylor_head_scores(model, _loader("bert"), sequential_budget=HEADS, progress=False)
+    passes = []
+    model.register_forward_hook(lambda module, args, output: passes.append(1))
+    with pytest.raises(ValueError, match="layer 2 is 4 but the layer has 4 heads"):  # refused before any scoring
+        he.taylor_head_scores(model, _loader("bert"), sequential_budget=[1, 1, HEADS], progress=False)
+    assert not passes
     with pytest.raises(TypeError, match="dict batches"):
         he.taylor_head_scores(model, [torch.zeros(2, 3)], progress=False)
     encoder = MODELS["bert_encoder"]()  # the similarity loss reads [CLS] features, not a readout's input

@@ -41,6 +41,19 @@ def test_identical_members_are_refused_with_the_fix():
         he.sample_members([_circuit(), _circuit(((1, 1), (0, 0)))], num_members=3, budget=2)
 
 
+def test_circuits_ranking_fewer_heads_than_the_default_budget_are_refused_not_cut_short():
+    """The default prunes a third of the heads (4 of 12); circuits that ranked 3 would silently give members
+    pruning 3: refused with the fix, as members from one circuit are. Ranked 4: the default fits."""
+    short = [_circuit(((0, 1), (2, 3), (1, 0))), _circuit(((1, 1), (0, 0), (2, 2)))]
+    with pytest.raises(ValueError, match="default budget \\(a third of the 12 heads: 4\\) is more than the 3 heads"):
+        he.sample_members(short)
+    explicit = he.sample_members(short, budget=3)  # within the ranking
+    assert [sum(HEADS - len(heads) for heads in m.values()) for m in explicit] == [3, 3]
+    four = [_circuit(((0, 1), (2, 3), (1, 0), (0, 3))), _circuit(((1, 1), (0, 0), (2, 2), (0, 3)))]
+    maps = he.sample_members(four)
+    assert all(sum(HEADS - len(heads) for heads in m.values()) == 4 for m in maps)
+
+
 def test_a_draw_that_repeats_a_member_is_drawn_again():
     for seed in range(20):  # 2 distinct maps exist; with redraws every pair of members differs
         first, second = he.sample_members(SCORES[:1], num_members=2, budget=1, pool=2, seed=seed)

@@ -148,7 +148,7 @@ class HydraEnsemble(nn.Module):
         adapter = get_adapter(members[0])
         head_maps = [kept_heads(m) for m in members]
         model_class = adapter.supported_class(type(members[0]))
-        skeleton, layer_kwargs = _skeleton(model_class, members[0].config, adapter)
+        skeleton, layer_kwargs = _skeleton(model_class, members[0].config, adapter, like=members[0])
         layers = []
         for index in range(adapter.num_layers(members[0])):
             blocks = [adapter.layer_block(m, index) for m in members]
@@ -232,9 +232,13 @@ class HydraEnsemble(nn.Module):
                         setattr(layer, name, nn.Parameter(own(p, p.shape[1:]), requires_grad=p.requires_grad))
             shared = self.outer.shared.tensors()
             if shared:
+                # the store's name ("shared." / "member.") dropped: a frozen tensor stays frozen when it moves
+                frozen = {name.split(".", 1)[1] for name, p in self.outer.named_parameters() if not p.requires_grad}
                 member = self.outer.member.tensors() | {name: own(t, t.shape) for name, t in shared.items()}
                 parameters = set(self.outer.shared.parameter_names() + self.outer.member.parameter_names())
                 self.outer = OuterModules(self.adapter, self.outer.skeleton, {}, member, parameters)
+                for name, p in self.outer.named_parameters():
+                    p.requires_grad_(name.split(".", 1)[1] not in frozen)
         self.trunk = 0
         return self
 
@@ -409,7 +413,7 @@ class HydraEnsemble(nn.Module):
         model_class = getattr(transformers, saved["model_class"])
         config = model_class.config_class.from_dict(saved["model_config"])
         head_maps = [{int(layer): heads for layer, heads in h.items()} for h in saved["head_maps"]]
-        skeleton, layer_kwargs = _skeleton(model_class, config, adapter)
+        skeleton, layer_kwargs = _skeleton(model_class, config, adapter, absent=saved.get("absent", []))
         layers = []
         for index in range(len(head_maps[0])):
             prefix = f"layers.{index}."
@@ -443,7 +447,7 @@ class HydraEnsemble(nn.Module):
             "fingerprint": self.fingerprint,
             "averaged": self.averaged,
             "parameters": sorted(parameters),
-        }
+        } | ({"absent": absent} if (absent := _absent(self.adapter, self.outer.skeleton)) else {})
 
     def extra_repr(self) -> str:
         counts = [[len(h[layer]) for h in self.head_maps] for layer in range(len(self.layers))]
@@ -464,6 +468,8 @@ def lay_out_for_device(model: nn.Module) -> nn.Module:
 def _check_members(members: Sequence[nn.Module], mlp: str) -> None:
     if mlp not in ("average", "stack"):
         raise ValueError(f"mlp must be 'average' or 'stack', got {mlp!r}.")
+    if isinstance(members, nn.ModuleList):
+        members = list(members)
     if isinstance(members, nn.Module) or not members:
         raise ValueError("fuse needs a non-empty list of member models (see hydra_ensembles.build_members).")
     for member in members:
@@ -570,14 +576,32 @@ def _clean_config(config: transformers.PretrainedConfig) -> transformers.Pretrai
     return clear_structures(copy.deepcopy(config))
 
 
+def _absent(adapter: Adapter, skeleton: nn.Module, member: nn.Module | None = None) -> list[str]:
+    """The backbone modules of `skeleton` that `member` was built without (`add_pooling_layer=False`: no
+    pooler; HF then holds None, not a module); without `member`, those the skeleton holds as None."""
+    backbone = adapter.backbone(skeleton)
+    if member is None:
+        return sorted(name for name, module in backbone._modules.items() if module is None)
+    other = adapter.backbone(member)
+    return sorted(name for name, module in backbone._modules.items() if module and getattr(other, name, 0) is None)
+
+
 def _skeleton(
-    model_class: type, config: transformers.PretrainedConfig, adapter: Adapter
+    model_class: type,
+    config: transformers.PretrainedConfig,
+    adapter: Adapter,
+    *,
+    like: nn.Module | None = None,
+    absent: Sequence[str] = (),
 ) -> tuple[nn.Module, list[dict[str, Any]]]:
     """Build `model_class` on the meta device (no memory) without its layers and what runs beside them (an
-    `InputConv`: fused layers hold it), and read the constants fusion needs, one dict per layer."""
+    `InputConv`: fused layers hold it), nor the backbone modules the members were built without (`absent`, or
+    those `like`, a member, lacks: a pooler), and read the constants fusion needs, one dict per layer."""
     config = _clean_config(config)
     with torch.device("meta"):
         model = model_class(config)
+    for name in _absent(adapter, model, like) if like is not None else absent:
+        setattr(adapter.backbone(model), name, None)
     blocks = [adapter.layer_block(model, index) for index in range(adapter.num_layers(model))]
     block = blocks[0]
     shared = {

@@ -633,7 +633,11 @@ def _shared_or_stacked(blocks: Sequence[Block], mlp: MLPMode) -> tuple[dict[str,
         shapes = {name: {tuple(t.shape) for t in ts} for name, ts in group.items()}
         uneven = {name: sorted(s) for name, s in shapes.items() if len(s) > 1}
         if uneven:
-            raise ValueError(f"members differ in the shape of {uneven}; fusion needs equal MLP widths.")
+            raise ValueError(
+                f"members differ in the shape of {uneven}; fusion needs equal MLP widths: prune the MLP neurons of the "
+                "base model once (hydra-ens amp / adaptive MLP pruning) and build every member from it, rather than "
+                "pruning each member's MLP apart."
+            )
         combined, approximate = share_average_or_stack(group, mlp)
         out |= combined
         averaged += list(group) if approximate else []

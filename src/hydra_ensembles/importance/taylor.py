@@ -67,19 +67,20 @@ def taylor_head_scores(
     if sequential_budget is None:
         return _scores(model, batches, range(num_layers), *settings, "Taylor scores")
     budgets = per_layer(sequential_budget, num_layers, "sequential_budget")
+    for layer, kept in kept_heads(model).items():  # pruning a layer leaves the others' heads: checked up front
+        if budgets[layer] >= len(kept) and (kept or budgets[layer] > 0):
+            raise ValueError(
+                f"sequential_budget for layer {layer} is {budgets[layer]} but the layer has {len(kept)} heads; "
+                "prune fewer heads than the layer has."
+            )
     work = copy.deepcopy(model)
     scores = torch.full((num_layers, adapter.num_heads(model)), float("nan"))
     for layer in range(num_layers):
         desc = f"Taylor scores, layer {layer + 1}/{num_layers}"
         scores[layer] = _scores(work, batches, [layer], *settings, desc)[layer]
         kept = kept_heads(work)[layer]
-        if not kept and budgets[layer] == 0:  # a layer emptied before scoring: nothing to score or prune
+        if not kept:  # a layer emptied before scoring (budget 0, checked above): nothing to score or prune
             continue
-        if budgets[layer] >= len(kept):
-            raise ValueError(
-                f"sequential_budget for layer {layer} is {budgets[layer]} but the layer has {len(kept)} heads; "
-                "prune fewer heads than the layer has."
-            )
         lowest = sorted(kept, key=lambda h: (scores[layer, h].item(), h))[: budgets[layer]]
         prune_heads(work, {layer: lowest})
     return scores

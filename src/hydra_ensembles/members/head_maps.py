@@ -86,7 +86,13 @@ def _from_circuits(
     if pool is not None:
         raise ValueError("pool does not apply to members from different circuits: each prunes its own ranking.")
     ranked = min(len(c.removed) for c in circuits)
-    budget = _check_global(min(_third(circuits[0]), ranked) if budget is None else budget, ranked)
+    if budget is None and _third(circuits[0]) > ranked:  # as _budget_and_pool: a default that does not fit is said
+        raise ValueError(
+            f"the default budget (a third of the {_heads(circuits[0])} heads: {_third(circuits[0])}) is more than "
+            f"the {ranked} heads the circuits ranked; extract them with a budget of at least {_third(circuits[0])}, "
+            f"or pass a budget of at most {ranked}."
+        )
+    budget = _check_global(_third(circuits[0]) if budget is None else budget, ranked)
     head_maps = [c.head_map(budget) for c in circuits]
     if not allow_identical:
         check_distinct(

@@ -276,6 +276,7 @@ class Pace:
     predicted: float = 0.0
     stop: str | None = None  # set when even the coarsest search would overrun: the search stops after this step
     said: list[str] = field(default_factory=list)
+    saved: bool = True  # whether the search keeps a state (state_path) that a rerun resumes
 
     def step_done(self, choice: Choice, evaluations: int, seconds: float) -> None:
         self.measured += seconds
@@ -305,11 +306,18 @@ class Pace:
         if fitting and rung != choice:
             said += f"; the remaining {self.budget - removed} removals run {rung.name} (~{end / 60:.1f} min in all)"
         if not fitting:  # the budget is a promise: stop, the state saved, rather than overrun
+            minutes = math.ceil(end / 60)
+            again = (
+                f"The {removed} removals made are saved: run it again with a time budget of at least {minutes} min "
+                "to finish them (it resumes)"
+                if self.saved
+                else f"Nothing was saved (no state_path): run it again with a state_path and a time budget of at "
+                f"least {minutes} min"
+            )
             self.stop = (
                 f"circuit search stopped by its time budget: {said}, and nothing coarser fits (the coarsest would "
-                f"end at {end / 60:.1f} min). The {removed} removals made are saved: run it again with a time "
-                f"budget of at least {math.ceil(end / 60)} min to finish them (it resumes), or on fewer examples "
-                "(--max-examples / max_examples, a new search)."
+                f"end at {end / 60:.1f} min). {again}, or on fewer examples (--max-examples / max_examples, a new "
+                "search)."
             )
             return None
         self._warn(f"circuit search: {said}.")

@@ -157,6 +157,8 @@ class FastScorer(CandidateScorer):
 
     def outputs(self, removed: Sequence[Head], candidates: Sequence[Head], progress: Progress) -> dict[Head, Tensor]:
         self._ablate(removed)
+        if not candidates:  # this rank's share is empty (fewer candidates than ranks): nothing to run
+            return {}
         by_layer: dict[int, list[Head]] = {}
         for head in candidates:
             by_layer.setdefault(head[0], []).append(head)

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from ...adapters import get_adapter
 from ...data.loaders import Batch, materialize
-from ...distributed import barrier, gather_dict, is_main, shard, world_size
+from ...distributed import barrier, gather_dict, is_distributed, is_main, rank, shard, world_size
 from ...io import batches_digest, weights_digest, write_json_atomic
 from ...pruning import HeadMap, kept_heads
 from .budget import Clock, Pace, Plan, TimeBudgetExceeded, costs_of, plan_search, probe_seconds, subsample
@@ -229,7 +229,7 @@ def extract_circuit(
             model, id_batches, ood_batches, score_fn, precision=choice.precision, **options
         )
 
-    pace = Pace(plan, len(candidates), budget) if plan else None
+    pace = Pace(plan, len(candidates), budget, saved=state_path is not None) if plan else None
     ranking = greedy_removal(
         candidates,
         scorer_for,
@@ -344,6 +344,7 @@ def greedy_removal(
     `state_path` (checked against `identity`; `extra_state()` is saved alongside). With `pace`, the clock is checked
     after every step and the remaining removals may switch to a coarser search (`budget.Pace`); `elapsed()`: the
     seconds spent so far, saved with the state."""
+    _check_every_rank_agrees(identity)
     state = _load_state(state_path, identity)
     clock_started = clock()
     elapsed = elapsed or (lambda: float(state.get("elapsed_s", 0.0)) + clock() - clock_started)
@@ -354,6 +355,12 @@ def greedy_removal(
     known = dict(map(_known_entry, state.get("known", [])))  # latest (S, ...) of each head
     segments = _segments(state, choice, budget)  # states saved before fallbacks: one search
     _check_extension(state, segments, budget, state_path)
+    if pace is None and len(removed) < budget and segments[-1][1].name != choice.name:
+        raise ValueError(  # the identity holds the first search only: a fallback would go on under another name
+            f"the state at {str(state_path)!r} continues a {segments[-1][1].name} search (its time budget's "
+            f"fallback from removal {segments[-1][0] + 1}), not the {choice.name} search asked for: resume it with "
+            "method='auto' (the CLI's --method auto) and its time budget, or delete the state to search afresh."
+        )
     scorers: dict[tuple, CandidateScorer] = {}
 
     def scorer_of(search: Choice) -> CandidateScorer:  # one scorer per scorer class and precision, kept
@@ -410,6 +417,21 @@ def greedy_removal(
             if pace is not None and pace.stop:  # after the state is saved: a larger budget resumes from here
                 raise TimeBudgetExceeded(pace.stop)
     return Ranking(removed, scores, baseline, ties, segments)
+
+
+def _check_every_rank_agrees(identity: dict) -> None:
+    """Under torchrun, refuse ranks whose model or data differ from rank 0's: each scores its share of the
+    candidates on its own batches, and the gathered S values are compared as if from one data set."""
+    if not is_distributed():
+        return
+    seen = gather_dict({rank(): (identity.get("model"), identity.get("data"))})
+    differ = [r for r, value in sorted(seen.items()) if value != seen[0]]
+    if differ:
+        what = "model weights" if any(seen[r][0] != seen[0][0] for r in differ) else "validation data"
+        raise ValueError(
+            f"rank(s) {differ} hold other {what} than rank 0: every rank must pass the same model and the same "
+            "ID and OOD batches (no DistributedSampler; the search shards the candidates, not the data)."
+        )
 
 
 def _save_state(path, identity: dict, ranking: Ranking, known: dict, elapsed: float, budget: int) -> None:
