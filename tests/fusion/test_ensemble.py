@@ -276,6 +276,15 @@ def test_chunked_forward_equals_one_pass():
     assert (chunked.member_hidden_states - whole.member_hidden_states).abs().max() <= CONTRACT
 
 
+def test_a_chunked_forward_passes_scalar_tensor_inputs_whole():
+    """A 0-d tensor input (`interpolate_pos_encoding=torch.tensor(False)`) is no row of the batch: not sliced."""
+    ensemble = he.HydraEnsemble.fuse(he.build_members(MODELS["vit"](), random_head_maps(2, seed=2)), mlp="stack")
+    ensemble.max_rows = 2 * 17 * 2  # two examples per chunk
+    inputs = make_inputs("vit", batch=5)
+    flagged = ensemble(**inputs, interpolate_pos_encoding=torch.tensor(False)).member_logits
+    assert torch.equal(flagged, ensemble(**inputs).member_logits)
+
+
 def test_only_the_cpu_runs_a_batch_in_chunks():
     """Off the CPU one pass: on a GPU chunks only add kernel launches (an H100 ran a ViT-B/16 ensemble's batch of 32
     in 6 chunks at 6x one model's latency, in one pass at 2.9x). The meta device stands in for an accelerator."""

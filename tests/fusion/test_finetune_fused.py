@@ -6,9 +6,12 @@ heads and classifiers, one shared MLP, norms and embeddings): fused == rebuilt m
 the contracts' bound, after training moved every member by far more than that bound.
 """
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers as T
 from conftest import at_trained_scale, fused_output, killed_at_step, make_inputs, output, random_head_maps
 from tolerances import CONTRACT, DEFECT
 
@@ -136,6 +139,11 @@ def test_refusals():
         ensemble.unfuse(pruned[:2])
     with pytest.raises(ValueError, match="other heads"):
         ensemble.unfuse(pruned[::-1])
+    encoders = [T.BertModel(m.config) for m in pruned]  # no classifier: a KeyError in the copy before
+    with pytest.raises(ValueError, match="template 0 is a BertModel; the ensemble's members are BertForSequence"):
+        ensemble.unfuse(encoders)
+    with pytest.raises(ValueError, match="template 0 is torch.bfloat16 and the ensemble torch.float32"):
+        ensemble.unfuse([copy.deepcopy(m).bfloat16() for m in pruned])  # copying would round the weights
 
 
 @pytest.mark.parametrize("name", ["bert", "dinov2"])

@@ -185,3 +185,17 @@ def test_a_trunk_is_refused_where_it_cannot_apply():
         ".*share fewer layers",
     ):
         he.sample_members(_circuit(LONG_RANKING), budget=3, pool=3, trunk=2)
+
+
+def test_members_of_a_joint_circuit_default_to_a_tenth_of_the_towers_it_ranked():
+    """extract_joint_circuit ranks a fifth of its candidate heads by default (the paper's pool of 2 x 10 %, §D.3):
+    members then prune a tenth, counted over the towers ranked (the image tower's 40 heads here, not the text
+    tower's 20 too), so that the defaults work together."""
+    from hydra_ensembles.importance import JointCircuit
+
+    kept = {"image": {layer: list(range(10)) for layer in range(4)}, "text": {0: list(range(20))}}
+    removed = [("image", layer, head) for head in range(2) for layer in range(4)]  # 8 = a fifth of 40
+    circuit = JointCircuit("avg", removed, [0.5] * 8, 0.5, kept)
+    members = he.sample_members(circuit, seed=0)  # budget 4 of the 8 ranked; pool 8
+    for member in members:
+        assert sum(10 - len(heads) for heads in member["image"].values()) == 4 and member["text"] == kept["text"]

@@ -248,6 +248,11 @@ class HydraEnsemble(nn.Module):
         if len(models) != self.num_members:
             raise ValueError(f"the ensemble has {self.num_members} members, got {len(models)} {what}s.")
         for m, model in enumerate(models):
+            if not isinstance(model, self.model_class):
+                raise ValueError(
+                    f"{what} {m} is a {type(model).__name__}; the ensemble's members are "
+                    f"{self.model_class.__name__}s: {fix}."
+                )
             if kept_heads(model) != self.head_maps[m]:
                 raise ValueError(
                     f"{what} {m} keeps other heads than the ensemble's member {m} ({kept_heads(model)} vs "
@@ -261,6 +266,10 @@ class HydraEnsemble(nn.Module):
         of `fuse`: each copy run alone gives its member's logits here (up to float rounding), also after the
         fused ensemble was trained (`training.finetune_fused`), which is how a member is taken out of it."""
         self.check_in_order(templates, "template", "pass the pruned members the ensemble was fused from")
+        dtype = next(self.parameters()).dtype
+        for m, template in enumerate(templates):  # a copy_ into another dtype would round the weights silently
+            if (other := next(template.parameters()).dtype) != dtype:
+                raise ValueError(f"template {m} is {other} and the ensemble {dtype}: pass templates in {dtype}.")
         members = []
         for m, template in enumerate(templates):
             member = copy.deepcopy(template)
@@ -296,7 +305,10 @@ class HydraEnsemble(nn.Module):
             part = (
                 inputs
                 if whole
-                else {k: v[rows] if isinstance(v, Tensor) and v.shape[0] == batch else v for k, v in inputs.items()}
+                else {
+                    k: v[rows] if isinstance(v, Tensor) and v.dim() and v.shape[0] == batch else v
+                    for k, v in inputs.items()
+                }
             )
             part_mask = mask if whole else batch_rows(mask, rows, batch)
             h = self.run_layers(x[:, rows], part_mask, queries=None if output_hidden_states else self.head_tokens)
@@ -549,9 +561,11 @@ def fusion_deviation(
                 if left <= 0:
                     break
                 inputs = {k: v[:left] if isinstance(v, Tensor) else v for k, v in inputs.items()}
-            inputs = to_device(inputs, next(ensemble.parameters()).device)
-            fused = ensemble(**inputs)
-            one_by_one = torch.stack([_member_output(adapter, m, inputs) for m in members], dim=1)  # (B, M, C|D)
+            device = next(ensemble.parameters()).device
+            fused = ensemble(**to_device(inputs, device))
+            # each member where it is (the CLI moves the ensemble alone to a GPU)
+            outputs = [_member_output(adapter, m, to_device(inputs, next(m.parameters()).device)) for m in members]
+            one_by_one = torch.stack([out.to(device) for out in outputs], dim=1)  # (B, M, C|D)
             got = fused.member_logits if ensemble.is_classifier else fused.member_pooled  # (B, M, C) or (B, M, D)
             worst["logits"] = max(worst["logits"], (got - one_by_one).abs().max().item())
             if ensemble.is_classifier:

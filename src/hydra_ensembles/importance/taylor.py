@@ -10,6 +10,11 @@ G is the gradient of the *mean* loss over all calibration examples (batch losses
 the model runs in eval mode (no dropout), so the scores of a per-example loss (cross-entropy, a classifier's
 prediction entropy) do not depend on how the data is batched. The similarity entropy (encoders without a
 classifier) compares each example with the others of its batch: its scores depend on the batch size.
+
+The absolute value is taken after the gradient is summed over the data, as §D.1.1 writes it; MLP neuron scores
+(`neurons.neuron_scores`, paper 002) take it per sequence. On the data a model was fine-tuned on, the summed
+gradient nearly cancels and what is left ranks the heads; held-out calibration data avoids that (the benchmark
+still scores on its first training batches, the records' setting).
 """
 
 from __future__ import annotations

@@ -46,9 +46,11 @@ def sample_members(
             (`pool` does not apply; `num_members`, if given, must be the number of circuits).
 
     `budget` defaults to a third of the heads (of each layer's with scores, of the model's with a circuit: the
-    paper's 48 of 144); `pool` to twice the budget, capped at what is available. Members are reproducible (same
-    arguments, same seed, same maps) and distinct: a draw equal to an earlier member is drawn again, and when
-    fewer than M distinct members exist (e.g. `pool == budget`) a ValueError says what to change.
+    paper's 48 of 144; a tenth of the ranked towers' heads with a joint circuit, §D.3's 24 of CLIP's 240, from the
+    fifth `extract_joint_circuit` ranks by default); `pool` to twice the budget, capped at what is available.
+    Members are reproducible (same arguments, same seed, same maps) and distinct: a draw equal to an earlier member
+    is drawn again, and when fewer than M distinct members exist (e.g. `pool == budget`) a ValueError says what to
+    change.
     `allow_identical=True` skips both, for a deliberate ensemble of equal members.
 
     `trunk` (a `Circuit` only): members identical in their first `trunk` layers, so that the fused ensemble runs
@@ -88,7 +90,7 @@ def _from_circuits(
     ranked = min(len(c.removed) for c in circuits)
     if budget is None and _third(circuits[0]) > ranked:  # as _budget_and_pool: a default that does not fit is said
         raise ValueError(
-            f"the default budget (a third of the {_heads(circuits[0])} heads: {_third(circuits[0])}) is more than "
+            f"the default budget ({_default_said(circuits[0])}) is more than "
             f"the {ranked} heads the circuits ranked; extract them with a budget of at least {_third(circuits[0])}, "
             f"or pass a budget of at most {ranked}."
         )
@@ -186,7 +188,7 @@ def _budget_and_pool(circuit: Circuit | JointCircuit, budget: int | None, pool: 
     ranked = len(circuit.removed)
     if budget is None and _third(circuit) >= ranked:
         raise ValueError(
-            f"the default budget (a third of the {_heads(circuit)} heads: {_third(circuit)}) needs a pool of more "
+            f"the default budget ({_default_said(circuit)}) needs a pool of more "
             f"heads than the {ranked} the circuit ranked; extract the circuit with a budget of at least "
             f"{_third(circuit) + 1} (2 x {_third(circuit)} gives the default pool), or pass a budget below {ranked}."
         )
@@ -265,14 +267,25 @@ def _draw(pool: int, budget: int, generator: torch.Generator) -> list[int]:
 
 
 def _heads(circuit: Circuit | JointCircuit) -> int:
-    """Heads the model (both towers of a joint circuit) had when the circuit was extracted."""
-    kept = circuit.kept.values() if isinstance(circuit, JointCircuit) else [circuit.kept]
+    """Heads the model had when the circuit was extracted (a joint circuit's: those of the towers it ranked)."""
+    if isinstance(circuit, JointCircuit):
+        ranked = {tower for tower, _, _ in circuit.removed}
+        kept = [tower_kept for tower, tower_kept in circuit.kept.items() if tower in ranked]
+    else:
+        kept = [circuit.kept]
     return sum(len(heads) for tower in kept for heads in tower.values())
 
 
 def _third(circuit: Circuit | JointCircuit) -> int:
-    """The default global budget: a third of the model's heads (the paper prunes 48 of a ViT-B/16's 144)."""
-    return _heads(circuit) // 3
+    """The default global budget: a third of the model's heads (the paper prunes 48 of a ViT-B/16's 144); of a
+    joint circuit's, a tenth (§D.3: 24 of CLIP's 240), from the fifth it ranks by default."""
+    return max(1, _heads(circuit) // 10) if isinstance(circuit, JointCircuit) else _heads(circuit) // 3
+
+
+def _default_said(circuit: Circuit | JointCircuit) -> str:
+    """The default budget in words, for messages."""
+    share = "a tenth" if isinstance(circuit, JointCircuit) else "a third"
+    return f"{share} of the {_heads(circuit)} heads: {_third(circuit)}"
 
 
 def _available(scores: Tensor) -> list[int]:
