@@ -69,3 +69,13 @@ def test_conformal_flags_say_what_is_wrong(tmp_path, image_classifier, image_fil
     assert few.returncode == 2 and "(6 of its 12 examples) and needs at least 8" in few.stderr
     fixed = refused("predict", "--model", model, "--inputs", f["ood"], "--threshold", "0.5", "--conformal", "0.2")
     assert fixed.returncode == 2 and "--conformal calibrates on labelled --calibration inputs" in fixed.stderr
+    # flags that would be accepted and then ignored are refused
+    predict = ["predict", "--model", model, "--inputs", f["ood"]]
+    ignored = {
+        "--tpr chooses the threshold on --calibration inputs": [*predict, "--threshold", "0.5", "--tpr", "0.9"],
+        "--conformal-score is the score of --conformal": [*predict, "--threshold", "0.5", "--conformal-score", "raps"],
+        "--severities applies to --shift": [*evaluate, "--severities", "1", "3"],
+    }
+    for message, args in ignored.items():
+        result = refused(*args)
+        assert result.returncode == 2 and message in result.stderr, result.stderr

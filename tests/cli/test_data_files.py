@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as T
+from PIL import Image
 
 from hydra_ensembles.cli.common import CommandError
 from hydra_ensembles.cli.step import Output
@@ -107,3 +108,87 @@ def test_distill_refuses_a_teacher_that_prepares_its_inputs_otherwise(tmp_path):
         _check_same_preprocessor(other, student)  # another image size
     (tmp_path / "bare").mkdir()
     _check_same_preprocessor(tmp_path / "bare", student)  # no preprocessor of its own: taken as it is
+
+
+def test_force_refuses_an_out_that_holds_the_steps_own_input(tmp_path):
+    """`finetune --model run --out run --force`: the input model lives in --out; starting over would delete it."""
+    from hydra_ensembles.cli.step import fingerprint_path
+
+    run = Output(tmp_path / "run", "finetune", {"lr": 1})
+    (run.path / "model").mkdir()
+    (run.path / "model" / "model.safetensors").write_text("weights")
+    run.finish({"model_dir": "model"})
+    settings = {"model": fingerprint_path(run.path / "model", "--model"), "lr": 2}
+    with pytest.raises(CommandError, match="holds this step's input .*Choose another --out"):
+        Output(run.path, "finetune", settings, force=True)
+    assert (run.path / "model" / "model.safetensors").read_text() == "weights"
+    Output(tmp_path / "elsewhere", "finetune", settings, force=True)  # another --out is fine
+    report = Output(run.path / "report", "evaluate", {"models": {"a": settings["model"]}})  # inside an input's parent
+    report.finish()
+    Output(run.path / "report", "evaluate", {"models": {"a": settings["model"]}}, force=True)  # clears the report only
+
+
+def test_text_lines_split_at_line_ends_only_and_a_byte_order_mark_is_dropped(tmp_path):
+    """A JSON string may hold U+2028 raw (json.dumps(ensure_ascii=False)), a text a form feed: neither ends a line.
+    A byte-order mark (Notepad's UTF-8) is not part of the first example or of the first JSON line."""
+    jsonl = tmp_path / "data.jsonl"
+    jsonl.write_text('\ufeff{"text": "one\u2028two", "label": "a"}\r\n{"text": "three", "label": "b"}\n', "utf-8")
+    examples = read_texts(jsonl, label_column="label")
+    assert examples.inputs == ["one\u2028two", "three"] and examples.labels == ["a", "b"]
+    txt = tmp_path / "inputs.txt"
+    txt.write_text("\ufefffirst\x0cpage\n\nsecond\u0085half\n", "utf-8")
+    examples = read_texts(txt)
+    assert examples.inputs == ["first\x0cpage", "second\u0085half"] and examples.names == ["line 1", "line 3"]
+
+
+def test_an_image_folder_with_both_images_and_sub_folders_is_refused(tmp_path):
+    for folder in ("photos", "photos/thumbs"):
+        (tmp_path / folder).mkdir()
+        Image.new("RGB", (8, 8)).save(tmp_path / folder / "a.png")
+    with pytest.raises(ValueError, match="holds both images \\(a.png, ...: 1\\) and sub-folders \\(thumbs\\)"):
+        read_image_folder(tmp_path / "photos")
+
+
+def test_an_image_is_read_upright_by_its_exif_orientation(tmp_path):
+    """A phone photo stored sideways with EXIF orientation 6 (rotate 90 degrees clockwise) is read as shown."""
+    pixels = np.zeros((4, 8, 3), dtype=np.uint8)
+    pixels[0, 0] = 255  # top left as stored
+    image, exif = Image.fromarray(pixels), Image.Exif()
+    exif[0x0112] = 6
+    (tmp_path / "flat").mkdir()
+    image.save(tmp_path / "flat" / "photo.png", exif=exif)
+    upright = np.asarray(read_image_folder(tmp_path / "flat").inputs[0])
+    assert upright.shape == (8, 4, 3) and upright[0, -1].sum() == 765  # stored top left: shown top right
+
+
+def test_named_sources_read_a_path_with_an_equals_sign_as_a_path(tmp_path):
+    from hydra_ensembles.cli.common import named_sources
+
+    sweep = tmp_path / "runs" / "lr=3e-4" / "hydra-v1.5"
+    sweep.mkdir(parents=True)
+    assert named_sources([str(sweep)], "--model") == {"hydra-v1.5": str(sweep)}
+    assert named_sources(["runs/lr=3e-4/other"], "--model") == {"other": "runs/lr=3e-4/other"}
+    assert named_sources(["mine=runs/x", "data.csv"], "--ood") == {"mine": "runs/x", "data": "data.csv"}
+
+
+def test_rebatch_gives_token_batches_without_a_mask_one_so_padding_is_not_attended():
+    from hydra_ensembles.data.loaders import rebatch
+
+    short, long = {"input_ids": torch.tensor([[5, 6]])}, {"input_ids": torch.tensor([[7, 8, 9]])}
+    merged = rebatch([short, long], 2)[0]
+    assert merged["input_ids"].tolist() == [[5, 6, 0], [7, 8, 9]]
+    assert merged["attention_mask"].tolist() == [[1, 1, 0], [1, 1, 1]]
+    assert "attention_mask" not in rebatch([short, short], 2)[0]  # same lengths: nothing padded, inputs as given
+
+
+def test_zero_shot_class_files_are_utf8_txt_and_another_file_is_refused(tmp_path):
+    import argparse
+
+    from hydra_ensembles.cli.common import zero_shot_options
+
+    names = tmp_path / "classes.txt"
+    names.write_text("\ufeffcafé\nnaïve\n", "utf-8")
+    assert zero_shot_options(argparse.Namespace(classes=str(names), templates=None)).classes == ["café", "naïve"]
+    (tmp_path / "classes.csv").write_text("a,b\n")
+    with pytest.raises(CommandError, match="is a file: give the entries in a .txt file"):
+        zero_shot_options(argparse.Namespace(classes=str(tmp_path / "classes.csv"), templates=None))

@@ -117,7 +117,10 @@ def zero_shot_options(args: argparse.Namespace) -> ZeroShot:
     def parse(value: str | None, separator: str) -> list[str] | None:
         if value is None:
             return None
-        items = Path(value).read_text().splitlines() if value.endswith(".txt") else value.split(separator)
+        items = Path(value).read_text(encoding="utf-8-sig").splitlines() if value.endswith(".txt") else None
+        if items is None and Path(value).is_file():
+            raise CommandError(f"{value!r} is a file: give the entries in a .txt file, one per line.")
+        items = items if items is not None else value.split(separator)
         items = [item.strip() for item in items if item.strip()]
         if not items:
             raise CommandError(f"{value!r} names nothing: give at least one entry.")
@@ -256,12 +259,13 @@ def read_data(
 
 
 def named_sources(values: list[str] | None, flag: str) -> dict[str, str]:
-    """["name=path", "path"] -> {name: path}; a bare path is named after its file or folder."""
+    """["name=path", "path"] -> {name: path}; a bare path is named after its file (less its suffix) or folder. A
+    value that is an existing path, or whose part before "=" holds a path separator, is a bare path."""
     sources: dict[str, str] = {}
     for value in values or []:
         name, sep, path = value.partition("=")
-        if not sep:
-            name, path = Path(value).stem, value
+        if not sep or Path(value).exists() or "/" in name or os.sep in name:  # runs/lr=3e-4/hydra is a path
+            name, path = (Path(value).name if Path(value).is_dir() else Path(value).stem), value
         if not name or not path:
             raise CommandError(f"{flag} {value!r}: give PATH or NAME=PATH.")
         if name in sources:

@@ -117,7 +117,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"name every shift of the data's modality; known: {', '.join(SHIFTS)}",
     )
     parser.add_argument(
-        "--severities", nargs="+", type=int, default=list(SEVERITIES), help="shift severities, 1..5 (0, clean, always)"
+        "--severities",
+        nargs="+",
+        type=int,
+        help=f"with --shift: its severities, 1..5 (0, clean, always; default {' '.join(map(str, SEVERITIES))})",
     )
     add_output_options(parser)
     add_data_options(parser)
@@ -135,9 +138,11 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"OOD set names repeat across --near / --far / --ood: {names}; name them NAME=PATH.")
     for name, path in models.items():
         check_model_dir(path, f"--model {name}")
+    if args.shift is None and args.severities is not None:
+        raise CommandError("--severities applies to --shift: pass --shift (with or without names) too, or drop it.")
     if args.shift is not None:  # checked before any model runs; no name: every shift of the data's modality
         args.shift = resolve_shifts(args.shift) if args.shift else []
-        args.severities = check_severities(args.severities)
+        args.severities = check_severities(args.severities if args.severities is not None else list(SEVERITIES))
     settings = {
         "models": {name: fingerprint_path(path, f"--model {name}") for name, path in models.items()},
         "data": fingerprint_path(args.data, "--data"),

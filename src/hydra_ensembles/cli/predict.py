@@ -53,7 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--calibration", help="ID validation inputs that set the OOD threshold (labels unused but by --conformal)"
     )
-    parser.add_argument("--tpr", type=float, default=0.95, help="fraction of ID inputs to accept")
+    parser.add_argument(
+        "--tpr", type=float, help="with --calibration: the fraction of ID inputs to accept (default 0.95)"
+    )
     parser.add_argument("--threshold", type=float, help="a fixed OOD threshold instead of --calibration")
     parser.add_argument(
         "--score",
@@ -75,8 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--conformal-score",
         choices=sorted(CONFORMAL_SCORES),
-        default="aps",
-        help="the conformal score: aps (randomised, seeded), raps, thr / lac (1 - p_y); docs/conformal.md",
+        help="with --conformal: the conformal score, aps (the default; randomised, seeded), raps, thr / lac "
+        "(1 - p_y); docs/conformal.md",
     )
     add_data_options(parser)
     add_zero_shot_options(parser)
@@ -91,6 +93,12 @@ def run(args: argparse.Namespace) -> int:
     model = prepared(model, args)  # --precision, --compile
     if (args.calibration is None) == (args.threshold is None):
         raise CommandError("give either --calibration (ID validation inputs) or --threshold, exactly one of them.")
+    if args.tpr is not None and args.threshold is not None:
+        raise CommandError("--tpr chooses the threshold on --calibration inputs; with a fixed --threshold, drop it.")
+    if args.conformal_score is not None and args.conformal is None:
+        raise CommandError("--conformal-score is the score of --conformal's prediction sets: pass --conformal ALPHA.")
+    args.tpr = 0.95 if args.tpr is None else args.tpr
+    args.conformal_score = args.conformal_score or "aps"
     if not 0 < args.tpr <= 1:
         raise CommandError(f"--tpr must be in (0, 1], got {args.tpr}.")
     if args.conformal is not None and args.calibration is None:

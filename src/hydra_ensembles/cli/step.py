@@ -10,6 +10,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from ..io import write_json_atomic
 from ..predictors import saved_kind
@@ -63,6 +64,17 @@ def fingerprint_path(path: str | os.PathLike, flag: str) -> dict:
     return {"path": str(path), "digest": digest.hexdigest()[:16]}
 
 
+def _input_paths(settings: Any) -> list[Path]:
+    """Every input path a step's settings name (the `fingerprint_path` records in them, at any depth)."""
+    if isinstance(settings, dict):
+        if set(settings) == {"path", "digest"}:
+            return [Path(settings["path"])]
+        return [path for value in settings.values() for path in _input_paths(value)]
+    if isinstance(settings, list):
+        return [path for value in settings for path in _input_paths(value)]
+    return []
+
+
 def add_output_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument(
@@ -105,6 +117,7 @@ class Output:
             )
         same = previous is not None and (previous.get("command"), previous.get("settings")) == (command, self.settings)
         if previous is not None and (force or not (same or previous.get("finished"))):
+            self._check_holds_no_input()
             if not force:  # what the interrupted run had done is lost: say so, and why
                 why = _difference(previous, command, self.settings)
                 print(f"--out {str(self.path)!r} held an interrupted run {why}: starting afresh")
@@ -119,6 +132,17 @@ class Output:
         self.path.mkdir(parents=True, exist_ok=True)
         if previous is None:
             self._record(finished=False)
+
+    def _check_holds_no_input(self) -> None:
+        """Refuse to clear --out when it is, or holds, one of this step's inputs (`finetune --model run --out run
+        --force` would delete the model it is about to read)."""
+        here = self.path.resolve()
+        for source in _input_paths(self.settings):
+            if source == here or here in source.parents:
+                raise CommandError(
+                    f"--out {str(self.path)!r} holds this step's input {str(source)!r}: starting over there would "
+                    "delete it. Choose another --out."
+                )
 
     def done(self) -> bool:
         return self.previous is not None and self.previous.get("finished", False)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 
 TEXT_SUFFIXES = (".csv", ".tsv", ".jsonl", ".txt")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -114,7 +114,7 @@ def read_texts(
                     f"{str(path)!r} is plain text (one example per line) and has no label column; "
                     "use a CSV or JSONL file for labelled data."
                 )
-            lines = [(n, line.strip()) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)]
+            lines = [(n, line.strip()) for n, line in enumerate(_lines(path), 1)]
             kept = [(n, line) for n, line in lines if line]
             return Examples([line for _, line in kept], None, [f"line {n}" for n, _ in kept], "text")
         records = _jsonl(path) if suffix == ".jsonl" else _csv(path, "\t" if suffix == ".tsv" else ",")
@@ -169,9 +169,15 @@ def _csv(path: Path, delimiter: str) -> list[tuple[int, dict]]:
         return rows
 
 
+def _lines(path: Path) -> list[str]:
+    """The lines of a text file, split at line ends only (\\n, \\r\\n, \\r): str.splitlines would also split at
+    form feeds, U+0085 and U+2028, which JSON and texts may hold. utf-8-sig: a byte-order mark is not text."""
+    return path.read_text(encoding="utf-8-sig").split("\n")
+
+
 def _jsonl(path: Path) -> list[tuple[int, dict]]:
     records = []
-    for line, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for line, text in enumerate(_lines(path), 1):
         if not text.strip():
             continue
         try:
@@ -188,6 +194,12 @@ def read_image_folder(path: str | os.PathLike) -> Examples:
     """A folder of class sub-folders (labels = sub-folder names, sorted), or a flat folder of images."""
     path = Path(path)
     classes = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if classes and (loose := _image_files(path)):  # which did the user mean? Reading either drops the other
+        raise ValueError(
+            f"{str(path)!r} holds both images ({loose[0].name}, ...: {len(loose)}) and sub-folders "
+            f"({', '.join(c.name for c in classes[:3])}): give a flat folder of images, or one sub-folder per class "
+            "with every image inside one."
+        )
     groups = [(c.name, _image_files(c)) for c in classes] if classes else [(None, _image_files(path))]
     images, labels, names = [], [], []
     for label, files in groups:
@@ -211,7 +223,7 @@ def _open_image(file: Path) -> Image.Image:
     try:
         with Image.open(file) as image:
             image.load()
-            return image
+            return ImageOps.exif_transpose(image)  # upright as taken, as HF's load_image reads a phone photo
     except OSError as error:
         raise ValueError(f"cannot read image {str(file)!r}: {error}.") from None
 

@@ -91,7 +91,8 @@ def rebatch(batches: list[Batch], size: int) -> list[dict[str, Any]]:
     """Concatenate batches of model inputs (`TARGETS` dropped) and cut them into batches of `size` examples.
 
     Token inputs of different lengths are right-padded to the longest (input ids, token types and positions with
-    0, the attention mask with 0, so padding is never attended to). Other inputs must agree in shape.
+    0, the attention mask with 0, so padding is never attended to; batches without a mask get one, of ones where
+    their tokens are). Other inputs must agree in shape.
     """
     if size < 1:
         raise ValueError(f"batch size must be >= 1, got {size}.")
@@ -99,6 +100,11 @@ def rebatch(batches: list[Batch], size: int) -> list[dict[str, Any]]:
     keys = set(inputs[0])
     if any(set(x) != keys for x in inputs):
         raise ValueError(f"batches carry different inputs: {sorted({tuple(sorted(x)) for x in inputs})}.")
+    tokens = next((key for key in ("input_ids", "inputs_embeds") if key in keys), None)
+    if tokens is not None and "attention_mask" not in keys and len({x[tokens].shape[1] for x in inputs}) > 1:
+        # padding would be attended to without a mask: every batch's own tokens are real ones
+        inputs = [x | {"attention_mask": torch.ones(x[tokens].shape[:2], dtype=torch.long)} for x in inputs]
+        keys.add("attention_mask")
     merged: dict[str, Any] = {}
     for key in keys:
         values = [x[key] for x in inputs]
