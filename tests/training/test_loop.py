@@ -88,6 +88,16 @@ def test_a_checkpoint_is_refused_for_another_set_of_trainable_parameters_and_a_k
     assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
 
 
+def test_a_checkpoint_within_an_epoch_resumed_on_another_kind_of_device_says_its_dropout_differs(tmp_path):
+    with killed_at_step(5):
+        ft.finetune(MODELS["bert"](), _data(), CONFIG, checkpoint_dir=tmp_path, checkpoint_every=0, progress=False)
+    payload = torch.load(tmp_path / ft.CHECKPOINT, weights_only=False)
+    payload["state"]["within"]["streams"]["device"] = "cuda"  # as if written on a GPU
+    torch.save(payload, tmp_path / ft.CHECKPOINT)
+    with pytest.warns(RuntimeWarning, match="written within an epoch on cuda and resumes on cpu: the dropout masks"):
+        ft.finetune(MODELS["bert"](), _data(), CONFIG, checkpoint_dir=tmp_path, progress=False)
+
+
 @pytest.mark.parametrize(
     "field, value",
     [("lr", 0.0), ("warmup", 1.5), ("min_lr", -0.1), ("weight_decay", -1e-4), ("label_smoothing", 1.0),

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         check_search_args(args.delta_e, args.t_max, args.temperature)
         config = AMP_RECOVERY.with_(epochs=args.epochs, lr=args.lr)
     except ValueError as error:
-        raise CommandError(f"{error} (--delta-e, --t-max, --temperature, --epochs)") from None
+        raise CommandError(f"{error} (--delta-e, --t-max, --temperature, --epochs, --lr)") from None
     out = start_step(args, "amp", settings, "model")
     if out is None:
         return 0

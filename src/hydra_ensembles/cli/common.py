@@ -117,7 +117,7 @@ def zero_shot_options(args: argparse.Namespace) -> ZeroShot:
     def parse(value: str | None, separator: str) -> list[str] | None:
         if value is None:
             return None
-        items = Path(value).read_text(encoding="utf-8-sig").splitlines() if value.endswith(".txt") else None
+        items = Path(value).read_text(encoding="utf-8-sig").split("\n") if value.endswith(".txt") else None
         if items is None and Path(value).is_file():
             raise CommandError(f"{value!r} is a file: give the entries in a .txt file, one per line.")
         items = items if items is not None else value.split(separator)

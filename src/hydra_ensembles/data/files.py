@@ -223,9 +223,12 @@ def _open_image(file: Path) -> Image.Image:
     try:
         with Image.open(file) as image:
             image.load()
-            return ImageOps.exif_transpose(image)  # upright as taken, as HF's load_image reads a phone photo
     except OSError as error:
         raise ValueError(f"cannot read image {str(file)!r}: {error}.") from None
+    try:
+        return ImageOps.exif_transpose(image)  # upright as taken, as HF's load_image reads a phone photo
+    except Exception:  # noqa: BLE001 - malformed EXIF: the pixels are fine, read them as stored
+        return image
 
 
 def class_ids(config: Any) -> dict[str, int]:

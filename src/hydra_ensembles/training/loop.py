@@ -17,6 +17,7 @@ import hashlib
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
@@ -408,16 +409,23 @@ def _trainable_names(model: nn.Module) -> str:
 def _streams(draws: torch.Generator, device: torch.device) -> dict[str, Tensor]:
     """The random streams a step draws from: the batch order's and augmentation's generator, and dropout's
     (the CPU's, and the accelerator's when the model is on one)."""
-    streams = {"draws": draws.get_state(), "cpu": torch.get_rng_state()}
+    streams = {"draws": draws.get_state(), "cpu": torch.get_rng_state(), "device": device.type}
     if device.type == "cuda":
         streams["cuda"] = torch.cuda.get_rng_state(device)
     return streams
 
 
-def _set_streams(streams: dict[str, Tensor], draws: torch.Generator, device: torch.device) -> None:
+def _set_streams(streams: dict[str, Any], draws: torch.Generator, device: torch.device) -> None:
     draws.set_state(streams["draws"])
     torch.set_rng_state(streams["cpu"])
-    if "cuda" in streams:
+    if streams.get("device", device.type) != device.type:
+        warnings.warn(
+            f"the checkpoint was written within an epoch on {streams['device']} and resumes on {device.type}: the "
+            "dropout masks of that epoch's remaining steps differ from an uninterrupted run's.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    elif "cuda" in streams:
         torch.cuda.set_rng_state(streams["cuda"], device)
 
 
