@@ -292,7 +292,7 @@ def test_amp_refuses_settings_that_prune_nothing_before_the_step_starts(tmp_path
         (["--delta-e", "0.01", "--recover-data", str(text_files["train"]), "--epochs", "0"], "epochs must be >= 1"),
     ):
         message = fails("amp", *given, *bad)
-        assert named in message and "(--delta-e, --t-max, --temperature, --epochs)" in message, message
+        assert named in message and "(--delta-e, --t-max, --temperature, --epochs, --lr)" in message, message
         assert not (tmp_path / "o").exists()
 
 

@@ -406,7 +406,7 @@ def _trainable_names(model: nn.Module) -> str:
     return hashlib.sha256(names.encode()).hexdigest()[:16]
 
 
-def _streams(draws: torch.Generator, device: torch.device) -> dict[str, Tensor]:
+def _streams(draws: torch.Generator, device: torch.device) -> dict[str, Any]:
     """The random streams a step draws from: the batch order's and augmentation's generator, and dropout's
     (the CPU's, and the accelerator's when the model is on one)."""
     streams = {"draws": draws.get_state(), "cpu": torch.get_rng_state(), "device": device.type}
