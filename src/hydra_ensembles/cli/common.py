@@ -15,7 +15,7 @@ import transformers
 from torch import nn
 
 from ..adapters import UnsupportedModelError
-from ..data.files import Encoded, read_encoded
+from ..data.files import Encoded, read_encoded, text_lines
 from ..fusion import lay_out_for_device
 from ..inference import PRECISION_CONTEXTS, prepare
 from ..predictors import check_supported, describe_saved, load_classifier, load_preprocessor, saved_kind
@@ -117,10 +117,12 @@ def zero_shot_options(args: argparse.Namespace) -> ZeroShot:
     def parse(value: str | None, separator: str) -> list[str] | None:
         if value is None:
             return None
-        items = Path(value).read_text(encoding="utf-8-sig").split("\n") if value.endswith(".txt") else None
-        if items is None and Path(value).is_file():
+        if value.endswith(".txt"):
+            items = text_lines(value)
+        elif Path(value).is_file():
             raise CommandError(f"{value!r} is a file: give the entries in a .txt file, one per line.")
-        items = items if items is not None else value.split(separator)
+        else:
+            items = value.split(separator)
         items = [item.strip() for item in items if item.strip()]
         if not items:
             raise CommandError(f"{value!r} names nothing: give at least one entry.")

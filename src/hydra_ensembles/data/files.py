@@ -114,7 +114,7 @@ def read_texts(
                     f"{str(path)!r} is plain text (one example per line) and has no label column; "
                     "use a CSV or JSONL file for labelled data."
                 )
-            lines = [(n, line.strip()) for n, line in enumerate(_lines(path), 1)]
+            lines = [(n, line.strip()) for n, line in enumerate(text_lines(path), 1)]
             kept = [(n, line) for n, line in lines if line]
             return Examples([line for _, line in kept], None, [f"line {n}" for n, _ in kept], "text")
         records = _jsonl(path) if suffix == ".jsonl" else _csv(path, "\t" if suffix == ".tsv" else ",")
@@ -169,15 +169,15 @@ def _csv(path: Path, delimiter: str) -> list[tuple[int, dict]]:
         return rows
 
 
-def _lines(path: Path) -> list[str]:
+def text_lines(path: str | os.PathLike) -> list[str]:
     """The lines of a text file, split at line ends only (\\n, \\r\\n, \\r): str.splitlines would also split at
     form feeds, U+0085 and U+2028, which JSON and texts may hold. utf-8-sig: a byte-order mark is not text."""
-    return path.read_text(encoding="utf-8-sig").split("\n")
+    return Path(path).read_text(encoding="utf-8-sig").split("\n")
 
 
 def _jsonl(path: Path) -> list[tuple[int, dict]]:
     records = []
-    for line, text in enumerate(_lines(path), 1):
+    for line, text in enumerate(text_lines(path), 1):
         if not text.strip():
             continue
         try:

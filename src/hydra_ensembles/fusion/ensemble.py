@@ -142,6 +142,7 @@ class HydraEnsemble(nn.Module):
                 "average" (different neurons would be averaged).
             allow_identical: fuse members with the same heads and weights (refused by default: no diversity).
         """
+        members = list(members) if isinstance(members, nn.ModuleList) else members
         _check_members(members, mlp)
         if not allow_identical:
             _check_not_identical(members)
@@ -480,8 +481,6 @@ def lay_out_for_device(model: nn.Module) -> nn.Module:
 def _check_members(members: Sequence[nn.Module], mlp: str) -> None:
     if mlp not in ("average", "stack"):
         raise ValueError(f"mlp must be 'average' or 'stack', got {mlp!r}.")
-    if isinstance(members, nn.ModuleList):
-        members = list(members)
     if isinstance(members, nn.Module) or not members:
         raise ValueError("fuse needs a non-empty list of member models (see hydra_ensembles.build_members).")
     for member in members:

@@ -87,14 +87,13 @@ def _from_circuits(
         )
     if pool is not None:
         raise ValueError("pool does not apply to members from different circuits: each prunes its own ranking.")
-    ranked = min(len(c.removed) for c in circuits)
-    if budget is None and _third(circuits[0]) > ranked:  # as _budget_and_pool: a default that does not fit is said
+    ranked, default = min(len(c.removed) for c in circuits), _default_budget(circuits[0])
+    if budget is None and default > ranked:  # as _budget_and_pool: a default that does not fit is said
         raise ValueError(
-            f"the default budget ({_default_said(circuits[0])}) is more than "
-            f"the {ranked} heads the circuits ranked; extract them with a budget of at least {_third(circuits[0])}, "
-            f"or pass a budget of at most {ranked}."
+            f"the default budget ({_default_said(circuits[0])}) is more than the {ranked} heads the circuits "
+            f"ranked; extract them with a budget of at least {default}, or pass a budget of at most {ranked}."
         )
-    budget = _check_global(_third(circuits[0]) if budget is None else budget, ranked)
+    budget = _check_global(default if budget is None else budget, ranked)
     head_maps = [c.head_map(budget) for c in circuits]
     if not allow_identical:
         check_distinct(
@@ -183,16 +182,16 @@ def _from_circuit(
 
 
 def _budget_and_pool(circuit: Circuit | JointCircuit, budget: int | None, pool: int | None) -> tuple[int, int]:
-    """A global budget and pool of `circuit`'s ranking, the defaults filled in (a third of the heads, twice that),
+    """A global budget and pool of `circuit`'s ranking, the defaults filled in (`_default_budget`, twice that),
     refused when they do not fit what the circuit ranked."""
-    ranked = len(circuit.removed)
-    if budget is None and _third(circuit) >= ranked:
+    ranked, default = len(circuit.removed), _default_budget(circuit)
+    if budget is None and default >= ranked:
         raise ValueError(
-            f"the default budget ({_default_said(circuit)}) needs a pool of more "
-            f"heads than the {ranked} the circuit ranked; extract the circuit with a budget of at least "
-            f"{_third(circuit) + 1} (2 x {_third(circuit)} gives the default pool), or pass a budget below {ranked}."
+            f"the default budget ({_default_said(circuit)}) needs a pool of more heads than the {ranked} the "
+            f"circuit ranked; extract the circuit with a budget of at least {default + 1} (2 x {default} gives the "
+            f"default pool), or pass a budget below {ranked}."
         )
-    budget = _check_global(_third(circuit) if budget is None else budget, ranked)
+    budget = _check_global(default if budget is None else budget, ranked)
     pool = min(2 * budget, ranked) if pool is None else int(pool)
     if not budget <= pool <= ranked:
         raise ValueError(
@@ -276,7 +275,7 @@ def _heads(circuit: Circuit | JointCircuit) -> int:
     return sum(len(heads) for tower in kept for heads in tower.values())
 
 
-def _third(circuit: Circuit | JointCircuit) -> int:
+def _default_budget(circuit: Circuit | JointCircuit) -> int:
     """The default global budget: a third of the model's heads (the paper prunes 48 of a ViT-B/16's 144); of a
     joint circuit's, a tenth (§D.3: 24 of CLIP's 240), from the fifth it ranks by default."""
     return max(1, _heads(circuit) // 10) if isinstance(circuit, JointCircuit) else _heads(circuit) // 3
@@ -285,7 +284,7 @@ def _third(circuit: Circuit | JointCircuit) -> int:
 def _default_said(circuit: Circuit | JointCircuit) -> str:
     """The default budget in words, for messages."""
     share = "a tenth" if isinstance(circuit, JointCircuit) else "a third"
-    return f"{share} of the {_heads(circuit)} heads: {_third(circuit)}"
+    return f"{share} of the {_heads(circuit)} heads: {_default_budget(circuit)}"
 
 
 def _available(scores: Tensor) -> list[int]:
