@@ -1,11 +1,14 @@
 """Atomic saves: a crash while writing keeps the previous content."""
 
 import json
+import os
+import shutil
+import threading
 
 import pytest
 import torch
 
-from hydra_ensembles.io import read_json_record, save_dir_atomic, write_json_atomic
+from hydra_ensembles.io import read_json_record, reading_dir, save_dir_atomic, write_json_atomic
 
 
 def test_json_write_is_atomic(tmp_path, monkeypatch):
@@ -91,3 +94,49 @@ def test_rebatch_pads_token_inputs_and_keeps_order():
     assert out[0]["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]] and "labels" not in out[0]
     with pytest.raises(ValueError, match="differs in shape"):
         rebatch([{"pixel_values": torch.zeros(1, 3, 4, 4)}, {"pixel_values": torch.zeros(1, 3, 8, 8)}], size=2)
+
+
+def test_a_reader_waits_for_a_save_between_its_renames_and_puts_back_only_a_dead_one(tmp_path):
+    """A reader that found the save between the writer's two renames put the previous one back: the writer's second
+    rename then failed on a non-empty directory and the new save was lost."""
+    target, previous = tmp_path / "out", tmp_path / ".out.hydra-previous"
+    save_dir_atomic(target, _save("a.txt", "old"))
+    target.rename(previous)  # the writer's first rename
+    writer = threading.Timer(0.1, lambda: save_dir_atomic_second_rename(tmp_path, target))
+    writer.start()
+    with reading_dir(target, "saved model") as path:
+        assert (path / "a.txt").read_text() == "new"  # the writer's save, not the previous one put back
+    writer.join()
+    assert previous.exists()  # left to the writer to remove
+    shutil.rmtree(target)
+    previous.rename(tmp_path / "kept")
+    save_dir_atomic(tmp_path / "old", _save("a.txt", "old"))
+    (tmp_path / "old").rename(tmp_path / ".gone.hydra-previous")  # a writer that died between its renames
+    with reading_dir(tmp_path / "gone", "saved model") as path:
+        assert (path / "a.txt").read_text() == "old"
+
+
+def save_dir_atomic_second_rename(tmp_path, target):
+    new = tmp_path / ".out.new"
+    _save("a.txt", "new")(new.mkdir() or new)
+    os.rename(new, target)
+
+
+def test_a_failed_swap_puts_the_previous_save_back_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    target = tmp_path / "out"
+    save_dir_atomic(target, _save("a.txt", "old"))
+    renames = []
+    real_rename = os.rename
+
+    def rename(src, dst):
+        renames.append(dst)
+        if len(renames) == 2:  # the new save onto the path
+            raise OSError("disk full")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(OSError, match="disk full"):
+        save_dir_atomic(target, _save("a.txt", "new"))
+    monkeypatch.undo()
+    assert (target / "a.txt").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

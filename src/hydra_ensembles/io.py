@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 import torch
 
+SWAP_WAIT_POLLS = 200  # a reader waits up to 2 s for a save caught between its two renames
 PREDICTOR_FILE = "predictor.json"  # what a saved wrapper predictor (or MLP student) is: its kind and settings
 HYDRA_CONFIG = "hydra_config.json"  # a saved HydraEnsemble
 TWO_TOWER_FILE = "two_tower.json"  # a saved TwoTowerModel
@@ -97,7 +99,7 @@ def save_dir_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> P
 
     If `write` fails or the process dies midway, `path` still holds the previous save. The swap is two renames;
     should the process die between them, the previous save sits at `.<name>.hydra-previous` beside it and
-    `recover_dir` (called by every loader here) puts it back.
+    the next save, or a loader that finds it so (`settle_dir`), puts it back.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,9 +120,14 @@ def save_dir_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> P
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     previous = _swap_name(path)
-    if path.exists():
-        os.rename(path, previous)
-    os.rename(tmp, path)
+    try:
+        if path.exists():
+            os.rename(path, previous)
+        os.rename(tmp, path)
+    except BaseException:  # nothing half-done stays behind: the previous save goes back, the new one away
+        shutil.rmtree(tmp, ignore_errors=True)
+        recover_dir(path)
+        raise
     _sync(path.parent)
     shutil.rmtree(previous, ignore_errors=True)
     return path
@@ -175,10 +182,25 @@ def recover_dir(path: str | os.PathLike) -> None:
         os.rename(previous, path)
 
 
+def settle_dir(path: str | os.PathLike) -> None:
+    """Before reading `path`: a save caught between its two renames is waited for (a writer takes microseconds
+    there) and put back only if it stays cut off (its writer died). A reader that swapped it back while the writer
+    lived would make the writer's second rename fail."""
+    path = Path(path)
+    if path.exists() or not _swap_name(path).exists():
+        return
+    for _ in range(SWAP_WAIT_POLLS):
+        time.sleep(0.01)
+        if path.exists():
+            return
+    recover_dir(path)
+
+
 @contextmanager
 def reading_dir(path: str | os.PathLike, what: str) -> Iterator[Path]:
+    """`path` (`settle_dir`), checked to be a directory."""
     path = Path(path)
-    recover_dir(path)
+    settle_dir(path)
     if not path.is_dir():
         raise FileNotFoundError(f"no {what} at {str(path)!r}: the directory does not exist.")
     yield path

@@ -13,7 +13,7 @@ from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from hydra_ensembles.importance.oba import oba_prune, oba_ranking, oba_scores
-from hydra_ensembles.pruning.weights import kept_fraction, linear_parameters, mask_weights
+from hydra_ensembles.pruning.weights import kept_fraction, linear_parameters, mask_weights, zero_weights
 from hydra_ensembles.training import TEXT_RECIPE, finetune
 
 
@@ -127,3 +127,13 @@ def test_bad_input_is_refused_with_the_fix():
         mask_weights(model, {"classifier.weight": torch.ones(2, 2, dtype=torch.bool)})
     with pytest.raises(KeyError, match="not a parameter of this model"):
         mask_weights(model, {"nope.weight": torch.ones(2, 2, dtype=torch.bool)})
+
+
+def test_zeroing_a_weight_that_is_inf_leaves_zero_not_nan():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    with torch.no_grad():
+        model[0].weight[0, 0] = float("inf")
+    kept = torch.ones(2, 3, dtype=torch.bool)
+    kept[0, 0] = False
+    zero_weights(model, {"0.weight": kept})
+    assert model[0].weight[0, 0].item() == 0.0 and torch.isfinite(model[0].weight).all()

@@ -2,9 +2,11 @@
 and fuses (the fusion contracts hold on a neuron-pruned base)."""
 
 import copy
+import warnings
 
 import pytest
 import torch
+import transformers as T
 from conftest import (
     CONTRACT_MODELS,
     MODELS,
@@ -19,6 +21,8 @@ from tolerances import CONTRACT, DEFECT
 
 import hydra_ensembles as he
 from hydra_ensembles.adapters import get_adapter
+from hydra_ensembles.pruning import neurons as neurons_module
+from hydra_ensembles.pruning.heads import slice_linear
 
 PLAN = {0: [0, 5, 36], 2: list(range(30))}  # MLP width 37 in the tiny configs
 
@@ -87,3 +91,53 @@ def test_bad_neuron_plans_are_refused():
     he.prune_neurons(model, {0: [1]})
     with pytest.raises(ValueError, match="original numbering"):
         he.prune_neurons(model, {0: [1]})
+
+
+def test_a_neuron_record_that_disagrees_with_the_weights_is_refused_not_cut_at_the_wrong_neurons(tmp_path):
+    """Two ways a record and the MLP widths part: a pruned save loaded at full width by from_pretrained(...,
+    ignore_mismatched_sizes=True), and two models built from one config object (HF v5 shares it), one pruned.
+    Either way positions read from the record cut or zeroed the wrong neurons, silently."""
+    he.save_model(he.prune_neurons(MODELS["bert"](), {0: range(10)}), tmp_path / "member")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loaded = T.BertForSequenceClassification.from_pretrained(tmp_path / "member", ignore_mismatched_sizes=True)
+    with pytest.raises(ValueError, match="layer 0 of this BertForSequenceClassification has 37 MLP neurons, and its"):
+        he.prune_neurons(loaded, {0: [36]})
+    first = MODELS["bert"]()
+    second = type(first)(first.config)
+    assert second.config is first.config  # the sharing this test is about
+    he.prune_neurons(first, {1: [3]})
+    with pytest.raises(ValueError, match=r"one config object.*copy\.deepcopy\(config\)"):
+        with he.ablate_neurons(second, {1: [4]}):
+            pass
+
+
+def test_a_neuron_pruning_that_fails_midway_leaves_the_record_true_to_the_layers_it_cut(monkeypatch):
+    model = MODELS["bert"]()
+    calls = []
+
+    def failing(linear, index, dim):
+        calls.append(dim)
+        if len(calls) > 2:  # layer 0's two linears are cut, layer 1 fails
+            raise RuntimeError("out of memory")
+        return slice_linear(linear, index, dim)
+
+    monkeypatch.setattr(neurons_module, "slice_linear", failing)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        he.prune_neurons(model, {0: [1, 2], 1: [3]})
+    monkeypatch.undo()
+    assert he.kept_neurons(model)[0] == [k for k in range(37) if k not in (1, 2)]
+    assert he.kept_neurons(model)[1] == list(range(37))
+
+
+def test_pruning_draws_nothing_from_the_global_random_stream_and_keeps_dtypes():
+    """HF's prune_linear_layer builds each sliced layer by initialising a float32 nn.Linear: every prune moved the
+    caller's random stream on."""
+    model = MODELS["bert"]().to(torch.bfloat16)
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    he.prune_heads(model, {0: [1]})
+    he.prune_neurons(model, {1: [0, 4]})
+    assert torch.equal(torch.rand(3), expected)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}

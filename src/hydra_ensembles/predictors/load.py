@@ -30,8 +30,8 @@ from ..io import (
     PREDICTOR_FILE,
     SAVED_MODEL_FILES,
     TWO_TOWER_FILE,
-    recover_dir,
     save_dir_atomic,
+    settle_dir,
     write_json_atomic,
 )
 from ..pruning import load_model, save_model
@@ -89,7 +89,7 @@ def register_predictor(cls: type[SavedPredictor]) -> type[SavedPredictor]:
 def saved_kind(path: str | os.PathLike) -> str:
     """The kind saved at `path`: predictor.json names it; the formats that do not are told by their files."""
     path = Path(path)
-    recover_dir(path)  # a save cut off between its two renames is put back before its files are read
+    settle_dir(path)  # a save cut off between its two renames is put back before its files are read
     marks = [name for name in SAVED_MODEL_FILES if (path / name).is_file()]
     if len(marks) > 1:  # e.g. an HF save_pretrained into an ensemble's folder (it adds, where ours replace)
         raise ValueError(

@@ -13,7 +13,8 @@ position projections) lose the head's rows too.
 Pruning every head of a layer is allowed (the paper allows it): the attention block then adds only W_o's bias.
 HF attention modules cannot run with zero heads, so such a layer keeps one placeholder head whose q/k/v/o weights
 and q/k/v biases are zero: it contributes exactly nothing, the head map records the layer as empty, and fusion
-drops the placeholder. Parameter counts of the HF model include the placeholder (4*d*dh + 3*dh per such layer).
+drops the placeholder. Parameter counts of the HF model include the placeholder (its q/k/v/o weights and q/k/v
+biases, and its rows of any per-head position projection).
 """
 
 from __future__ import annotations
@@ -24,13 +25,17 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
-from transformers.pytorch_utils import prune_linear_layer
+from torch.nn.utils import skip_init
 
 from ..adapters import Adapter, get_adapter
 from .persist import read_structure, record_fingerprint, register_structure, write_structure
 
 HeadMap = dict[int, list[int]]
 KEPT_HEADS_KEY = "hydra_kept_heads"
+SHARED_CONFIG = (  # the other way a record and the weights part: HF v5 models built from one config share it
+    "Models built from one config object (Model(config) twice) share their pruning record: give each its own "
+    "copy.deepcopy(config)."
+)
 
 
 def kept_heads(model: nn.Module) -> HeadMap:
@@ -56,7 +61,8 @@ def _check_widths(adapter: Adapter, model: nn.Module, kept: HeadMap) -> None:
             raise ValueError(
                 f"layer {layer} of this {type(model).__name__} has {width} heads, and its config records "
                 f"{len(heads)} kept ({KEPT_HEADS_KEY}): its weights do not match its pruning record. Load a pruned "
-                "save with hydra_ensembles.load_model, not from_pretrained(..., ignore_mismatched_sizes=True)."
+                "save with hydra_ensembles.load_model, not from_pretrained(..., ignore_mismatched_sizes=True). "
+                + SHARED_CONFIG
             )
 
 
@@ -247,11 +253,22 @@ def freeze_placeholders(model: nn.Module) -> None:
 
 
 def slice_linear(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
-    """`prune_linear_layer`, keeping the layer's dtype and trainability (it builds a float32 layer)."""
-    sliced = prune_linear_layer(linear, index, dim=dim).to(dtype=linear.weight.dtype)
-    sliced.weight.requires_grad_(linear.weight.requires_grad)
-    if linear.bias is not None:  # its own: a bias-only fine-tuning freezes the weights alone
-        sliced.bias.requires_grad_(linear.bias.requires_grad)
+    """A new `nn.Linear` keeping the entries `index` of `linear` along `dim` (0: output rows and their bias; 1: input
+    columns), with its dtype, device and trainability. Built uninitialised (HF's `prune_linear_layer` initialises a
+    float32 layer first, which draws from the global random stream and costs a float32 copy of the matrix)."""
+    weight = linear.weight.detach()
+    index = index.to(device=weight.device, dtype=torch.long)
+    kept_weight = weight.index_select(dim, index)
+    out_features, in_features = kept_weight.shape
+    has_bias = linear.bias is not None
+    sliced = skip_init(nn.Linear, in_features, out_features, bias=has_bias, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        sliced.weight.copy_(kept_weight)
+        sliced.weight.requires_grad_(linear.weight.requires_grad)
+        if has_bias:  # its own trainability: a bias-only fine-tuning freezes the weights alone
+            bias = linear.bias.detach()
+            sliced.bias.copy_(bias.index_select(0, index) if dim == 0 else bias)
+            sliced.bias.requires_grad_(linear.bias.requires_grad)
     return sliced
 
 

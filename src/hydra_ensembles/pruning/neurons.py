@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ..adapters import get_adapter
-from .heads import complement, slice_linear, zeroed_columns
+from .heads import SHARED_CONFIG, complement, slice_linear, zeroed_columns
 from .persist import read_structure, record_fingerprint, register_structure, write_structure
 
 NeuronMap = dict[int, list[int]]
@@ -30,11 +30,20 @@ KEPT_NEURONS_KEY = "hydra_kept_neurons"
 def kept_neurons(model: nn.Module) -> NeuronMap:
     """The model's neuron map: for each layer, the kept MLP neurons in the original numbering."""
     adapter = get_adapter(model)
-    stored = read_structure(model, KEPT_NEURONS_KEY)
-    if stored is not None:
-        return {int(layer): sorted(int(k) for k in kept) for layer, kept in stored.items()}
     widths = [adapter.block(layer).mlp_out.in_features for layer in adapter.layers(model)]
-    return {layer: list(range(width)) for layer, width in enumerate(widths)}
+    stored = read_structure(model, KEPT_NEURONS_KEY)
+    if stored is None:
+        return {layer: list(range(width)) for layer, width in enumerate(widths)}
+    kept = {int(layer): sorted(int(k) for k in neurons) for layer, neurons in stored.items()}
+    for layer, neurons in kept.items():
+        if widths[layer] != len(neurons):  # positions read from the record would cut or zero the wrong neurons
+            raise ValueError(
+                f"layer {layer} of this {type(model).__name__} has {widths[layer]} MLP neurons, and its config "
+                f"records {len(neurons)} kept ({KEPT_NEURONS_KEY}): its weights do not match its pruning record. "
+                "Load a pruned save with hydra_ensembles.load_model, not from_pretrained(..., "
+                f"ignore_mismatched_sizes=True). {SHARED_CONFIG}"
+            )
+    return kept
 
 
 def prune_neurons(model: nn.Module, neurons_to_prune: Mapping[int, Iterable[int]]) -> nn.Module:
@@ -53,16 +62,18 @@ def prune_neurons(model: nn.Module, neurons_to_prune: Mapping[int, Iterable[int]
             raise ValueError(f"pruning {sorted(neurons)} would leave layer {layer} without MLP neurons; keep one.")
     record_fingerprint(model)
     layers = adapter.layers(model)
-    for layer in plan:
-        rows = _positions(kept[layer], remaining[layer])
-        block = adapter.block(layers[layer])
-        adapter.set_mlp(
-            layers[layer],
-            slice_linear(block.mlp_in, block.mlp_in_rows(rows), dim=0),  # a gated MLP's gate rows go with them
-            slice_linear(block.mlp_out, rows, dim=1),
-        )
-        kept[layer] = remaining[layer]
-    write_structure(model, KEPT_NEURONS_KEY, {str(layer): neurons for layer, neurons in kept.items()})
+    try:
+        for layer in plan:
+            rows = _positions(kept[layer], remaining[layer])
+            block = adapter.block(layers[layer])
+            adapter.set_mlp(
+                layers[layer],
+                slice_linear(block.mlp_in, block.mlp_in_rows(rows), dim=0),  # a gated MLP's gate rows go with them
+                slice_linear(block.mlp_out, rows, dim=1),
+            )
+            kept[layer] = remaining[layer]
+    finally:  # a layer that failed midway (a LoRA-wrapped linear, memory) leaves the record true to the rest
+        write_structure(model, KEPT_NEURONS_KEY, {str(layer): neurons for layer, neurons in kept.items()})
     return model
 
 

@@ -7,7 +7,8 @@ here skips zeros). A *weight mask* is `{parameter name: bool tensor of its shape
 `zero_weights` zeroes what a mask drops; `mask_weights` does that and zeroes the same entries of each masked
 parameter's gradient (a hook), so the training loop's optimisers keep those weights at exactly zero: a zero
 gradient moves neither SGD (its weight decay is proportional to the weight, 0) nor AdamW (moments start at 0 and
-stay there; its decay is decoupled and proportional to the weight).
+stay there; its decay is decoupled and proportional to the weight). That holds for an optimiser built after the mask:
+one that already holds momentum or Adam moments for a weight moves it on, so mask before building the optimiser.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def zero_weights(model: nn.Module, masks: Mapping[str, Tensor]) -> dict[str, nn.
                 f"shape {tuple(parameter.shape)}."
             )
         with torch.no_grad():
-            parameter.mul_(mask.to(parameter.device))
+            parameter.masked_fill_(~mask.to(parameter.device), 0)  # not mul_: an inf or NaN times 0 stays NaN
     return {name: parameters[name] for name in masks}
 
 
