@@ -235,3 +235,28 @@ def test_labels_of_refuses_a_shuffling_loader_and_a_loader_labelled_in_part():
     batches = [{"labels": torch.tensor([0, 1])}, {"x": torch.ones(2)}]
     with pytest.raises(ValueError, match="1 of the loader's 2 batches have no 'labels'"):
         labels_of(batches)
+
+
+def test_shapes_that_would_broadcast_into_a_wrong_value_are_refused():
+    """(N, 1) labels or targets broadcast against (N,) into (N, N): accuracy and the Gaussian NLL returned a number."""
+    probs, labels = _probs(n=30)
+    with pytest.raises(ValueError, match=r"labels \(N,\).*got \(30, 4\) and \(30, 1\)"):
+        M.accuracy(probs, labels[:, None])
+    nan = probs.clone()
+    nan[3, 1] = float("nan")
+    with pytest.raises(ValueError, match="1 row.*NaN"):
+        M.accuracy(nan, labels)
+    gaussians, targets = torch.randn(30, 3, 2), torch.randn(30)
+    with pytest.raises(ValueError, match=r"targets \(N,\), got \(30, 3, 2\) and \(30, 1\)"):
+        M.gaussian_mixture_nll(gaussians, targets[:, None])
+    with pytest.raises(ValueError, match=r"\(N, M, 2\)"):
+        M.gaussian_mixture_nll(gaussians[..., 0], targets)
+    with pytest.raises(ValueError, match="N > 0"):
+        M.gaussian_mixture_nll(gaussians[:0], targets[:0])
+
+
+def test_disagreement_is_float64_and_aupr_in_takes_lists_as_the_other_ood_metrics_do():
+    logits = torch.randn(8, 3, 4, dtype=torch.bfloat16)
+    assert M.disagreement(logits).dtype == torch.float64 and M.disagreement(logits[:, :1]).dtype == torch.float64
+    scores, is_ood = _ood(0, n=40)
+    assert M.aupr_in(scores.tolist(), is_ood.tolist()) == M.aupr_in(scores, is_ood)

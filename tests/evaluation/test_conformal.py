@@ -160,6 +160,11 @@ def test_split_evaluation_on_member_logits_is_seeded_and_covers():
     assert first["calibration_size"] == 200 and first["splits"] == 20 and 1 <= first["set_size"] <= 4
     # 20 splits of 200 / 200: mean coverage within 5 standard deviations of the law's (sd of one split ~0.03)
     assert abs(first["coverage"] - 0.9) < 5 * 0.03 / math.sqrt(20) + 1 / 201
+    for share, splits, message in ((1.0, 20, "0 < calibration_share < 1"), (0.5, 0, "splits >= 1")):
+        with pytest.raises(ValueError, match=message):
+            split_evaluation(member_logits, labels, 0.1, "aps", splits=splits, calibration_share=share)
+    with pytest.raises(ValueError, match="leaves no calibration inputs"):
+        split_evaluation(member_logits, labels, 0.1, "aps", calibration_share=0.001)
     report = conformal_metrics(member_logits, labels, 0.1, splits=5)
     assert set(report) == {"thr", "aps", "raps"} and set(SCORES) == {"thr", "lac", "aps", "raps"}
     assert report["thr"]["set_size"] <= report["aps"]["set_size"]  # THR: the smallest sets on average

@@ -47,9 +47,20 @@ def test_the_ood_figure_shows_the_score_the_report_uses(tmp_path, monkeypatch):
     )
     g = torch.Generator().manual_seed(0)
     run = {"test": torch.randn(20, 2, 3, generator=g), "far": {"x": torch.randn(10, 2, 3, generator=g)}}
-    for score, name in (("energy", "energy"), ("msp", "1 - MSP"), ("knn", "1 - MSP")):  # knn: a feature score
+    for score, name in (("energy", "energy"), ("msp", "1 - MSP"), ("max_logit", "-max logit"), ("knn", "1 - MSP")):
         plots.logit_figures({"hydra": run}, torch.zeros(20, dtype=torch.long), tmp_path, "t", score)
         used = score if score in OOD_SCORES else "msp"
         assert shown["name"] == name and torch.equal(
             shown["panels"]["hydra"]["ID"], OOD_SCORES[used](run["test"].double())
         )
+
+
+def test_a_constant_score_is_drawn_in_one_bin_without_warnings(tmp_path):
+    """A one-member model's mutual information is 0 everywhere: 31 identical bin edges gave an empty panel and a
+    division by zero."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plots.ood_histograms({"single": {"ID": torch.zeros(10), "far": torch.zeros(5)}}, tmp_path / "o.png", "MI")
+    assert (tmp_path / "o.png").stat().st_size > 0

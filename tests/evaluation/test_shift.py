@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 
+import numpy as np
 import pytest
 import torch
 import transformers as T
@@ -151,6 +152,8 @@ def test_normalised_pixels_are_shifted_as_their_zero_one_images(name):
     assert torch.allclose(shifted, (shift_images(clean, name, 4) - mean) / std, atol=1e-5)
     processor = T.ViTImageProcessor(image_mean=[0.4, 0.5, 0.6], image_std=[0.2, 0.25, 0.3])
     assert PixelSpace.of(processor) == pixels and PixelSpace.of(T.ViTImageProcessor(do_normalize=False)) == PixelSpace()
+    processor.image_mean, processor.image_std = np.array([0.4, 0.5, 0.6]), 0.25  # an array, one number: both read
+    assert PixelSpace.of(processor) == PixelSpace((0.4, 0.5, 0.6), (0.25,))
 
 
 def test_image_shifts_by_hand():

@@ -171,8 +171,18 @@ def split_evaluation(
     splits into calibration (`calibration_share`) and test inputs, seeded. Returns the mean and standard deviation
     of the test coverage over the splits, the mean set size, the splits and the calibration size.
     member_logits (N, M, C), labels (N,)."""
+    if not 0 < calibration_share < 1 or not isinstance(splits, int) or splits < 1:
+        raise ValueError(
+            f"split_evaluation needs 0 < calibration_share < 1 and splits >= 1, got {calibration_share!r} and "
+            f"{splits!r}."
+        )
     probs, generator = ensemble_probs(member_logits.double()), torch.Generator().manual_seed(seed)
     n = int(len(labels) * calibration_share)
+    if n == 0 or n == len(labels):
+        raise ValueError(
+            f"a calibration share of {calibration_share} of {len(labels)} inputs leaves "
+            f"{'no calibration' if n == 0 else 'no test'} inputs: pass more labelled inputs, or another share."
+        )
     results = []
     for split in range(splits):
         order = torch.randperm(len(labels), generator=generator)

@@ -75,7 +75,11 @@ def ood_histograms(
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.0), squeeze=False)
     for ax, (name, groups) in zip(axes[0], panels.items()):
         values = np.concatenate([g.double().numpy() for g in groups.values()])
-        edges = np.linspace(values.min(), values.max(), 31)
+        low, high = values.min(), values.max()
+        if low == high:  # one value (a one-member model's MI): a unit-wide bin rather than 31 empty ones
+            low, high = low - 0.5, high + 0.5
+            ax.text(0.5, 0.9, "constant score", transform=ax.transAxes, ha="center", fontsize=8)
+        edges = np.linspace(low, high, 31)
         for group, scores in groups.items():
             ax.hist(scores.double().numpy(), bins=edges, density=True, alpha=0.45, label=group)
         ax.set(title=name, xlabel=f"{score_name} score (higher = more OOD)")
@@ -209,7 +213,7 @@ def logit_figures(logits: Mapping[str, dict], labels: Tensor, out_dir: Path, tit
         for group in ("near", "far", "ood"):
             if v.get(group):
                 panels[row][group if group != "ood" else "OOD"] = torch.cat([scored(x) for x in v[group].values()])
-    shown = "1 - MSP" if name == "msp" else name
+    shown = {"msp": "1 - MSP", "max_logit": "-max logit"}.get(name, name)  # what is plotted: higher = more OOD
     ood_histograms(panels, out_dir / "ood_scores.png", shown, title=f"{title}: OOD scores")
 
 

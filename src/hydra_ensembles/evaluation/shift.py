@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -213,7 +214,8 @@ class PixelSpace:
 
 
 def _floats(value: float | Sequence[float]) -> tuple[float, ...]:
-    return tuple(float(x) for x in (value if isinstance(value, Sequence) else [value]))
+    """A processor's image_mean / image_std as floats: one number, a list, or an array."""
+    return tuple(float(x) for x in np.atleast_1d(np.asarray(value, dtype=np.float64)))
 
 
 def shift_images(

@@ -98,10 +98,11 @@ def conventions(score: str = "msp") -> str:
         else f"the {score} score (docs/ood_scores.md)"
     )
     return (
-        "Acc, ECE, aECE, AUROC, FPR95, AUPR in %; mean ± std over seeds (a single run shows its value alone). OOD: "
-        f"{measured}, OOD = positive class (OpenOOD). Ensemble "
+        "Acc, ECE, aECE, AUROC, FPR95, AUPR in %; mean ± std over seeds (population std; a single run shows its value "
+        f"alone). OOD: {measured}, OOD = positive class (OpenOOD). Ensemble "
         "probability = mean of member softmaxes. FLOPs per example relative to the first row; latency relative to "
-        "the first row on one batch, timed interleaved over repeated rounds on this machine: median (min-max)."
+        "the first row on one batch, timed interleaved over repeated rounds on this machine: median (min-max) over "
+        "rounds for one seed's models, mean ± std of each seed's median over several."
     )
 
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 
 def accuracy(probs_or_logits: Tensor, labels: Tensor) -> float:
     """Fraction of inputs whose arg-max class equals the label. Shapes: (N, C) and (N,)."""
-    if probs_or_logits.shape[0] != labels.shape[0] or probs_or_logits.shape[0] == 0:
+    if probs_or_logits.ndim != 2 or tuple(labels.shape) != tuple(probs_or_logits.shape[:1]) or not len(labels):
         raise ValueError(
-            f"accuracy needs N > 0 predictions and N labels, got {probs_or_logits.shape[0]} and {labels.shape[0]}."
+            f"accuracy needs predictions (N, C) and labels (N,) with N > 0, got {tuple(probs_or_logits.shape)} and "
+            f"{tuple(labels.shape)}."
         )
+    bad = int(torch.isnan(probs_or_logits).any(dim=1).sum())
+    if bad:  # arg-max would pick the NaN column
+        raise ValueError(f"accuracy: {bad} row(s) of the predictions hold NaN; fix them before measuring.")
     return (probs_or_logits.argmax(dim=-1) == labels.to(probs_or_logits.device)).double().mean().item()

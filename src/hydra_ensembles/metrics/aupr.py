@@ -31,7 +31,7 @@ def aupr_in(ood_scores: Tensor, is_ood: Tensor) -> float:
 
     Shape: ood_scores (N,), is_ood (N,) bool.
     """
-    return average_precision(-ood_scores, ~_as_bool(is_ood))
+    return average_precision(-_numpy(ood_scores), ~_numpy(is_ood).astype(bool))
 
 
 def _compute(scores: np.ndarray, positive: np.ndarray) -> float:
@@ -48,7 +48,3 @@ def _compute(scores: np.ndarray, positive: np.ndarray) -> float:
     called = (np.arange(len(scores)) + 1)[last_of_run]
     precision, recall = true_pos / called, true_pos / positive.sum()
     return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
-
-
-def _as_bool(x: Tensor):
-    return x.bool() if isinstance(x, Tensor) else np.asarray(x, dtype=bool)

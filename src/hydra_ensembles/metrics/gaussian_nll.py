@@ -15,6 +15,17 @@ def gaussian_mixture_nll(member_gaussians: Tensor, targets: Tensor) -> float:
     Computed in float64 with a log-sum-exp over members. Shape: member_gaussians (N, M, 2), (mean, log-variance)
     per member; targets (N,).
     """
+    if (
+        member_gaussians.ndim != 3
+        or member_gaussians.shape[-1] != 2
+        or tuple(targets.shape) != (member_gaussians.shape[0],)
+    ):
+        raise ValueError(
+            "gaussian_mixture_nll needs member_gaussians (N, M, 2) of (mean, log-variance) and targets (N,), got "
+            f"{tuple(member_gaussians.shape)} and {tuple(targets.shape)}."
+        )
+    if not len(targets) or not member_gaussians.shape[1]:
+        raise ValueError("gaussian_mixture_nll needs N > 0 targets and M > 0 members.")
     return _compute(member_gaussians.double(), targets.to(member_gaussians.device).double()).item()
 
 
