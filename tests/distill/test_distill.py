@@ -93,8 +93,8 @@ def test_gaussian_kl_loss_per_head_and_against_every_member():
     kl = lambda a, b: ft.gaussian_kl(a[0], a[1], b[0], b[1]).item()  # noqa: E731
     per_head = (kl(teacher[0, 0], heads[0, 0]) + kl(teacher[0, 1], heads[0, 1])) / 2
     against_every_member = (kl(teacher[0, 0], one[0, 0]) + kl(teacher[0, 1], one[0, 0])) / 2
-    assert ft.GaussianKL()(heads, {"teacher_outputs": teacher}).item() == pytest.approx(per_head)
-    assert ft.GaussianKL()(one, {"teacher_outputs": teacher}).item() == pytest.approx(against_every_member)
+    assert ft.GaussianKL()(heads, {"teacher_gaussians": teacher}).item() == pytest.approx(per_head)
+    assert ft.GaussianKL()(one, {"teacher_gaussians": teacher}).item() == pytest.approx(against_every_member)
     assert per_head != pytest.approx(against_every_member)
 
 
@@ -280,8 +280,19 @@ def test_regression_distils_gaussian_heads_and_keeps_the_epistemic_spread():
     ensemble = MultiHeadMLP(1, 2, body=(), head=(32,), heads=4, regression=True, seed=0)
     ft.train(ensemble, data, ft.TrainConfig(epochs=60, lr=1e-2, warmup=0.0), loss=ft.GaussianNLL(), progress=False)
     transfer = attach_teacher(data, ensemble)
-    assert transfer[0]["teacher_outputs"].shape == (32, 4, 2)
+    assert transfer[0]["teacher_gaussians"].shape == (32, 4, 2) and "teacher_outputs" not in transfer[0]
     config = ft.TrainConfig(epochs=60, lr=1e-2, warmup=0.0)
+    # (B, M, 2) alone does not tell Gaussians from two classes: each kind of student refuses the other's teacher
+    two_classes = MultiHeadMLP(1, 2, body=(8,), heads=1, seed=1)
+    with pytest.raises(
+        ValueError, match=r"its teacher is a regressor \(member Gaussians\) and this student a classifier"
+    ):
+        distill(two_classes, transfer, phase1=config, phase2=config, progress=False)
+    classifier_teacher = attach_teacher(data[:1], MultiHeadMLP(1, 2, heads=3, seed=2))
+    with pytest.raises(ValueError, match=r"teacher is a classifier \(member logits\) and this student a regressor"):
+        distill(MultiHeadMLP(1, 2, heads=1, regression=True), classifier_teacher, phase1=config, phase2=config)
+    with pytest.raises(ValueError, match="no temperature"):
+        distill(MultiHeadMLP(1, 2, heads=1, regression=True), transfer, phase1=config, phase2=config, temperature=2)
     student = MultiHeadMLP(1, 2, body=(32,), head=(8,), heads=1, regression=True, seed=1)
     result = distill(student, transfer, phase1=config, phase2=config, val_loader=data[:2], progress=False)
     outside = torch.linspace(2.5, 4.0, 50)[:, None]  # beyond the data: the members' means spread apart

@@ -109,8 +109,8 @@ def run(args: argparse.Namespace) -> int:
         transfer = attach_teacher(transfer, teacher, progress=not args.quiet)  # the teacher runs once, here
     except ValueError as error:  # members that change from call to call (MC dropout)
         raise CommandError(f"--teacher {str(teacher_dir)!r}: {error}") from None
-    members = transfer[0]["teacher_outputs"].shape[1]
-    examples = sum(len(batch["teacher_outputs"]) for batch in transfer)
+    taught = [batch.get("teacher_outputs", batch.get("teacher_gaussians")) for batch in transfer]  # distill checks
+    members, examples = taught[0].shape[1], sum(len(outputs) for outputs in taught)  # which kind the student takes
     print(f"teacher: {members} members; their outputs computed on {examples} transfer inputs")
     try:
         result = distill(

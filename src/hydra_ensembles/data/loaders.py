@@ -21,9 +21,10 @@ Batch = Mapping[str, Any]
 
 _TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 # What a batch may carry besides the model's inputs: what training losses read, never fed to the model.
-# labels (B,): classes; teacher_outputs (B, M, C): a teacher's member logits (or (B, M, 2) Gaussians) on this batch;
-# image_embeds (B, P): the paired images' embeddings, for training a text tower contrastively.
-TARGETS = ("labels", "teacher_outputs", "image_embeds")
+# labels (B,): classes; teacher_outputs (B, M, C): a teacher's member logits on this batch; teacher_gaussians
+# (B, M, 2): a regressor teacher's member (mean, log-variance), under its own name so that neither kind of student
+# learns the other's; image_embeds (B, P): the paired images' embeddings, for training a text tower contrastively.
+TARGETS = ("labels", "teacher_outputs", "teacher_gaussians", "image_embeds")
 
 
 def materialize(loader: Iterable[Batch], name: str) -> list[Batch]:

@@ -16,6 +16,7 @@ from ..fusion import HydraEnsemble
 from ..io import tensor_digest, weights_digest, write_json_atomic
 from ..outputs import member_outputs_of
 from ..training import DistillKL, GaussianKL, TrainConfig, train
+from ..training.losses import teacher_mismatch
 from .students import MultiHeadMLP
 
 Student = HydraEnsemble | MultiHeadMLP
@@ -49,11 +50,12 @@ def distill(
     Args:
         student: a one-head student: `HydraEnsemble.fuse([model])` for a transformer classifier (the body is
             its first L - head_layers layers), or `MultiHeadMLP(..., heads=1)`. Trained in place in phase 1.
-        train_loader: transfer batches with `teacher_outputs` (B, M, C) (`attach_teacher`): M heads are grown.
+        train_loader: transfer batches with `teacher_outputs` (B, M, C), or `teacher_gaussians` (B, M, 2) for a
+            regression student (`attach_teacher`): M heads are grown.
         phase1, phase2: how long and how each phase trains. With `val_loader` each phase keeps its epoch with
             the best `config.monitor` (use "nll": the probabilistic fit is what distillation is for) and stops
             after `patience` epochs without one ("until convergence").
-        temperature: T of the KL losses (classification; regression uses the Gaussian KL, no temperature).
+        temperature: T of the KL losses (classification; regression uses the Gaussian KL: T must stay 1).
         head_layers: k, the last layers each head of a transformer student owns (0: the classifier alone).
         checkpoint_dir: each phase checkpoints every epoch (and every 10 minutes within one) under it (`phase1/`,
             `phase2/`) and resumes.
@@ -61,20 +63,23 @@ def distill(
     batches = materialize(train_loader, "transfer loader")
     if val_loader is not None:  # read once: both phases validate on it (a generator would be spent by phase 1)
         val_loader = materialize(val_loader, "validation loader")
-    if any(batch.get("teacher_outputs") is None for batch in batches):
-        raise ValueError(
-            "every transfer batch needs 'teacher_outputs': build them with attach_teacher(loader, teacher)."
-        )
+    regression = getattr(student, "regression", False)
+    key = "teacher_gaussians" if regression else "teacher_outputs"  # a student learns its own kind's teacher
+    missing = next((batch for batch in batches if batch.get(key) is None), None)
+    if missing is not None:
+        raise ValueError(f"every transfer batch needs {key!r}: {teacher_mismatch(key, missing)}")
+    if regression and temperature != 1:
+        raise ValueError(f"a regressor is distilled by the Gaussian KL, which has no temperature; got {temperature}.")
     if student.num_members != 1:
         raise ValueError(f"distill starts from a one-head student; this one has {student.num_members} heads.")
-    members = batches[0]["teacher_outputs"].shape[1]
+    members = batches[0][key].shape[1]
     _check_unaugmented(phase1, phase2)
     _check_growth(student, head_layers)  # before phase 1, not after it
-    _check_outputs(student, batches[0])
-    loss = GaussianKL() if getattr(student, "regression", False) else DistillKL(temperature)
+    _check_outputs(student, batches[0], key)
+    loss = GaussianKL() if regression else DistillKL(temperature)
     where = Path(checkpoint_dir) if checkpoint_dir is not None else None
     if where is not None:  # the loop's checkpoints know their config, not the teacher or the student: say which
-        _claim(where, student, batches, members, head_layers, temperature)
+        _claim(where, student, batches, key, members, head_layers, temperature)
     common = {"loss": loss, "val_loader": val_loader, "progress": progress}
     kd = train(
         student, batches, phase1, checkpoint_dir=where and where / "phase1", desc="distil: Hinton head", **common
@@ -115,7 +120,7 @@ def _check_growth(student: nn.Module, head_layers: int) -> None:
 
 
 @torch.no_grad()
-def _check_outputs(student: nn.Module, batch: Batch) -> None:
+def _check_outputs(student: nn.Module, batch: Batch, key: str) -> None:
     """The student must predict what the teacher's members do: as many classes, or a (mean, log-variance) pair."""
     inputs, _ = split_batch(getattr(student, "adapter", None), batch)
     was_training = student.training
@@ -123,7 +128,7 @@ def _check_outputs(student: nn.Module, batch: Batch) -> None:
         produced = member_outputs_of(student.eval()(**inputs)).shape[-1]
     finally:
         student.train(was_training)
-    taught = batch["teacher_outputs"].shape[-1]
+    taught = batch[key].shape[-1]
     if produced != taught:
         raise ValueError(
             f"the teacher's members output {taught} values per input but the student outputs {produced}: a student "
@@ -131,10 +136,12 @@ def _check_outputs(student: nn.Module, batch: Batch) -> None:
         )
 
 
-def _claim(where: Path, student: nn.Module, batches: list[Batch], members: int, head_layers: int, t: float) -> None:
+def _claim(
+    where: Path, student: nn.Module, batches: list[Batch], key: str, members: int, head_layers: int, t: float
+) -> None:
     """Record what the checkpoints under `where` distil; refuse to resume another distillation's."""
     identity = {
-        "teacher_outputs": tensor_digest(batch["teacher_outputs"] for batch in batches),
+        "teacher_outputs": tensor_digest(batch[key] for batch in batches),
         "student": weights_digest(student),
         "members": members,
         "head_layers": head_layers,

@@ -10,20 +10,28 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..data.loaders import Batch, materialize
-from ..outputs import collect_member_logits
+from ..outputs import collect_member_logits, map_batches
 
 
 def attach_teacher(loader: Iterable[Batch], teacher: nn.Module, progress: bool = False) -> list[dict]:
-    """The batches of `loader`, each with the teacher's member outputs on its inputs added as `teacher_outputs`:
-    member logits (B, M, C) of any predictor (a plain classifier is M = 1), or member Gaussians (B, M, 2) of a
-    regressor; float32 on the CPU."""
+    """The batches of `loader`, each with the teacher's member outputs on its inputs added: member logits
+    (B, M, C) of any classifier as `teacher_outputs` (a plain classifier is M = 1), or member Gaussians (B, M, 2)
+    of a regressor as `teacher_gaussians`; float32 on the CPU."""
     batches = materialize(loader, "transfer loader")
     outputs = [
         collect_member_logits(teacher, [batch])
         for batch in tqdm(batches, desc="teacher", disable=not progress, leave=False)
     ]
     _check_fixed_members(teacher, batches[0], outputs[0])
-    return [dict(batch) | {"teacher_outputs": out} for batch, out in zip(batches, outputs)]
+    key = "teacher_gaussians" if _is_regressor(teacher, batches[0]) else "teacher_outputs"
+    return [dict(batch) | {key: out} for batch, out in zip(batches, outputs)]
+
+
+def _is_regressor(teacher: nn.Module, batch: Batch) -> bool:
+    """Whether the teacher's members predict Gaussians (`member_gaussians`) rather than logits: (B, M, 2) alone
+    does not tell a regressor from a two-class classifier."""
+    kinds = map_batches(teacher, [batch], lambda inputs: getattr(teacher(**inputs), "member_gaussians", None), "")
+    return kinds[0] is not None
 
 
 def _check_fixed_members(teacher: nn.Module, batch: Batch, first: Tensor) -> None:

@@ -110,7 +110,7 @@ class DistillKL:
         self.name = f"distill_kl(T={temperature:g})"  # a checkpoint resumes only at the same temperature
 
     def __call__(self, student: Tensor, batch: dict[str, Any]) -> Tensor:
-        student, teacher = _paired(student[:, None] if student.dim() == 2 else student, batch)  # (B, K|M, C)
+        student, teacher = _paired(student[:, None] if student.dim() == 2 else student, batch, "teacher_outputs")
         t = self.temperature
         if student.shape[1] == 1:  # against the mean of the members' (heated) probabilities
             target = F.softmax(teacher / t, dim=-1).mean(dim=1, keepdim=True)  # (B, 1, C)
@@ -132,7 +132,7 @@ class GaussianKL:
     """Distillation of heteroscedastic regressors (paper 001 §2, Regression): (1/M) sum_m KL(N_m || N^_k), in
     closed form (`gaussian_kl`), averaged over the batch. The paper's printed derivation flips the sign of the
     quadratic term; this is the correct form, tested against a Monte-Carlo estimate. Reads the batch's
-    `teacher_outputs` (B, M, 2) (mean, log-variance per member); student (B, K, 2):
+    `teacher_gaussians` (B, M, 2) (mean, log-variance per member; `attach_teacher` of a regressor); student (B, K, 2):
 
     - K = M: head m against member m (Hydra).
     - K = 1: the one head against every member (knowledge distillation, Eq. 5). It differs from
@@ -143,19 +143,16 @@ class GaussianKL:
     name = "gaussian_kl"
 
     def __call__(self, student: Tensor, batch: dict[str, Any]) -> Tensor:
-        student, teacher = _paired(student, batch)  # (B, K, 2), (B, M, 2)
+        student, teacher = _paired(student, batch, "teacher_gaussians")  # (B, K, 2), (B, M, 2)
         return gaussian_kl(teacher[..., 0], teacher[..., 1], student[..., 0], student[..., 1]).mean()
 
 
-def _paired(student: Tensor, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
-    """The student's outputs (B, K, ...) and the batch's teacher outputs (B, M, ...), both at least float32 on
-    the student's device (half precision is computed in float32), with K = 1 or K = M checked."""
-    teacher = batch.get("teacher_outputs")
+def _paired(student: Tensor, batch: dict[str, Any], key: str) -> tuple[Tensor, Tensor]:
+    """The student's outputs (B, K, ...) and the batch's teacher outputs under `key` (B, M, ...), both at least
+    float32 on the student's device (half precision is computed in float32), with K = 1 or K = M checked."""
+    teacher = batch.get(key)
     if teacher is None:
-        raise ValueError(
-            "distillation needs batches with 'teacher_outputs' (B, M, C): attach them with "
-            "hydra_ensembles.distill.attach_teacher(batches, teacher)."
-        )
+        raise ValueError(f"distillation needs batches with {key!r}: {teacher_mismatch(key, batch)}")
     student = student.to(torch.promote_types(student.dtype, torch.float32))
     if student.shape[1] not in (1, teacher.shape[1]):
         raise ValueError(
@@ -163,6 +160,18 @@ def _paired(student: Tensor, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
             "into one head (knowledge distillation) or one head per member (Hydra)."
         )
     return student, teacher.to(student.device, student.dtype)
+
+
+def teacher_mismatch(key: str, batch: dict[str, Any]) -> str:
+    """Why a batch lacks the teacher outputs `key`, and the fix."""
+    other = {"teacher_outputs": "teacher_gaussians", "teacher_gaussians": "teacher_outputs"}[key]
+    kinds = {"teacher_outputs": "a classifier (member logits)", "teacher_gaussians": "a regressor (member Gaussians)"}
+    if batch.get(other) is not None:
+        return (
+            f"its teacher is {kinds[other]} and this student {kinds[key].split(' (')[0]}: distil a classifier's "
+            "ensemble into a classifier, a regressor's into a regressor."
+        )
+    return "attach them with hydra_ensembles.distill.attach_teacher(batches, teacher)."
 
 
 class FeatureMSE:
