@@ -27,7 +27,9 @@ class MultiHeadMLP(nn.Module):
     """A ReLU MLP body (widths `body`) shared by `heads` ReLU MLP heads (hidden widths `head`, then `outputs`).
 
     With body=() every head is a whole network of its own and no parameter is shared: a deep ensemble of M MLPs,
-    trained in one batched pass (each head's loss gradient reaches only that head). With heads=1 it is one MLP.
+    trained in one batched pass (each head's loss gradient reaches only that head; train it with clip=None, since
+    clipping the norm of all parameters together scales each member's step by the others'). With heads=1 it is one
+    MLP.
     Heads are initialised independently (PyTorch's nn.Linear initialisation, from `seed`).
 
     Shapes: inputs (B, D) -> member_logits (B, M, C), C = outputs; with regression=True, member_gaussians

@@ -33,8 +33,14 @@ def spiral(per_class: int = 300, classes: int = 3, noise: float = 0.15, seed: in
 
 
 def spiral_splits(seed: int = 0) -> Splits:
-    """Three independent draws of the spiral (600 / 300 / 600 points) for train, val and test."""
-    return Splits(spiral(200, seed=3 * seed), spiral(100, seed=3 * seed + 1), spiral(200, seed=3 * seed + 2))
+    """Three independent draws of the spiral (600 / 300 / 600 points) for train, val and test, each in a seeded
+    random order: `spiral` lists its points arm by arm, so batches cut in that order held one class each."""
+    draws = [spiral(200, seed=3 * seed), spiral(100, seed=3 * seed + 1), spiral(200, seed=3 * seed + 2)]
+    shuffled = []
+    for i, (x, y) in enumerate(draws):
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(3 * seed + i))
+        shuffled.append((x[order], y[order]))
+    return Splits(*shuffled)
 
 
 def spiral_ood(count: int = 600, seed: int = 0) -> Tensor:
