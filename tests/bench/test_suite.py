@@ -268,3 +268,21 @@ def test_the_table_says_which_differences_the_bootstrap_separates(tiny_task, tmp
     assert len({round(value, 9) for value in members["members"][0]}) > 1  # the members differ: a slice per member
     mean = 100 * sum(members["members"][0]) / len(alone)
     assert f"| Hydra (Circ) | {100 * members['ensemble'][0]:.1f} | {mean:.1f} |" in table
+
+
+def test_a_fused_then_fine_tuned_ensemble_cached_for_other_members_is_refused(tiny_task, tmp_path, monkeypatch):
+    """Its cache name digests member 0's head map alone: members 1.. drawn anew (another circuit or pool) loaded the
+    old ensemble, and its weights digest matched, being its own."""
+    seed_cache = runner.seed_dir(tmp_path / "cache", tiny_task, 0)
+    row = "Hydra (Circ), fused then fine-tuned"
+    first = suite.BUILDS[row](suite.Pieces(runner.SeedRun(tiny_task, 0, seed_cache, progress=False)))
+    drawn = suite.sample_members
+
+    def reordered(*args, **kwargs):  # member 0 as before, the others in another order
+        maps = drawn(*args, **kwargs)
+        return [maps[0], *reversed(maps[1:])]
+
+    monkeypatch.setattr(suite, "sample_members", reordered)
+    assert len(first.predictor.head_maps) > 2 and first.predictor.head_maps[1] != first.predictor.head_maps[2]
+    with pytest.raises(RuntimeError, match="other members' head maps than this run draws.*delete that folder"):
+        suite.BUILDS[row](suite.Pieces(runner.SeedRun(tiny_task, 0, seed_cache, progress=False)))

@@ -86,6 +86,8 @@ def test_flags_that_do_not_apply_to_a_task_are_refused_not_ignored():
         (["bench", "distill-image", "--prune-per-layer", "2"], "--prune-per-layer applies to the suite and amp-*"),
         (["bench", "image-dinov2", "--latency-seeds", "0", "1"], "--latency-seeds appl(y) to the amp-* experiments"),
         (["bench", "text", "--tables", "free", "--deltas", "0.1"], "--deltas, --tables appl(y) to the amp-*"),
+        (["bench", "text", "--head-sweep", "2", "--rows", "Single"], "measures its own rows"),
+        (["bench", "amp-text", "--recovery-epochs", "0"], "--recovery-epochs must be at least 1, got 0"),
     ):
         with pytest.raises(CommandError, match=re.escape(named)):
             bench.run(parser.parse_args(argv))

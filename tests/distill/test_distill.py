@@ -270,6 +270,9 @@ def test_distill_refuses_batches_without_teacher_outputs():
     x, y = _blobs(8, 0)
     with pytest.raises(ValueError, match="attach_teacher"):
         distill(MultiHeadMLP(2, 3), _batches(x, y), phase1=ft.TrainConfig(), phase2=ft.TrainConfig(), progress=False)
+    one_member = attach_teacher(_batches(x, y), MultiHeadMLP(2, 3, heads=1, seed=3))
+    with pytest.raises(ValueError, match="the teacher has one member"):
+        distill(MultiHeadMLP(2, 3), one_member, phase1=ft.TrainConfig(), phase2=ft.TrainConfig(), progress=False)
 
 
 def test_regression_distils_gaussian_heads_and_keeps_the_epistemic_spread():

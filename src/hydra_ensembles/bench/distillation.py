@@ -322,7 +322,7 @@ def benchmark_experiment(
     progress: bool = True,
     head_layers: int = 1,
 ):
-    """`benchmark_seed` of every seed, as distill-<task> (distill-<task>-k<k> for `head_layers` k > 1)."""
+    """`benchmark_seed` of every seed, as distill-<task> (distill-<task>-k<k> for `head_layers` k other than 1)."""
 
     def seed_rows(seed: int) -> dict[str, dict]:
         seed_cache = runner.seed_dir(cache, task, seed)

@@ -405,9 +405,7 @@ def _taylor(p: Pieces, fine_tune: bool = True) -> Built:
 
 def _circuit(p: Pieces, criterion: str, fine_tune: bool = True) -> Built:
     budget = p.task.prune_per_layer
-    recorded = {"heads": f"{p.heads - budget} (avg)"}
-    if criterion == "avg":
-        recorded["circuit_search"] = _search(p.circuit())
+    recorded = {"heads": f"{p.heads - budget} (avg)", "circuit_search": _search(p.circuit(criterion))}
     return Built(_circuit_pruned(p, budget, fine_tune, criterion), recorded)
 
 
@@ -455,6 +453,11 @@ def _hydra_circ_fused_first(p: Pieces, trunk: float = 0.0) -> Built:
         return p.fine_tuned(ensemble, name, p.seed, train=finetune_fused)
 
     ensemble = p.trained(name, build, checkpoint=name)
+    if ensemble.head_maps != head_maps:  # the name digests member 0's map alone (kept: it names the caches made)
+        raise RuntimeError(
+            f"the ensemble cached as {p.cache / 'models' / name} has other members' head maps than this run draws "
+            "(the circuit or its pool changed): delete that folder to fine-tune this run's members."
+        )
     return _ensemble_row(ensemble, "average", recorded | ({"trunk": ensemble.trunk} if shared else {}))
 
 

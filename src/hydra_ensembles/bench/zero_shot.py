@@ -1,7 +1,9 @@
-"""Zero-shot Hydra Ensembles of a two-tower model, without any training (paper 000 §5.3, §C.3, §D.3, §E.3.2; the
-shape of Table 3): the rows of `ROWS`, all from one two-tower model and the task's class prompts. Circuits are exact
-(the fast search, per tower). Seeds are pruning seeds: the rows that sample members change with the seed; Single,
-Temp. scaling, Taylor and CircAvg do not (their ± is 0 by construction). Everything is cached, so a run resumes.
+"""Zero-shot Hydra Ensembles of a two-tower model, without any training (paper 000 §5.3, §C.3, §D.3, §E.3.2; the shape
+of Table 3): the rows of `ROWS`, all from one two-tower model and the task's class prompts. Circuits are exact (the
+fast search): one joint circuit over both towers' heads, and one over the image tower's for the image-only row;
+their ties are decided by (layer, head) order, the rule the recorded circuits were ranked by. Seeds are pruning
+seeds: the rows that sample members change with the seed; Single, Temp. scaling, Taylor and CircAvg do not (their ±
+is 0 by construction). Everything is cached, so a run resumes.
 """
 
 from __future__ import annotations

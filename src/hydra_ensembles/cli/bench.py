@@ -175,6 +175,10 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.head_sweep and args.cost_curve:
         raise CommandError("--head-sweep and --cost-curve each replace the table: give one of them.")
+    if args.head_sweep and args.rows:
+        raise CommandError("--head-sweep measures its own rows (each budget, zero-shot and fine-tuned): drop --rows.")
+    if args.recovery_epochs is not None and args.recovery_epochs < 1:
+        raise CommandError(f"--recovery-epochs must be at least 1, got {args.recovery_epochs}.")
     if args.prune_per_layer is not None and args.task not in TASKS and args.task not in AMP:
         raise CommandError(f"--prune-per-layer applies to the suite and amp-* tables, not to {args.task}.")
     if args.task in DISTILL:
@@ -319,7 +323,8 @@ def _amp(args: argparse.Namespace) -> int:
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     out = args.out or Path("benchmarks") / "results" / (args.task + _suffix(args))
     cache = (args.cache or cache_dir() / "bench") / ("quick" if args.quick else "full")
-    recovery = amp.AMP_RECOVERY.with_(epochs=args.recovery_epochs or amp.AMP_RECOVERY.epochs)
+    epochs = args.recovery_epochs if args.recovery_epochs is not None else amp.AMP_RECOVERY.epochs
+    recovery = amp.AMP_RECOVERY.with_(epochs=epochs)
     with _records(args, cache, task) as go_on:
         if not go_on:
             return 0

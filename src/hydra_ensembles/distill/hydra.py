@@ -73,6 +73,11 @@ def distill(
     if student.num_members != 1:
         raise ValueError(f"distill starts from a one-head student; this one has {student.num_members} heads.")
     members = batches[0][key].shape[1]
+    if members < 2:
+        raise ValueError(
+            "the teacher has one member: the Hydra phase would repeat the knowledge-distillation phase. Distil an "
+            "ensemble (a deep ensemble, a Hydra Ensemble, ...), or train one student against it with DistillKL."
+        )
     _check_unaugmented(phase1, phase2)
     _check_growth(student, head_layers)  # before phase 1, not after it
     _check_outputs(student, batches[0], key)
