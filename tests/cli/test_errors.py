@@ -268,6 +268,13 @@ def test_a_two_tower_model_is_refused_where_a_classifier_of_its_own_classes_is_n
         assert "model_type" not in message and not (tmp_path / "o").exists()
 
 
+def test_towers_on_a_one_tower_model_is_refused_not_ignored(tmp_path, classifier, text_files):
+    data = ["--data", str(text_files["val"]), "--ood", str(text_files["ood"])]
+    args = ["circuit", "--model", str(classifier), *data, "--out", str(tmp_path / "o")]
+    assert "--towers applies to a two-tower model run zero-shot" in fails(*args, "--towers", "image")
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_circuit_search_that_fits_no_time_budget_is_refused_before_it_starts(tmp_path, classifier, text_files):
     """`auto` probes, predicts and refuses before any step, naming what fits; `--max-examples` subsamples."""
     data = ["--data", str(text_files["val"]), "--ood", str(text_files["ood"])]

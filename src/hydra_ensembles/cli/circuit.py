@@ -102,9 +102,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--towers",
         choices=("image,text", "image"),
-        default="image,text",
         metavar="TOWERS",
-        help="two-tower models: whose heads the circuit ranks, 'image,text' (both) or 'image'",
+        help="two-tower models run zero-shot (--classes): whose heads the circuit ranks, 'image,text' (both, the "
+        "default) or 'image'",
     )
     add_output_options(parser)
     add_data_options(parser)
@@ -119,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
     check_one_model(model_dir, "circuit", two_tower=True)
     if CRITERIA[args.criterion].needs_ood and not args.ood:  # before the step starts: nothing loaded, nothing left
         raise CommandError(f"criterion {args.criterion!r} needs OOD validation data: pass --ood PATH.")
+    if args.towers is not None and args.classes is None:  # a one-tower model's circuit has no towers to choose
+        raise CommandError("--towers applies to a two-tower model run zero-shot (with --classes); drop it here.")
+    args.towers = args.towers or "image,text"
     settings = {
         "model": fingerprint_path(model_dir, "--model"),
         "data": fingerprint_path(args.data, "--data"),
