@@ -192,3 +192,20 @@ def test_zero_shot_class_files_are_utf8_txt_and_another_file_is_refused(tmp_path
     (tmp_path / "classes.csv").write_text("a,b\n")
     with pytest.raises(CommandError, match="is a file: give the entries in a .txt file"):
         zero_shot_options(argparse.Namespace(classes=str(tmp_path / "classes.csv"), templates=None))
+
+
+def test_texts_cut_counts_what_the_token_limit_cuts(capsys):
+    """--max-length cut long texts without a word: the count is said now."""
+    from conftest import build_clip_tokenizer
+
+    from hydra_ensembles.data.files import text_batches, texts_cut
+
+    tokenizer = build_clip_tokenizer(max_length=24)  # letters: a word of n letters is n tokens, plus BOS and EOS
+    texts = ["cat", "abcdefgh", "abcdefghijklmnopqrstuvwxyz"]
+    lengths = [
+        int(batch["attention_mask"].sum()) for batch in text_batches(tokenizer, texts, batch_size=1, max_length=8)
+    ]
+    assert lengths == [3, 8, 8]  # "cat" is one merged token; the others reach the limit
+    assert texts_cut(tokenizer, texts, max_length=8) == 2
+    assert texts_cut(tokenizer, texts, max_length=10) == 1  # 8 letters + 2 special tokens fit in 10
+    assert texts_cut(tokenizer, texts, max_length=100) == 1  # the tokenizer's own limit (24) is the lower

@@ -257,7 +257,14 @@ def read_data(
     if labelled is None and args.label_column != LABEL_COLUMN and Path(source).is_file():
         labelled = True
     kind, preprocessor = load_preprocessor(model_dir)
-    return read_encoded(source, kind, preprocessor, config, labelled=labelled, flag=flag, **data_settings(args))
+    encoded = read_encoded(source, kind, preprocessor, config, labelled=labelled, flag=flag, **data_settings(args))
+    if encoded.cut:  # said, not refused: the model reads each cut text's beginning
+        limit = min(args.max_length, preprocessor.model_max_length)
+        print(
+            f"{flag} {str(source)!r}: {encoded.cut} of {len(encoded.examples.inputs)} texts are longer than {limit} "
+            "tokens and were cut there (raise --max-length to keep more)"
+        )
+    return encoded
 
 
 def named_sources(values: list[str] | None, flag: str) -> dict[str, str]:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import transformers
 from PIL import Image, ImageOps
 
 TEXT_SUFFIXES = (".csv", ".tsv", ".jsonl", ".txt")
@@ -270,10 +271,12 @@ def _is_int(name: str) -> bool:
 
 @dataclass
 class Encoded:
-    """One data source, read and encoded for one model: `batches` are dicts of model inputs (+ labels)."""
+    """One data source, read and encoded for one model: `batches` are dicts of model inputs (+ labels); `cut`:
+    how many texts were longer than the token limit and lost their end."""
 
     examples: Examples
     batches: list[dict[str, torch.Tensor]]
+    cut: int = 0
 
 
 def read_encoded(
@@ -300,7 +303,8 @@ def read_encoded(
         except ValueError as error:
             raise ValueError(f"{flag} {str(path)!r}: {error}") from None
     if kind == "text":
-        return Encoded(examples, text_batches(preprocessor, examples.inputs, labels, batch_size, max_length))
+        batches = text_batches(preprocessor, examples.inputs, labels, batch_size, max_length)
+        return Encoded(examples, batches, cut=texts_cut(preprocessor, examples.inputs, max_length))
     channels = getattr(config, "num_channels", 3)
     return Encoded(examples, image_batches(preprocessor, examples.inputs, labels, batch_size, channels))
 
@@ -321,6 +325,18 @@ def text_batches(
             )
         ),
     )
+
+
+def texts_cut(tokenizer, texts: Sequence[str], max_length: int = 128) -> int:
+    """How many of `texts` `text_batches` cuts: longer than `max_length` tokens (or the model's positions)."""
+    limit = min(max_length, tokenizer.model_max_length)
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # the untruncated lengths are measured, never fed to the model
+    try:
+        lengths = tokenizer(list(texts), truncation=False, return_length=True)["length"]
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    return sum(length > limit for length in lengths)
 
 
 def image_batches(
