@@ -112,6 +112,10 @@ def test_training_through_the_loop_is_seeded_and_a_killed_run_resumes_to_the_sam
         not torch.equal(a, u) for a, u in zip(uninterrupted.state_dict().values(), untrained.state_dict().values())
     )
     assert not resumed.training and len(resumed.training_history) == 2
+    with killed_at_step(5):
+        train_mimo(mimo(model, seed=0), labelled_batches(), RECIPE, checkpoint_dir=tmp_path / "b", progress=False)
+    with pytest.raises(ValueError, match="another model training setting .MIMO's rho"):  # same weights, other draws
+        train_mimo(mimo(model, rho=0.25, seed=0), labelled_batches(), RECIPE, checkpoint_dir=tmp_path / "b")
 
 
 def test_saves_loads_and_counts_its_costs(tmp_path):

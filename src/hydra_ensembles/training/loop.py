@@ -122,6 +122,8 @@ def train(
             identity |= {"train_batches": len(batches)} | ({"loss_key": loss.key()} if hasattr(loss, "key") else {})
             # what trains (the optimiser's state is per parameter) and on how many processes (dropout's streams)
             identity |= {"trainable": _trainable_names(model), "world": world_size()}
+            # how the model itself trains, where its weights do not say (MIMO's input repetition)
+            identity |= {"model_key": model.training_key()} if hasattr(model, "training_key") else {}
         state = {"epoch": 0, "history": [], "best": None, "best_epoch": None, "best_score": -math.inf, "stale": 0}
         if path is not None and path.exists():
             state = _resume(path, model, optimizer, schedule, identity)
@@ -460,6 +462,7 @@ def _resume(path: Path, model, optimizer, schedule, identity: dict) -> dict:
         ("loss_key", "loss setting (label smoothing, teacher)"),
         ("trainable", "set of trainable parameters (what is frozen)"),
         ("world", "number of processes"),
+        ("model_key", "model training setting (MIMO's rho or batch repetition)"),
     ):
         if key in payload and payload[key] != identity.get(key):  # a checkpoint written before a key: trusted
             raise ValueError(

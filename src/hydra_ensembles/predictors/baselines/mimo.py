@@ -99,6 +99,10 @@ class MIMO(Wrapper):
     def num_members(self) -> int:
         return self.members
 
+    def training_key(self) -> dict[str, float]:
+        """What training draws by, beyond the weights: a checkpoint resumes only under the same (`training.train`)."""
+        return {"rho": self.rho, "batch_repetition": self.batch_repetition}
+
     def forward(self, pixel_values: Tensor, **inputs) -> PredictorOutput | MIMOTrainingOutput:
         """pixel_values (B, c, H, W). Eval: member logits (B, M, C) of the image at every input. Training: each
         member's logits on its own draw of the repeated batch, with the draws (`MIMOTrainingOutput`)."""
