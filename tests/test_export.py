@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers as T
-from conftest import SENTENCES, at_trained_scale, make_inputs, perturb, random_head_maps
+from conftest import IMAGE, SENTENCES, SIZES, at_trained_scale, make_inputs, perturb, random_head_maps
 from tolerances import CONTRACT, DEFECT
 
 import hydra_ensembles as he
@@ -33,11 +33,13 @@ FAMILIES = ["bert", "vit", "mpnet"]
 
 
 def shapes(family: str) -> list[dict[str, torch.Tensor]]:
-    """Inputs of two batch sizes (and, for text, two sequence lengths), none the example's (4 x 10)."""
+    """Inputs of three batch sizes, one of them 1 (and, for text, two sequence lengths), none the example's
+    (4 x 10)."""
     first, second = make_inputs(family, batch=2, seed=2), make_inputs(family, batch=5, seed=3)
     if "input_ids" in second:
         second = {k: v[:, :7] for k, v in second.items()}  # rows 2 (4 tokens) and 3 (9) stay padded
-    return [first, second]
+    one = {k: v[1:2] for k, v in first.items()}  # a graph traced at B = 4 must not have fixed B > 1 anywhere
+    return [first, second, one]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -130,13 +132,20 @@ def test_export_refuses_a_wrapper_and_a_one_row_example(tmp_path):
     assert not list(tmp_path.iterdir())  # nothing half-written
 
 
-def test_cli_export_of_a_saved_image_classifier_runs_in_onnx_runtime(tmp_path):
-    """The example is made by the saved image processor (two images it resizes to the model's 16 x 16)."""
-    model = he.build_members(at_trained_scale("vit"), random_head_maps(1, seed=2, min_heads=1))[0]
+@pytest.mark.parametrize("channels", [3, 1])
+def test_cli_export_of_a_saved_image_classifier_runs_in_onnx_runtime(tmp_path, channels):
+    """The example is made by the saved image processor (two images it resizes to the model's 16 x 16), with the
+    model's channels: a greyscale model was traced on RGB examples and refused."""
+    torch.manual_seed(0)
+    model = T.ViTForImageClassification(T.ViTConfig(**(IMAGE | {"num_channels": channels}), **SIZES, num_labels=5))
+    model = he.build_members(model, random_head_maps(1, seed=2, min_heads=1))[0].eval()
     save_predictor(model, tmp_path / "vit")
-    T.ViTImageProcessor(size={"height": 16, "width": 16}).save_pretrained(tmp_path / "vit")
+    mean, std = [0.5] * channels, [0.5] * channels
+    T.ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=mean, image_std=std).save_pretrained(
+        tmp_path / "vit"
+    )
     assert main(["export", str(tmp_path / "vit"), str(tmp_path / "vit.onnx")]) == 0
-    inputs = {"pixel_values": torch.randn(3, 3, 16, 16)}
+    inputs = {"pixel_values": torch.randn(3, channels, 16, 16)}
     with torch.no_grad():
         expected = model(**inputs).logits[:, None]
     assert (onnx_outputs(tmp_path / "vit.onnx", inputs) - expected).abs().max() <= CONTRACT

@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from PIL import Image
 
+from ..data.files import image_batches
 from ..export import export_onnx, output_name
-from ..predictors import load_predictor, load_preprocessor
+from ..predictors import load_predictor, load_preprocessor, model_config
 from .common import CommandError
 from .step import check_model_dir
 
@@ -37,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.is_dir():
         raise CommandError(f"OUT {str(out)!r} is a directory; give a file name such as model.onnx.")
-    predictor, example = load_predictor(model_dir), example_inputs(model_dir)
+    predictor = load_predictor(model_dir)
+    example = example_inputs(model_dir, getattr(model_config(predictor), "num_channels", 3))
     export_onnx(predictor, out, example)
     output = output_name(predictor)
     shape = "(B, M, C)" if output == "member_logits" else "(B, M, D)"
@@ -45,11 +45,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def example_inputs(model_dir: Path) -> dict[str, Any]:
-    """Two examples made by the tokenizer or image processor saved in `model_dir`."""
+def example_inputs(model_dir: Path, channels: int = 3) -> dict[str, Any]:
+    """Two examples made by the tokenizer or image processor saved in `model_dir`; images with the model's
+    `channels` (its config.num_channels), as `hydra-ens predict` would make them."""
     kind, preprocessor = load_preprocessor(model_dir)
     if kind == "text":
         return dict(preprocessor(list(EXAMPLE_TEXTS), padding=True, return_tensors="pt"))
     noise = np.random.default_rng(0).integers(0, 256, (2, 224, 224, 3), dtype=np.uint8)
-    pixels = preprocessor(images=[Image.fromarray(image) for image in noise], return_tensors="pt")["pixel_values"]
-    return {"pixel_values": torch.as_tensor(pixels)}
+    return {"pixel_values": image_batches(preprocessor, noise, batch_size=2, channels=channels)[0]["pixel_values"]}
