@@ -10,7 +10,9 @@ model at batch 1, 25 ms under autocast, 23 ms cast, 37 ms fp32; a fused M = 3 en
 530 ms). Autocast keeps layer norms, softmax and everything after the logits in fp32 / float64, so it moved the
 logits half as far (0.4-0.6 % of their largest magnitude on the tiny test models, cast 1.1-1.2 %), and it runs
 every predictor unchanged: inputs, calibration maps, feature detectors and float64 buffers need no cast. What
-comes out is fp32 whatever ran inside (an HF head's bf16 logits cast up), so every row's logits share a precision.
+comes out is fp32 whatever ran inside (an HF head's bf16 logits cast up), so every row's logits share a dtype. The
+values keep bf16's rounding (a zero-shot ensemble's scaled cosines aside, which run in fp32): max-logit and energy
+scores tie more often than in fp32, so OOD metrics measured in bf16 carry those ties.
 
 Compiled is `torch.compile(dynamic=True)` of the prepared module (in its place: the predictor itself is left
 eager), so that batches of other sizes and lengths reuse one graph. Compiling takes seconds to minutes on a CPU
@@ -65,6 +67,7 @@ class Prepared(ModelWrapper):
             output = self.model(**inputs)
         return _in_fp32(output)
 
+    @torch.no_grad()  # scores, not a graph of the whole forward pass (map_batches adds it; a direct call did not)
     def ood_scores(self, inputs: Mapping[str, Any], name: str) -> tuple[Tensor, Tensor]:
         """A feature score (`evaluation.scores.collect_scores`) at this precision, eager: the fitted detectors'
         own pass (member logits (B, M, C), scores (B,)), the logits from the whole predictor when a wrapper
@@ -136,9 +139,9 @@ def describe(predictor: nn.Module) -> str:
 
 def _in_fp32(output: Any) -> Any:
     """`output` with its low-precision floating tensors in float32: an HF classifier's head under autocast returns
-    bf16 logits where the fused engine's (run outside autocast) are fp32, and bf16 logits tie far more often
-    (max-logit and energy scores), so every predictor hands back fp32 whatever ran inside. A tensor, a mapping
-    (HF outputs) or a dataclass (`PredictorOutput`) of tensors; anything else as it is."""
+    bf16 logits, so every predictor hands back one dtype whatever ran inside (the values keep their bf16 rounding
+    and its ties). A tensor, a mapping (HF outputs) or a dataclass (`PredictorOutput`) of tensors; anything else as
+    it is."""
     if isinstance(output, Tensor):
         return output.float() if output.is_floating_point() and output.dtype != torch.float64 else output
     if isinstance(output, Mapping):

@@ -199,3 +199,5 @@ def test_labels_out_of_range_are_refused_by_every_map(method):
         labels = torch.tensor([0, 1, 2] * 3 + [0, 1, bad])
         with pytest.raises(ValueError, match=r"integer class ids in \[0, 3\)"):
             P.fit_calibration(method, logits, labels)
+    with pytest.raises(ValueError, match=r"labels \(N,\); got \(12, 2, 3\) and \(12, 1\)"):  # broadcast to (N, N, M)
+        P.fit_calibration(method, logits, torch.tensor([0, 1, 2] * 4)[:, None])

@@ -149,9 +149,12 @@ def test_a_baseline_that_is_its_own_method_says_so_in_its_title():
             he.predictors.batch_ensemble(bert, members=2),
         ),
     ]
+    calibrated = he.predictors.Calibrated(titles[0][1], he.predictors.TemperatureScaling(1.5))  # titled under it
+    titles.append((titles[0][0], calibrated))
     for title, predictor in titles:
         text = model_card.card_text(predictor)
         assert f"# {title}" in text and "Hydra Ensemble" not in text.split("\n## ")[0]
+    assert "fused (calibrated)\n" in model_card.card_text(calibrated)
 
 
 def test_a_packed_ensemble_card_compares_with_the_full_width_model_and_names_no_heads(tmp_path):

@@ -85,7 +85,9 @@ def test_class_embeddings_and_logits_follow_the_definition(family, clip_tokenize
     with pytest.raises(ValueError, match="same number of members"):
         zero_shot_ensemble(two_tower, CLASSES, tokenizer, TEMPLATES, random_head_maps(3), random_head_maps(2))
     one, other = random_head_maps(1, seed=5)[0], random_head_maps(1, seed=6)[0]
-    for image_maps, text_maps in (([one] * 3, [other] * 3), ([one] * 2, None)):  # would collapse to M = 1
+    whole_layer_0 = dict(one) | {0: list(range(HEADS))}  # and the same map with layer 0 left out (kept whole)
+    same = [whole_layer_0, {layer: heads for layer, heads in whole_layer_0.items() if layer != 0}]
+    for image_maps, text_maps in (([one] * 3, [other] * 3), ([one] * 2, None), (same, None)):
         with pytest.raises(ValueError, match="same .image, text. heads: identical members"):
             zero_shot_ensemble(two_tower, CLASSES, tokenizer, TEMPLATES, image_maps, text_maps)
     repeated_text = zero_shot_ensemble(two_tower, CLASSES, tokenizer, TEMPLATES, [one, other], [other, other])
@@ -281,3 +283,17 @@ def test_a_bf16_two_tower_model_classifies_before_and_after_a_save(family, tmp_p
     assert loaded.image.projection.weight.dtype == torch.bfloat16
     after = zero_shot_ensemble(loaded, CLASSES, clip_tokenizer, TEMPLATES)(**inputs).member_logits
     assert torch.equal(before, after)
+
+
+def test_bf16_inference_keeps_the_scaled_cosines_in_fp32(clip_tokenizer):
+    """Under bf16 autocast the projection, normalisation and cosines ran in bf16 and were then multiplied by the
+    logit scale (~100 for CLIP): logits moved by tenths and 170 of 300 max-logits tied."""
+    from hydra_ensembles.inference import prepare
+
+    two_tower = TwoTowerModel.from_clip(TWO_TOWERS["clip"]())
+    two_tower.logit_scale = 100.0
+    ensemble = zero_shot_ensemble(two_tower, ["cat", "dog", "small red car", "tree"], clip_tokenizer, ["a {}."])
+    inputs = {"pixel_values": torch.randn(300, 3, 16, 16, generator=torch.Generator().manual_seed(0))}
+    with torch.no_grad():
+        bf16 = prepare(ensemble, "bf16")(**inputs).member_logits[:, 0]
+    assert bf16.dtype == torch.float32 and bf16.max(-1).values.unique().numel() == 300

@@ -89,6 +89,8 @@ def test_a_batch_ensemble_gives_each_members_own_features():
     scored = fit_feature_scores(ensemble, _batches("bert"), **SETTINGS)
     logits, scores = collect_scores(scored, [inputs], "mds")
     assert logits.shape == (4, 2, 3) and scores.shape == (4,) and torch.isfinite(scores).all()
+    direct = scored.ood_scores(inputs, "mds")  # called from Python: scores, not the forward pass's graph
+    assert not any(t.requires_grad for t in direct) and torch.allclose(direct[1], scores)
 
 
 def test_an_ensembles_score_is_the_mean_of_its_members_scores():

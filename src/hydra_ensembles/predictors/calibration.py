@@ -505,7 +505,7 @@ def _validation(member_logits: Tensor, labels: Tensor, method: str) -> tuple[Ten
     """Checked float64 member logits (N, M, C) and long labels (N,), detached."""
     if len(labels) == 0:
         raise ValueError(f"{method} needs held-out examples; got none.")
-    if member_logits.dim() != 3 or member_logits.shape[0] != len(labels):
+    if member_logits.dim() != 3 or labels.dim() != 1 or member_logits.shape[0] != len(labels):
         raise ValueError(
             f"{method} takes member logits (N, M, C) and labels (N,); got {tuple(member_logits.shape)} and "
             f"{tuple(labels.shape)}."

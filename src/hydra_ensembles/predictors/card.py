@@ -89,14 +89,17 @@ def _header(inner: nn.Module) -> list[str]:
 def _title(predictor: nn.Module, inner: nn.Module, base: nn.Module | None) -> str:
     """A kind that is its own method (a baseline built on a model) names itself (its `title`); else the title says
     what the model is, and which wrappers sit over it."""
-    what = _model_name(inner)
-    if (own := getattr(predictor, "title", None)) is not None:
-        return own.format(members=predictor.num_members, model=what)
+    what, chain = _model_name(inner), wrapper_chain(predictor)
+    owner = next((m for m in chain if getattr(m, "title", None) is not None), None)  # under a calibration too
+    if owner is not None:
+        wrappers = [getattr(m, "kind", type(m).__name__) for m in chain[: chain.index(owner)]]
+        title = owner.title.format(members=owner.num_members, model=what)
+        return title + (f" ({' + '.join(wrappers)})" if wrappers else "")
     if isinstance(inner, HydraEnsemble):
         title = f"A Hydra Ensemble of {inner.num_members} pruned {what} members, fused"
     else:
         title = f"{'A pruned' if base is not None and _is_pruned(inner, base) else 'A'} {what}"
-    wrappers = [getattr(m, "kind", type(m).__name__) for m in wrapper_chain(predictor)[:-1]]
+    wrappers = [getattr(m, "kind", type(m).__name__) for m in chain[:-1]]
     return title + (f" ({' + '.join(wrappers)})" if wrappers else "")
 
 

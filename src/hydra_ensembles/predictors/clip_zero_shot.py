@@ -64,7 +64,16 @@ class Tower(nn.Module):
             pooled = self.encoder(**inputs).member_pooled  # (B, M, d)
         else:
             pooled = get_adapter(self.encoder).output(self.encoder, inputs)[:, None]  # (B, 1, d)
-        return F.normalize(self.projection(pooled), dim=-1)
+        return project(self.projection, pooled)
+
+
+def project(projection: nn.Linear, pooled: Tensor) -> Tensor:
+    """`projection(pooled)`, normalised, in float32 at least and outside autocast: the cosines are scaled by the
+    logit scale (about 100 for CLIP), so bf16's rounding of them would move the logits by tenths (and tie them)."""
+    dtype = torch.promote_types(pooled.dtype, torch.float32)
+    bias = projection.bias.to(dtype) if projection.bias is not None else None
+    with torch.autocast(pooled.device.type, enabled=False):
+        return F.normalize(F.linear(pooled.to(dtype), projection.weight.to(dtype), bias), dim=-1)
 
 
 def identity_projection(dim: int, dtype: torch.dtype = torch.float32) -> nn.Linear:
@@ -116,8 +125,8 @@ class TwoTowerModel(nn.Module):
         """image/ and text/ (HF checkpoints), projections.safetensors, two_tower.json; atomically."""
 
         def write(tmp: Path) -> None:
-            save_predictor(self.image.encoder, tmp / "image")
-            save_predictor(self.text.encoder, tmp / "text")
+            save_predictor(self.image.encoder, tmp / "image", card=False)  # cards cost an unpruned copy
+            save_predictor(self.text.encoder, tmp / "text", card=False)
             _save_projections(tmp, self.image.projection, self.text.projection)
             write_json_atomic(tmp / TWO_TOWER_FILE, {"logit_scale": self.logit_scale, "logit_bias": self.logit_bias})
 
@@ -236,8 +245,9 @@ class ZeroShotEnsemble(nn.Module):
         classes = self.embeddings[min(member, len(self.embeddings) - 1)]  # (C, P)
 
         def logits(pooled: Tensor) -> Tensor:
-            image = F.normalize(self.image.projection(pooled), dim=-1)
-            return self.logit_scale * image @ classes.T.to(pooled.dtype) + self.logit_bias
+            image = project(self.image.projection, pooled)
+            with torch.autocast(pooled.device.type, enabled=False):  # the scaled cosines, as in `project`
+                return self.logit_scale * image @ classes.T.to(image.dtype) + self.logit_bias
 
         return logits
 
@@ -245,7 +255,8 @@ class ZeroShotEnsemble(nn.Module):
         images, classes = self.image(**inputs), self.embeddings  # (B, M or 1, P), (M or 1, C, P)
         members = max(images.shape[1], classes.shape[0])  # a tower left unpruned serves every member
         images, classes = images.expand(-1, members, -1), classes.expand(members, -1, -1).to(images.dtype)
-        logits = self.logit_scale * torch.einsum("bmp,mcp->bmc", images, classes) + self.logit_bias  # (B, M, C)
+        with torch.autocast(images.device.type, enabled=False):  # the scaled cosines, as in `project`
+            logits = self.logit_scale * torch.einsum("bmp,mcp->bmc", images, classes) + self.logit_bias  # (B, M, C)
         return PredictorOutput(member_logits=logits)
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:
@@ -254,7 +265,7 @@ class ZeroShotEnsemble(nn.Module):
 
         def write(tmp: Path) -> None:
             for name, tower in (("image", self.image), ("text", self.text)):
-                save_predictor(tower.encoder, tmp / name)
+                save_predictor(tower.encoder, tmp / name, card=False)  # the wrapper's directory has the card
             _save_projections(tmp, self.image.projection, self.text.projection)
             safetensors.torch.save_file({"embeddings": self.embeddings.contiguous()}, str(tmp / "classes.safetensors"))
             record = {"kind": self.kind, "logit_scale": self.logit_scale, "logit_bias": self.logit_bias}
@@ -293,6 +304,8 @@ def zero_shot_ensemble(
     """A zero-shot classifier of `classes`: the unpruned model (no head maps), or M members pruned from
     `two_tower` — both towers (both lists, one map per member each) or one tower (the other list None: that
     tower unpruned, shared by all members). Each pruned tower's members are fused."""
+    image_head_maps = _completed(two_tower.image, image_head_maps)  # a map that omits a layer keeps it whole:
+    text_head_maps = _completed(two_tower.text, text_head_maps)  # spelt out, equal maps compare equal
     counts = {len(maps) for maps in (image_head_maps, text_head_maps) if maps is not None}
     if len(counts) > 1:
         raise ValueError(f"image and text head maps must give the same number of members, got {sorted(counts)}.")
@@ -330,6 +343,20 @@ def member_logits_one_by_one(
         embeddings = class_embeddings(towers[1], prompts, num_classes)[0]  # (C, P)
         logits.append(two_tower.logit_scale * towers[0](**inputs)[:, 0] @ embeddings.T + two_tower.logit_bias)
     return torch.stack(logits, dim=1)
+
+
+def _completed(tower: Tower, head_maps: Sequence[HeadMap] | None) -> list[HeadMap] | None:
+    """`head_maps` with every layer of the tower, sorted (a layer a map leaves out keeps the heads it has)."""
+    if head_maps is None:
+        return None
+    kept = kept_heads(tower.encoder)
+    return [
+        {
+            layer: sorted(int(h) for h in head_map.get(layer, head_map.get(str(layer), heads)))
+            for layer, heads in kept.items()
+        }
+        for head_map in head_maps
+    ]
 
 
 def _tower(tower: Tower, head_maps: Sequence[HeadMap] | None) -> Tower:

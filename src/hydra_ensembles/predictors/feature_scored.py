@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import safetensors.torch
+import torch
 from torch import Tensor, nn
 
 from ..io import PREDICTOR_FILE
@@ -56,6 +57,7 @@ class FeatureScored(ModelWrapper):
     def forward(self, **inputs: Any) -> Any:
         return self.model(**inputs)
 
+    @torch.no_grad()  # scores, not a graph of the whole forward pass (map_batches adds it; a direct call did not)
     def ood_scores(self, inputs: Mapping[str, Any], name: str) -> tuple[Tensor, Tensor]:
         """Member logits (B, M, C) of the classifier and the OOD score `name` (B,) float64, for model inputs (no
         labels): one forward pass, two when the classifier is a wrapper that changes its logits."""
