@@ -151,3 +151,10 @@ def test_scores_read_the_features_under_a_wrapper_and_the_logits_over_it():
 def test_classifiers_refuses_an_encoder():
     with pytest.raises(ValueError, match="no classifier"):
         classifiers(he.HydraEnsemble.fuse([MODELS["bert_encoder"]()]))
+
+
+def test_mimo_is_refused_with_the_reason_not_a_count_of_classifiers():
+    """MIMO was looked through to its network, whose one classifier has M x C outputs: the error counted 0 final
+    classifiers of C outputs."""
+    with pytest.raises(ValueError, match="MIMO network's members share one feature vector.*logit score"):
+        fit_feature_scores(he.predictors.mimo(MODELS["vit"]()), _batches("vit"), **SETTINGS)

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from ..adapters import get_adapter
 from ..fusion import HydraEnsemble
 from ..outputs import map_batches, member_logits_of
-from .baselines import BatchEnsemble, DeepEnsemble
+from .baselines import MIMO, BatchEnsemble, DeepEnsemble
 from .baselines.batch_ensemble import BatchEnsembleLinear
 from .wrapper import Wrapper
 
@@ -54,6 +54,12 @@ def feature_source(model: nn.Module) -> nn.Module:
     logits is looked through; a deep ensemble or a BatchEnsemble is its own source (its `base` is only its first
     member, or the shared model)."""
     while isinstance(model, Wrapper) and not isinstance(model, (DeepEnsemble, BatchEnsemble)):
+        if isinstance(model, MIMO):  # its network's one classifier has M x C outputs over features of M inputs
+            raise ValueError(
+                "feature-space OOD scores read each member's penultimate features; a MIMO network's members share "
+                "one feature vector of all their inputs (one classifier of M x C outputs). Use a logit score "
+                "(msp, energy, max_logit, mi) for MIMO."
+            )
         model = model.base
     return model
 
