@@ -158,3 +158,18 @@ def test_mimo_is_refused_with_the_reason_not_a_count_of_classifiers():
     classifiers of C outputs."""
     with pytest.raises(ValueError, match="MIMO network's members share one feature vector.*logit score"):
         fit_feature_scores(he.predictors.mimo(MODELS["vit"]()), _batches("vit"), **SETTINGS)
+
+
+def test_detectors_are_fit_in_one_pass_that_keeps_no_inputs():
+    """The training loader was read into a list (every batch's inputs kept, tens of GB on a large set) so that
+    its labels could be read in a second pass. One pass now: a shuffling loader's labels line up too."""
+    model, batches = at_trained_scale("bert"), _batches("bert")
+    examples = [{k: v[i] for k, v in batch.items()} for batch in batches for i in range(len(batch["labels"]))]
+    shuffled = torch.utils.data.DataLoader(examples, batch_size=8, shuffle=True)
+    in_order, reshuffled = (fit_feature_scores(model, loader, **SETTINGS) for loader in (batches, shuffled))
+    test = _batches("bert", count=1, seed=7)
+    for name in FEATURE_SCORES:
+        torch.testing.assert_close(collect_scores(reshuffled, test, name)[1], collect_scores(in_order, test, name)[1])
+    unlabelled = [{k: v for k, v in batch.items() if k != "labels"} for batch in batches]
+    with pytest.raises(ValueError, match="a batch of the training loader has no 'labels'"):
+        fit_feature_scores(model, iter(unlabelled), **SETTINGS)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..io import PREDICTOR_FILE
-from ..outputs import labels_of, member_logits_of
+from ..outputs import member_logits_of
 from .feature_ood import CONCAT, FEATURE_SCORES, EnsembleDetector, Settings, TrainingFeatures
 from .features import collect_features, feature_source, member_features
 from .load import ModelWrapper, describe_saved, register_predictor
@@ -125,9 +125,11 @@ def fit_feature_scores(
     unknown = sorted(set(scores) - set(FEATURE_SCORES))
     if unknown or not scores:
         raise ValueError(f"unknown feature scores {unknown or scores}; choose from {sorted(FEATURE_SCORES)}.")
-    train = list(train)
-    collected, found = collect_features(model, train, progress)
-    labels = labels_of(train)
+    read: list[Tensor] = []
+    collected, found = collect_features(model, _labels_read(train, read), progress)  # one pass, nothing kept
+    labels = torch.cat(read)
+    if len(labels) != len(collected.features):
+        raise ValueError(f"the training loader gave {len(labels)} labels for {len(collected.features)} inputs.")
     members = [
         TrainingFeatures(collected.features[:, m].double(), labels, weight.double().cpu(), bias.double().cpu())
         for m, (weight, bias) in enumerate(zip(found.weight, found.bias))
@@ -135,6 +137,16 @@ def fit_feature_scores(
     settings = Settings(k, vim_dim)
     detectors = {name: EnsembleDetector.fit(name, members, settings) for name in scores}
     return FeatureScored(model, detectors, settings, len(labels)).eval()
+
+
+def _labels_read(loader: Iterable[Mapping[str, Any]], read: list[Tensor]) -> Iterator[Mapping[str, Any]]:
+    """The batches of `loader`, each batch's labels appended to `read` as it passes: the labels line up with the
+    features of the same pass (a shuffling loader too), and no batch's inputs are kept."""
+    for batch in loader:
+        if batch.get("labels") is None:
+            raise ValueError("feature scores are fit on labelled data: a batch of the training loader has no 'labels'.")
+        read.append(torch.as_tensor(batch["labels"]).reshape(-1).cpu())
+        yield batch
 
 
 def _flatten(detectors: Mapping[str, EnsembleDetector]) -> dict[str, Tensor]:
