@@ -107,6 +107,12 @@ def test_predict_runs_on_the_calibrated_predictor(calibrated, classifier, text_f
     assert [r["prediction"] for r in scaled] == [r["prediction"] for r in plain]  # T never changes the class
     assert all(s["probability"] <= p["probability"] for s, p in zip(scaled, plain, strict=True))
     assert any(s["probability"] < p["probability"] for s, p in zip(scaled, plain, strict=True))
+    short = hydra_ens(
+        "predict", "--model", str(classifier), "--inputs", str(text_files["new"]), "--threshold", "0.5",
+        "--format", "jsonl", "--max-length", "4",
+    )  # fmt: skip
+    assert "were cut there (raise --max-length" in short.stderr  # said on stderr: stdout holds the JSON lines alone
+    assert [json.loads(line)["prediction"] for line in short.stdout.splitlines()]
 
 
 def test_an_unknown_method_is_refused_by_name(tmp_path, classifier, text_files):

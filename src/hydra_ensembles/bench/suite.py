@@ -405,7 +405,9 @@ def _taylor(p: Pieces, fine_tune: bool = True) -> Built:
 
 def _circuit(p: Pieces, criterion: str, fine_tune: bool = True) -> Built:
     budget = p.task.prune_per_layer
-    recorded = {"heads": f"{p.heads - budget} (avg)", "circuit_search": _search(p.circuit(criterion))}
+    # CircAvg's search is the table's "circuit_search" (the Hydra rows' circuit); the others' under their criterion
+    key = "circuit_search" if criterion == "avg" else f"circuit_search_{criterion}"
+    recorded = {"heads": f"{p.heads - budget} (avg)", key: _search(p.circuit(criterion))}
     return Built(_circuit_pruned(p, budget, fine_tune, criterion), recorded)
 
 

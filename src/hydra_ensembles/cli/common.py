@@ -7,6 +7,7 @@ import argparse
 import os
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -260,9 +261,10 @@ def read_data(
     encoded = read_encoded(source, kind, preprocessor, config, labelled=labelled, flag=flag, **data_settings(args))
     if encoded.cut:  # said, not refused: the model reads each cut text's beginning
         limit = min(args.max_length, preprocessor.model_max_length)
-        print(
+        print(  # stderr: predict writes its JSON lines or table to stdout
             f"{flag} {str(source)!r}: {encoded.cut} of {len(encoded.examples.inputs)} texts are longer than {limit} "
-            "tokens and were cut there (raise --max-length to keep more)"
+            "tokens and were cut there (raise --max-length to keep more)",
+            file=sys.stderr,
         )
     return encoded
 

@@ -37,7 +37,11 @@ def run(args: argparse.Namespace) -> int:
     if out.is_dir():
         raise CommandError(f"OUT {str(out)!r} is a directory; give a file name such as model.onnx.")
     predictor = load_predictor(model_dir)
-    example = example_inputs(model_dir, getattr(model_config(predictor), "num_channels", 3))
+    try:
+        channels = getattr(model_config(predictor), "num_channels", 3)
+    except (AttributeError, ValueError):  # no HF config (an MLP student): export_onnx says what it cannot export
+        channels = 3
+    example = example_inputs(model_dir, channels)
     export_onnx(predictor, out, example)
     output = output_name(predictor)
     shape = "(B, M, C)" if output == "member_logits" else "(B, M, D)"

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import transformers
 from PIL import Image, ImageOps
 
 TEXT_SUFFIXES = (".csv", ".tsv", ".jsonl", ".txt")
@@ -329,14 +328,18 @@ def text_batches(
 
 def texts_cut(tokenizer, texts: Sequence[str], max_length: int = 128) -> int:
     """How many of `texts` `text_batches` cuts: longer than `max_length` tokens (or the model's positions)."""
-    limit = min(max_length, tokenizer.model_max_length)
-    verbosity = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()  # the untruncated lengths are measured, never fed to the model
-    try:
-        lengths = tokenizer(list(texts), truncation=False, return_length=True)["length"]
-    finally:
-        transformers.logging.set_verbosity(verbosity)
-    return sum(length > limit for length in lengths)
+    limit, cut = min(max_length, tokenizer.model_max_length), 0
+    for start in range(0, len(texts), 1024):  # cut one token past the limit: memory bounded by the limit
+        lengths = tokenizer(
+            list(texts[start : start + 1024]),
+            truncation=True,
+            max_length=limit + 1,
+            return_length=True,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+        )["length"]
+        cut += sum(length > limit for length in lengths)
+    return cut
 
 
 def image_batches(

@@ -350,6 +350,10 @@ def _completed(tower: Tower, head_maps: Sequence[HeadMap] | None) -> list[HeadMa
     if head_maps is None:
         return None
     kept = kept_heads(tower.encoder)
+    for head_map in head_maps:
+        unknown = sorted({str(layer) for layer in head_map} - {str(layer) for layer in kept})
+        if unknown:
+            raise ValueError(f"a head map names layer(s) {unknown[:5]}; this tower has layers 0..{len(kept) - 1}.")
     return [
         {
             layer: sorted(int(h) for h in head_map.get(layer, head_map.get(str(layer), heads)))

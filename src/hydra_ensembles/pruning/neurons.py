@@ -35,10 +35,11 @@ def kept_neurons(model: nn.Module) -> NeuronMap:
     if stored is None:
         return {layer: list(range(width)) for layer, width in enumerate(widths)}
     kept = {int(layer): sorted(int(k) for k in neurons) for layer, neurons in stored.items()}
-    for layer, neurons in kept.items():
-        if widths[layer] != len(neurons):  # positions read from the record would cut or zero the wrong neurons
+    for layer, neurons in kept.items():  # positions read from a wrong record would cut or zero the wrong neurons
+        width = widths[layer] if layer < len(widths) else 0
+        if width != len(neurons):
             raise ValueError(
-                f"layer {layer} of this {type(model).__name__} has {widths[layer]} MLP neurons, and its config "
+                f"layer {layer} of this {type(model).__name__} has {width} MLP neurons, and its config "
                 f"records {len(neurons)} kept ({KEPT_NEURONS_KEY}): its weights do not match its pruning record. "
                 "Load a pruned save with hydra_ensembles.load_model, not from_pretrained(..., "
                 f"ignore_mismatched_sizes=True). {SHARED_CONFIG}"
