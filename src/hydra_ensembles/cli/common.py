@@ -16,7 +16,7 @@ import transformers
 from torch import nn
 
 from ..adapters import UnsupportedModelError
-from ..data.files import Encoded, read_encoded, text_lines
+from ..data.files import Encoded, read_encoded, text_lines, token_limit
 from ..fusion import lay_out_for_device
 from ..inference import PRECISION_CONTEXTS, prepare
 from ..predictors import check_supported, describe_saved, load_classifier, load_preprocessor, saved_kind
@@ -260,7 +260,7 @@ def read_data(
     kind, preprocessor = load_preprocessor(model_dir)
     encoded = read_encoded(source, kind, preprocessor, config, labelled=labelled, flag=flag, **data_settings(args))
     if encoded.cut:  # said, not refused: the model reads each cut text's beginning
-        limit = min(args.max_length, preprocessor.model_max_length)
+        limit = token_limit(preprocessor, args.max_length)
         print(  # stderr: predict writes its JSON lines or table to stdout
             f"{flag} {str(source)!r}: {encoded.cut} of {len(encoded.examples.inputs)} texts are longer than {limit} "
             "tokens and were cut there (raise --max-length to keep more)",

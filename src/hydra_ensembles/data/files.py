@@ -313,7 +313,7 @@ def text_batches(
 ) -> list[dict[str, torch.Tensor]]:
     """Tokenized batches: input_ids / attention_mask (B, T), plus labels (B,) when given. Texts are cut at
     `max_length` tokens, or at the tokenizer's `model_max_length` (the model's positions) if that is shorter."""
-    max_length = min(max_length, tokenizer.model_max_length)  # past the model's positions the forward pass fails
+    max_length = token_limit(tokenizer, max_length)
     return _batched(
         len(texts),
         labels,
@@ -326,9 +326,15 @@ def text_batches(
     )
 
 
+def token_limit(tokenizer, max_length: int) -> int:
+    """Where `text_batches` cuts a text: at `max_length` tokens, or the model's positions (`model_max_length`) if
+    fewer; past those the forward pass fails."""
+    return min(max_length, tokenizer.model_max_length)
+
+
 def texts_cut(tokenizer, texts: Sequence[str], max_length: int = 128) -> int:
-    """How many of `texts` `text_batches` cuts: longer than `max_length` tokens (or the model's positions)."""
-    limit, cut = min(max_length, tokenizer.model_max_length), 0
+    """How many of `texts` `text_batches` cuts: longer than `token_limit` tokens."""
+    limit, cut = token_limit(tokenizer, max_length), 0
     for start in range(0, len(texts), 1024):  # cut one token past the limit: memory bounded by the limit
         lengths = tokenizer(
             list(texts[start : start + 1024]),

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..data.loaders import Batch, materialize
-from ..outputs import collect_member_logits, map_batches
+from ..outputs import collect_member_logits, map_batches, member_outputs_of
 
 
 def attach_teacher(loader: Iterable[Batch], teacher: nn.Module, progress: bool = False) -> list[dict]:
@@ -22,23 +22,18 @@ def attach_teacher(loader: Iterable[Batch], teacher: nn.Module, progress: bool =
         collect_member_logits(teacher, [batch])
         for batch in tqdm(batches, desc="teacher", disable=not progress, leave=False)
     ]
-    _check_fixed_members(teacher, batches[0], outputs[0])
-    key = "teacher_gaussians" if _is_regressor(teacher, batches[0]) else "teacher_outputs"
+    again = map_batches(teacher, batches[:1], lambda inputs: teacher(**inputs), "teacher")[0]  # the first batch
+    _check_fixed_members(outputs[0], member_outputs_of(again).float().cpu())
+    # (B, M, 2) alone does not tell a regressor's Gaussians from a two-class classifier's logits: the output does
+    key = "teacher_gaussians" if getattr(again, "member_gaussians", None) is not None else "teacher_outputs"
     return [dict(batch) | {key: out} for batch, out in zip(batches, outputs)]
 
 
-def _is_regressor(teacher: nn.Module, batch: Batch) -> bool:
-    """Whether the teacher's members predict Gaussians (`member_gaussians`) rather than logits: (B, M, 2) alone
-    does not tell a regressor from a two-class classifier."""
-    kinds = map_batches(teacher, [batch], lambda inputs: getattr(teacher(**inputs), "member_gaussians", None), "")
-    return kinds[0] is not None
-
-
-def _check_fixed_members(teacher: nn.Module, batch: Batch, first: Tensor) -> None:
+def _check_fixed_members(first: Tensor, again: Tensor) -> None:
     """Head m of a Hydra student learns member m, so member m must be one model from input to input. A teacher
     whose members change from call to call (MC dropout draws new masks at every call: its m-th sample is no
-    model) would teach each head noise around the mean; refused. Checked on the first batch, run again."""
-    again = collect_member_logits(teacher, [batch])
+    model) would teach each head noise around the mean; refused. `first` and `again`: the member outputs of the
+    first batch, computed twice."""
     if not torch.allclose(first, again, rtol=1e-3, atol=1e-3):
         gap = (first - again).abs().max().item()
         raise ValueError(

@@ -40,6 +40,7 @@ from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ..members import build_members
 from ..outputs import PredictorOutput
 from ..pruning import HeadMap, kept_heads
+from ..pruning.heads import complement
 from .load import HF_TWO_TOWER_MODELS, TWO_TOWER_FILE, load_predictor, register_predictor, save_predictor, saved_record
 
 DEFAULT_TEMPLATES = ("a photo of a {}.",)
@@ -349,18 +350,11 @@ def _completed(tower: Tower, head_maps: Sequence[HeadMap] | None) -> list[HeadMa
     """`head_maps` with every layer of the tower, sorted (a layer a map leaves out keeps the heads it has)."""
     if head_maps is None:
         return None
-    kept = kept_heads(tower.encoder)
+    kept, completed = kept_heads(tower.encoder), []
     for head_map in head_maps:
-        unknown = sorted({str(layer) for layer in head_map} - {str(layer) for layer in kept})
-        if unknown:
-            raise ValueError(f"a head map names layer(s) {unknown[:5]}; this tower has layers 0..{len(kept) - 1}.")
-    return [
-        {
-            layer: sorted(int(h) for h in head_map.get(layer, head_map.get(str(layer), heads)))
-            for layer, heads in kept.items()
-        }
-        for head_map in head_maps
-    ]
+        pruned = complement(kept, head_map, "head")  # checked as keep_heads checks it: layers and heads it has
+        completed.append({layer: [h for h in heads if h not in pruned.get(layer, ())] for layer, heads in kept.items()})
+    return completed
 
 
 def _tower(tower: Tower, head_maps: Sequence[HeadMap] | None) -> Tower:
