@@ -4,6 +4,7 @@ the shared-trunk rows fused with their first layers run once."""
 import json
 from dataclasses import replace
 
+import pytest
 import torch
 from sklearn.metrics import log_loss, roc_auc_score
 from test_suite import tiny_task  # noqa: F401 (the fixture)
@@ -21,16 +22,20 @@ def test_the_curve_measures_every_row_on_validation_and_chooses_on_it(tiny_task,
     seed_dir = runner.seed_dir(tmp_path / "cache", tiny_task, 0)
     for row in ("Single", "Hydra (Circ), shared trunk 1/2"):  # the validation numbers, against scikit-learn's
         predictor = suite.cached_row(tiny_task, 0, seed_dir, row).predictor
+        # on the data set apart for choosing: no circuit read it (the circuits' OOD data would flatter their rows)
         probs = {
             split: ensemble_probs(collect_member_logits(predictor, data)).double()
-            for split, data in (("val", tiny_task.val), ("ood", tiny_task.circuit_ood))
+            for split, data in (("val", tiny_task.selection_id), *tiny_task.selection_ood.items())
         }
-        msp = torch.cat([probs["val"].max(dim=1).values, probs["ood"].max(dim=1).values])
-        is_ood = [0] * len(probs["val"]) + [1] * len(probs["ood"])
+        aurocs = []
+        for source in tiny_task.selection_ood:  # each OOD source apart, then their mean, as "AUROC all"
+            msp = torch.cat([probs["val"].max(dim=1).values, probs[source].max(dim=1).values])
+            is_ood = [0] * len(probs["val"]) + [1] * len(probs[source])
+            aurocs.append(roc_auc_score(is_ood, -msp.numpy()))
         said = summary["validation"][row]
-        assert abs(said["auroc"] - roc_auc_score(is_ood, -msp.numpy())) < 1e-9
+        assert abs(said["auroc"] - sum(aurocs) / len(aurocs)) < 1e-9
         val_probs = probs["val"] / probs["val"].sum(dim=1, keepdim=True)  # sums to 1 within float64's precision
-        nll = log_loss(labels_of(tiny_task.val).numpy(), val_probs.numpy(), labels=[0, 1, 2])
+        nll = log_loss(labels_of(tiny_task.selection_id).numpy(), val_probs.numpy(), labels=[0, 1, 2])
         assert abs(said["nll"] - nll) < 1e-6
     trunk = summary["per_seed"][0]["Hydra (Circ), shared trunk 1/2"]
     assert trunk["trunk"] == 2 and all(m["0"] == trunk["head_maps"][0]["0"] for m in trunk["head_maps"])
@@ -67,6 +72,17 @@ def test_the_curve_measures_every_row_on_validation_and_chooses_on_it(tiny_task,
     # rendered again from its records: nothing rebuilt, the same numbers
     again = curve.run(tiny_task, [0], tmp_path / "out2", tmp_path / "cache", progress=False, latency_repeats=1)
     assert again["validation"] == summary["validation"] and again["latency"] == summary["latency"]
+    # a row recorded before the selection data (validation on the circuits' OOD data) is measured again
+    record = seed_dir / curve.TABLE.record
+    results = json.loads(record.read_text())
+    del results["CircAvg"]["validation"]["data"]
+    results["CircAvg"]["validation"]["auroc"] = 1.0
+    record.write_text(json.dumps(results))
+    third = curve.run(tiny_task, [0], tmp_path / "out3", tmp_path / "cache", progress=False, latency_repeats=1)
+    assert third["validation"] == summary["validation"]
+    assert json.loads(record.read_text())["CircAvg"]["validation"]["data"] == curve.SELECTION
+    with pytest.raises(ValueError, match="has no selection data .Task.selection_id / selection_ood."):
+        curve.validation_metrics(engine, replace(tiny_task, selection_ood={}))
 
 
 def test_one_models_price_needs_all_three_intervals_better_within_the_latency():

@@ -37,6 +37,8 @@ def tiny_task():
         far={"far": _batches((7, 8), False)},
         circuit_id=_batches((3,)),
         circuit_ood=_batches((9,), False),
+        selection_id=_batches((10,)),
+        selection_ood={"near": _batches((11,), False), "far": _batches((12, 13), False)},
         recipe=recipe,
         member_recipe=recipe,
         lora_recipe=recipe,

@@ -10,6 +10,7 @@ import functools
 import hashlib
 import importlib.metadata
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -112,6 +113,15 @@ def _assert_disjoint(task) -> None:
     for name, examples in ood.items():
         assert not examples & (train | val | test | circuit_ood), name
         assert all(not examples & other for n, other in ood.items() if n != name), name
+    # the data rows are chosen on: ID validation examples no circuit read, OOD examples in no other part
+    selection_id = _examples(task.selection_id, prefix=32)
+    assert selection_id <= _examples(task.val, prefix=32) and not selection_id & _examples(task.circuit_id, prefix=32)
+    assert _count(task.selection_id) + _count(task.circuit_id) == _count(task.val)
+    assert set(task.selection_ood) <= set(ood) and len(task.selection_ood) >= len(ood) - 1  # a source may lack one
+    everything = train | val | test | circuit_ood | set().union(*ood.values())
+    for name, batches in task.selection_ood.items():
+        assert 0 < _count(batches) <= tasks.SELECTION_OOD and not _examples(batches) & everything, name
+        assert "labels" not in batches[0]
 
 
 def _assert_balanced(batches, classes: int, per_class: int) -> None:
@@ -209,14 +219,26 @@ def test_ood_sources_split_by_group_put_no_group_on_both_sides():
     import random
 
     rows = [(f"review{k // 3}", f"sentence {k}") for k in range(60)]  # 20 reviews of 3 sentences
-    val_rows, test = tasks._split_groups(rows, 10, 100, random.Random(0))
+    val_rows, test, left = tasks._split_groups(rows, 10, 100, random.Random(0))
     group = {text: g for g, text in rows}
     assert all(group[text] == g for g, text in val_rows)  # validation rows come with their group
     val = [text for _, text in val_rows]
-    assert len(val) == 10 and len(test) == 60 - 12  # whole reviews to validation until it holds 10, one cut
+    assert len(val) == 10 and len(test) == 60 - 12 and not left  # whole reviews to validation until 10, one cut
     assert not {group[t] for t in val} & {group[t] for t in test}
-    val, test = tasks._split_off(["a", "b", "a", "c", "d"], 2, 10, random.Random(0))
-    assert len(val) == 2 and sorted(val + test) == ["a", "b", "c", "d"]  # the duplicate dropped first
+    # a test part that leaves reviews untouched: those are left for choosing among rows, whole, and a sentence
+    # that another review shares with either part is not
+    more = rows + [("review20", "sentence 0"), ("review20", "a sentence of its own")]
+    val_rows, test, left = tasks._split_groups(more, 10, 30, random.Random(0))
+    tested = {group.get(text, "review20") for text in test}  # "sentence 0" is review0's, and review20's too
+    assert left and all(g not in tested and g not in {g for g, _ in val_rows} for g, _ in left)
+    val = [text for _, text in val_rows]
+    assert not {t for _, t in left} & set(val + test)
+    for g in {g for g, _ in left}:  # whole reviews
+        assert [r for r in more if r[0] == g and r[1] not in val + test] == [r for r in left if r[0] == g]
+    assert ("review20", "a sentence of its own") in left or "review20" in tested | {g for g, _ in val_rows}
+    assert tasks._whole_groups([("a", "1"), ("b", "2"), ("a", "3"), ("c", "4")], 3) == ["1", "3", "2"]
+    val, test, left = tasks._split_off(["a", "b", "a", "c", "d"], 2, 1, random.Random(0))
+    assert len(val) == 2 and sorted(val + test + left) == ["a", "b", "c", "d"]  # the duplicate dropped first
     with pytest.raises(ValueError, match="cannot give 5 for validation"):
         tasks._split_off(["a", "b"], 5, 10, random.Random(0))
     with pytest.raises(ValueError, match="of 20 groups .60 texts. cannot give 60 texts for validation and a test"):
@@ -309,7 +331,7 @@ def test_the_real_text_splits_at_full_size_share_no_text_even_near_duplicates(da
     build, sizes = tasks.TEXT_DATA[data]
     texts = build(sizes["full"], random.Random(0))
     parts = {"train": texts.train[0], "val": texts.val[0], "test": texts.test[0], "OOD validation": texts.circuit_ood}
-    parts |= texts.near | texts.far
+    parts |= texts.near | texts.far | {f"selection {name}": items for name, items in texts.selection_ood.items()}
     seen: dict[str, str] = {}
     for name, items in parts.items():
         for text in {_normalised(t) for t in items}:
@@ -326,3 +348,6 @@ def test_the_text_tasks_name_the_review_of_each_ood_validation_sentence(minilm_t
     assert amazon and len(set(amazon)) < len(amazon)  # sentences share reviews: grouped
     assert all(groups.count(g) == 1 for g in groups if not g.startswith("amazon:"))  # the rest: one text each
     assert "circuit_ood_groups" not in task.settings()  # splits nothing a model sees: out of the cache key
+    # nor does the data rows are chosen on: added after the records, it keeps their key
+    assert not {"selection_id", "selection_ood"} & set(task.settings())
+    assert task.fingerprint() == replace(task, selection_id=None, selection_ood=None).fingerprint()

@@ -8,9 +8,10 @@ calibration gap on DINOv2-S); the single model pruned of as many weights by OBA 
 three quarters of the layers, which the fused ensemble runs once ("Hydra (Circ), shared trunk 1/2", "3/4"); Hydra
 (Circ)'s members fused, then fine-tuned as one module. "Single, fused engine" is Single on the fused rows' engine:
 their cost without the engine's own saving. Each row also records the numbers a user chooses by, measured on
-validation data only: ID validation NLL and accuracy, and the all-OOD AUROC (maximum softmax probability) of the
-ID validation split against the OOD sources' validation parts (the circuit's OOD data, disjoint from the OOD test
-sets). At each cost limit (`LIMITS`, FLOPs x Single; `LATENCY_LIMITS`, latency x Single) the row of best
+validation data no circuit saw (`validation_metrics`): NLL and accuracy on the ID validation examples past the
+circuits' ones, and the all-OOD AUROC (maximum softmax probability) of those against a third part of each OOD source,
+disjoint from its validation part (the circuits' OOD data, which would flatter the circuit rows) and from its test
+part. At each cost limit (`LIMITS`, FLOPs x Single; `LATENCY_LIMITS`, latency x Single) the row of best
 validation AUROC within it is chosen (ties: lower validation NLL); the test columns are read after, never used to
 choose. Each row is compared with Single by the paired bootstrap (`evaluation.bootstrap`), and the table says
 which rows, if any, beat Single on NLL, ECE and all-OOD AUROC at most `ONE_MODEL` x its latency. Writes
@@ -32,6 +33,7 @@ from ..evaluation.bootstrap import Interval, difference_lines, row_differences, 
 from ..evaluation.compare import Built
 from ..evaluation.report import evaluate
 from ..evaluation.tables import CONVENTIONS, latency_ratio, render
+from ..io import read_json_record, write_json_atomic
 from ..outputs import collect_member_logits, labels_of
 from . import runner, suite
 from .runner import Table
@@ -59,16 +61,24 @@ CALIBRATED = "Temp. scaling"  # the single model with its temperature
 ONE_MODEL = 1.1  # latency x Single that counts as one model's cost (issue 44's question)
 
 
-def validation_metrics(predictor: torch.nn.Module, task) -> dict[str, float]:
-    """{"nll", "acc"} of the ensemble on the task's ID validation split and "auroc", its maximum softmax
-    probability separating that split (negative) from the OOD validation data (`task.circuit_ood`, positive).
-    Pooled over the OOD sources: every task takes the same number of validation examples from each source, and
-    then the pooled AUROC is exactly the mean of the per-source AUROCs (AUROC averages over positives), the test
-    column's "AUROC all"."""
-    val_logits = collect_member_logits(predictor, task.val)  # (N, M, C)
-    ood_logits = collect_member_logits(predictor, task.circuit_ood)
-    said = evaluate(val_logits, labels_of(task.val), ood={"ood validation": ood_logits})
-    return {"nll": said["id"]["nll"], "acc": said["id"]["acc"], "auroc": said["all"]["auroc"]}
+SELECTION = "selection-1"  # the data the validation numbers read (`Task.selection_id` / `selection_ood`)
+
+
+def validation_metrics(predictor: torch.nn.Module, task) -> dict[str, float | str]:
+    """{"nll", "acc"} of the ensemble on the ID validation examples no circuit saw (`task.selection_id`) and
+    "auroc", the mean over the OOD sources of its maximum softmax probability separating those examples
+    (negative) from the source's selection part (`task.selection_ood`, positive: in neither the circuits' OOD
+    validation data nor the OOD test sets), as the test column "AUROC all" averages the OOD test sets; "data":
+    `SELECTION`."""
+    if not task.selection_id or not task.selection_ood:
+        raise ValueError(
+            f"task {task.name!r} has no selection data (Task.selection_id / selection_ood): the cost curve chooses "
+            "its rows on validation data no circuit saw; give the task both."
+        )
+    val_logits = collect_member_logits(predictor, task.selection_id)  # (N, M, C)
+    ood_logits = {name: collect_member_logits(predictor, batches) for name, batches in task.selection_ood.items()}
+    said = evaluate(val_logits, labels_of(task.selection_id), ood=ood_logits)
+    return {"nll": said["id"]["nll"], "acc": said["id"]["acc"], "auroc": said["all"]["auroc"], "data": SELECTION}
 
 
 def _validated(build: Callable[[suite.Pieces], Built], p: suite.Pieces) -> Built:
@@ -85,7 +95,8 @@ def validation_means(per_seed: Mapping) -> dict[str, dict[str, float]]:
     for results in per_seed.values():
         for row, result in results.items():
             runs.setdefault(row, []).append(result["validation"])
-    return {row: {k: statistics.fmean(r[k] for r in said) for k in said[0]} for row, said in runs.items()}
+    numbers = ("nll", "acc", "auroc")
+    return {row: {k: statistics.fmean(r[k] for r in said) for k in numbers} for row, said in runs.items()}
 
 
 def choose(summary: Mapping, limits: Sequence[float] = LIMITS) -> dict[str, str | None]:
@@ -183,10 +194,11 @@ def markdown(summary: dict) -> str:
         *render(header, body, "markdown"),
         *engine_lines(summary),
         "",
-        "Validation columns: ID validation NLL, and the all-OOD AUROC (%, maximum softmax probability) of the ID "
-        "validation split against the OOD validation data (the OOD sources' validation parts; the circuit rows "
-        "were searched on it, so their validation AUROC is optimistic; a temp. scaling row's temperature was fit on "
-        "the ID validation split, so its validation NLL is too). Test columns as in the task's table. " + CONVENTIONS,
+        "Validation columns, on data no circuit saw: NLL on the ID validation examples past the circuits' ones, and "
+        "the all-OOD AUROC (%, maximum softmax probability, the mean over the OOD sources) of those against a part "
+        "of each OOD source held out from both its circuit (validation) part and its test part (a temp. scaling "
+        "row's temperature was fit on the ID validation split, so its validation NLL is optimistic). Test columns "
+        "as in the task's table. " + CONVENTIONS,
         "",
         "Chosen on validation (best validation AUROC within the cost limit; ties: lower validation NLL):",
         "",
@@ -241,5 +253,19 @@ TABLE = Table(
 
 def run(task, seeds: Sequence[int], out_dir: Path, cache_dir: Path, **kwargs) -> dict:
     """`runner.run` of the curve's rows (`CURVE_ROWS`) on `task`: `kwargs` as runner.run's (command, progress,
-    device, rows: a subset, Single always)."""
+    device, rows: a subset, Single always). Rows recorded with validation numbers on other data (`SELECTION`)
+    are measured again."""
+    for seed in seeds:
+        forget_stale_rows(runner.seed_dir(cache_dir, task, seed) / TABLE.record)
     return runner.run(task, TABLE, seeds, out_dir, cache_dir, **kwargs)
+
+
+def forget_stale_rows(record: Path) -> list[str]:
+    """Drop from `record` (a seed's cost_curve.json) the rows whose validation numbers were not measured on
+    `SELECTION` (before it, on the circuits' own OOD data), so that they are measured again; returns them."""
+    results = read_json_record(record)
+    stale = [row for row, result in results.items() if result.get("validation", {}).get("data") != SELECTION]
+    if stale:
+        print(f"{record}: measuring {', '.join(stale)} again (validation numbers on older data)", flush=True)
+        write_json_atomic(record, {row: result for row, result in results.items() if row not in stale})
+    return stale

@@ -28,6 +28,8 @@ from ..importance.circuit import search_name
 from ..io import without_late_defaults
 from ..training import IMAGE_RECIPE, TEXT_RECIPE, TrainConfig
 
+# examples of each OOD source for choosing among rows (`Task.selection_ood`), fewer where a source has fewer left
+SELECTION_OOD = 100
 # fields added after caches were keyed by the fingerprint: left out of it while at their default, so the models
 # trained before them stay valid
 _LATE_FIELDS = {"circuit_precision": "fp32", "circuit_tie_break": "order"}
@@ -69,11 +71,16 @@ class Task:
     # the group (source:review or article) of each circuit_ood example, where sentences share one; None: each
     # example its own. Out of the fingerprint: it splits the data for `circuit_halves`, changes no model
     circuit_ood_groups: list[str] | None = None
+    # data no circuit saw, for choosing among rows on validation (the cost curve): the ID validation examples past
+    # `circuit_id`, and {source: batches} of each OOD source's part that is in neither its validation part
+    # (`circuit_ood`) nor its test part. Out of the fingerprint: it trains nothing
+    selection_id: list[Batch] | None = None
+    selection_ood: dict[str, list[Batch]] | None = None
 
     def settings(self) -> dict:
-        """Every setting and the data sizes (notes, from_scratch and circuit_ood_groups change nothing; fields added
-        later only when set)."""
-        described = ("notes", "from_scratch", "circuit_ood_groups")
+        """Every setting and the data sizes (notes, from_scratch, circuit_ood_groups and the selection data change
+        nothing; fields added later only when set)."""
+        described = ("notes", "from_scratch", "circuit_ood_groups", "selection_id", "selection_ood")
         settings = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in described}
         settings = without_late_defaults({k: v for k, v in settings.items() if not callable(v)}, _LATE_FIELDS)
         for name in ("train", "val", "test", "circuit_id", "circuit_ood"):
@@ -135,20 +142,21 @@ def _budget_note(layers: int, heads: int, budgets: dict) -> str:
     )
 
 
-def _split_off(items: list, val: int, test: int, rng: random.Random) -> tuple[list, list]:
-    """(`val` items, `test` items) of `items` shuffled, duplicates dropped (a text on both sides would leak):
-    disjoint; the test part is what is left if fewer."""
+def _split_off(items: list, val: int, test: int, rng: random.Random) -> tuple[list, list, list]:
+    """(`val` items, `test` items, the items left) of `items` shuffled, duplicates dropped (a text on both sides
+    would leak): disjoint; the test part is what is left if fewer."""
     items = list(dict.fromkeys(items))
     rng.shuffle(items)
     if len(items) <= val:
         raise ValueError(f"an OOD source of {len(items)} examples cannot give {val} for validation and a test part.")
-    return items[:val], items[val : val + test]
+    return items[:val], items[val : val + test], items[val + test :]
 
 
-def _split_groups(rows: list[tuple[str, str]], val: int, test: int, rng: random.Random) -> tuple[list, list]:
+def _split_groups(rows: list[tuple[str, str]], val: int, test: int, rng: random.Random) -> tuple[list, list, list]:
     """`_split_off` of (group, text) rows by group (a review, an article): no group on both sides; the validation
     part takes whole groups until it holds `val` texts (returned as (group, text) rows), the test part `test`
-    texts of the other groups."""
+    texts of the other groups; left: the (group, text) rows of the groups neither part touches, less the texts
+    either part holds."""
     groups: dict[str, list[str]] = {}
     for group, text in rows:
         groups.setdefault(group, []).append(text)
@@ -163,7 +171,24 @@ def _split_groups(rows: list[tuple[str, str]], val: int, test: int, rng: random.
             "test part."
         )
     rng.shuffle(rest)
-    return val_rows[:val], [text for _, text in rest[:test]]
+    val_rows, tests = val_rows[:val], [text for _, text in rest[:test]]
+    # left: untouched groups, without a sentence another review shares with either part
+    tested, seen = {group for group, _ in rest[:test]}, {text for _, text in val_rows} | set(tests)
+    left = [(group, text) for group, text in rest[test:] if group not in tested and text not in seen]
+    return val_rows, tests, left
+
+
+def _whole_groups(rows: list[tuple[str, str]], count: int) -> list[str]:
+    """The texts of `rows`' groups, in the order they first appear, whole groups until `count` texts (cut there)."""
+    groups: dict[str, list[str]] = {}
+    for group, text in rows:
+        groups.setdefault(group, []).append(text)
+    taken: list[str] = []
+    for texts in groups.values():
+        if len(taken) >= count:
+            break
+        taken += texts
+    return taken[:count]
 
 
 def _choose(options: dict, key: str, what: str):
@@ -228,24 +253,30 @@ class TextData:
     circuit_ood: list[str]  # the validation parts of the OOD sources: never tested
     description: str
     circuit_ood_groups: list[str] = field(default_factory=list)  # each validation text's source:group (a review)
+    # {source: texts} of each OOD source in neither its validation nor its test part: for choosing among rows
+    selection_ood: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _ood_sets(
     sources: dict[str, tuple[list, bool]], sizes: TextSize, rng: random.Random
-) -> tuple[dict, list[str], list[str]]:
-    """({name: test texts}, validation texts of every source, the group of each validation text) from {name:
-    (texts or (group, text) rows, grouped)}: each source split into a validation and a test part (`_split_off`,
-    by group when grouped). A text of an ungrouped source is its own group."""
-    tests, validation, groups = {}, [], []
+) -> tuple[dict, list[str], list[str], dict[str, list[str]]]:
+    """({name: test texts}, validation texts of every source, the group of each validation text, {name: selection
+    texts}) from {name: (texts or (group, text) rows, grouped)}: each source split into a validation and a test part
+    (`_split_off`, by group when grouped), and up to `SELECTION_OOD` of what is left (whole groups) for choosing
+    among rows; a source with nothing left has no selection part. A text of an ungrouped source is its own group."""
+    tests, validation, groups, selection = {}, [], [], {}
     for name, (items, grouped) in sources.items():
         if grouped:
-            rows, tests[name] = _split_groups(items, sizes.ood_val, sizes.ood, rng)
+            rows, tests[name], left = _split_groups(items, sizes.ood_val, sizes.ood, rng)
+            chosen = _whole_groups(left, SELECTION_OOD)
         else:
-            texts, tests[name] = _split_off(items, sizes.ood_val, sizes.ood, rng)
-            rows = [(str(i), text) for i, text in enumerate(texts)]
+            texts, tests[name], left = _split_off(items, sizes.ood_val, sizes.ood, rng)
+            rows, chosen = [(str(i), text) for i, text in enumerate(texts)], left[:SELECTION_OOD]
         validation += [text for _, text in rows]
         groups += [f"{name}:{group}" for group, _ in rows]
-    return tests, validation, groups
+        if chosen:
+            selection[name] = chosen
+    return tests, validation, groups, selection
 
 
 def _ood_note(sizes: TextSize, data: TextData) -> str:
@@ -262,12 +293,24 @@ def bbc_data(sizes: TextSize, rng: random.Random) -> TextData:
     from .datasets.text import load_bbc, load_drug_reviews, load_sentiment
 
     train, val, test = _split_by_label([load_bbc(topic) for topic in ID_TOPICS], sizes, rng)
-    near, near_val, near_groups = _ood_sets({f"bbc-{t}": (load_bbc(t), False) for t in NEAR_TOPICS}, sizes, rng)
+    near_sources = {f"bbc-{t}": (load_bbc(t), False) for t in NEAR_TOPICS}
+    near, near_val, near_groups, near_selection = _ood_sets(near_sources, sizes, rng)
     reviews = load_drug_reviews("train") + load_drug_reviews("test")
     amazon = [(group, text) for group, text, _ in load_sentiment("amazon")]
-    far, far_val, far_groups = _ood_sets({"drug-reviews": (reviews, False), "amazon": (amazon, True)}, sizes, rng)
+    far_sources = {"drug-reviews": (reviews, False), "amazon": (amazon, True)}
+    far, far_val, far_groups, far_selection = _ood_sets(far_sources, sizes, rng)
     data = TextData(
-        "text-bbc", ID_TOPICS, train, val, test, near, far, near_val + far_val, "", near_groups + far_groups
+        "text-bbc",
+        ID_TOPICS,
+        train,
+        val,
+        test,
+        near,
+        far,
+        near_val + far_val,
+        "",
+        near_groups + far_groups,
+        near_selection | far_selection,
     )
     data.description = (
         f"ID: BBC {', '.join(ID_TOPICS)} ({sizes.train}/{sizes.val}/{sizes.test} articles per topic for "
@@ -288,14 +331,24 @@ def sentiment_data(sizes: TextSize, rng: random.Random) -> TextData:
         by_class[label].append(text)
     train, val, test = _split_by_label([by_class[0], by_class[1]], sizes, rng)
     amazon = [(group, text) for group, text, _ in load_sentiment("amazon")]
-    near, near_val, near_groups = _ood_sets({"amazon": (amazon, True)}, sizes, rng)
+    near, near_val, near_groups, near_selection = _ood_sets({"amazon": (amazon, True)}, sizes, rng)
     news = [text for topic in TOPICS for text in load_bbc(topic)]
     reviews = load_drug_reviews("train") + load_drug_reviews("test")
     far_sources = {"bbc-news": (news, False), "drug-reviews": (reviews, False), "reuters": (load_reuters(), False)}
-    far, far_val, far_groups = _ood_sets(far_sources, sizes, rng)
-    groups = near_groups + far_groups
+    far, far_val, far_groups, far_selection = _ood_sets(far_sources, sizes, rng)
+    groups, selection = near_groups + far_groups, near_selection | far_selection
     data = TextData(
-        "text-sentiment", ("negative", "positive"), train, val, test, near, far, near_val + far_val, "", groups
+        "text-sentiment",
+        ("negative", "positive"),
+        train,
+        val,
+        test,
+        near,
+        far,
+        near_val + far_val,
+        "",
+        groups,
+        selection,
     )
     data.description = (
         f"ID: sentiment (sign of the mean human rating) of Rotten Tomatoes movie sentences "
@@ -436,6 +489,8 @@ def text_task(
         circuit_id=batches(texts.val[0][: sizes.circuit], texts.val[1][: sizes.circuit], tokens=circuit_tokens),
         circuit_ood=batches(texts.circuit_ood, tokens=circuit_tokens),
         circuit_ood_groups=texts.circuit_ood_groups,
+        selection_id=batches(texts.val[0][sizes.circuit :], texts.val[1][sizes.circuit :]),
+        selection_ood={name: batches(t) for name, t in texts.selection_ood.items()},
         recipe=train,
         member_recipe=train.with_(epochs=sizes.member_epochs, lr=recipe.member_lr, freeze_embeddings=True),
         lora_recipe=train.with_(lr=recipe.lora_lr, patience=None),
@@ -483,6 +538,9 @@ class ImageSplits:
     far: dict[str, Tensor]
     circuit_ood: Tensor  # `ood_val` images of every OOD source, disjoint from its test part
     counts: dict[str, int]
+    # {source: `SELECTION_OOD` images} of every OOD source, in neither its validation nor its test part: for
+    # choosing among rows (drawn last, so the other splits are as they were before it)
+    selection_ood: dict[str, Tensor] = field(default_factory=dict)
 
 
 def image_splits(quick: bool, ood_val: int) -> ImageSplits:
@@ -499,13 +557,16 @@ def image_splits(quick: bool, ood_val: int) -> ImageSplits:
     train_images, train_labels = sets.load_fashion_mnist("train")
     test_images, test_labels = sets.load_fashion_mnist("test")
 
-    def pick(images, labels, classes, per_class, generator=generator):
+    def pick_rows(labels, classes, per_class, generator=generator) -> Tensor:
         rows = []
         for c in classes:
             where = torch.nonzero(labels == c)[:, 0]
             rows.append(where[torch.randperm(len(where), generator=generator)[:per_class]])
         rows = torch.cat(rows)
-        rows = rows[torch.randperm(len(rows), generator=generator)]
+        return rows[torch.randperm(len(rows), generator=generator)]
+
+    def pick(images, labels, classes, per_class, generator=generator):
+        rows = pick_rows(labels, classes, per_class, generator)
         return images[rows], labels[rows]
 
     counts = dict(train=250, val=100, test=150, ood=300) if quick else dict(train=600, val=150, test=300, ood=500)
@@ -521,16 +582,26 @@ def image_splits(quick: bool, ood_val: int) -> ImageSplits:
     ood = torch.Generator().manual_seed(1)  # the OOD sets: their sizes leave the ID splits as they are
     names = [sets.FASHION_CLASSES[c].lower() for c in HELD_OUT]
     near = {name: pick(test_images, test_labels, [c], counts["ood"], ood)[0] for name, c in zip(names, HELD_OUT)}
-    validation = [pick(train_images, train_labels, [c], ood_val, ood)[0] for c in HELD_OUT]
-    far = {}
+    validation_rows = [pick_rows(train_labels, [c], ood_val, ood) for c in HELD_OUT]
+    validation = [train_images[rows] for rows in validation_rows]
+    far, far_left = {}, {}
     for name, load in {
         "mnist": sets.load_mnist,
         "digits": sets.load_digits,
         "solar-cells": sets.load_solar_cells,
     }.items():
-        shuffled = _sample(load(), ood_val + counts["ood"], ood)
-        validation.append(shuffled[:ood_val])
-        far[name] = shuffled[ood_val:]
+        images = load()
+        order = torch.randperm(len(images), generator=ood)
+        validation.append(images[order[:ood_val]])
+        far[name] = images[order[ood_val : ood_val + counts["ood"]]]
+        far_left[name] = images[order[ood_val + counts["ood"] :]]
+    # the selection parts: near ones from the held-out classes' training images the validation parts left
+    selection, generator = {}, torch.Generator().manual_seed(2)
+    for name, c, rows in zip(names, HELD_OUT, validation_rows):
+        left = torch.nonzero(train_labels == c)[:, 0]
+        left = left[~torch.isin(left, rows)]
+        selection[name] = train_images[left[torch.randperm(len(left), generator=generator)[:SELECTION_OOD]]]
+    selection |= {name: images[:SELECTION_OOD] for name, images in far_left.items()}
     return ImageSplits(
         train=(pool_images[train_rows], remap[pool_labels[train_rows]]),
         val=(pool_images[is_val], remap[pool_labels[is_val]]),
@@ -539,11 +610,8 @@ def image_splits(quick: bool, ood_val: int) -> ImageSplits:
         far=far,
         circuit_ood=torch.cat(validation),
         counts=counts,
+        selection_ood=selection,
     )
-
-
-def _sample(images: Tensor, count: int, generator: torch.Generator) -> Tensor:
-    return images[torch.randperm(len(images), generator=generator)[:count]]
 
 
 def _image_batches(pixels: Callable[[Tensor], Tensor]) -> Callable[..., list[Batch]]:
@@ -573,6 +641,8 @@ def _image_task(
         far={name: batches(images) for name, images in data.far.items()},
         circuit_id=batches(val_x[:circuit_count], val_y[:circuit_count]),
         circuit_ood=batches(data.circuit_ood),
+        selection_id=batches(val_x[circuit_count:], val_y[circuit_count:]),
+        selection_ood={name: batches(images) for name, images in data.selection_ood.items()},
         **rest(quick, circuit_count, data.counts | {"ood_val": len(data.circuit_ood)}),
     )
 
