@@ -1,6 +1,7 @@
 """Parameters and FLOPs: contract 5 on a ViT-B/16 configuration (random weights, 1000 classes)."""
 
 import copy
+import time
 
 import pytest
 import torch
@@ -84,6 +85,17 @@ def test_interleaved_latency_rotates_the_order_and_gives_ratios_per_round():
     assert he.cost.format_latency({"median": 1.934, "min": 1.851, "max": 2.02}) == "1.93 (1.85-2.02)"
     with pytest.raises(ValueError, match="repeats >= 1"):
         he.cost.interleaved_latency(runs, repeats=0)
+
+
+def test_warmup_rounds_are_left_out_of_the_timings():
+    """A first call 100x slower than the others (compilation, caches): with one warm-up round it is not timed."""
+    first = {"b": True}
+
+    def slow_first():
+        time.sleep(0.2 if first.pop("b", False) else 0.002)
+
+    stats = he.cost.interleaved_latency({"a": lambda: time.sleep(0.002), "b": slow_first}, repeats=3, warmup=1)
+    assert stats["b"]["max"] < 10 and stats["b"]["seconds"] < 0.05
 
 
 def test_counting_flops_leaves_every_submodule_in_its_mode():

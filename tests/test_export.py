@@ -14,6 +14,8 @@ ensemble tests assert of their members' outputs (MiniLM's members differ by 0.03
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import transformers as T
@@ -165,3 +167,25 @@ def test_onnx_runtime_reproduces_fused_minilm(minilm_classifier, minilm_tokenize
         expected = eager(ensemble, inputs)
         assert (onnx_outputs(tmp_path / "hydra.onnx", inputs) - expected).abs().max() <= CONTRACT
         assert (expected[:, 1:] - expected[:, :1]).abs().max() >= DEFECT  # the members tell apart
+
+
+def test_a_failed_export_keeps_the_previous_one_and_a_one_file_export_drops_stale_weights(tmp_path, monkeypatch):
+    """An export that dies mid-write leaves the previous files as they were and no partial folder; a one-file
+    export removes the `.data` weights an earlier, larger export left beside it (they would not load together)."""
+    model = he.build_members(at_trained_scale("bert"), random_head_maps(1, seed=2, min_heads=1))[0]
+    path = tmp_path / "member.onnx"
+    path.write_bytes(b"the previous graph")
+    path.with_name("member.onnx.data").write_bytes(b"the previous weights")
+
+    def dies(program, f, **kwargs):
+        Path(f).write_bytes(b"half a graph")
+        raise RuntimeError("killed mid-export")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.onnx, "export", dies)
+        with pytest.raises(RuntimeError, match="killed mid-export"):
+            export_onnx(model, path, make_inputs("bert"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["member.onnx", "member.onnx.data"]
+    assert path.read_bytes() == b"the previous graph"
+    export_onnx(model, path, make_inputs("bert"))
+    assert [p.name for p in tmp_path.iterdir()] == ["member.onnx"] and path.read_bytes() != b"the previous graph"

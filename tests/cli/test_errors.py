@@ -89,7 +89,7 @@ def test_unreadable_data(tmp_path, classifier, text_files):
     too_many = fails(
         "scores", "--model", str(classifier), "--data", str(text_files["val"]), "--sequential", "9", "--out", out
     )
-    assert "sequential_budget for layer 0 is 9" in too_many and "prune fewer heads" in too_many
+    assert "--sequential for layer 0 is 9" in too_many and "prune fewer heads" in too_many
     usage = refused("scores", "--model", str(classifier), "--data", "x", "--sequential", "a", "--out", out)
     assert (
         usage.returncode == 2 and "--sequential: expected a number of heads or a comma-separated list" in usage.stderr
@@ -404,3 +404,32 @@ def test_an_interrupted_members_or_fuse_step_loses_nothing(tmp_path, classifier,
     resumed = refused(*fuse)
     assert resumed.returncode == 0 and "resuming from" in resumed.stdout
     assert not (tmp_path / "f" / "checkpoints").exists() and (tmp_path / "f" / "ensemble").is_dir()
+
+
+def test_flags_that_were_ignored_or_failed_late_are_refused_before_any_work(tmp_path, classifier, text_files):
+    """Each of these ran: ignoring the flag (amp --epochs without --recover-data, fuse --seed without
+    --finetune-train, members --classes on a one-tower model), failing with a traceback after the work (predict
+    --output naming a folder, after all inference; --max-length -5; evaluate --latency-repeats -1, after every model
+    ran), or saying it cut texts it could not cut (--max-length 1: the tokenizer keeps its 2 special tokens)."""
+    model, data, out = str(classifier), str(text_files["val"]), str(tmp_path / "o")
+    for flag, value in (("--batch-size", "0"), ("--max-length", "-5"), ("--latency-repeats", "-1")):
+        command = "evaluate" if flag == "--latency-repeats" else "scores"
+        usage = refused(command, "--model", model, "--data", data, flag, value, "--out", out)
+        assert usage.returncode == 2 and f"argument {flag}: expected a whole number of at least" in usage.stderr
+    message = fails("scores", "--model", model, "--data", data, "--max-length", "1", "--out", out)
+    assert "max_length 1 leaves no token for the text: the tokenizer adds 2 special token(s)" in message
+    assert "--max-length" in message
+    message = fails("amp", "--model", model, "--data", data, "--delta-e", "0.01", "--epochs", "5", "--out", out)
+    assert "--epochs and --lr set the recovery, which --recover-data FILE runs" in message
+    message = fails("predict", "--model", model, "--threshold", "0.5", "--inputs", data, "--output", str(tmp_path))
+    assert "is a folder: give a file path inside it" in message
+    message = fails("predict", "--model", model, "--threshold", "0.5", "--inputs", data, "--output", "/nope/out.tsv")
+    assert "its folder '/nope' does not exist" in message
+    scores, members = tmp_path / "s", tmp_path / "m"
+    assert refused("scores", "--model", model, "--data", data, "--out", str(scores)).returncode == 0
+    given = ["members", "--model", model, "--scores", str(scores), "--budget", "2"]
+    message = fails(*given, "--classes", "a,b", "--out", str(tmp_path / "m2"))
+    assert "--classes (zero-shot class names, `classes` in Python) is for two-tower models" in message
+    assert refused(*given, "--out", str(members)).returncode == 0
+    message = fails("fuse", "--members", str(members), "--seed", "3", "--out", out)
+    assert "--seed set(s) how to fine-tune the fused ensemble: add --finetune-train FILE" in message

@@ -304,3 +304,31 @@ def test_the_same_loop_distils_a_student_from_a_frozen_teacher():
     assert gap() < 0.2 * before  # the student moved onto the teacher
     assert all(torch.equal(v, teacher_before[k]) for k, v in teacher.state_dict().items())  # frozen
     assert len(student.training_history) == 40 and student.kept_epoch == 40
+
+
+def test_a_diverged_epoch_never_counts_as_the_best_and_patience_ends_the_run(monkeypatch):
+    """Validating a model whose outputs hold NaN raised (the NLL refuses NaN probabilities): the run crashed with
+    the diverged weights, and a rerun from the last checkpoint crashed at the same epoch again. It scores NaN now,
+    which never improves: patience stops the run and the best epoch's weights are kept."""
+    real, epochs = ft.loop.validate, []
+
+    def diverging(model, batches):  # from epoch 2 on, the weights are those of a diverged step
+        epochs.append(len(epochs) + 1)
+        if len(epochs) >= 2:
+            with torch.no_grad():
+                model.classifier.weight.fill_(float("nan"))
+        return real(model, batches)
+
+    monkeypatch.setattr(ft.loop, "validate", diverging)
+    model = MODELS["bert"]()
+    ft.finetune(model, _data(), CONFIG.with_(epochs=6, patience=2, monitor="acc"), val_loader=_data(seed=20),
+                progress=False)  # fmt: skip
+    history = model.training_history
+    assert [h["epoch"] for h in history] == [1, 2, 3] and model.kept_epoch == 1
+    assert all(h["val_acc"] != h["val_acc"] for h in history[1:])  # NaN: no number for a diverged epoch
+    assert torch.isfinite(model.classifier.weight).all()  # the best epoch's weights, not the diverged ones
+    nan_model = MODELS["bert"]()
+    with torch.no_grad():
+        nan_model.classifier.weight.fill_(float("nan"))
+    said = real(nan_model, _data(seed=20))
+    assert said.keys() == {"val_acc", "val_nll"} and all(v != v for v in said.values())

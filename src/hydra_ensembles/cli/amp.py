@@ -52,8 +52,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--temperature", type=float, default=1 / 15, help="tau of the encoders' similarity entropy")
     parser.add_argument("--recover-data", help="data to distil the pruned model from the unpruned one on (Eq. 8)")
-    parser.add_argument("--epochs", type=int, default=AMP_RECOVERY.epochs, help="recovery epochs")
-    parser.add_argument("--lr", type=float, default=AMP_RECOVERY.lr, help="recovery learning rate (AdamW, cosine)")
+    parser.add_argument(
+        "--epochs", type=int, help=f"recovery epochs, with --recover-data (default {AMP_RECOVERY.epochs})"
+    )
+    parser.add_argument(
+        "--lr",
+        type=float,
+        help=f"recovery learning rate (AdamW, cosine), with --recover-data (default {AMP_RECOVERY.lr:g})",
+    )
     add_output_options(parser)
     add_data_options(parser)
     add_device_argument(parser)
@@ -63,6 +69,10 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model_dir = check_model_dir(args.model)
     check_one_model(model_dir, "amp")
+    if args.recover_data is None and (args.epochs is not None or args.lr is not None):
+        raise CommandError("--epochs and --lr set the recovery, which --recover-data FILE runs: pass it, or drop them.")
+    args.epochs = AMP_RECOVERY.epochs if args.epochs is None else args.epochs
+    args.lr = AMP_RECOVERY.lr if args.lr is None else args.lr
     settings = {
         "model": fingerprint_path(model_dir, "--model"),
         "data": fingerprint_path(args.data, "--data"),

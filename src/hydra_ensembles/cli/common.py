@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -220,6 +221,21 @@ def duration_seconds(text: str, flag: str) -> float:
     return seconds
 
 
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least `low`, refused while parsing (before any model loads)."""
+
+    def whole_number(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected a whole number of at least {low}, got {value}")
+        return value
+
+    return whole_number
+
+
 # ---- data ----
 
 
@@ -231,8 +247,8 @@ def add_data_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("data files")
     group.add_argument("--text-column", default="text", help="column holding the text in CSV / JSONL")
     group.add_argument("--label-column", default=LABEL_COLUMN, help="column holding the label")
-    group.add_argument("--max-length", type=int, default=128, help="tokens per text")
-    group.add_argument("--batch-size", type=int, default=16, help="examples per batch")
+    group.add_argument("--max-length", type=at_least(1), default=128, help="tokens per text")
+    group.add_argument("--batch-size", type=at_least(1), default=16, help="examples per batch")
 
 
 def data_settings(args: argparse.Namespace) -> dict:

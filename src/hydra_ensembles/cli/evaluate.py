@@ -62,6 +62,7 @@ from .common import (
     add_device_argument,
     add_inference_options,
     add_zero_shot_options,
+    at_least,
     classifier_at,
     data_settings,
     named_sources,
@@ -91,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, action="append", metavar="[NAME=]PATH", help=f"{what} (repeatable; labels unused)")
     parser.add_argument(
         "--latency-repeats",
-        type=int,
+        type=at_least(0),
         default=7,
         help="rounds of interleaved timing on one batch for the latency column; 0: no latency",
     )
@@ -155,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         ),
         **without_late_defaults({"conformal": args.conformal}, {"conformal": None}),
         **without_late_defaults({"score": args.score}, {"score": "msp"}),
+        **without_late_defaults({"latency_repeats": args.latency_repeats}, {"latency_repeats": 7}),
         **({} if args.shift is None else {"shift": args.shift, "severities": args.severities}),
     }
     out = start_step(args, "evaluate", settings, "report.md")

@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(checkpoints, ignore_errors=True)
     if members:
         index = json.loads((source / MEMBERS_FILE).read_text())
-        (out.path / MEMBERS_FILE).write_text(json.dumps(index, indent=2))
+        write_json_atomic(out.path / MEMBERS_FILE, index)
     shutil.rmtree(out.path / "checkpoints", ignore_errors=True)
     shutil.rmtree(out.path / "histories", ignore_errors=True)  # now in the record
     out.finish({"model_dir": None if members else "model", "history": histories})

@@ -99,17 +99,17 @@ def add_finetune_options(parser: argparse.ArgumentParser) -> None:
         help="images: augment every training batch (crop_flip: random resized crop, area 8-100%%, aspect 3/4-4/3, "
         "and horizontal flip; default: none)",
     )
-    group.add_argument("--seed", type=int, default=0, help="batch order and augmentation seed")
+    group.add_argument("--seed", type=int, help="batch order and augmentation seed (default 0)")
 
 
 def finetune_recipe(args: argparse.Namespace, kind: str) -> TrainConfig:
     """The recipe for the fused ensemble: `--recipe` (default: by `kind`) with the flags given."""
     flags = {name: getattr(args, name) for name in RECIPE_FLAGS}
-    return recipe_from_flags(args, kind, flags, "--finetune-val").with_(seed=args.seed)
+    return recipe_from_flags(args, kind, flags, "--finetune-val").with_(seed=args.seed or 0)
 
 
 def check_finetune_flags(args: argparse.Namespace, kind: str) -> None:
-    flags = ("finetune_val", "recipe", *RECIPE_FLAGS)
+    flags = ("finetune_val", "recipe", "seed", *RECIPE_FLAGS)
     given = [f"--{name.replace('_', '-')}" for name in flags if getattr(args, name) is not None]
     if given and not args.finetune_train:
         raise CommandError(f"{', '.join(given)} set(s) how to fine-tune the fused ensemble: add --finetune-train FILE.")

@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if isinstance(source, JointCircuit):
         return _zero_shot_members(args, out, model_dir, source_path, source)
-    model = classifier_at(model_dir)
+    model = classifier_at(model_dir, zero_shot=zero_shot_options(args))
     _check_fits(model, source, f"--scores {args.scores}" if args.scores else f"--circuit {args.circuit}")
     head_maps = _sample(args, source)
     write_members(out.path, model_dir, head_maps, {"source": "scores" if args.scores else "circuit"})

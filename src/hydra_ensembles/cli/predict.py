@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -86,9 +87,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_inference_options(parser)
 
 
+def _check_writable(path: Path) -> None:
+    if path.is_dir():
+        raise CommandError(f"--output {str(path)!r} is a folder: give a file path inside it.")
+    folder = path.parent
+    if not folder.is_dir():
+        raise CommandError(f"--output {str(path)!r}: its folder {str(folder)!r} does not exist; create it first.")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise CommandError(f"--output {str(path)!r} cannot be written here (permissions): give another path.")
+
+
 def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model_dir = check_model_dir(args.model)
+    if args.output:  # before any inference: a path it cannot write would lose it all
+        _check_writable(Path(args.output))
     model = on_device(classifier_at(model_dir, zero_shot=zero_shot_options(args)), device)  # first: what it is decides
     model = prepared(model, args)  # --precision, --compile
     if (args.calibration is None) == (args.threshold is None):

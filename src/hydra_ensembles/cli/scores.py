@@ -16,9 +16,10 @@ from ..adapters import get_adapter
 from ..evaluation import plots
 from ..importance import taylor_head_scores
 from ..importance.losses import choose_loss, loss_choices, needs_labels
-from ..io import write_json_atomic
+from ..io import replacing, write_json_atomic
 from ..pruning import kept_heads
 from .common import (
+    CommandError,
     add_data_options,
     add_device_argument,
     check_one_model,
@@ -108,8 +109,14 @@ def run(args: argparse.Namespace) -> int:
             else f"no label column {args.label_column!r} in --data: read as unlabelled (--label-column names it)"
         )
         print(f"--loss auto: {loss} ({why})")
-    scores = taylor_head_scores(model, data.batches, loss=loss, sequential_budget=sequential, progress=not args.quiet)
-    safetensors.torch.save_file({"scores": scores.contiguous()}, out.path / "scores.safetensors")
+    try:
+        scores = taylor_head_scores(
+            model, data.batches, loss=loss, sequential_budget=sequential, progress=not args.quiet
+        )
+    except ValueError as error:  # a budget the heads cannot meet, refused before any scoring: name the flag
+        raise CommandError(str(error).replace("sequential_budget", "--sequential")) from None
+    with replacing(out.path / "scores.safetensors") as tmp:  # `members --scores` reads whatever is there
+        safetensors.torch.save_file({"scores": scores.contiguous()}, tmp)
     plots.head_heatmap({"Taylor score": scores}, out.path / "head_importance.png", title="Taylor head importance")
     ranked = {
         str(layer): sorted((h for h in range(scores.shape[1]) if not row[h].isnan()), key=lambda h: row[h].item())

@@ -328,7 +328,14 @@ def text_batches(
 
 def token_limit(tokenizer, max_length: int) -> int:
     """Where `text_batches` cuts a text: at `max_length` tokens, or the model's positions (`model_max_length`) if
-    fewer; past those the forward pass fails."""
+    fewer; past those the forward pass fails. A `max_length` that leaves no token for the text after the
+    tokenizer's special ones ([CLS], [SEP]) is refused: the tokenizer would silently cut nothing."""
+    special = tokenizer.num_special_tokens_to_add(pair=False)
+    if max_length <= special:
+        raise ValueError(
+            f"max_length {max_length} leaves no token for the text: the tokenizer adds {special} special token(s); "
+            f"give more than {special} (--max-length)."
+        )
     return min(max_length, tokenizer.model_max_length)
 
 

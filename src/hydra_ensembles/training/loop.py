@@ -338,9 +338,13 @@ def recover(
 
 def validate(model: nn.Module, batches: list[Batch]) -> dict[str, float]:
     """Validation accuracy and NLL of a classifier (of its ensemble probability, for M members); the NLL of a
-    regressor's Gaussian mixture (a model with `regression = True`)."""
+    regressor's Gaussian mixture (a model with `regression = True`). A model whose outputs are not finite (a
+    diverged epoch) scores NaN, which never counts as an improvement: patience ends the run, the best epoch kept."""
     outputs, labels = collect_member_logits(model, batches), labels_of(batches)
-    if getattr(model, "regression", False):
+    regressor = getattr(model, "regression", False)
+    if not torch.isfinite(outputs).all():
+        return {"val_nll": math.nan} if regressor else {"val_acc": math.nan, "val_nll": math.nan}
+    if regressor:
         return {"val_nll": gaussian_mixture_nll(outputs, labels)}
     probs = ensemble_probs(outputs.double())
     return {"val_acc": accuracy(probs, labels), "val_nll": nll(probs, labels)}
