@@ -119,3 +119,26 @@ def test_stored_parameters_are_found_through_wrappers():
     own = he.count_parameters(calibrated) - he.count_parameters(deep)  # the temperature's
     assert he.cost.stored_parameters(deep) == 7 and he.cost.stored_parameters(calibrated) == 7 + own
     assert he.cost.stored_parameters(model) == he.count_parameters(model)
+
+
+def test_a_compiled_module_is_counted_eager_and_stays_compiled():
+    """Counting ran a module compiled in place under the FLOP counter: dynamo skipped its frame there, and every
+    call after ran eager, so `evaluate --compile` timed an eager model. It is counted eager now, compiled after."""
+
+    class Small(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.linear(x).relu()
+
+    model = Small().eval()
+    eager = he.count_flops(model, {"x": torch.randn(2, 4)})
+    model.compile(backend="eager")  # dynamo's tracing alone: what decides whether a call is compiled
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    assert he.count_flops(model, {"x": torch.randn(2, 4)}) == eager == 2 * 2 * 4 * 3
+    assert not torch._dynamo.utils.counters["frames"]["total"]  # counting traced nothing
+    model(x=torch.randn(2, 4))
+    assert torch._dynamo.utils.counters["frames"]["total"] == 1  # the next call is compiled

@@ -57,13 +57,18 @@ def count_flops(module: nn.Module, inputs: Mapping[str, Any]) -> int:
 
     The parameters are counted with requires_grad off (restored after): a view of a parameter taken under no_grad
     still says it requires grad, and one returned by a submodule (a fused DeBERTa's distance table) would make
-    the counter's module tracker fail."""
+    the counter's module tracker fail. A module compiled in place (`nn.Module.compile`, `inference.prepare`) is
+    counted eager: the FLOPs are the graph's, and tracing it under the counter would compile it for the counter's
+    dispatch mode (left slower for the timing after)."""
     modes = {sub: sub.training for sub in module.modules()}
     trainable = [p for p in module.parameters() if p.requires_grad]
+    compiled = {sub: sub._compiled_call_impl for sub in module.modules() if getattr(sub, "_compiled_call_impl", None)}
     module.eval()
     try:
         for p in trainable:
             p.requires_grad_(False)
+        for sub in compiled:
+            sub._compiled_call_impl = None
         with FlopCounterMode(display=False, custom_mapping=_SDPA_ON_CPU) as counter:
             module(**to_device(inputs, next(module.parameters()).device))
     finally:
@@ -71,6 +76,8 @@ def count_flops(module: nn.Module, inputs: Mapping[str, Any]) -> int:
             sub.training = training
         for p in trainable:
             p.requires_grad_(True)
+        for sub, call in compiled.items():
+            sub._compiled_call_impl = call
     return counter.get_total_flops()
 
 

@@ -128,6 +128,10 @@ def test_the_layout_follows_the_device_with_the_same_outputs():
     assert not ragged_by_default([2, 3], torch.device("cuda"))  # what fusing on a GPU and loading onto one take
     with pytest.raises(ValueError, match="layout must be"):
         ensemble.set_layout("sparse")
+    # the circuit search scores candidates on a one-member layer: a padded layer of two is refused by its count
+    # (it passed the ragged-only check and failed in a reshape)
+    with pytest.raises(ValueError, match="scored on a one-member layer; this one has 2 members"):
+        padded.set_layout("padded").layers[1].ablation_candidates(torch.zeros(2, 4, 10, 32), None, [0])
 
 
 def test_the_weights_digest_names_the_weights_not_the_layout():

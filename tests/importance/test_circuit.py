@@ -544,3 +544,20 @@ def test_joint_circuits_apply_the_tie_rule_in_fast_and_reference_alike(rule):
     # accuracy on 6 examples: every removal ties on S (index order); the NLL decided all of them (measured)
     assert fast.tied() == (5 if rule == "order" else 0)
     assert (fast.removed[:2] == [("image", 0, 0), ("image", 0, 1)]) == (rule == "order")
+
+
+def test_a_setting_tensor_in_the_batches_is_passed_whole_by_every_search():
+    """A 0-d tensor input (ViT's interpolate_pos_encoding), which the fused forward passes whole: the fast search
+    (and `auto`, whose probe rebatches) failed to concatenate it while the reference search ranked; subsampling
+    and `fusion_deviation` with max_examples failed to slice it."""
+    model, setting = MODELS["vit"](), {"interpolate_pos_encoding": torch.tensor(False)}
+    id_batches = [make_inputs("vit", seed=s) | setting | {"labels": torch.tensor([0, 1, 2, 1])} for s in (1, 2)]
+    ood_batches = [make_inputs("vit", seed=s) | setting for s in (3, 4)]
+    reference = he.extract_circuit(model, id_batches, ood_batches, "acc", 2, method="reference", progress=False)
+    fast = he.extract_circuit(model, id_batches, ood_batches, "acc", 2, method="fast", progress=False)
+    assert fast.removed == reference.removed
+    sampled = he.extract_circuit(model, id_batches, ood_batches, "acc", 1, max_examples=6, progress=False)
+    assert len(sampled.removed) == 1
+    members = he.build_members(model, he.sample_members(torch.rand(2, 4), num_members=2, budget=1, seed=0))
+    ensemble = he.HydraEnsemble.fuse(members)
+    assert he.fusion_deviation(ensemble, members, id_batches, max_examples=6)["logits"] < 1e-5

@@ -55,6 +55,25 @@ def test_cross_entropy_scores_follow_the_formula_and_ignore_batching():
     torch.testing.assert_close(he.taylor_head_scores(model, rebatched, progress=False), got, rtol=TAYLOR_RTOL, atol=0)
 
 
+def test_every_gradient_score_works_inside_a_callers_no_grad():
+    """Taylor scores, the circuit screen's first-order estimates and OBA's raised "element 0 of tensors does not
+    require grad" under an inference-mode caller's `torch.no_grad()` (neuron scores did not: they enabled grad)."""
+    from hydra_ensembles.importance.circuit.criteria import CRITERIA
+    from hydra_ensembles.importance.circuit.scoring import FastScorer
+    from hydra_ensembles.importance.oba import oba_scores
+
+    model, batches = MODELS["bert"](), _loader("bert")
+    outside = he.taylor_head_scores(model, batches, progress=False)
+    unlabelled = [{k: v for k, v in b.items() if k != "labels"} for b in batches]
+    estimates = FastScorer(model, batches, unlabelled, CRITERIA["acc"]).first_order([])
+    oba = oba_scores(model, batches[:1], progress=False)
+    with torch.no_grad():
+        torch.testing.assert_close(he.taylor_head_scores(model, batches, progress=False), outside, rtol=0, atol=0)
+        assert FastScorer(model, batches, unlabelled, CRITERIA["acc"]).first_order([]) == estimates
+        inside = oba_scores(model, batches[:1], progress=False)
+    assert inside.keys() == oba.keys() and all(torch.equal(inside[k], oba[k]) for k in oba)
+
+
 def test_label_free_entropy_for_a_classifier():
     model, batches = MODELS["vit"](), _loader("vit", batches=1, labels=False)
 

@@ -84,8 +84,14 @@ def to_device(inputs: Mapping[str, Any], device: torch.device) -> dict[str, Any]
     return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in inputs.items()}
 
 
+def per_example(value: Any) -> bool:
+    """Whether a batch value holds a row per example: a tensor of at least one dimension. A non-tensor or a 0-d
+    tensor (a setting such as ViT's `interpolate_pos_encoding`) goes to the model whole, in every piece of a batch."""
+    return isinstance(value, Tensor) and value.dim() > 0
+
+
 def batch_size(inputs: Mapping[str, Any]) -> int:
-    return next(v.shape[0] for v in inputs.values() if isinstance(v, Tensor))
+    return next(v.shape[0] for v in inputs.values() if per_example(v))
 
 
 def rebatch(batches: list[Batch], size: int) -> list[dict[str, Any]]:
@@ -109,7 +115,7 @@ def rebatch(batches: list[Batch], size: int) -> list[dict[str, Any]]:
     merged: dict[str, Any] = {}
     for key in keys:
         values = [x[key] for x in inputs]
-        if not isinstance(values[0], Tensor):
+        if not per_example(values[0]):
             merged[key] = values[0]
             continue
         if key in _TOKEN_INPUTS:
@@ -120,6 +126,6 @@ def rebatch(batches: list[Batch], size: int) -> list[dict[str, Any]]:
         merged[key] = torch.cat(values)
     total = batch_size(merged)
     return [
-        {k: v[start : start + size] if isinstance(v, Tensor) else v for k, v in merged.items()}
+        {k: v[start : start + size] if per_example(v) else v for k, v in merged.items()}
         for start in range(0, total, size)
     ]

@@ -24,7 +24,7 @@ import transformers
 from torch import Tensor, nn
 
 from ..adapters import Adapter, adapter_by_name, get_adapter
-from ..data.loaders import Batch, split_batch, to_device
+from ..data.loaders import Batch, per_example, split_batch, to_device
 from ..io import HYDRA_CONFIG, reading_dir, save_dir_atomic, write_json_atomic
 from ..outputs import PredictorOutput
 from ..pruning import HeadMap, base_fingerprint, kept_heads, kept_neurons
@@ -559,7 +559,7 @@ def fusion_deviation(
                 left = max_examples - worst["examples"]
                 if left <= 0:
                     break
-                inputs = {k: v[:left] if isinstance(v, Tensor) else v for k, v in inputs.items()}
+                inputs = {k: v[:left] if per_example(v) else v for k, v in inputs.items()}
             device = next(ensemble.parameters()).device
             fused = ensemble(**to_device(inputs, device))
             # each member where it is (the CLI moves the ensemble alone to a GPU)

@@ -309,8 +309,10 @@ class FusedLayer(nn.Module):
         attention runs once; candidate c's attention output is the full output minus head c's term
         z_c W_o^(c). Returns (C, B, T, d), or (C, B, q, d) with `queries=q` (see `forward`).
         """
-        if self.ragged:
-            raise ValueError("ablation candidates are scored on a one-member layer; this one has ragged members.")
+        if len(self.kept_heads) != 1:
+            raise ValueError(
+                f"ablation candidates are scored on a one-member layer; this one has {len(self.kept_heads)} members."
+            )
         _, batch, tokens, d = x.shape
         rows = queries or tokens
         heads = self.attend(self.attention_input(x.reshape(1, batch * tokens, d)), batch, mask, queries)

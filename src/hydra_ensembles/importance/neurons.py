@@ -58,7 +58,7 @@ def neuron_scores(
     hooks = [b.mlp_out.register_forward_pre_hook(lambda _, args: activations.append(args[0])) for b in blocks]
     try:
         # gradients through the first MLP linears make every activation h part of the graph
-        with gradients_for(model, [b.mlp_in.weight for b in blocks]), torch.enable_grad():
+        with gradients_for(model, [b.mlp_in.weight for b in blocks]):
             values = weighted_losses(loss, model, batches, classifier=classifier, temperature=temperature)
             bar = tqdm(values, desc="neuron scores", total=len(batches), disable=not progress, leave=False)
             for value, share in bar:

@@ -27,9 +27,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from ...data.loaders import TARGETS, Batch, rebatch
+from ...data.loaders import TARGETS, Batch, per_example, rebatch
 from ...data.loaders import batch_size as examples_in
 from ...distributed import gather_dict, is_main, world_size
 from ...pruning import kept_heads
@@ -352,14 +352,14 @@ def subsample(batches: Sequence[Batch], max_examples: int | None, seed: int = 0)
         count = examples_in(batch)
         rows = chosen[(chosen >= start) & (chosen < start + count)] - start
         if len(rows):
-            pieces.append({k: v[rows] if isinstance(v, Tensor) else v for k, v in batch.items()})
+            pieces.append({k: v[rows] if per_example(v) else v for k, v in batch.items()})
         start += count
     return regroup(pieces, examples_in(batches[0]))
 
 
 def regroup(pieces: list[Batch], size: int) -> list[Batch]:
     """`pieces` concatenated and cut into batches of `size`, targets (`TARGETS`) cut alongside the inputs; token
-    inputs right-padded to each batch's longest (masked, as `rebatch` does)."""
+    inputs right-padded to the longest of all pieces (masked, as `rebatch` does)."""
     inputs = rebatch(pieces, size)  # drops the targets
     carried = [key for key in TARGETS if any(p.get(key) is not None for p in pieces)]
     for key in carried:

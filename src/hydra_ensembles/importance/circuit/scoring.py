@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from ...adapters import get_adapter
-from ...data.loaders import Batch, rebatch, split_batch, to_device
+from ...data.loaders import Batch, per_example, rebatch, split_batch, to_device
 from ...data.loaders import batch_size as examples_in
 from ...outputs import labels_of
 from ...pruning import ablate_heads, kept_heads, prune_heads
@@ -252,7 +252,8 @@ class FastScorer(CandidateScorer):
 
 
 def _tile(value, count: int):
-    """Repeat a model input `count` times along its batch axis (candidate-major); leave non-tensors alone."""
-    if isinstance(value, Tensor):
+    """Repeat a model input `count` times along its batch axis (candidate-major); leave settings (`per_example`)
+    alone."""
+    if per_example(value):
         return value.repeat(count, *([1] * (value.dim() - 1)))
     return value
