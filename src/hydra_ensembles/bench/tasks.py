@@ -279,6 +279,23 @@ def _ood_sets(
     return tests, validation, groups, selection
 
 
+def _text_data(
+    name: str,
+    classes: tuple[str, ...],
+    splits: tuple[Split, Split, Split],
+    near_sources: dict[str, tuple[list, bool]],
+    far_sources: dict[str, tuple[list, bool]],
+    sizes: TextSize,
+    rng: random.Random,
+) -> TextData:
+    """`TextData` (its description left to the caller) of the ID `splits` (train, val, test) and the near and far
+    OOD sources, each split by `_ood_sets`, near first (the order `rng` draws in)."""
+    near, near_val, near_groups, near_selection = _ood_sets(near_sources, sizes, rng)
+    far, far_val, far_groups, far_selection = _ood_sets(far_sources, sizes, rng)
+    groups, selection = near_groups + far_groups, near_selection | far_selection
+    return TextData(name, classes, *splits, near, far, near_val + far_val, "", groups, selection)
+
+
 def _ood_note(sizes: TextSize, data: TextData) -> str:
     counts = ", ".join(f"{name} {len(texts)}" for name, texts in (data.near | data.far).items())
     return (
@@ -294,24 +311,10 @@ def bbc_data(sizes: TextSize, rng: random.Random) -> TextData:
 
     train, val, test = _split_by_label([load_bbc(topic) for topic in ID_TOPICS], sizes, rng)
     near_sources = {f"bbc-{t}": (load_bbc(t), False) for t in NEAR_TOPICS}
-    near, near_val, near_groups, near_selection = _ood_sets(near_sources, sizes, rng)
     reviews = load_drug_reviews("train") + load_drug_reviews("test")
     amazon = [(group, text) for group, text, _ in load_sentiment("amazon")]
     far_sources = {"drug-reviews": (reviews, False), "amazon": (amazon, True)}
-    far, far_val, far_groups, far_selection = _ood_sets(far_sources, sizes, rng)
-    data = TextData(
-        "text-bbc",
-        ID_TOPICS,
-        train,
-        val,
-        test,
-        near,
-        far,
-        near_val + far_val,
-        "",
-        near_groups + far_groups,
-        near_selection | far_selection,
-    )
+    data = _text_data("text-bbc", ID_TOPICS, (train, val, test), near_sources, far_sources, sizes, rng)
     data.description = (
         f"ID: BBC {', '.join(ID_TOPICS)} ({sizes.train}/{sizes.val}/{sizes.test} articles per topic for "
         f"train/val/test); near-OOD: BBC {', '.join(NEAR_TOPICS)}; far-OOD: drug reviews, Amazon product-review "
@@ -331,25 +334,11 @@ def sentiment_data(sizes: TextSize, rng: random.Random) -> TextData:
         by_class[label].append(text)
     train, val, test = _split_by_label([by_class[0], by_class[1]], sizes, rng)
     amazon = [(group, text) for group, text, _ in load_sentiment("amazon")]
-    near, near_val, near_groups, near_selection = _ood_sets({"amazon": (amazon, True)}, sizes, rng)
     news = [text for topic in TOPICS for text in load_bbc(topic)]
     reviews = load_drug_reviews("train") + load_drug_reviews("test")
     far_sources = {"bbc-news": (news, False), "drug-reviews": (reviews, False), "reuters": (load_reuters(), False)}
-    far, far_val, far_groups, far_selection = _ood_sets(far_sources, sizes, rng)
-    groups, selection = near_groups + far_groups, near_selection | far_selection
-    data = TextData(
-        "text-sentiment",
-        ("negative", "positive"),
-        train,
-        val,
-        test,
-        near,
-        far,
-        near_val + far_val,
-        "",
-        groups,
-        selection,
-    )
+    splits, near_sources = (train, val, test), {"amazon": (amazon, True)}
+    data = _text_data("text-sentiment", ("negative", "positive"), splits, near_sources, far_sources, sizes, rng)
     data.description = (
         f"ID: sentiment (sign of the mean human rating) of Rotten Tomatoes movie sentences "
         f"({sizes.train}/{sizes.val}/{sizes.test} per class for train/val/test); near-OOD: Amazon product-review "
