@@ -81,6 +81,8 @@ def test_the_curve_measures_every_row_on_validation_and_chooses_on_it(tiny_task,
     third = curve.run(tiny_task, [0], tmp_path / "out3", tmp_path / "cache", progress=False, latency_repeats=1)
     assert third["validation"] == summary["validation"]
     assert json.loads(record.read_text())["CircAvg"]["validation"]["data"] == curve.SELECTION
+    assert third["selection_without"] == [] and "no examples to spare" not in curve.markdown(third)
+    assert "test part (near: no examples to spare, left out)" in curve.markdown(third | {"selection_without": ["near"]})
     with pytest.raises(ValueError, match="has no selection data .Task.selection_id / selection_ood."):
         curve.validation_metrics(engine, replace(tiny_task, selection_ood={}))
 

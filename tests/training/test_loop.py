@@ -332,3 +332,7 @@ def test_a_diverged_epoch_never_counts_as_the_best_and_patience_ends_the_run(mon
         nan_model.classifier.weight.fill_(float("nan"))
     said = real(nan_model, _data(seed=20))
     assert said.keys() == {"val_acc", "val_nll"} and all(v != v for v in said.values())
+    epochs.append(0)  # diverged from the first epoch: no weights worth returning, and the message says what to do
+    with pytest.raises(ValueError, match="every validated epoch diverged .non-finite outputs in all 2.*lower learning"):
+        ft.finetune(MODELS["bert"](), _data(), CONFIG.with_(epochs=6, patience=2), val_loader=_data(seed=20),
+                    progress=False)  # fmt: skip

@@ -1,23 +1,22 @@
-"""Cost against quality on one base (issue 44): Single, Deep Ensembles, Hydra (Circ) and the cheaper ensembles of
-the same fine-tuned model, each at its FLOPs and at its latency timed interleaved with the others in one run.
+"""Cost against quality on one base (issue 44): Single, Deep Ensembles, Hydra (Circ) and the cheaper ensembles of the
+same fine-tuned model, each at its FLOPs and at its latency timed interleaved with the others in one run.
 
-The cheaper variants (rows of `bench.suite`): one pruned model (CircAvg), also with a temperature fit on
-validation (next to Single's, "Temp. scaling", and Hydra (Circ)'s: one temperature is what closed Hydra's
-calibration gap on DINOv2-S); the single model pruned of as many weights by OBA and fine-tuned like the members
-("OBA": one model's cost, level with Hydra (Circ) on the small ViT); members identical in their first half or
-three quarters of the layers, which the fused ensemble runs once ("Hydra (Circ), shared trunk 1/2", "3/4"); Hydra
-(Circ)'s members fused, then fine-tuned as one module. "Single, fused engine" is Single on the fused rows' engine:
-their cost without the engine's own saving. Each row also records the numbers a user chooses by, measured on
-validation data no circuit saw (`validation_metrics`): NLL and accuracy on the ID validation examples past the
-circuits' ones, and the all-OOD AUROC (maximum softmax probability) of those against a third part of each OOD source,
-disjoint from its validation part (the circuits' OOD data, which would flatter the circuit rows) and from its test
-part. At each cost limit (`LIMITS`, FLOPs x Single; `LATENCY_LIMITS`, latency x Single) the row of best
-validation AUROC within it is chosen (ties: lower validation NLL); the test columns are read after, never used to
-choose. Each row is compared with Single by the paired bootstrap (`evaluation.bootstrap`), and the table says
-which rows, if any, beat Single on NLL, ECE and all-OOD AUROC at most `ONE_MODEL` x its latency. Writes
+The cheaper variants (rows of `bench.suite`): one pruned model (CircAvg), also with a temperature fit on validation
+(next to Single's, "Temp. scaling", and Hydra (Circ)'s: one temperature is what closed Hydra's calibration gap on
+DINOv2-S); the single model pruned of as many weights by OBA and fine-tuned like the members ("OBA": one model's
+cost, level with Hydra (Circ) on the small ViT); members identical in their first half or three quarters of the
+layers, which the fused ensemble runs once ("Hydra (Circ), shared trunk 1/2", "3/4"); Hydra (Circ)'s members fused,
+then fine-tuned as one module. "Single, fused engine" is Single on the fused rows' engine: their cost without the
+engine's own saving. Each row also records the numbers a user chooses by, measured on validation data no circuit saw
+(`validation_metrics`): NLL and accuracy on the ID validation examples past the circuits' ones, and the all-OOD
+AUROC (maximum softmax probability) of those against a third part of each OOD source with examples to spare (the
+table names any without), disjoint from its validation part (the circuits' OOD data, which would flatter the circuit
+rows) and from its test part. At each cost limit (`LIMITS`, FLOPs x Single; `LATENCY_LIMITS`, latency x Single) the
+row of best validation AUROC within it is chosen (ties: lower validation NLL); the test columns are read after,
+never used to choose. Each row is compared with Single by the paired bootstrap (`evaluation.bootstrap`), and the
+table says which rows, if any, beat Single on NLL, ECE and all-OOD AUROC at most `ONE_MODEL` x its latency. Writes
 cost_curve.md, cost_curve.json and cost_curve.png beside the task's table, with records of its own
-(`cost_curve.json`, `curve-logits/` in each seed's cache) so that it renders from records like the table.
-"""
+(`cost_curve.json`, `curve-logits/` in each seed's cache) so that it renders from records like the table."""
 
 from __future__ import annotations
 
@@ -130,6 +129,8 @@ def _best_within(validation: Mapping, cost: Mapping[str, float], limits: Sequenc
 
 def _summarize(task, summary: dict, seed_dirs: Mapping[int, Path]) -> dict:
     said = {"validation": validation_means(summary["per_seed"])}
+    # OOD sources with nothing left for a selection part: the validation AUROC averages the others
+    said["selection_without"] = sorted((set(task.near) | set(task.far)) - set(task.selection_ood or {}))
     rows = list(summary["rows"])
     pairs = [(row, "Single") for row in rows[1:] if row != ENGINE]  # every row against the model it would replace
     # a calibrated row also against the single model calibrated the same way
@@ -183,6 +184,8 @@ def markdown(summary: dict) -> str:
         f"Single's latency: {', '.join(one_model) if one_model else 'none of these rows'}."
     )
     differences = summary.get("differences")
+    without = summary.get("selection_without")
+    left_out = f" ({', '.join(without)}: no examples to spare, left out)" if without else ""
     lines = [
         f"# {summary['task']}: cost and quality of cheaper ensembles on one base",
         "",
@@ -196,9 +199,9 @@ def markdown(summary: dict) -> str:
         "",
         "Validation columns, on data no circuit saw: NLL on the ID validation examples past the circuits' ones, and "
         "the all-OOD AUROC (%, maximum softmax probability, the mean over the OOD sources) of those against a part "
-        "of each OOD source held out from both its circuit (validation) part and its test part (a temp. scaling "
-        "row's temperature was fit on the ID validation split, so its validation NLL is optimistic). Test columns "
-        "as in the task's table. " + CONVENTIONS,
+        f"of each OOD source held out from both its circuit (validation) part and its test part{left_out} (a temp. "
+        "scaling row's temperature was fit on the ID validation split, so its validation NLL is optimistic). Test "
+        "columns as in the task's table. " + CONVENTIONS,
         "",
         "Chosen on validation (best validation AUROC within the cost limit; ties: lower validation NLL):",
         "",

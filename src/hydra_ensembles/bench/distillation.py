@@ -93,6 +93,7 @@ def distil_both(
                 shutil.rmtree(where / "checkpoints", ignore_errors=True)
         for kind, model in students.items():
             score = validate(model, val_batches)["val_nll"]
+            score = math.inf if math.isnan(score) else score  # a diverged student: never better than another
             if kind not in best or score < best[kind][0]:
                 best[kind] = (score, model, temperature)
     return {kind: (model, t) for kind, (_, model, t) in best.items()}

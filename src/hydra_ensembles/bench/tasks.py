@@ -590,7 +590,7 @@ def image_splits(quick: bool, ood_val: int) -> ImageSplits:
         left = torch.nonzero(train_labels == c)[:, 0]
         left = left[~torch.isin(left, rows)]
         selection[name] = train_images[left[torch.randperm(len(left), generator=generator)[:SELECTION_OOD]]]
-    selection |= {name: images[:SELECTION_OOD] for name, images in far_left.items()}
+    selection |= {name: images[:SELECTION_OOD] for name, images in far_left.items() if len(images)}
     return ImageSplits(
         train=(pool_images[train_rows], remap[pool_labels[train_rows]]),
         val=(pool_images[is_val], remap[pool_labels[is_val]]),

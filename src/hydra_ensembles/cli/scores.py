@@ -114,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
             model, data.batches, loss=loss, sequential_budget=sequential, progress=not args.quiet
         )
     except ValueError as error:  # a budget the heads cannot meet, refused before any scoring: name the flag
+        if "sequential_budget" not in str(error):
+            raise
         raise CommandError(str(error).replace("sequential_budget", "--sequential")) from None
     with replacing(out.path / "scores.safetensors") as tmp:  # `members --scores` reads whatever is there
         safetensors.torch.save_file({"scores": scores.contiguous()}, tmp)

@@ -178,6 +178,11 @@ def train(
                 if path is not None and is_main():
                     _save(path, model, optimizer, schedule, identity, state)
                 barrier()
+        if val_batches is not None and state["best"] is None and state["history"]:
+            raise ValueError(
+                f"every validated epoch diverged (non-finite outputs in all {len(state['history'])}): no weights "
+                "worth keeping; train again with a lower learning rate (lr, --lr)."
+            )
         if state["best"] is not None:
             model.load_state_dict(state["best"])
         model.training_history = state["history"]
