@@ -585,11 +585,11 @@ def image_splits(quick: bool, ood_val: int) -> ImageSplits:
         far[name] = images[order[ood_val : ood_val + counts["ood"]]]
         far_left[name] = images[order[ood_val + counts["ood"] :]]
     # the selection parts: near ones from the held-out classes' training images the validation parts left
-    selection, generator = {}, torch.Generator().manual_seed(2)
+    selection, spare = {}, torch.Generator().manual_seed(2)  # its own stream: the other draws stay as they were
     for name, c, rows in zip(names, HELD_OUT, validation_rows):
         left = torch.nonzero(train_labels == c)[:, 0]
         left = left[~torch.isin(left, rows)]
-        selection[name] = train_images[left[torch.randperm(len(left), generator=generator)[:SELECTION_OOD]]]
+        selection[name] = train_images[left[torch.randperm(len(left), generator=spare)[:SELECTION_OOD]]]
     selection |= {name: images[:SELECTION_OOD] for name, images in far_left.items() if len(images)}
     return ImageSplits(
         train=(pool_images[train_rows], remap[pool_labels[train_rows]]),
