@@ -31,9 +31,8 @@ set -x
 hydra-ens bench image-dinov2 --seeds 1 --records $R --quiet --out /tmp/hydra-subsets/image-dinov2-seed1 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
 hydra-ens bench image-dinov2 --seeds 2 --records $R --quiet --out /tmp/hydra-subsets/image-dinov2-seed2 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
 # the three-seed table issue 39 closes on: Hydra (Taylor) beside Hydra (Circ) (item 6), the control trained as long
-# (item 4); timed on seed 2, whose models this cache holds (seed 0's weights are gone: timing it would train its
-# every model again, ~15 h)
-hydra-ens bench image-dinov2 --seeds 0 1 2 --records $R --quiet --latency-seeds 2 --rows Single "Single, trained as long" "Deep Ensembles" "Temp. scaling" CircAvg "Hydra (Taylor)" "Hydra (Circ)" "Hydra (Circ), temp. scaling"
+# (item 4)
+hydra-ens bench image-dinov2 --seeds 0 1 2 --records $R --quiet --rows Single "Single, trained as long" "Deep Ensembles" "Temp. scaling" CircAvg "Hydra (Taylor)" "Hydra (Circ)" "Hydra (Circ), temp. scaling"
 # then issue 39's other two measurements: is the circuit the model's (two disjoint halves of the validation
 # data), and which protocol change moved what (seed 0, about an hour a step on 2 cores)
 python benchmarks/circuit_halves.py image-dinov2 --seed 0 --first 12 24 48  # is the circuit the model's?
