@@ -58,8 +58,8 @@ def count_flops(module: nn.Module, inputs: Mapping[str, Any]) -> int:
     The parameters are counted with requires_grad off (restored after): a view of a parameter taken under no_grad
     still says it requires grad, and one returned by a submodule (a fused DeBERTa's distance table) would make
     the counter's module tracker fail. A module compiled in place (`nn.Module.compile`, `inference.prepare`) is
-    counted eager: the FLOPs are the graph's, and tracing it under the counter would compile it for the counter's
-    dispatch mode (left slower for the timing after)."""
+    counted eager: the FLOPs are the graph's, and run under the counter, dynamo skips its frame and every call
+    after runs eager (the timing after would time an eager model)."""
     modes = {sub: sub.training for sub in module.modules()}
     trainable = [p for p in module.parameters() if p.requires_grad]
     compiled = {sub: sub._compiled_call_impl for sub in module.modules() if getattr(sub, "_compiled_call_impl", None)}

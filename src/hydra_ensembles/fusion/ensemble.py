@@ -306,10 +306,7 @@ class HydraEnsemble(nn.Module):
             part = (
                 inputs
                 if whole
-                else {
-                    k: v[rows] if isinstance(v, Tensor) and v.dim() and v.shape[0] == batch else v
-                    for k, v in inputs.items()
-                }
+                else {k: v[rows] if per_example(v) and v.shape[0] == batch else v for k, v in inputs.items()}
             )
             part_mask = mask if whole else batch_rows(mask, rows, batch)
             h = self.run_layers(x[:, rows], part_mask, queries=None if output_hidden_states else self.head_tokens)
