@@ -361,13 +361,15 @@ def test_a_single_model_trained_again_for_rows_recorded_without_digests_is_check
 
 @pytest.mark.parametrize("queue", ["queue.sh", "queue-core1.sh"])
 def test_every_run_of_the_records_queues_is_a_valid_bench_command(queue):
-    """benchmarks/records/queue*.sh list the runs under way: each line must parse, and name known rows."""
+    """benchmarks/records/queue*.sh list the runs under way: each line must parse, pass the CLI's flag checks (a
+    line with `--latency-seeds` on a suite task parsed, then was refused by `bench.run`), and name known rows."""
     script = Path(__file__).parents[2] / "benchmarks" / "records" / queue
     runs = [shlex.split(line) for line in script.read_text().splitlines() if line.startswith("hydra-ens bench ")]
     assert runs, f"no `hydra-ens bench` line in {script}"
     for words in runs:
         args = build_parser().parse_args([word.replace("$R", "benchmarks/records") for word in words[1:]])
         assert args.seeds, words
+        bench.check_flags(args)
         if args.task.startswith("distill-"):  # keeps no records: its students are cached, its teachers recorded
             continue
         assert args.records == Path("benchmarks/records"), words

