@@ -139,9 +139,20 @@ def test_ood_edge_cases():
         M.auroc(perfect, torch.zeros(4, dtype=torch.bool))
     # a NaN score: AUROC ranked it last, AUPR first, FPR95 never flagged it; refused by every metric
     nan = torch.tensor([0.1, float("nan"), 0.8, 0.9])
+    # an overflowed logit's energy or max logit, -inf: passed for the most in-distribution input of all
+    minus_inf = torch.tensor([0.1, 0.2, float("-inf"), 0.9])
     for metric in (M.auroc, M.aupr_in, M.aupr_out, M.fpr_at_tpr):
-        with pytest.raises(ValueError, match="1 OOD score.s. are NaN"):
-            metric(nan, labels)
+        for bad in (nan, minus_inf):
+            with pytest.raises(ValueError, match="1 OOD score.s. are NaN or infinite"):
+                metric(bad, labels)
+        # class ids or OpenOOD's -1 labels read as "every nonzero is OOD" (AUROC 1.0 here); 0/1 ints are flags
+        with pytest.raises(ValueError, match=r"is_positive as bool \(True = OOD\) or 0/1, got the values \[-1, 0, 2\]"):
+            metric(perfect, torch.tensor([0, -1, 2, 2]))
+        assert metric(perfect, labels.long()) == metric(perfect, labels)
+    # integer scores: negating uint8 wrapped around (AUPR-Out 0.583 where the float scores give 1.0)
+    small = torch.tensor([0, 10, 200, 250], dtype=torch.uint8)
+    for metric in (M.aupr_in, M.aupr_out, M.auroc, M.fpr_at_tpr):
+        assert metric(small, labels) == metric(small.double(), labels)
 
 
 # ---- model uncertainty ----
@@ -205,6 +216,12 @@ def test_logits_bad_labels_and_bad_arguments_are_refused_not_measured():
             metric(probs, torch.tensor([0, 5]))
     with pytest.raises(ValueError, match="bins >= 1"):
         M.ece(probs, torch.tensor([0, 1]), bins=0)
+    # accuracy counted a NaN row and an out-of-range or float label as wrong
+    with pytest.raises(ValueError, match="1 row.s. of the predictions hold NaN"):
+        M.accuracy(torch.tensor([[0.2, 0.8], [float("nan"), 0.0]]), torch.tensor([1, 0]))
+    for labels in (torch.tensor([1, 5]), torch.tensor([1.0, 1.7])):
+        with pytest.raises(ValueError, match=r"accuracy needs integer class ids in \[0, 2\)"):
+            M.accuracy(logits, labels)
     scores, is_ood = torch.tensor([0.1, 0.9, 0.4]), torch.tensor([False, True, True])
     with pytest.raises(ValueError, match=r"true-positive rate in \(0, 1\]"):
         M.fpr_at_tpr(scores, is_ood, tpr=1.5)
@@ -249,6 +266,11 @@ def test_shapes_that_would_broadcast_into_a_wrong_value_are_refused():
         M.gaussian_mixture_nll(gaussians[..., 0], targets)
     with pytest.raises(ValueError, match="N > 0"):
         M.gaussian_mixture_nll(gaussians[:0], targets[:0])
+    gaussians[3, 1, 0] = float("nan")  # returned NaN where every other metric refuses it
+    with pytest.raises(ValueError, match="1 NaN prediction row"):
+        M.gaussian_mixture_nll(gaussians, targets)
+    with pytest.raises(ValueError, match="bins >= 1 .an integer., got True"):  # bool is an int: crashed in torch
+        M.ece(probs, labels, bins=True)
 
 
 def test_disagreement_is_float64_and_aupr_in_takes_lists_as_the_other_ood_metrics_do():

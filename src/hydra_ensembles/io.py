@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 import torch
 
 SWAP_WAIT_POLLS = 200  # a reader waits up to 2 s for a save caught between its two renames
@@ -204,6 +205,17 @@ def reading_dir(path: str | os.PathLike, what: str) -> Iterator[Path]:
     if not path.is_dir():
         raise FileNotFoundError(f"no {what} at {str(path)!r}: the directory does not exist.")
     yield path
+
+
+def load_weights(module: torch.nn.Module, path: str | os.PathLike) -> torch.nn.Module:
+    """`module` with the safetensors file at `path` loaded, in the dtype it was saved in: `load_state_dict` alone
+    would cast a float64 or bf16 save into the freshly built float32 module. Returns the module."""
+    weights = safetensors.torch.load_file(str(path))
+    dtypes = {w.dtype for w in weights.values() if w.is_floating_point()}
+    if len(dtypes) == 1:
+        module = module.to(dtypes.pop())
+    module.load_state_dict(weights)
+    return module
 
 
 def without_late_defaults(settings: dict[str, Any], late_defaults: dict[str, Any]) -> dict[str, Any]:

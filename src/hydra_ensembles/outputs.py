@@ -49,6 +49,11 @@ class PredictorOutput:
 
     def _logits(self) -> Tensor:
         if self.member_logits is None:
+            if self.member_gaussians is not None:
+                raise ValueError(
+                    "this ensemble is a regressor: its members predict Gaussians (member_gaussians), not class "
+                    "probabilities; hydra_ensembles.uncertainty.gaussian_mixture gives their mean and variances."
+                )
             raise ValueError("this ensemble has no classifier: use member_pooled instead of probabilities.")
         return self.member_logits
 

@@ -139,6 +139,8 @@ def test_latency_on_several_seeds_is_the_mean_of_each_seeds_median():
     rows = aggregate({0: {name: _run_result() for name in ("Single", "Hydra")}})
     assert table_lines(rows, both)[-1].endswith("| 0.87 ± 0.07 |")
     assert table_lines(rows, timed[0])[-1].endswith("| 0.94 (0.90-1.00) |")
+    plain = aggregate({0: {"Single": {k: v for k, v in _run_result().items() if k != "heads"}}})  # Built.extra {}
+    assert plain["Single"]["heads"] == "-" and "| Single | - |" in table_lines(plain, {})[-1]
     when = {"date": "2026-11-23", "machine": "cpu"}
     summary = {"latency_per_seed": timed, "latency_timed": dict.fromkeys(timed, when), "latency_batch": 32}
     note = amp.latency_note(summary)

@@ -334,9 +334,13 @@ def test_distill_checks_what_it_can_before_training(tmp_path):
                  progress=False)  # fmt: skip
 
 
-def test_growing_keeps_the_students_dtype_and_what_was_frozen():
+def test_growing_and_saving_keep_the_students_dtype_and_what_was_frozen(tmp_path):
     hinton = MultiHeadMLP(2, 3, heads=1).double()
     assert all(p.dtype == torch.float64 for p in hinton.grow(3).parameters())
+    reloaded = load_predictor(save_predictor(hinton.grow(3), tmp_path / "f64"))  # was built float32, cast into
+    assert all(p.dtype == torch.float64 for p in reloaded.parameters())
+    x = torch.randn(4, 2, dtype=torch.float64)
+    assert torch.equal(reloaded(x).member_logits, hinton.grow(3).eval()(x).member_logits)
     hinton.body.requires_grad_(False)  # as the loop's error message tells a user to freeze the body
     grown = hinton.grow(3)
     assert not any(p.requires_grad for p in grown.body.parameters())

@@ -195,6 +195,11 @@ def test_too_little_to_resample_is_refused_with_the_fix():
         paired_bootstrap(runs, runs[:1], LABELS)
     with pytest.raises(ValueError, match="one per seed \\(2\\), got 3"):
         paired_bootstrap(runs, runs, [LABELS] * 3)
+    with pytest.raises(ValueError, match=r"integer class ids in \[0, 4\)"):  # was truncated by .long()
+        paired_bootstrap(runs, runs, LABELS.double() + 0.6)
+    clash = [r | {"ood": {"a": r["ood"]["c"]}} for r in runs]  # "a" in near and in ood: one was dropped
+    with pytest.raises(ValueError, match=r"OOD set names must differ across near, far and ood, got \['a', 'b', 'a'\]"):
+        paired_bootstrap(clash, clash, LABELS)
 
 
 def test_one_seed_resamples_its_examples_only():

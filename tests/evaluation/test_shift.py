@@ -263,6 +263,9 @@ def test_wrong_names_modalities_and_severities_say_what_to_give(tmp_path):
             shift_curve(model, batches, severities=severities)
     with pytest.raises(ValueError, match="severities must be integers 0..5"):
         shift_images(batches[0]["pixel_values"], "contrast", 6)
+    normalised = _images(side=16) * 4 - 2  # un-normalised as if in [0, 1]: was clamped there at every severity
+    with pytest.raises(ValueError, match=r"once un-normalised, not in \[0, 1\]: .*pixels=PixelSpace.of\(processor\)"):
+        shift_images(normalised, "contrast", 1)
     text_model, tokenizer = _text_model_and_tokenizer(tmp_path)
     tokenized = text_data(tokenizer, TEXTS, [0] * len(TEXTS)).encode(TEXTS)
     with pytest.raises(ValueError, match=r"or text as TextData\(texts, encode\): text shifts perturb the raw strings"):

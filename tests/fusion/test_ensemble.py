@@ -218,6 +218,13 @@ def test_members_with_different_classifiers_are_rejected():
     other.classifier = torch.nn.Linear(32, 5)
     with pytest.raises(ValueError, match="different classifiers: num_labels"):
         he.HydraEnsemble.fuse([model, other])
+    swapped = copy.deepcopy(model)  # same count, classes in the other order: probabilities would mix classes
+    swapped.config.id2label = {0: "pos", 1: "neg"}
+    model.config.id2label = {0: "neg", 1: "pos"}
+    with pytest.raises(
+        ValueError, match=r"different classifiers: id2label: member 0 names its classes \['neg', 'pos'\]"
+    ):
+        he.HydraEnsemble.fuse([model, swapped])
     encoder = T.BertModel(model.config)
     with pytest.raises(ValueError, match="mix model classes"):
         he.HydraEnsemble.fuse([model, encoder])

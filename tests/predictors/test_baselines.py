@@ -23,6 +23,23 @@ def test_deep_ensemble_stacks_its_models():
         assert torch.equal(B.DeepEnsemble(models)(**inputs).member_logits, expected)
 
 
+def test_a_deep_ensemble_refuses_members_that_predict_different_classes():
+    """Members naming their classes in another order were averaged class by class, under member 0's names."""
+    model = MODELS["bert"]()
+    model.config.id2label = {0: "neg", 1: "pos"}
+    swapped = copy.deepcopy(model)
+    swapped.config.id2label = {0: "pos", 1: "neg"}
+    with pytest.raises(
+        ValueError, match=r"predict different classes \(id2label: member 0 .* member 1 \['pos', 'neg'\]"
+    ):
+        B.DeepEnsemble([model, swapped])
+    wider = copy.deepcopy(model)
+    wider.config.num_labels = 3
+    with pytest.raises(ValueError, match=r"num_labels = \[2, 3\]"):
+        B.DeepEnsemble([model, wider])
+    assert B.DeepEnsemble([model, copy.deepcopy(model)]).num_members == 2
+
+
 def test_mc_dropout_samples_differ_are_reproducible_and_leave_eval_mode():
     model, inputs = MODELS["bert"](), make_inputs("bert")
     with torch.no_grad():

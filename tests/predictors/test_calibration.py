@@ -45,6 +45,18 @@ def test_each_map_lowers_the_nll_of_a_miscalibrated_ensemble(method):
     assert calibrated.shape == (1000, members, 4) and calibrated.dtype == logits.dtype
 
 
+def test_temperature_scaling_never_raises_the_nll_it_reports_on_its_own_data():
+    """The fit minimised the exact NLL while every table reports it floored at 2.2e-16 (36 nats an example): three
+    confidently wrong examples (400 nats each, exactly) pulled T to ~140, and the reported NLL rose."""
+    logits = torch.tensor([12.0, 0.0], dtype=F64).repeat(200, 1)
+    logits[:3] = torch.tensor([-400.0, 0.0], dtype=F64)
+    logits[3:23] = torch.tensor([0.0, 2.0], dtype=F64)  # wrong by a little: the NLL has a minimum in T
+    logits, labels = logits[:, None], torch.zeros(200, dtype=torch.long)  # (N, 1, 2): one member
+    temperature = P.fit_temperature(logits, labels)
+    assert _nll(logits / temperature, labels) <= _nll(logits, labels) + 1e-9
+    assert temperature < 5  # 2.76: the others decide it; the floored three pull on nothing (old fit: 235)
+
+
 def test_vector_scaling_recovers_a_known_scale_and_bias():
     logits, labels = _miscalibrated(n=6000, members=1, spread=0)  # the truth: a vector scaling of the logits
     fitted = P.VectorScaling.fit(logits, labels)

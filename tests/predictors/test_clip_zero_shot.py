@@ -273,6 +273,13 @@ def test_other_classes_are_refused_for_a_zero_shot_ensemble_calibrated_class_by_
     with pytest.raises(ValueError, match=r"vector-scaled, fitted class by class for its classes \['cat'"):
         load_classifier(tmp_path / "vector", classes=reordered)
     assert load_classifier(tmp_path / "temperature", classes=reordered).model.classes == reordered
+    # new prompts for the same classes change every logit the vector scaling was fitted on: refused as well, and
+    # templates alone (no classes) were silently ignored
+    with pytest.raises(ValueError, match="fitted class by class"):
+        load_classifier(tmp_path / "vector", classes=CLASSES, templates=["a drawing of a {}."])
+    with pytest.raises(ValueError, match="new templates re-prompt the saved classes; name them too"):
+        load_classifier(tmp_path / "temperature", templates=["a drawing of a {}."])
+    assert load_classifier(tmp_path / "vector", classes=CLASSES, templates=TEMPLATES) is not None  # the same prompts
 
 
 @pytest.mark.parametrize("family", TWO_TOWERS)

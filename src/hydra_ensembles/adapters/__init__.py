@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torch import nn
 
 from .base import Adapter, Block, LayerNames, ModelSpec
@@ -24,6 +26,7 @@ __all__ = [
     "UnsupportedModelError",
     "adapter_by_name",
     "adapter_for_class",
+    "class_mismatch",
     "get_adapter",
     "register_adapter",
     "supported_models",
@@ -94,3 +97,17 @@ def adapter_by_name(name: str) -> Adapter:
     if name not in _BY_NAME:
         raise UnsupportedModelError(f"no adapter named {name!r}; known: {', '.join(sorted(_BY_NAME))}")
     return _BY_NAME[name]
+
+
+def class_mismatch(models: Sequence[nn.Module]) -> str | None:
+    """How `models` differ in the classes they predict (`config.num_labels`, then `config.id2label` in class
+    order), or None when they agree: an ensemble that averaged them would mix different classes' probabilities."""
+    configs = [getattr(model, "config", None) for model in models]
+    counts = [getattr(config, "num_labels", None) for config in configs]
+    if len(set(counts)) > 1:
+        return f"num_labels = {counts}"
+    names = [[str(name) for _, name in sorted((getattr(c, "id2label", None) or {}).items())] for c in configs]
+    differ = next((m for m in range(1, len(names)) if names[m] != names[0]), None)
+    if differ is not None:
+        return f"id2label: member 0 names its classes {names[0]}, member {differ} {names[differ]}"
+    return None

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..fusion.ensemble import keep_frozen
 from ..fusion.grouped import grouped_linear
-from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
+from ..io import PREDICTOR_FILE, load_weights, save_dir_atomic, write_json_atomic
 from ..outputs import PredictorOutput
 from ..seeding import seeded
 
@@ -121,9 +121,7 @@ class MultiHeadMLP(nn.Module):
         record = json.loads((path / PREDICTOR_FILE).read_text())
         if record.get("kind") != cls.kind:
             raise ValueError(f"{str(path)!r} holds a {record.get('kind')!r}, not a {cls.kind}.")
-        model = cls(**record["settings"])
-        model.load_state_dict(safetensors.torch.load_file(path / WEIGHTS_NAME))
-        return model.eval()
+        return load_weights(cls(**record["settings"]), path / WEIGHTS_NAME).eval()
 
     @classmethod
     def describe(cls, path: Path) -> str:

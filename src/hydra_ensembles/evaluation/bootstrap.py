@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from ..metrics._checks import check_probs, check_scores
+from ..metrics.nll import example_nll
 from ..uncertainty import ensemble_probs
 from .compare import row_file
 from .ood import msp
@@ -171,10 +172,13 @@ class _Terms:
                 f"examples and {len(labels)} labels."
             )
         probs = ensemble_probs(test.double())  # (N, C)
+        check_probs(probs, labels, "paired_bootstrap")  # before .long(): float labels are refused, not truncated
         labels = labels.long().to(probs.device)
-        check_probs(probs, labels, "paired_bootstrap")
         true_class = probs.gather(1, labels[:, None]).squeeze(1)
         confidence, prediction = probs.max(dim=1)
+        named = [name for group in ("near", "far", "ood") for name in logits.get(group, {})]
+        if len(set(named)) < len(named):  # a dict would keep one of them, and "AUROC all" average fewer sets
+            raise ValueError(f"OOD set names must differ across near, far and ood, got {named}.")
         sets = {name: scores for group in ("near", "far", "ood") for name, scores in logits.get(group, {}).items()}
         small = [name for name, scores in sets.items() if len(scores) < 2]
         if small:
@@ -182,7 +186,7 @@ class _Terms:
         for scores in sets.values():
             check_scores(msp(scores).numpy(), "paired_bootstrap")
         return cls(
-            nll=-torch.log(true_class.clamp_min(torch.finfo(torch.float64).eps)),
+            nll=example_nll(true_class),
             gap=(prediction == labels).double() - confidence,
             bin=(confidence * bins).long().clamp(max=bins - 1),
             bins=bins,

@@ -230,7 +230,16 @@ def shift_images(
     if severity == 0:
         return pixel_values
     mean, std = (pixels or PixelSpace())._stats(pixel_values)
-    x = (pixel_values.float() * std.float() + mean.float()).clamp(0.0, 1.0)  # [0, 1] images
+    x = pixel_values.float() * std.float() + mean.float()
+    low, high = x.min().item(), x.max().item()
+    # normalised pixels (ImageNet's span about [-2.1, 2.6]) clamped to [0, 1] would be a shift of their own, at every
+    # severity; a bicubic resize's ringing past [0, 1] is not
+    if low < -0.25 or high > 1.25:
+        raise ValueError(
+            f"pixel_values lie in [{low:.3g}, {high:.3g}] once un-normalised, not in [0, 1]: pass the processor's "
+            "normalisation, pixels=PixelSpace.of(processor)."
+        )
+    x = x.clamp(0.0, 1.0)  # [0, 1] images
     generator = torch.Generator().manual_seed(_seed(name, seed, index))  # the same draws at every severity
     shifted = shift.apply(x, shift.levels[severity - 1], generator).clamp(0.0, 1.0)
     return ((shifted - mean.float()) / std.float()).to(pixel_values.dtype)

@@ -62,7 +62,8 @@ def aggregate(per_seed: dict[int, dict[str, dict]]) -> dict[str, dict]:
         for run in runs:
             for (where, key), value in _flatten(run).items():
                 values.setdefault(f"{where}.{key}" if where else key, []).append(value)
-        rows[row] = {"heads": runs[0]["heads"], **{k: over_seeds(v) for k, v in values.items()}}
+        heads = runs[0].get("heads", "-")  # a row built without it (`Built.extra` is empty by default)
+        rows[row] = {"heads": heads, **{k: over_seeds(v) for k, v in values.items()}}
     return rows
 
 

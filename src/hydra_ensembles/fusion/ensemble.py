@@ -23,7 +23,7 @@ import torch
 import transformers
 from torch import Tensor, nn
 
-from ..adapters import Adapter, adapter_by_name, get_adapter
+from ..adapters import Adapter, adapter_by_name, class_mismatch, get_adapter
 from ..data.loaders import Batch, per_example, split_batch, to_device
 from ..io import HYDRA_CONFIG, reading_dir, save_dir_atomic, write_json_atomic
 from ..outputs import PredictorOutput
@@ -502,11 +502,8 @@ def _check_members(members: Sequence[nn.Module], mlp: str) -> None:
                 f"members have different architectures: {field} = {values}; prune every member from one "
                 "checkpoint (he.build_members)."
             )
-    labels = [getattr(m.config, "num_labels", None) for m in members]
-    if adapter.is_classifier(members[0]) and len(set(labels)) > 1:
-        raise ValueError(
-            f"members have different classifiers: num_labels = {labels}; fine-tune every member on the same classes."
-        )
+    if adapter.is_classifier(members[0]) and (mismatch := class_mismatch(members)):
+        raise ValueError(f"members have different classifiers: {mismatch}; fine-tune every member on the same classes.")
     if mlp == "average":
         neurons = [kept_neurons(m) for m in members]
         differ = next((m for m in range(1, len(members)) if neurons[m] != neurons[0]), None)

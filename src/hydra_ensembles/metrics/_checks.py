@@ -48,19 +48,43 @@ def check_labels(labels: Tensor, classes: int, metric: str) -> None:
 
 
 def check_bins(bins: int, metric: str) -> None:
-    if not isinstance(bins, int) or bins < 1:
+    if not isinstance(bins, int) or isinstance(bins, bool) or bins < 1:
         raise ValueError(f"{metric} needs bins >= 1 (an integer), got {bins!r}.")
 
 
 def check_scores(scores: np.ndarray, metric: str, positive: np.ndarray | None = None) -> None:
-    """OOD scores (N,) without NaN: each metric would rank a NaN differently (AUROC last, AUPR first); with
-    `positive`, the labels (N,) beside them."""
+    """OOD scores (N,), all finite: each metric would rank a NaN differently (AUROC last, AUPR first), and an
+    overflowed logit's -inf energy would pass for the most in-distribution input of all; with `positive`, the
+    labels (N,) beside them."""
     if scores.ndim != 1 or (positive is not None and positive.shape != scores.shape):
         shapes = f"{scores.shape} and {positive.shape}" if positive is not None else f"{scores.shape}"
         raise ValueError(f"{metric} needs scores and labels that are both (N,), got {shapes}.")
-    bad = int(np.isnan(scores).sum())
+    bad = int((~np.isfinite(scores)).sum())
     if bad:
         raise ValueError(
-            f"{metric}: {bad} OOD score(s) are NaN (for example logits that overflowed to inf in bf16); fix them "
-            "before measuring."
+            f"{metric}: {bad} OOD score(s) are NaN or infinite (for example logits that overflowed to inf in "
+            "bf16); fix them before measuring."
         )
+
+
+def ood_arrays(scores: Tensor | np.ndarray, is_positive: Tensor | np.ndarray, metric: str) -> tuple[np.ndarray, ...]:
+    """(scores float64 (N,), is_positive bool (N,)), checked by `check_scores`. Scores are widened first
+    (negating uint8 scores wraps around); flags must be bool or 0/1: class ids or OpenOOD's -1 labels would read
+    as "every nonzero is OOD"."""
+    scores, flags = _numpy(scores).astype(np.float64), _numpy(is_positive)
+    if flags.dtype != np.bool_:
+        values = np.unique(flags)
+        if not np.isin(values, (0, 1)).all():
+            raise ValueError(
+                f"{metric} needs is_positive as bool (True = OOD) or 0/1, got the values {values[:6].tolist()}"
+                f"{' ...' if len(values) > 6 else ''}: pass a mask such as labels == -1 or a group's membership."
+            )
+        flags = flags.astype(bool)
+    check_scores(scores, metric, flags)
+    return scores, flags
+
+
+def _numpy(x: Tensor | np.ndarray) -> np.ndarray:
+    if isinstance(x, Tensor):
+        return x.detach().cpu().to(torch.float64 if x.is_floating_point() else x.dtype).numpy()
+    return np.asarray(x)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 from torch import Tensor
 
-from ._checks import check_scores
-from .auroc import _numpy
+from ._checks import ood_arrays
 
 
 def average_precision(scores: Tensor, is_positive: Tensor) -> float:
@@ -15,7 +14,7 @@ def average_precision(scores: Tensor, is_positive: Tensor) -> float:
     P_k and R_k are precision and recall when samples with score >= the k-th threshold are called positive.
     Shape: scores (N,), is_positive (N,) bool. Matches sklearn.metrics.average_precision_score.
     """
-    return _compute(_numpy(scores), _numpy(is_positive).astype(bool))
+    return _compute(*ood_arrays(scores, is_positive, "AUPR"))
 
 
 def aupr_out(ood_scores: Tensor, is_ood: Tensor) -> float:
@@ -31,11 +30,11 @@ def aupr_in(ood_scores: Tensor, is_ood: Tensor) -> float:
 
     Shape: ood_scores (N,), is_ood (N,) bool.
     """
-    return average_precision(-_numpy(ood_scores), ~_numpy(is_ood).astype(bool))
+    scores, is_ood = ood_arrays(ood_scores, is_ood, "AUPR-In")
+    return _compute(-scores, ~is_ood)
 
 
 def _compute(scores: np.ndarray, positive: np.ndarray) -> float:
-    check_scores(scores, "AUPR", positive)
     if not positive.any():
         raise ValueError(
             "average precision needs at least one positive sample: pass both ID and OOD samples (is_ood with "

@@ -7,7 +7,6 @@ from torch import Tensor
 
 from ..uncertainty import off_top_mass
 from ._checks import check_probs
-from .auroc import _numpy
 
 
 def aurc(probs: Tensor, labels: Tensor) -> float:
@@ -43,7 +42,7 @@ def confidence_and_error(probs: Tensor, labels: Tensor) -> tuple[np.ndarray, np.
     check_probs(probs, labels, "selective metrics")  # logits would rank by a meaningless off-top sum
     probs = probs.double()
     error = probs.argmax(dim=1) != labels.to(probs.device)
-    return _numpy(-off_top_mass(probs)), _numpy(error).astype(bool)
+    return (-off_top_mass(probs)).detach().cpu().numpy(), error.cpu().numpy()
 
 
 def risk_coverage_points(confidence: np.ndarray, error: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 from torch import Tensor
 
-from ._checks import check_scores
+from ._checks import ood_arrays
 
 
 def auroc(scores: Tensor, is_positive: Tensor) -> float:
@@ -21,11 +20,10 @@ def auroc(scores: Tensor, is_positive: Tensor) -> float:
     Shape: scores (N,), is_positive (N,) bool. Raises ValueError if only one class is present.
     Reference: Fawcett, "An introduction to ROC analysis", 2006; matches sklearn.metrics.roc_auc_score.
     """
-    return _compute(_numpy(scores), _numpy(is_positive).astype(bool))
+    return _compute(*ood_arrays(scores, is_positive, "AUROC"))
 
 
 def _compute(scores: np.ndarray, positive: np.ndarray) -> float:
-    check_scores(scores, "AUROC", positive)
     n_pos = int(positive.sum())
     n_neg = positive.size - n_pos
     if n_pos == 0 or n_neg == 0:
@@ -35,9 +33,3 @@ def _compute(scores: np.ndarray, positive: np.ndarray) -> float:
     ranks = (last_rank - (counts - 1) / 2.0)[index]  # each sample gets its run's average rank
     rank_sum = ranks[positive].sum()
     return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
-
-
-def _numpy(x: Tensor | np.ndarray) -> np.ndarray:
-    if isinstance(x, Tensor):
-        return x.detach().cpu().to(torch.float64 if x.is_floating_point() else x.dtype).numpy()
-    return np.asarray(x)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 from torch import Tensor
 
-from ._checks import check_scores
-from .auroc import _numpy
+from ._checks import ood_arrays
 
 
 def fpr_at_tpr(scores: Tensor, is_positive: Tensor, tpr: float = 0.95) -> float:
@@ -18,13 +17,12 @@ def fpr_at_tpr(scores: Tensor, is_positive: Tensor, tpr: float = 0.95) -> float:
     together (the first point of sklearn.metrics.roc_curve, without dropping intermediate thresholds, whose TPR
     reaches 0.95). Shape: scores (N,), is_positive (N,) bool.
     """
-    return _compute(_numpy(scores), _numpy(is_positive).astype(bool), tpr)
+    return _compute(*ood_arrays(scores, is_positive, "FPR at TPR"), tpr)
 
 
 def _compute(scores: np.ndarray, positive: np.ndarray, tpr: float) -> float:
     if not 0 < tpr <= 1:
         raise ValueError(f"FPR at TPR needs a true-positive rate in (0, 1], got {tpr}.")
-    check_scores(scores, "FPR at TPR", positive)
     if positive.all() or not positive.any():
         raise ValueError("FPR at TPR needs both positive (OOD) and negative (ID) samples; got only one class.")
     positives = np.sort(scores[positive])[::-1]

@@ -26,6 +26,9 @@ def gaussian_mixture_nll(member_gaussians: Tensor, targets: Tensor) -> float:
         )
     if not len(targets) or not member_gaussians.shape[1]:
         raise ValueError("gaussian_mixture_nll needs N > 0 targets and M > 0 members.")
+    bad = int(torch.isnan(member_gaussians).flatten(1).any(dim=1).sum() + torch.isnan(targets).sum())
+    if bad:
+        raise ValueError(f"gaussian_mixture_nll: {bad} NaN prediction row(s) or target(s); fix them before measuring.")
     return _compute(member_gaussians.double(), targets.to(member_gaussians.device).double()).item()
 
 

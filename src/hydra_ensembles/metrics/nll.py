@@ -7,6 +7,8 @@ from torch import Tensor
 
 from ._checks import check_probs
 
+NLL_FLOOR = torch.finfo(torch.float64).eps  # the least probability the NLL charges for (as sklearn's log_loss)
+
 
 def nll(probs: Tensor, labels: Tensor) -> float:
     """Mean negative log-probability of the true class: NLL = -(1/N) sum_i log p_{i, y_i}; lower is better.
@@ -22,4 +24,10 @@ def nll(probs: Tensor, labels: Tensor) -> float:
 
 def _compute(probs: Tensor, labels: Tensor) -> Tensor:
     true_class = probs.gather(1, labels.long()[:, None]).squeeze(1)
-    return -torch.log(true_class.clamp_min(torch.finfo(torch.float64).eps)).mean()
+    return example_nll(true_class).mean()
+
+
+def example_nll(true_class: Tensor) -> Tensor:
+    """Each example's -log p_y, with p_y floored at `NLL_FLOOR`: the one definition the metric, the bootstrap and
+    the calibration fits share. Shape: true_class (N,) probabilities -> (N,)."""
+    return -torch.log(true_class.clamp_min(NLL_FLOOR))

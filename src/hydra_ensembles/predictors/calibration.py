@@ -42,6 +42,7 @@ from torch import Tensor, nn
 
 from ..io import PREDICTOR_FILE
 from ..metrics._checks import check_labels
+from ..metrics.nll import NLL_FLOOR
 from ..outputs import PredictorOutput, member_logits_of
 from ..uncertainty import ensemble_probs
 from .load import PREDICTOR_KINDS, ModelWrapper, describe_saved, num_members, register_predictor
@@ -281,12 +282,14 @@ def _minimise_nll(
 
 
 def ensemble_nll(member_logits: Tensor, labels: Tensor) -> Tensor:
-    """-mean_n log (1/M) sum_m softmax(z_nm)_{y_n}, from log-probabilities (finite where the probability
-    underflows). member_logits (N, M, C), labels (N,) -> a scalar."""
+    """-mean_n log max((1/M) sum_m softmax(z_nm)_{y_n}, NLL_FLOOR): the NLL every table reports
+    (`metrics.nll`), from log-probabilities so that it stays differentiable where a probability underflows. An
+    unfloored fit charged a confidently wrong example past 36 nats and could raise the reported NLL.
+    member_logits (N, M, C), labels (N,) -> a scalar."""
     log_probs = member_logits.log_softmax(dim=-1)
     index = labels[:, None, None].expand(-1, log_probs.shape[1], 1)
     true = log_probs.gather(2, index)[..., 0]  # (N, M)
-    return -(true.logsumexp(dim=1) - math.log(log_probs.shape[1])).mean()
+    return -(true.logsumexp(dim=1) - math.log(log_probs.shape[1])).clamp_min(math.log(NLL_FLOOR)).mean()
 
 
 # ---------------------------------------------------------------------------------------- probability maps

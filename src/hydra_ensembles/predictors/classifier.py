@@ -39,9 +39,13 @@ def load_classifier(
         return zero_shot_ensemble(model, classes, prompt_tokenizer(path), templates or DEFAULT_TEMPLATES)
     inner = base_model(model)
     if isinstance(inner, ZeroShotEnsemble):
+        if templates and not classes:
+            raise ValueError(
+                f"{str(path)!r}: new templates re-prompt the saved classes; name them too (`classes`, --classes)."
+            )
         if classes:
-            if list(classes) != inner.classes:
-                _check_not_fitted_to_classes(model, inner.classes, path)
+            if list(classes) != inner.classes or (templates and list(templates) != inner.templates):
+                _check_not_fitted_to_classes(model, inner.classes, path)  # new prompts: new logits
             inner.set_classes(classes, templates or inner.templates, prompt_tokenizer(path))
         return model
     if isinstance(inner, HydraEnsemble) and not inner.is_classifier:
@@ -66,7 +70,7 @@ def _check_not_fitted_to_classes(model: nn.Module, saved_classes: list[str], pat
     if fitted:
         raise ValueError(
             f"{str(path)!r} is {describe_saved(path)}, fitted class by class for its classes {saved_classes}: "
-            "that fit does not carry over to other classes. Calibrate (or fit the detectors) again from the "
+            "that fit does not carry over to other classes or prompts. Calibrate (or fit the detectors) again from the "
             "two-tower model with these classes, or use this one without new classes."
         )
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ...adapters import get_adapter
+from ...adapters import class_mismatch, get_adapter
 from ...io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
 from ...outputs import PredictorOutput
 from ...pruning import load_model, save_model
@@ -29,6 +29,11 @@ class DeepEnsemble(Wrapper):
         super().__init__()
         if not models:
             raise ValueError("a deep ensemble needs at least one model.")
+        if mismatch := class_mismatch(models):
+            raise ValueError(
+                f"the members predict different classes ({mismatch}): fine-tune every member on the same classes, "
+                "in the same order."
+            )
         self.models = nn.ModuleList(models)
         self.stored_parameters = stored_parameters
 

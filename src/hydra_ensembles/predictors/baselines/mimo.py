@@ -44,7 +44,7 @@ import transformers
 from torch import Tensor, nn
 
 from ...data.loaders import TARGETS, Batch
-from ...io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
+from ...io import PREDICTOR_FILE, load_weights, save_dir_atomic, write_json_atomic
 from ...outputs import PredictorOutput
 from ...seeding import seeded
 from ...training import TrainConfig, train
@@ -150,11 +150,7 @@ class MIMO(Wrapper):
         model_class = getattr(transformers, record["model_class"])
         config = model_class.config_class.from_dict(record["model_config"])
         model = _mimo_network(model_class, config, record["members"])
-        weights = safetensors.torch.load_file(path / WEIGHTS)
-        dtypes = {w.dtype for w in weights.values() if w.is_floating_point()}
-        if len(dtypes) == 1:  # in the dtype it was saved in (load_state_dict would cast into the fp32 network)
-            model = model.to(dtypes.pop())
-        model.load_state_dict(weights)
+        model = load_weights(model, path / WEIGHTS)
         return cls(model, record["members"], record["rho"], record["batch_repetition"]).eval()
 
     @classmethod
