@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from hydra_ensembles.io import read_json_record, reading_dir, save_dir_atomic, write_json_atomic
+from hydra_ensembles.io import load_weights, read_json_record, reading_dir, save_dir_atomic, write_json_atomic
 
 
 def test_json_write_is_atomic(tmp_path, monkeypatch):
@@ -45,6 +45,22 @@ def test_directory_save_replaces_whole_or_not_at_all(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+def _fused(model_type: str):
+    """A save like a fused ensemble's: hydra_config.json with the model's config, no config.json."""
+    return lambda d: (d / "hydra_config.json").write_text(json.dumps({"model_config": {"model_type": model_type}}))
+
+
+def _ensemble(model_type: str):
+    """A save like a deep ensemble's: predictor.json and its members in subfolders."""
+
+    def write(d):
+        (d / "predictor.json").write_text("{}")
+        (d / "member0").mkdir()
+        (d / "member0" / "config.json").write_text(json.dumps({"model_type": model_type}))
+
+    return write
+
+
 def test_a_save_keeps_the_tokenizer_beside_it_and_refuses_to_replace_what_is_no_save(tmp_path):
     """HF's habit, tokenizer.save_pretrained(d) then model.save_pretrained(d), kept the model alone: the save
     replaced the directory whole. A directory of other files (no saved model) would have been deleted."""
@@ -62,6 +78,15 @@ def test_a_save_keeps_the_tokenizer_beside_it_and_refuses_to_replace_what_is_no_
     (image / "preprocessor_config.json").write_text("{}")
     save_dir_atomic(image, lambda d: ((d / "config.json").write_text('{"model_type": "bert"}'),))
     assert not (image / "preprocessor_config.json").exists()
+    # a fused ensemble or a predictor saved again over itself (load, fine-tune, save in place) kept no tokenizer:
+    # they have no config.json; their model_type is the recorded config's or their first member's
+    for name, save in (("fused", _fused), ("ensemble", _ensemble)):
+        save_dir_atomic(tmp_path / name, save("bert"))
+        (tmp_path / name / "tokenizer.json").write_text("tok")
+        save_dir_atomic(tmp_path / name, save("bert"))
+        assert (tmp_path / name / "tokenizer.json").read_text() == "tok", name
+        save_dir_atomic(tmp_path / name, save("vit"))
+        assert not (tmp_path / name / "tokenizer.json").exists(), name
     hidden = tmp_path / "hidden"  # a tokenizer and a .DS_Store: no files of the user's to lose
     hidden.mkdir()
     (hidden / ".DS_Store").write_text("")
@@ -140,3 +165,18 @@ def test_a_failed_swap_puts_the_previous_save_back_and_leaves_nothing_behind(tmp
     monkeypatch.undo()
     assert (target / "a.txt").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_weights_load_in_the_dtypes_they_were_saved_in(tmp_path):
+    """MultiHeadMLP came back float32 from a float64 save; a mixed save (bf16 weights, fp32 norm) was cast whole."""
+    import safetensors.torch
+
+    saved = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.LayerNorm(3))
+    saved[0].to(torch.bfloat16)
+    safetensors.torch.save_file({k: v.contiguous() for k, v in saved.state_dict().items()}, tmp_path / "w.safetensors")
+    fresh = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.LayerNorm(3))
+    fresh[1].weight.requires_grad_(False)  # what was frozen stays frozen
+    loaded = load_weights(fresh, tmp_path / "w.safetensors")
+    assert [p.dtype for p in loaded.parameters()] == [torch.bfloat16] * 2 + [torch.float32] * 2
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), saved.state_dict().values()))
+    assert [p.requires_grad for p in loaded.parameters()] == [True, True, False, True]

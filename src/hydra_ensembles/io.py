@@ -155,14 +155,28 @@ def _replaceable(path: Path) -> list[str]:
 
 def _same_model_type(old: Path, new: Path) -> bool:
     """Whether the preprocessor files in `old` belong with the save in `new`: `old` held no saved model (they were
-    saved before it), or both are HF models of one model_type (another model's image processor would make a text
-    model's folder load as an image model's)."""
+    saved before it), or both saves hold models of one model_type (another model's image processor would make a
+    text model's folder load as an image model's)."""
     if not any((old / name).is_file() for name in SAVED_MODEL_FILES):
         return True
-    configs = [folder / "config.json" for folder in (old, new)]
-    if not all(config.is_file() for config in configs):
-        return False
-    return len({json.loads(config.read_text()).get("model_type") for config in configs}) == 1
+    kind = _saved_model_type(old)
+    return kind is not None and kind == _saved_model_type(new)
+
+
+def _saved_model_type(folder: Path, depth: int = 3) -> str | None:
+    """The HF model_type of the save in `folder`: its config.json's, a fused ensemble's recorded config's, or, for a
+    predictor or two-tower save (predictor.json, two_tower.json: the models sit in subfolders), its first saved
+    subfolder's ("None" when a config names none). None when no save is found."""
+    if (folder / "config.json").is_file():
+        return str(json.loads((folder / "config.json").read_text()).get("model_type"))
+    if (folder / HYDRA_CONFIG).is_file():
+        return str(json.loads((folder / HYDRA_CONFIG).read_text()).get("model_config", {}).get("model_type"))
+    if depth == 0:
+        return None
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if any((sub / name).is_file() for name in SAVED_MODEL_FILES):
+            return _saved_model_type(sub, depth - 1)
+    return None
 
 
 def _swap_name(path: Path) -> Path:
@@ -208,13 +222,10 @@ def reading_dir(path: str | os.PathLike, what: str) -> Iterator[Path]:
 
 
 def load_weights(module: torch.nn.Module, path: str | os.PathLike) -> torch.nn.Module:
-    """`module` with the safetensors file at `path` loaded, in the dtype it was saved in: `load_state_dict` alone
-    would cast a float64 or bf16 save into the freshly built float32 module. Returns the module."""
-    weights = safetensors.torch.load_file(str(path))
-    dtypes = {w.dtype for w in weights.values() if w.is_floating_point()}
-    if len(dtypes) == 1:
-        module = module.to(dtypes.pop())
-    module.load_state_dict(weights)
+    """`module` with the safetensors file at `path` loaded, each tensor in the dtype it was saved in (a float64,
+    bf16 or mixed save; `load_state_dict` alone would cast it into the freshly built float32 module). The module
+    must not tie weights (assigning breaks ties). Returns the module."""
+    module.load_state_dict(safetensors.torch.load_file(str(path)), assign=True)
     return module
 
 

@@ -35,11 +35,33 @@ class ErnieAdapter(BertAdapter):
 
 
 @pytest.fixture
-def ernie():
+def ernie(monkeypatch):
+    """ERNIE registered for the test alone (the registry is given back after it)."""
+    from hydra_ensembles import adapters
+
+    for registry in ("_BY_NAME", "_BY_CLASS"):
+        monkeypatch.setattr(adapters, registry, dict(getattr(adapters, registry)))
     with pytest.raises(he.UnsupportedModelError):
         he.get_adapter(_model())
     he.register_adapter(ErnieAdapter())
     return _model()
+
+
+def test_an_adapter_cannot_take_a_registered_name_or_class_unless_told(ernie):
+    """Registering another adapter as "bert" replaced the built-in one for the whole process, silently."""
+    from hydra_ensembles import adapters
+
+    class Mine(BertAdapter):
+        specs = {"MyModel": BertAdapter.specs["BertModel"]}
+
+    with pytest.raises(ValueError, match="name 'bert' already belong.s. to a registered adapter.*replace=True"):
+        he.register_adapter(Mine())
+    taking = type("Taking", (ErnieAdapter,), {"name": "other"})  # a new name, ERNIE's class: refused too
+    with pytest.raises(ValueError, match="ErnieForSequenceClassification already belong"):
+        he.register_adapter(taking())
+    he.register_adapter(ErnieAdapter())  # the same adapter again (a test run twice, a module imported again)
+    he.register_adapter(taking(), replace=True)
+    assert adapters.adapter_for_class(type(ernie)).name == "other"
 
 
 def _model():

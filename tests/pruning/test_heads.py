@@ -11,8 +11,11 @@ import transformers as T
 from conftest import (
     CONTRACT_MODELS,
     HEADS,
+    IMAGE,
     LAYERS,
     MODELS,
+    SIZES,
+    VOCAB,
     at_trained_scale,
     make_inputs,
     output,
@@ -37,6 +40,24 @@ def test_pruned_model_equals_ablated_original(name):
     assert (output(pruned, inputs) - ablated).abs().max().item() <= CONTRACT  # contract 2 (tests/tolerances.py)
     assert smallest_head_effect(pruned, inputs) >= DEFECT  # one head too many pruned would show
     assert _smallest_unpruning_effect(model, plan, inputs, ablated) >= DEFECT  # one head too few pruned would show
+
+
+@pytest.mark.parametrize("family", ["bert", "vit"])
+def test_the_head_size_is_the_one_the_familys_attention_uses(family):
+    """A `head_dim` in a BERT config is ignored by BERT (hidden // heads = 8 here) but read by ViT: the adapter took
+    it for every family, so ablating a BERT head zeroed 2 of its 8 columns and pruning crashed."""
+    torch.manual_seed(0)
+    if family == "bert":
+        model = T.BertForSequenceClassification(
+            T.BertConfig(vocab_size=VOCAB, max_position_embeddings=24, **SIZES, head_dim=2)
+        )
+    else:
+        model = T.ViTForImageClassification(T.ViTConfig(**IMAGE, **SIZES, head_dim=2, num_labels=5))
+    assert he.get_adapter(model).head_dim(model) == (8 if family == "bert" else 2)
+    model, inputs, plan = model.eval(), make_inputs(family), {0: [1], 2: [0, 3]}
+    with he.ablate_heads(model, plan):
+        ablated = output(model, inputs)
+    assert (output(he.prune_heads(copy.deepcopy(model), plan), inputs) - ablated).abs().max().item() <= CONTRACT
 
 
 def _smallest_unpruning_effect(model, plan, inputs, ablated) -> float:
@@ -164,7 +185,7 @@ def test_grouped_query_attention_and_an_mpnet_layer_without_its_head_ids_are_ref
 
 
 def test_a_layer_that_fails_midway_leaves_the_record_true_to_the_layers_cut(monkeypatch):
-    """prune_heads recorded its map only at the end: a failure in layer 2 (a LoRA-wrapped projection, memory)
+    """prune_heads recorded its map only at the end: a failure in layer 2 (out of memory, say)
     left layer 0 cut and recorded as whole."""
     from hydra_ensembles.pruning import heads as heads_module
 
@@ -246,11 +267,36 @@ def test_load_model_also_loads_unpruned_models(tmp_path):
         ({0: [HEADS]}, r"head\(s\) \[4\] of layer 0 are out of range"),
         ({0: [-1]}, "out of range"),
         ([0, 1], "must be a dict"),
+        ({0: [1.9]}, "head ids must be integers, got 1.9"),  # int() pruned head 1
+        ({0: "13"}, "must be a list of head ids"),  # pruned heads 1 and 3, one per character
+        ({0: [True]}, "head ids must be integers, got True"),
+        ({0: 1}, r"must be a list of head ids \(\{layer: \[head, ...\]\}\), got 1"),
     ],
 )
 def test_bad_head_indices_are_rejected(plan, message):
     with pytest.raises((ValueError, TypeError), match=message):
         he.prune_heads(MODELS["bert"](), plan)
+
+
+def test_a_lora_wrapped_projection_is_refused_before_any_layer_is_cut():
+    """peft's lora.Linear exposes its base layer's weight: it was sliced into a plain nn.Linear and the trained A and
+    B were dropped without a word (the pruned model differed from the ablated one by 0.26)."""
+    import peft
+
+    model = MODELS["bert"]()
+    config = peft.LoraConfig(r=2, target_modules=["query", "value"], init_lora_weights=False)
+    wrapped = peft.get_peft_model(model, config).base_model.model
+    before = {name: p.clone() for name, p in wrapped.named_parameters()}
+    for prune, plan in ((he.prune_heads, {0: [1]}), (he.keep_heads, {1: [0]})):
+        with pytest.raises(ValueError, match=r"wrapped projections \(Linear\).*merge_and_unload\(\)"):
+            prune(wrapped, plan)
+    assert he.kept_heads(wrapped) == {layer: list(range(HEADS)) for layer in range(LAYERS)}  # nothing cut
+    assert all(torch.equal(p, before[name]) for name, p in wrapped.named_parameters())
+    mlp = peft.get_peft_model(MODELS["bert"](), peft.LoraConfig(r=2, target_modules=["intermediate.dense"]))
+    with pytest.raises(ValueError, match="wrapped projections"):
+        he.prune_neurons(mlp.base_model.model, {0: [1]})
+    merged = peft.get_peft_model(MODELS["bert"](), config).merge_and_unload()  # the fix the message names
+    assert he.kept_heads(he.prune_heads(merged, {0: [1]}))[0] == [0, 2, 3]
 
 
 def test_pruning_an_already_pruned_head_is_rejected():

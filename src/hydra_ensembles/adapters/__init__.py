@@ -41,8 +41,18 @@ _BY_CLASS: dict[str, Adapter] = {}
 _BY_NAME: dict[str, Adapter] = {}
 
 
-def register_adapter(adapter: Adapter) -> Adapter:
-    """Make `adapter` handle every model class in `adapter.specs`. Returns it, so it can decorate an instance."""
+def register_adapter(adapter: Adapter, replace: bool = False) -> Adapter:
+    """Make `adapter` handle every model class in `adapter.specs`. Returns it, so it can decorate an instance.
+    A name or model class another adapter already holds is refused unless `replace=True` (a fused save records
+    its adapter's name: reloaded under another adapter, it would be read by other code)."""
+    taken = [f"name {adapter.name!r}"] if adapter.name in _BY_NAME else []
+    taken += [name for name in adapter.specs if name in _BY_CLASS]
+    if taken and not replace and not _same_adapter(adapter):
+        shown = ", ".join(taken[:4]) + (f" and {len(taken) - 4} more" if len(taken) > 4 else "")
+        raise ValueError(
+            f"{shown} already belong(s) to a registered adapter: give yours another name and only new "
+            "model classes, or pass replace=True to take them over for this process."
+        )
     _BY_NAME[adapter.name] = adapter
     for class_name in adapter.specs:
         _BY_CLASS[class_name] = adapter
@@ -64,6 +74,13 @@ for _adapter in (
     SiglipVisionAdapter(),
 ):
     register_adapter(_adapter)
+
+
+def _same_adapter(adapter: Adapter) -> bool:
+    """Whether `adapter` registers again what an adapter of its class registered (a module imported twice, a test
+    run again): the same name and classes, nothing taken from another."""
+    mine = _BY_NAME.get(adapter.name)
+    return type(mine) is type(adapter) and all(type(_BY_CLASS.get(c, adapter)) is type(adapter) for c in adapter.specs)
 
 
 def supported_models() -> list[str]:

@@ -167,6 +167,9 @@ class Adapter(ABC):
         prompt_padding: the tokenizer's `padding` for a text tower's zero-shot prompts: True (to the batch's
             longest, for towers that mask padding and pool a token they find) or "max_length" (SigLIP's text
             tower pools the last position, so its embeddings depend on the padded length: pad as it was trained).
+        head_dim_field: the config field the family's attention reads its head size from, if any ("head_dim" for
+            ViT and DINOv2, "attention_head_size" for DeBERTa-v2); the others use hidden_size // heads whatever
+            the config says.
         specs: supported HF class name -> `ModelSpec`.
     Override `fusion_unsupported` for models the fused engine cannot run.
     """
@@ -180,6 +183,7 @@ class Adapter(ABC):
     required_inputs: ClassVar[tuple[str, ...]]
     causal: ClassVar[bool] = False
     prompt_padding: ClassVar[bool | str] = True
+    head_dim_field: ClassVar[str | None] = None
     specs: ClassVar[dict[str, ModelSpec]]
 
     def fusion_unsupported(self, model: nn.Module) -> str | None:
@@ -276,8 +280,11 @@ class Adapter(ABC):
         return int(self.config(model).num_attention_heads)
 
     def head_dim(self, model: nn.Module) -> int:
+        """The head size as the family's attention computes it (a `head_dim` in a BERT config is not read by BERT,
+        and trusting it would cut or zero part of a head)."""
         config = self.config(model)
-        return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        field = getattr(config, self.head_dim_field, None) if self.head_dim_field else None
+        return int(field or config.hidden_size // config.num_attention_heads)
 
     def scaling(self, model: nn.Module) -> float:
         return self.head_dim(model) ** -0.5

@@ -66,6 +66,7 @@ class DebertaV2Adapter(Adapter):
     embedding_paths = ("embeddings", "encoder.rel_embeddings", "encoder.LayerNorm")
     input_names = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
     required_inputs = ("input_ids",)
+    head_dim_field = "attention_head_size"
     specs = {
         "DebertaV2Model": ModelSpec(backbone="", head=_first_token, classifier=False, head_tokens=1),
         "DebertaV2ForSequenceClassification": ModelSpec(

@@ -31,6 +31,7 @@ class Dinov2Adapter(Adapter):
     embedding_paths = ("embeddings",)
     input_names = ("pixel_values",)
     required_inputs = ("pixel_values",)
+    head_dim_field = "head_dim"
     specs = {
         "Dinov2Model": ModelSpec(backbone="", head=_encoder, classifier=False, head_tokens=1),
         "Dinov2ForImageClassification": ModelSpec(backbone="dinov2", head=_classifier, classifier=True),

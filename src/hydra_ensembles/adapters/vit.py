@@ -48,6 +48,7 @@ class ViTAdapter(Adapter):
     embedding_paths = ("embeddings",)
     input_names = ("pixel_values", "interpolate_pos_encoding")
     required_inputs = ("pixel_values",)
+    head_dim_field = "head_dim"
     specs = {
         "ViTModel": ModelSpec(backbone="", head=_encoder, classifier=False, head_tokens=1),
         "ViTForImageClassification": ModelSpec(backbone="vit", head=_classifier, classifier=True, head_tokens=1),

@@ -20,6 +20,7 @@ biases, and its rows of any per-head position projection).
 from __future__ import annotations
 
 import numbers
+import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
@@ -78,15 +79,20 @@ def prune_heads(model: nn.Module, heads_to_prune: Mapping[int, Iterable[int]]) -
     _check_one_key_per_query(adapter, model)
     kept = kept_heads(model)
     plan = check_heads(model, heads_to_prune, kept, what="prune")
-    record_fingerprint(model)
     layers = adapter.layers(model)
+    for layer in plan:  # refused before any layer is cut
+        block = adapter.block(layers[layer])
+        check_plain_linears(
+            [block.query, block.key, block.value, block.output, *adapter.head_row_linears(layers[layer]).values()]
+        )
+    record_fingerprint(model)
     try:
         for layer, heads in plan.items():
             remaining = [h for h in kept[layer] if h not in heads]
             positions = [kept[layer].index(h) for h in remaining]
             _rebuild_attention(adapter, model, layers[layer], positions, remaining)
             kept[layer] = remaining
-    finally:  # a layer that failed midway (a LoRA-wrapped projection, memory) leaves the record true to the rest
+    finally:  # a layer that failed midway (out of memory) leaves the record true to the rest
         write_structure(model, KEPT_HEADS_KEY, {str(layer): heads for layer, heads in kept.items()})
     return model
 
@@ -113,7 +119,7 @@ def keep_heads(model: nn.Module, head_map: Mapping[int, Iterable[int]]) -> nn.Mo
 def complement(kept: dict[int, list[int]], keep: Mapping[int, Iterable[int]], what: str) -> dict[int, list[int]]:
     """What to prune so that only `keep` remains ({layer: [index, ...]}, original numbering; a layer missing
     from `keep` keeps all): the map of heads or neurons `kept` minus `keep`, checked against it."""
-    wanted = {int(layer): {int(i) for i in indices} for layer, indices in keep.items()}
+    wanted = {int(layer): index_set(indices, what, layer) for layer, indices in keep.items()}
     outside = sorted(set(wanted) - set(kept))
     if outside:
         raise ValueError(f"{what} map names layer(s) {outside}, out of range: the model has layers 0..{len(kept) - 1}.")
@@ -123,6 +129,24 @@ def complement(kept: dict[int, list[int]], keep: Mapping[int, Iterable[int]], wh
         raise ValueError(f"{what} map keeps {what}s the model no longer has (or that do not exist): {unknown}.")
     plan = {layer: [i for i in kept[layer] if i not in wanted[layer]] for layer in wanted}
     return {layer: indices for layer, indices in plan.items() if indices}
+
+
+def index_set(indices: Iterable[int], what: str, layer: int) -> set[int]:
+    """A layer's head or neuron ids as a set of ints, refusing what `int()` would read as other ids: floats (1.9
+    as 1), bools, a string ('13' as 1 and 3) or a bare number. Integer numpy scalars and 0-d tensors are ids."""
+    if isinstance(indices, (str, bytes)) or not isinstance(indices, Iterable):
+        raise TypeError(
+            f"layer {layer}'s {what}s must be a list of {what} ids ({{layer: [{what}, ...]}}), got {indices!r}."
+        )
+    ids = set()
+    for index in indices:
+        try:
+            if isinstance(index, bool):
+                raise TypeError
+            ids.add(operator.index(index))
+        except TypeError:
+            raise TypeError(f"layer {layer}'s {what} ids must be integers, got {index!r} in {indices!r}.") from None
+    return ids
 
 
 def check_heads(model: nn.Module, heads: Mapping[int, Iterable[int]], kept: HeadMap, what: str) -> dict[int, set[int]]:
@@ -136,7 +160,7 @@ def check_heads(model: nn.Module, heads: Mapping[int, Iterable[int]], kept: Head
         layer = int(layer)
         if not 0 <= layer < num_layers:
             raise ValueError(f"layer {layer} is out of range: the model has layers 0..{num_layers - 1}.")
-        layer_heads = {int(h) for h in layer_heads}
+        layer_heads = index_set(layer_heads, "head", layer)
         bad = sorted(h for h in layer_heads if not 0 <= h < num_heads)
         if bad:
             raise ValueError(f"head(s) {bad} of layer {layer} are out of range: layers have heads 0..{num_heads - 1}.")
@@ -250,6 +274,18 @@ def freeze_placeholders(model: nn.Module) -> None:
     for layer, heads in kept_heads(model).items():
         if not heads:
             _freeze_placeholder(adapter, layers[layer])
+
+
+def check_plain_linears(linears: Iterable[nn.Module]) -> None:
+    """Refuse to cut a wrapped projection (a peft LoRA layer, a quantised linear): it exposes its base layer's
+    `weight`, so slicing that into a plain `nn.Linear` would silently drop what the wrapper adds."""
+    wrapped = sorted({type(linear).__name__ for linear in linears if type(linear) is not nn.Linear})
+    if wrapped:
+        raise ValueError(
+            f"the layers to cut hold wrapped projections ({', '.join(wrapped)}), not plain nn.Linear: pruning would "
+            "drop what the wrapper adds (a LoRA adapter's A and B). Merge them first (peft: "
+            "model = model.merge_and_unload()), then prune."
+        )
 
 
 def slice_linear(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ..adapters import get_adapter
-from .heads import SHARED_CONFIG, complement, slice_linear, zeroed_columns
+from .heads import SHARED_CONFIG, check_plain_linears, complement, index_set, slice_linear, zeroed_columns
 from .persist import read_structure, record_fingerprint, register_structure, write_structure
 
 NeuronMap = dict[int, list[int]]
@@ -61,8 +61,10 @@ def prune_neurons(model: nn.Module, neurons_to_prune: Mapping[int, Iterable[int]
     for layer, neurons in plan.items():  # refused before any layer is cut: a refused plan leaves the model whole
         if not remaining[layer]:
             raise ValueError(f"pruning {sorted(neurons)} would leave layer {layer} without MLP neurons; keep one.")
-    record_fingerprint(model)
     layers = adapter.layers(model)
+    for layer in plan:
+        check_plain_linears([adapter.block(layers[layer]).mlp_in, adapter.block(layers[layer]).mlp_out])
+    record_fingerprint(model)
     try:
         for layer in plan:
             rows = _positions(kept[layer], remaining[layer])
@@ -73,7 +75,7 @@ def prune_neurons(model: nn.Module, neurons_to_prune: Mapping[int, Iterable[int]
                 slice_linear(block.mlp_out, rows, dim=1),
             )
             kept[layer] = remaining[layer]
-    finally:  # a layer that failed midway (a LoRA-wrapped linear, memory) leaves the record true to the rest
+    finally:  # a layer that failed midway (out of memory) leaves the record true to the rest
         write_structure(model, KEPT_NEURONS_KEY, {str(layer): neurons for layer, neurons in kept.items()})
     return model
 
@@ -113,7 +115,7 @@ def _check(kept: NeuronMap, neurons: Mapping[int, Iterable[int]]) -> dict[int, s
         layer = int(layer)
         if layer not in kept:
             raise ValueError(f"layer {layer} is out of range: the model has layers 0..{len(kept) - 1}.")
-        ks = {int(k) for k in ks}
+        ks = index_set(ks, "neuron", layer)
         gone = sorted(ks - set(kept[layer]))
         if gone:
             raise ValueError(
