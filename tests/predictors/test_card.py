@@ -50,6 +50,10 @@ def test_card_of_a_wrapper_costs_the_whole_predictor_not_its_first_member(member
     text = card(save_predictor(ensemble, tmp_path / "deep"))
     ratio = he.count_parameters(ensemble) / he.count_parameters(MODELS["bert"]())
     assert ratio > 2 and f"| ratio | {ratio:.2f}x |" in text
+    # its title and head table were its first member's ("A pruned BertForSequenceClassification", one column)
+    assert "# A deep ensemble of 3 BertForSequenceClassification models, run one after another" in text
+    totals = [sum(len(heads) for heads in he.kept_heads(m).values()) for m in members]
+    assert f"| total | {totals[0]} | {totals[1]} | {totals[2]} |" in text
 
 
 def test_a_wrapper_writes_one_card_for_itself_and_none_inside(members, tmp_path):

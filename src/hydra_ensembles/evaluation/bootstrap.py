@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from ..metrics._checks import check_probs, check_scores
+from ..metrics.ece import bin_index
 from ..metrics.nll import example_nll
 from ..uncertainty import ensemble_probs
 from .compare import row_file
@@ -188,7 +189,7 @@ class _Terms:
         return cls(
             nll=example_nll(true_class),
             gap=(prediction == labels).double() - confidence,
-            bin=(confidence * bins).long().clamp(max=bins - 1),
+            bin=bin_index(confidence, bins),
             bins=bins,
             id_order=msp(test).argsort(),
             ood_rank={name: _ranks(msp(test), msp(scores)) for name, scores in sets.items()},

@@ -17,6 +17,7 @@ from torch import Tensor  # noqa: E402
 
 from ..metrics import augrc, aurc  # noqa: E402
 from ..metrics.aurc import confidence_and_error, risk_coverage_points  # noqa: E402
+from ..metrics.ece import bin_index  # noqa: E402
 from ..uncertainty import decompose, ensemble_probs  # noqa: E402
 from .ood import OOD_SCORES  # noqa: E402
 from .tables import latency_ratio  # noqa: E402
@@ -31,7 +32,7 @@ def reliability_diagram(
     for ax, (name, (probs, labels)) in zip(axes[0], curves.items()):
         confidence, prediction = probs.double().max(dim=1)
         correct = (prediction == labels).double().numpy()
-        index = np.minimum((confidence.numpy() * bins).astype(int), bins - 1)
+        index = bin_index(confidence, bins).numpy()
         counts = np.bincount(index, minlength=bins)
         accuracy = np.bincount(index, weights=correct, minlength=bins) / np.maximum(counts, 1)
         mean_conf = np.bincount(index, weights=confidence.numpy(), minlength=bins) / np.maximum(counts, 1)

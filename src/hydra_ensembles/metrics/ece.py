@@ -22,8 +22,13 @@ def ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
     check_bins(bins, "ECE")
     confidence, prediction = probs.double().max(dim=1)
     correct = (prediction == labels.to(probs.device)).double()
-    index = (confidence * bins).long().clamp(max=bins - 1)  # bin b: [b/bins, (b+1)/bins)
-    return _compute(confidence, correct, index, bins).item()
+    return _compute(confidence, correct, bin_index(confidence, bins), bins).item()
+
+
+def bin_index(values: Tensor, bins: int) -> Tensor:
+    """Each value's equal-width bin b, [b/bins, (b+1)/bins), the last bin also holding 1: the one binning of the
+    ECE, its bootstrap, the reliability diagram and histogram binning. values in [0, 1], (...) -> (...) long."""
+    return (values * bins).long().clamp(0, bins - 1)
 
 
 def _compute(confidence: Tensor, correct: Tensor, index: Tensor, bins: int) -> Tensor:

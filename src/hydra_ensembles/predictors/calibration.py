@@ -42,6 +42,7 @@ from torch import Tensor, nn
 
 from ..io import PREDICTOR_FILE
 from ..metrics._checks import check_labels
+from ..metrics.ece import bin_index
 from ..metrics.nll import NLL_FLOOR
 from ..outputs import PredictorOutput, member_logits_of
 from ..uncertainty import ensemble_probs
@@ -329,7 +330,7 @@ class HistogramBinning(ProbabilityMap):
     def fit(cls, member_logits: Tensor, labels: Tensor, bins: int = 15) -> HistogramBinning:
         logits, labels = _validation(member_logits, labels, "histogram binning")
         probs, classes = ensemble_probs(logits), logits.shape[-1]  # (N, C)
-        index = _bin_index(probs, bins).T  # (C, N)
+        index = bin_index(probs, bins).T  # (C, N)
         is_class = (labels[:, None] == torch.arange(classes)).double().T  # (C, N)
         counts = torch.zeros(classes, bins, dtype=torch.float64).scatter_add_(1, index, torch.ones_like(is_class))
         hits = torch.zeros(classes, bins, dtype=torch.float64).scatter_add_(1, index, is_class)
@@ -338,18 +339,13 @@ class HistogramBinning(ProbabilityMap):
 
     def one_vs_rest(self, probs: Tensor) -> Tensor:
         values = self.bin_values.to(probs.device)
-        return values[torch.arange(len(values), device=probs.device), _bin_index(probs, values.shape[1])]
+        return values[torch.arange(len(values), device=probs.device), bin_index(probs, values.shape[1])]
 
     def state(self) -> dict[str, Any]:
         return {"bin_values": self.bin_values.tolist()}
 
     def summary(self) -> dict[str, float]:
         return {"bins": float(self.bin_values.shape[1])}
-
-
-def _bin_index(probs: Tensor, bins: int) -> Tensor:
-    """Bin b of [b/bins, (b+1)/bins) for every probability, the last bin holding 1. (...) -> (...) long."""
-    return (probs * bins).long().clamp(0, bins - 1)
 
 
 @dataclass(eq=False)  # tensors: no field-wise ==

@@ -138,6 +138,8 @@ def _method_lines(predictor: nn.Module, inner: nn.Module, base: nn.Module | None
             f"- shared trunk: the first {inner.trunk} layers run once for all members",
         ]
         head_maps = inner.head_maps
+    elif (ensemble := _members_of(predictor)) is not None:  # a deep ensemble: its base is only its first member
+        head_maps = [kept_heads(member) if _is_hf(member) else {} for member in ensemble]
     elif _is_hf(inner):
         head_maps = [kept_heads(inner)]
     else:
@@ -253,6 +255,12 @@ def _is_pruned(model: nn.Module, base: nn.Module) -> bool:
     """Heads or MLP neurons fewer than the unpruned model's (`base`)."""
     counts = [[len(h) for _, h in sorted(kept_heads(m).items())] for m in (model, base)]
     return counts[0] != counts[1] or _widths(model) != _widths(base)
+
+
+def _members_of(predictor: nn.Module) -> list[nn.Module] | None:
+    """The separate models of a deep ensemble in the wrapper chain (`models`), or None."""
+    owner = next((m for m in wrapper_chain(predictor) if isinstance(getattr(m, "models", None), nn.ModuleList)), None)
+    return list(owner.models) if owner is not None else None
 
 
 def _own_method(predictor: nn.Module) -> nn.Module | None:

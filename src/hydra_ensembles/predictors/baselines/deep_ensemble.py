@@ -43,6 +43,13 @@ class DeepEnsemble(Wrapper):
         return self.models[0]
 
     @property
+    def title(self) -> str:
+        """The model card's title (`card.py` formats it): LoRA members share their base's weights on disk."""
+        if self.stored_parameters is not None:
+            return "A LoRA ensemble of {members} {model} models (adapters merged), run one after another"
+        return "A deep ensemble of {members} {model} models, run one after another"
+
+    @property
     def num_members(self) -> int:
         return len(self.models)
 
