@@ -50,6 +50,11 @@ def _fused(model_type: str):
     return lambda d: (d / "hydra_config.json").write_text(json.dumps({"model_config": {"model_type": model_type}}))
 
 
+def _mimo(model_type: str):
+    """A save like MIMO's: predictor.json recording its network's config, the weights beside it."""
+    return lambda d: (d / "predictor.json").write_text(json.dumps({"model_config": {"model_type": model_type}}))
+
+
 def _ensemble(model_type: str):
     """A save like a deep ensemble's: predictor.json and its members in subfolders."""
 
@@ -80,7 +85,7 @@ def test_a_save_keeps_the_tokenizer_beside_it_and_refuses_to_replace_what_is_no_
     assert not (image / "preprocessor_config.json").exists()
     # a fused ensemble or a predictor saved again over itself (load, fine-tune, save in place) kept no tokenizer:
     # they have no config.json; their model_type is the recorded config's or their first member's
-    for name, save in (("fused", _fused), ("ensemble", _ensemble)):
+    for name, save in (("fused", _fused), ("ensemble", _ensemble), ("mimo", _mimo)):
         save_dir_atomic(tmp_path / name, save("bert"))
         (tmp_path / name / "tokenizer.json").write_text("tok")
         save_dir_atomic(tmp_path / name, save("bert"))

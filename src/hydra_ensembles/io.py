@@ -164,13 +164,15 @@ def _same_model_type(old: Path, new: Path) -> bool:
 
 
 def _saved_model_type(folder: Path, depth: int = 3) -> str | None:
-    """The HF model_type of the save in `folder`: its config.json's, a fused ensemble's recorded config's, or, for a
-    predictor or two-tower save (predictor.json, two_tower.json: the models sit in subfolders), its first saved
+    """The HF model_type of the save in `folder`: its config.json's, the config a fused ensemble or a predictor
+    (MIMO) records, or, for a predictor or two-tower save whose models sit in subfolders, its first saved
     subfolder's ("None" when a config names none). None when no save is found."""
     if (folder / "config.json").is_file():
         return str(json.loads((folder / "config.json").read_text()).get("model_type"))
-    if (folder / HYDRA_CONFIG).is_file():
-        return str(json.loads((folder / HYDRA_CONFIG).read_text()).get("model_config", {}).get("model_type"))
+    for record in (HYDRA_CONFIG, PREDICTOR_FILE):  # a fused ensemble, or a predictor that records its network's
+        config = json.loads((folder / record).read_text()).get("model_config") if (folder / record).is_file() else None
+        if isinstance(config, dict):
+            return str(config.get("model_type"))
     if depth == 0:
         return None
     for sub in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):

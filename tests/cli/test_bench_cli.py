@@ -86,6 +86,7 @@ def test_flags_that_do_not_apply_to_a_task_are_refused_not_ignored():
         (["bench", "distill-image", "--prune-per-layer", "2"], "--prune-per-layer applies to the suite and amp-*"),
         (["bench", "distill-image", "--latency-seeds", "0"], "--latency-seeds applies to the timed tables"),
         (["bench", "text", "--head-sweep", "2", "--latency-seeds", "0"], "not to --head-sweep"),
+        (["bench", "amp-text", "--tables", "sweep", "--latency-seeds", "0"], "add free to --tables"),
         (["bench", "text", "--seeds", "0", "1", "--latency-seeds", "2"], "time some of the run's seeds (0 1; --seeds)"),
         (["bench", "text", "--tables", "free", "--deltas", "0.1"], "--deltas, --tables appl(y) to the amp-*"),
         (["bench", "text", "--head-sweep", "2", "--rows", "Single"], "measures its own rows"),

@@ -38,6 +38,16 @@ def test_a_deep_ensemble_refuses_members_that_predict_different_classes():
     with pytest.raises(ValueError, match=r"num_labels = \[2, 3\]"):
         B.DeepEnsemble([model, wider])
     assert B.DeepEnsemble([model, copy.deepcopy(model)]).num_members == 2
+    # the same classes, keys as strings from a hand-set json map ('10' sorts before '2'), and HF's placeholder names
+    # (LABEL_i: a member given only num_labels names none): accepted
+    from hydra_ensembles.adapters import class_mismatch
+
+    twelve = [copy.deepcopy(model) for _ in range(3)]
+    names = [f"c{i}" for i in range(12)]
+    twelve[0].config.id2label = dict(enumerate(names))
+    twelve[1].config.id2label = {str(i): name for i, name in enumerate(names)}
+    twelve[2].config.id2label = {i: f"LABEL_{i}" for i in range(12)}
+    assert class_mismatch(twelve) is None
 
 
 def test_mc_dropout_samples_differ_are_reproducible_and_leave_eval_mode():

@@ -53,6 +53,8 @@ def test_temperature_scaling_never_raises_the_nll_it_reports_on_its_own_data():
     logits[3:23] = torch.tensor([0.0, 2.0], dtype=F64)  # wrong by a little: the NLL has a minimum in T
     logits, labels = logits[:, None], torch.zeros(200, dtype=torch.long)  # (N, 1, 2): one member
     temperature = P.fit_temperature(logits, labels)
+    with pytest.warns(UserWarning, match=r"3 held-out example\(s\) are wrong beyond the NLL's floor"):
+        P.fit_temperature(logits[[*range(3), *range(23, 200)]], labels[:180])  # no mildly wrong ones: no minimum
     assert _nll(logits / temperature, labels) <= _nll(logits, labels) + 1e-9
     assert temperature < 5  # 2.76: the others decide it; the floored three pull on nothing (old fit: 235)
 

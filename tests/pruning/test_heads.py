@@ -270,6 +270,7 @@ def test_load_model_also_loads_unpruned_models(tmp_path):
         ({0: [1.9]}, "head ids must be integers, got 1.9"),  # int() pruned head 1
         ({0: "13"}, "must be a list of head ids"),  # pruned heads 1 and 3, one per character
         ({0: [True]}, "head ids must be integers, got True"),
+        ({0: torch.tensor([True, True, False, False])}, "head ids must be integers, got tensor.True."),  # a mask
         ({0: 1}, r"must be a list of head ids \(\{layer: \[head, ...\]\}\), got 1"),
     ],
 )
@@ -290,6 +291,11 @@ def test_a_lora_wrapped_projection_is_refused_before_any_layer_is_cut():
     for prune, plan in ((he.prune_heads, {0: [1]}), (he.keep_heads, {1: [0]})):
         with pytest.raises(ValueError, match=r"wrapped projections \(Linear\).*merge_and_unload\(\)"):
             prune(wrapped, plan)
+    lora_output = peft.get_peft_model(MODELS["bert"](), peft.LoraConfig(r=2, target_modules=["attention.output.dense"]))
+    with pytest.raises(ValueError, match="wrapped projections"):  # zeroing W_o's columns left B A adding the head
+        he.ablate_heads(lora_output.base_model.model, {0: [1]}).__enter__()
+    with pytest.raises(ValueError, match="wrapped projections"):  # was a KeyError on '...query.base_layer.weight'
+        he.HydraEnsemble.fuse([wrapped])
     assert he.kept_heads(wrapped) == {layer: list(range(HEADS)) for layer in range(LAYERS)}  # nothing cut
     assert all(torch.equal(p, before[name]) for name, p in wrapped.named_parameters())
     mlp = peft.get_peft_model(MODELS["bert"](), peft.LoraConfig(r=2, target_modules=["intermediate.dense"]))

@@ -59,6 +59,13 @@ def register_adapter(adapter: Adapter, replace: bool = False) -> Adapter:
     return adapter
 
 
+def _same_adapter(adapter: Adapter) -> bool:
+    """Whether `adapter` registers again what an adapter of its class registered (a module imported twice, a test
+    run again): the same name and classes, nothing taken from another."""
+    mine = _BY_NAME.get(adapter.name)
+    return type(mine) is type(adapter) and all(type(_BY_CLASS.get(c, adapter)) is type(adapter) for c in adapter.specs)
+
+
 for _adapter in (
     BertAdapter(),
     DistilBertAdapter(),
@@ -74,13 +81,6 @@ for _adapter in (
     SiglipVisionAdapter(),
 ):
     register_adapter(_adapter)
-
-
-def _same_adapter(adapter: Adapter) -> bool:
-    """Whether `adapter` registers again what an adapter of its class registered (a module imported twice, a test
-    run again): the same name and classes, nothing taken from another."""
-    mine = _BY_NAME.get(adapter.name)
-    return type(mine) is type(adapter) and all(type(_BY_CLASS.get(c, adapter)) is type(adapter) for c in adapter.specs)
 
 
 def supported_models() -> list[str]:
@@ -123,8 +123,17 @@ def class_mismatch(models: Sequence[nn.Module]) -> str | None:
     counts = [getattr(config, "num_labels", None) for config in configs]
     if len(set(counts)) > 1:
         return f"num_labels = {counts}"
-    names = [[str(name) for _, name in sorted((getattr(c, "id2label", None) or {}).items())] for c in configs]
-    differ = next((m for m in range(1, len(names)) if names[m] != names[0]), None)
+    names = [_class_names(config) for config in configs]
+    named = [m for m, member_names in enumerate(names) if member_names is not None]
+    differ = next((m for m in named[1:] if names[m] != names[named[0]]), None)
     if differ is not None:
-        return f"id2label: member 0 names its classes {names[0]}, member {differ} {names[differ]}"
+        return f"id2label: member {named[0]} names its classes {names[named[0]]}, member {differ} {names[differ]}"
     return None
+
+
+def _class_names(config: object) -> list[str] | None:
+    """`config.id2label`'s names in class order (keys as ints: a hand-set map keeps string keys, and '10' sorts
+    before '2'), or None for HF's placeholders LABEL_0, LABEL_1, ... (a model given only num_labels names none)."""
+    labels = {int(i): str(name) for i, name in (getattr(config, "id2label", None) or {}).items()}
+    names = [labels[i] for i in sorted(labels)]
+    return None if names == [f"LABEL_{i}" for i in sorted(labels)] else names

@@ -233,6 +233,8 @@ def check_flags(args: argparse.Namespace) -> None:
             "--latency-seeds applies to the timed tables (a suite task's table or --cost-curve, an amp-* task's "
             f"free table), not to {'--head-sweep' if args.head_sweep else args.task}."
         )
+    if args.latency_seeds is not None and args.task in AMP and "free" not in args.tables:
+        raise CommandError("--latency-seeds times the amp-* free table: add free to --tables, or drop the flag.")
     if args.latency_seeds is not None and not set(args.latency_seeds) <= set(_seeds(args)):
         raise CommandError(
             f"--latency-seeds {' '.join(map(str, args.latency_seeds))}: time some of the run's seeds "

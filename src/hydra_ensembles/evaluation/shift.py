@@ -5,7 +5,8 @@ A shift is a deterministic, seeded corruption with severities 1..5 (severity 0 i
 - image shifts (after ImageNet-C, Hendrycks & Dietterich 2019, its parameters at 224 px) act on the
   `pixel_values` (B, C, H, W) the loaders hold, in pure torch. Pixel space: the tensor is un-normalised with the
   image processor's mean and std (`PixelSpace.of(processor)`) to x in [0, 1], corrupted, clipped to [0, 1] and
-  normalised again; without a processor, `pixel_values` are taken to be [0, 1] images (`PixelSpace()`).
+  normalised again; without a processor, `pixel_values` are taken to be [0, 1] images (`PixelSpace()`), and
+  values beyond [-0.25, 1.25] (normalised pixels given without their processor) are refused.
 - text shifts act on the raw strings before tokenisation (`TextData`: the texts and how to encode them).
 
 Random draws are fixed per input and shared by the severities (common random numbers: one noise tensor scaled up,

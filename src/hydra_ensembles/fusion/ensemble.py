@@ -28,6 +28,7 @@ from ..data.loaders import Batch, per_example, split_batch, to_device
 from ..io import HYDRA_CONFIG, reading_dir, save_dir_atomic, write_json_atomic
 from ..outputs import PredictorOutput
 from ..pruning import HeadMap, base_fingerprint, kept_heads, kept_neurons
+from ..pruning.heads import check_plain_linears
 from ..pruning.persist import clear_structures
 from ..uncertainty import ensemble_probs
 from ..version import __version__
@@ -495,6 +496,11 @@ def _check_members(members: Sequence[nn.Module], mlp: str) -> None:
     adapter = get_adapter(members[0])
     if refusal := adapter.fusion_unsupported(members[0]):
         raise ValueError(f"{classes[0]} cannot be fused: {refusal}.")
+    for member in members:  # the engine reads each projection's weight: a LoRA wrapper's B A would be lost
+        blocks = [adapter.block(layer) for layer in adapter.layers(member)]
+        check_plain_linears(
+            linear for b in blocks for linear in (b.query, b.key, b.value, b.output, b.mlp_in, b.mlp_out)
+        )
     for field in ("hidden_size", "num_hidden_layers", "num_attention_heads"):
         values = [getattr(adapter.config(m), field, None) for m in members]
         if len(set(values)) > 1:

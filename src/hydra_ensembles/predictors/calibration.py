@@ -103,11 +103,19 @@ def fit_temperature(member_logits: Tensor, labels: Tensor, max_iter: int = 100) 
         everywhere_right = (logits.argmax(dim=-1) == labels[:, None]).all()  # warned of already
         fitted, sharper = (ensemble_nll(logits / t, labels).item() for t in (temperature, temperature / 2))
     if not everywhere_right and sharper <= fitted + 1e-9:
-        # every example has a member confidently right: the NLL falls towards its limit as T -> 0, no minimum
+        # every example has a member confidently right, or the wrong ones sit at the NLL's floor and cost the same
+        # at any T: the NLL falls (or stays) as T -> 0, no minimum
+        floored = int((ensemble_probs(logits / temperature).gather(1, labels[:, None]) < NLL_FLOOR).sum())
+        why = (
+            f"{floored} held-out example(s) are wrong beyond the NLL's floor (a probability under {NLL_FLOOR:.3g}, "
+            "36 nats), so they cost the same at any temperature, and every other one has a member confidently right"
+            if floored
+            else "some member is confidently right on every held-out example"
+        )
         warnings.warn(
             f"the held-out NLL still falls as the temperature sharpens (T = {temperature:.3g}: {fitted:.6f}, at "
-            f"T / 2: {sharper:.6f}), so T is only where the optimiser stopped: some member is confidently right "
-            "on every held-out example. Fit it on a larger or harder held-out set.",
+            f"T / 2: {sharper:.6f}), so T is only where the optimiser stopped: {why}. Fit it on a larger or harder "
+            "held-out set.",
             stacklevel=2,
         )
     return temperature

@@ -141,7 +141,7 @@ def index_set(indices: Iterable[int], what: str, layer: int) -> set[int]:
     ids = set()
     for index in indices:
         try:
-            if isinstance(index, bool):
+            if isinstance(index, bool) or getattr(index, "dtype", None) == torch.bool:  # a mask is no list of ids
                 raise TypeError
             ids.add(operator.index(index))
         except TypeError:
@@ -187,6 +187,7 @@ def ablate_heads(model: nn.Module, heads: Mapping[int, Iterable[int]]) -> Iterat
     plan = check_heads(model, heads, kept, what="ablate")
     head_dim = adapter.head_dim(model)
     layers = adapter.layers(model)
+    check_plain_linears([adapter.block(layers[layer]).output for layer in plan])  # a wrapper would add the head back
     columns = []
     for layer, layer_heads in plan.items():
         weight = adapter.block(layers[layer]).output.weight  # (d, H*dh)
@@ -277,14 +278,14 @@ def freeze_placeholders(model: nn.Module) -> None:
 
 
 def check_plain_linears(linears: Iterable[nn.Module]) -> None:
-    """Refuse to cut a wrapped projection (a peft LoRA layer, a quantised linear): it exposes its base layer's
-    `weight`, so slicing that into a plain `nn.Linear` would silently drop what the wrapper adds."""
+    """Refuse a wrapped projection (a peft LoRA layer, a quantised linear): it exposes its base layer's `weight`,
+    so slicing, zeroing or fusing that would silently leave out what the wrapper adds."""
     wrapped = sorted({type(linear).__name__ for linear in linears if type(linear) is not nn.Linear})
     if wrapped:
         raise ValueError(
-            f"the layers to cut hold wrapped projections ({', '.join(wrapped)}), not plain nn.Linear: pruning would "
-            "drop what the wrapper adds (a LoRA adapter's A and B). Merge them first (peft: "
-            "model = model.merge_and_unload()), then prune."
+            f"the layers hold wrapped projections ({', '.join(wrapped)}), not plain nn.Linear: pruning, ablating "
+            "and fusing read their `weight` alone and would leave out what the wrapper adds (a LoRA adapter's A "
+            "and B). Merge them first (peft: model = model.merge_and_unload())."
         )
 
 

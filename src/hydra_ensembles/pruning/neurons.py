@@ -92,6 +92,7 @@ def ablate_neurons(model: nn.Module, neurons: Mapping[int, Iterable[int]]) -> It
     kept = kept_neurons(model)
     plan = _check(kept, neurons)
     layers = adapter.layers(model)
+    check_plain_linears([adapter.block(layers[layer]).mlp_out for layer in plan])  # a wrapper would add them back
     columns = [
         (adapter.block(layers[layer]).mlp_out.weight, _positions(kept[layer], ks))  # (d, F)
         for layer, ks in plan.items()

@@ -57,7 +57,8 @@ def packed_config(config: transformers.PretrainedConfig, members: int, alpha: fl
         )
     if members < 1 or alpha <= 0:
         raise ValueError(f"Packed-Ensembles need members >= 1 and alpha > 0, got members={members}, alpha={alpha}.")
-    head_dim = config.hidden_size // config.num_attention_heads
+    # a config's own head_dim (ViT's reads it) travels with the copy: the narrow width must be made of it
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     heads = round_half_up(alpha * config.num_attention_heads / members)
     if heads < 1:
         raise ValueError(
