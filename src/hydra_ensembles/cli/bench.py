@@ -168,33 +168,15 @@ def run(args: argparse.Namespace) -> int:
             print((out / "sweep.md").read_text())
             print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
             return 0
+        options = dict(
+            command=command, rows=args.rows, progress=not args.quiet, device=device, latency_seeds=args.latency_seeds
+        )
         if args.cost_curve:
-            summary = curve.run(
-                task,
-                seeds,
-                out,
-                cache,
-                command=command,
-                rows=args.rows,
-                progress=not args.quiet,
-                device=device,
-                latency_seeds=args.latency_seeds,
-            )
+            summary = curve.run(task, seeds, out, cache, **options)
             print((out / "cost_curve.md").read_text())
             print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
             return 0
-        summary = runner.run(
-            task,
-            suite.TABLE,
-            seeds,
-            out,
-            cache,
-            command=command,
-            rows=args.rows,
-            progress=not args.quiet,
-            device=device,
-            latency_seeds=args.latency_seeds,
-        )
+        summary = runner.run(task, suite.TABLE, seeds, out, cache, **options)
     print((out / "table.md").read_text())
     print(f"wrote {out}/ in {summary['wall_time_s'] / 60:.1f} min")
     return 0
