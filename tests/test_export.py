@@ -24,7 +24,7 @@ from tolerances import CONTRACT, DEFECT
 
 import hydra_ensembles as he
 from hydra_ensembles.cli import main
-from hydra_ensembles.export import export_onnx, export_program
+from hydra_ensembles.export import ONE_FILE_BYTES, export_onnx, export_program, weight_bytes
 from hydra_ensembles.predictors import Calibrated, TemperatureScaling, save_predictor
 
 ort = pytest.importorskip("onnxruntime", reason="pip install 'hydra-ensembles[export]'")
@@ -189,3 +189,12 @@ def test_a_failed_export_keeps_the_previous_one_and_a_one_file_export_drops_stal
     assert path.read_bytes() == b"the previous graph"
     export_onnx(model, path, make_inputs("bert"))
     assert [p.name for p in tmp_path.iterdir()] == ["member.onnx"] and path.read_bytes() != b"the previous graph"
+
+
+def test_the_one_file_limit_counts_a_tied_weight_once():
+    """A tied embedding counted twice could send a model under the limit to two files (and a graph near 2 GiB of
+    weights alone to one file, past protobuf's limit: the threshold leaves room for the graph)."""
+    tied = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    tied[1].weight = tied[0].weight  # (10, 4) float32: 160 bytes, held once
+    assert weight_bytes(tied) == 160 and sum(t.nbytes for t in tied.state_dict().values()) == 320
+    assert ONE_FILE_BYTES < 2 * 1024**3

@@ -29,7 +29,8 @@ from .data.loaders import split_batch
 from .fusion import HydraEnsemble
 
 # Below 2 GiB of weights the graph is one .onnx file; above, protobuf's limit puts the weights in <path>.data beside.
-ONE_FILE_BYTES = 2 * 1024**3
+# protobuf's 2 GiB limit holds the graph too: weights past 1.8 GiB go to a .data file beside it
+ONE_FILE_BYTES = int(1.8 * 1024**3)
 
 
 class FusedGraph(nn.Module):
@@ -108,7 +109,7 @@ def export_onnx(predictor: nn.Module, path: str | os.PathLike, example_inputs: M
     names = list(example_inputs_of(predictor, example_inputs))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    weights = sum(t.numel() * t.element_size() for t in predictor.state_dict().values())
+    weights = weight_bytes(predictor)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
     try:
         written = tmp / path.name
@@ -186,6 +187,12 @@ def _attention_decompositions() -> dict:
 def _user_inputs(program: torch.export.ExportedProgram) -> list[str]:
     user = torch.export.graph_signature.InputKind.USER_INPUT
     return [spec.arg.name for spec in program.graph_signature.input_specs if spec.kind == user]
+
+
+def weight_bytes(module: nn.Module) -> int:
+    """The bytes of `module`'s parameters and buffers, each storage once (a tied embedding is stored once)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in module.state_dict().values()}
+    return sum(storages.values())
 
 
 def _require_onnx() -> None:
