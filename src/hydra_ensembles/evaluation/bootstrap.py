@@ -50,6 +50,7 @@ from ..metrics.nll import example_nll
 from ..uncertainty import ensemble_probs
 from .compare import row_file
 from .ood import msp
+from .report import ood_sets
 
 SAID = {"nll": ("NLL", 1.0, 3, ""), "ece": ("ECE", 100.0, 1, " %"), "auroc_all": ("AUROC all", 100.0, 1, " %")}
 GOOD_SIGN = {"nll": -1.0, "ece": -1.0, "auroc_all": 1.0}  # the sign of A - B when A is better
@@ -177,10 +178,7 @@ class _Terms:
         labels = labels.long().to(probs.device)
         true_class = probs.gather(1, labels[:, None]).squeeze(1)
         confidence, prediction = probs.max(dim=1)
-        named = [name for group in ("near", "far", "ood") for name in logits.get(group, {})]
-        if len(set(named)) < len(named):  # a dict would keep one of them, and "AUROC all" average fewer sets
-            raise ValueError(f"OOD set names must differ across near, far and ood, got {named}.")
-        sets = {name: scores for group in ("near", "far", "ood") for name, scores in logits.get(group, {}).items()}
+        sets = ood_sets(*(logits.get(group) for group in ("near", "far", "ood")))
         small = [name for name, scores in sets.items() if len(scores) < 2]
         if small:
             raise ValueError(f"OOD set(s) {small} have fewer than 2 examples: too few to resample.")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -105,6 +105,16 @@ def separation_metrics(
     }
 
 
+def ood_sets(*groups: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The OOD sets of every group (near, far, ood: {name: data}) in one dict, refusing a name given twice (one
+    would replace the other, and "all" would average fewer sets)."""
+    names = [name for group in groups for name in group or {}]
+    clash = sorted({name for name in names if names.count(name) > 1})
+    if clash:
+        raise ValueError(f"OOD set name(s) {clash} are given twice; name every set differently.")
+    return {name: data for group in groups for name, data in (group or {}).items()}
+
+
 def evaluate(
     id_member_logits: Tensor,
     labels: Tensor,
@@ -128,18 +138,14 @@ def evaluate(
             "id_scores and ood_scores go together: pass both (scores already computed) or neither (the logits "
             "scored by `score`)."
         )
-    near, far, ood = dict(near or {}), dict(far or {}), dict(ood or {})
-    clash = (set(near) & set(far)) | (set(near) & set(ood)) | (set(far) & set(ood))
-    if clash:
-        raise ValueError(f"OOD set name(s) {sorted(clash)} are given twice; name every set differently.")
+    near, far = dict(near or {}), dict(far or {})
     result: dict[str, object] = {"id": classification_metrics(id_member_logits, labels), "ood": {}}
-    for name, logits in {**near, **far, **ood}.items():
+    for name, logits in ood_sets(near, far, ood).items():
         if ood_scores is None:
             result["ood"][name] = ood_metrics(id_member_logits, logits, score, positive)
         else:
             result["ood"][name] = separation_metrics(id_scores, ood_scores[name], positive)
-    everything = list(near) + list(far) + list(ood)
-    for group, names in (("near", list(near)), ("far", list(far)), ("all", everything)):
+    for group, names in (("near", list(near)), ("far", list(far)), ("all", list(result["ood"]))):
         if names:
             result[group] = {k: float(np.mean([result["ood"][n][k] for n in names])) for k in OOD}
     return result
