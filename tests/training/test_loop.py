@@ -336,3 +336,38 @@ def test_a_diverged_epoch_never_counts_as_the_best_and_patience_ends_the_run(mon
     with pytest.raises(ValueError, match="every validated epoch diverged .non-finite outputs in all 2.*lower learning"):
         ft.finetune(MODELS["bert"](), _data(), CONFIG.with_(epochs=6, patience=2), val_loader=_data(seed=20),
                     progress=False)  # fmt: skip
+
+
+def test_losses_refuse_labels_and_teachers_that_would_broadcast():
+    """Labels (B, 1) against member outputs (B, M, ...) broadcast into every example against every label, and a
+    teacher of another rank or batch into a loss of the wrong pairs: each is refused, naming the shapes."""
+    labels = torch.tensor([0.5, 1.0, -1.0, 2.0])
+    with pytest.raises(ValueError, match=r"'labels' of shape \(B,\).*got \(4, 1\)"):
+        ft.GaussianNLL()(torch.randn(4, 3, 2), {"labels": labels[:, None]})
+    with pytest.raises(ValueError, match=r"member Gaussians \(B, M, 2\)"):
+        ft.GaussianNLL()(torch.randn(4, 2), {"labels": labels})
+    with pytest.raises(ValueError, match=r"'labels' of shape \(B,\).*got \(4, 1\)"):
+        ft.CrossEntropy()(torch.randn(4, 3, 5), {"labels": torch.zeros(4, 1, dtype=torch.long)})
+    with pytest.raises(ValueError, match=r"one per example .*got \(3,\)"):
+        ft.CrossEntropy()(torch.randn(4, 5), {"labels": torch.zeros(3, dtype=torch.long)})
+    with pytest.raises(ValueError, match=r"same B and D, got \(4, 1, 5\) and \(4, 5\)"):
+        ft.DistillKL()(torch.randn(4, 5), {"teacher_outputs": torch.randn(4, 5)})  # a teacher without members
+    with pytest.raises(ValueError, match=r"same B and D"):
+        ft.DistillKL()(torch.randn(4, 3, 5), {"teacher_outputs": torch.randn(2, 3, 5)})
+    right = ft.GaussianNLL()(torch.zeros(4, 3, 2), {"labels": labels})  # the defined value still comes out
+    assert right.item() == pytest.approx(3 * 0.5 * (torch.log(torch.tensor(2 * torch.pi)) + labels**2).mean().item())
+
+
+def test_a_rank_takes_its_rows_of_every_per_example_input_and_settings_whole(monkeypatch):
+    """Under torchrun each rank takes every world-th row; a 0-d setting (ViT's interpolate_pos_encoding) has no
+    rows and goes to every rank whole."""
+    from hydra_ensembles.training import loop
+
+    monkeypatch.setattr(loop, "is_distributed", lambda: True)
+    monkeypatch.setattr(loop, "world_size", lambda: 2)
+    monkeypatch.setattr(loop, "rank", lambda: 1)
+    batch = {"pixel_values": torch.arange(5.0), "interpolate_pos_encoding": torch.tensor(False), "labels": torch.arange(5)}
+    share, mine = loop._my_rows(batch)
+    assert share == pytest.approx(2 * 2 / 5)
+    assert mine["pixel_values"].tolist() == [1.0, 3.0] and mine["labels"].tolist() == [1, 3]
+    assert mine["interpolate_pos_encoding"] is batch["interpolate_pos_encoding"]

@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name}: already fine-tuned ({target})")
             histories[name] = read_json_record(out.path / "histories" / f"{name}.json")
             continue
-        torch.manual_seed(args.seed)  # a new classification head starts the same in every run
+        torch.manual_seed(args.seed + index)  # a new classification head: reproducible, and its own per member
         model = _classifier(model_dir, train_examples.labels).to(device)
         train = read_data(args, args.data, model_dir, model.config, labelled=True, flag="--data").batches
         val = (

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..adapters import Adapter, get_adapter
-from ..data.loaders import Batch, materialize, split_batch, to_device
+from ..data.loaders import Batch, materialize, per_example, split_batch, to_device
 from ..data.loaders import batch_size as examples_in
 from ..distributed import barrier, is_distributed, is_main, rank, sum_over_ranks, world_size
 from ..fusion import HydraEnsemble
@@ -527,4 +527,4 @@ def _my_rows(batch: Batch) -> tuple[float, Batch]:
             f"a batch of {total} rows cannot be shared among {world_size()} processes: use batches of at least "
             f"{world_size()} rows."
         )
-    return mine * world_size() / total, {k: v[rows] if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    return mine * world_size() / total, {k: v[rows] if per_example(v) else v for k, v in batch.items()}

@@ -39,7 +39,7 @@ class CrossEntropy:
         labels = batch.get("labels")
         if labels is None:
             raise ValueError("cross-entropy needs batches with 'labels'.")
-        labels = labels.to(logits.device)
+        labels = _one_per_example(labels, logits, "cross-entropy", "class indices").to(logits.device)
         if logits.dim() == 3:  # (B, M, C): every member against the labels
             members = logits.shape[1]
             labels = labels[:, None].expand(-1, members).flatten()
@@ -84,6 +84,11 @@ class GaussianNLL:
         targets = batch.get("labels")
         if targets is None:
             raise ValueError("the Gaussian NLL needs batches with 'labels' (the regression targets).")
+        if gaussians.dim() != 3 or gaussians.shape[-1] != 2:
+            raise ValueError(
+                f"the Gaussian NLL needs member Gaussians (B, M, 2) of (mean, log-variance), got {tuple(gaussians.shape)}."
+            )
+        targets = _one_per_example(targets, gaussians, "the Gaussian NLL", "regression targets")
         gaussians = gaussians.float()  # under bf16 autocast, the NLL in float32 (as the distillation losses)
         mean, log_var = gaussians[..., 0], gaussians[..., 1]  # (B, M)
         targets = targets.to(gaussians.device, gaussians.dtype)[:, None]
@@ -154,12 +159,28 @@ def _paired(student: Tensor, batch: dict[str, Any], key: str) -> tuple[Tensor, T
     if teacher is None:
         raise ValueError(f"distillation needs batches with {key!r}: {teacher_mismatch(key, batch)}")
     student = student.to(torch.promote_types(student.dtype, torch.float32))
+    if student.dim() != 3 or teacher.dim() != 3 or student.shape[::2] != teacher.shape[::2]:
+        raise ValueError(
+            f"distillation needs student outputs (B, K, D) and {key} (B, M, D) of the same B and D, got "
+            f"{tuple(student.shape)} and {tuple(teacher.shape)}."
+        )
     if student.shape[1] not in (1, teacher.shape[1]):
         raise ValueError(
             f"the student has {student.shape[1]} heads and the teacher {teacher.shape[1]} members: distil "
             "into one head (knowledge distillation) or one head per member (Hydra)."
         )
     return student, teacher.to(student.device, student.dtype)
+
+
+def _one_per_example(labels: Tensor, outputs: Tensor, loss: str, kind: str) -> Tensor:
+    """The batch's labels, checked to be one per example (B,): labels (B, 1) or soft labels (B, C) would
+    broadcast against member outputs into a loss of every example against every other's label."""
+    if labels.dim() != 1 or len(labels) != len(outputs):
+        raise ValueError(
+            f"{loss} needs 'labels' of shape (B,) ({kind}), one per example of outputs {tuple(outputs.shape)}, "
+            f"got {tuple(labels.shape)}."
+        )
+    return labels
 
 
 def teacher_mismatch(key: str, batch: dict[str, Any]) -> str:
