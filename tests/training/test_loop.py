@@ -366,7 +366,8 @@ def test_a_rank_takes_its_rows_of_every_per_example_input_and_settings_whole(mon
     monkeypatch.setattr(loop, "is_distributed", lambda: True)
     monkeypatch.setattr(loop, "world_size", lambda: 2)
     monkeypatch.setattr(loop, "rank", lambda: 1)
-    batch = {"pixel_values": torch.arange(5.0), "interpolate_pos_encoding": torch.tensor(False), "labels": torch.arange(5)}
+    flag = torch.tensor(False)
+    batch = {"pixel_values": torch.arange(5.0), "interpolate_pos_encoding": flag, "labels": torch.arange(5)}
     share, mine = loop._my_rows(batch)
     assert share == pytest.approx(2 * 2 / 5)
     assert mine["pixel_values"].tolist() == [1.0, 3.0] and mine["labels"].tolist() == [1, 3]

@@ -86,7 +86,8 @@ class GaussianNLL:
             raise ValueError("the Gaussian NLL needs batches with 'labels' (the regression targets).")
         if gaussians.dim() != 3 or gaussians.shape[-1] != 2:
             raise ValueError(
-                f"the Gaussian NLL needs member Gaussians (B, M, 2) of (mean, log-variance), got {tuple(gaussians.shape)}."
+                "the Gaussian NLL needs member Gaussians (B, M, 2) of (mean, log-variance), got "
+                f"{tuple(gaussians.shape)}."
             )
         targets = _one_per_example(targets, gaussians, "the Gaussian NLL", "regression targets")
         gaussians = gaussians.float()  # under bf16 autocast, the NLL in float32 (as the distillation losses)
