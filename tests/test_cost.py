@@ -64,6 +64,10 @@ def test_fused_flops_count_only_the_kept_heads():
     )
     per_head = 2 * batch * tokens * (4 * d * dh + 2 * tokens * dh)
     assert he.count_flops(padded, every_token) - he.count_flops(ensemble, every_token) == padded_heads * per_head
+    # the padded heads are zeros, no member's parameters: the same ensemble has as many on every device
+    stored = sum(p.numel() for p in padded.parameters()) - sum(p.numel() for p in ensemble.parameters())
+    assert stored == padded_heads * dh * (3 * (d + 1) + d)  # q/k/v columns and biases, W_o rows
+    assert he.count_parameters(padded) == he.count_parameters(ensemble) == sum(p.numel() for p in ensemble.parameters())
 
 
 def test_interleaved_latency_rotates_the_order_and_gives_ratios_per_round():

@@ -31,8 +31,11 @@ _SDPA_ON_CPU = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdp
 
 
 def count_parameters(module: nn.Module) -> int:
-    """Number of parameters (shared tensors counted once)."""
-    return sum(p.numel() for p in module.parameters())
+    """Number of parameters (shared tensors counted once). The zero heads a fused layer stores in its padded
+    layout (`FusedLayer.padding_parameters`; the layout a GPU takes) are not counted: the same ensemble has as
+    many parameters on every device."""
+    padding = sum(sub.padding_parameters() for sub in module.modules() if hasattr(sub, "padding_parameters"))
+    return sum(p.numel() for p in module.parameters()) - padding
 
 
 def stored_parameters(predictor: nn.Module) -> int:

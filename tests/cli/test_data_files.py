@@ -3,6 +3,8 @@ did not write is never deleted."""
 
 from __future__ import annotations
 
+import csv
+
 import numpy as np
 import pytest
 import torch
@@ -34,6 +36,22 @@ def test_tsv_quotes_are_text_and_a_byte_order_mark_is_not_a_column_name(tmp_path
     excel = tmp_path / "excel.csv"
     excel.write_bytes("label,text\nneg,bad\n".encode("utf-8-sig"))
     assert read_texts(excel, label_column="label").labels == ["neg"]
+
+
+def test_a_tsv_that_a_quoting_writer_wrote_reads_back_as_written(tmp_path):
+    """pandas' to_csv(sep="\\t"), Python's csv and Excel quote a field holding a quote (doubling it), a tab or a
+    line end: read unquoted, the model would train on the quoting marks. The unquoted files above stay as they
+    are."""
+    texts = ['He said "great" movie', "a tab\there", "two\nlines", "plain"]
+    tsv = tmp_path / "written.tsv"
+    with tsv.open("w", newline="") as f:
+        writer = csv.writer(f, delimiter="\t")
+        writer.writerow(["label", "text"])
+        writer.writerows([["pos", text] for text in texts])
+    assert read_texts(tsv, label_column="label").inputs == texts
+    doubled = tmp_path / "doubled.tsv"  # quotes doubled only: no tab or line end to give the quoting away
+    doubled.write_text('label\ttext\npos\t"He said ""great"" movie"\nneg\tplain\n')
+    assert read_texts(doubled, label_column="label").inputs == ['He said "great" movie', "plain"]
 
 
 def test_class_names_come_from_id2label_and_integer_names_are_not_ids():
@@ -126,6 +144,26 @@ def test_force_refuses_an_out_that_holds_the_steps_own_input(tmp_path):
     report = Output(run.path / "report", "evaluate", {"models": {"a": settings["model"]}})  # inside an input's parent
     report.finish()
     Output(run.path / "report", "evaluate", {"models": {"a": settings["model"]}}, force=True)  # clears the report only
+
+
+def test_a_steps_output_inside_its_input_is_no_part_of_the_inputs_fingerprint(tmp_path):
+    """`evaluate --model run --out run/report`: the report written inside `run` must not change `run`'s fingerprint,
+    or the finished step would be "a different run" when repeated and an interrupted one could never resume."""
+    from hydra_ensembles.cli.step import fingerprint_path
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "model.safetensors").write_text("weights")
+    before = fingerprint_path(tmp_path / "run", "--model")
+    settings = {"models": {"a": before}}
+    report = Output(tmp_path / "run" / "report", "evaluate", settings)
+    (report.path / "metrics.json").write_text("{}")
+    assert fingerprint_path(tmp_path / "run", "--model") == before
+    report.finish()
+    assert Output(
+        tmp_path / "run" / "report", "evaluate", {"models": {"a": fingerprint_path(tmp_path / "run", "-")}}
+    ).done()
+    (tmp_path / "run" / "extra.bin").write_text("a changed input")  # a file of the input itself still counts
+    assert fingerprint_path(tmp_path / "run", "--model") != before
 
 
 def test_text_lines_split_at_line_ends_only_and_a_byte_order_mark_is_dropped(tmp_path):

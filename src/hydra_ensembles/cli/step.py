@@ -48,10 +48,16 @@ def fingerprint_path(path: str | os.PathLike, flag: str) -> dict:
     if not Path(path).exists():
         raise CommandError(f"{flag} {str(path)!r} does not exist.")
     path = Path(path).resolve()
-    # a model card is derived from the rest (evaluate rewrites it), hidden files (.DS_Store) are read by no step:
-    # neither is an input
+    # a model card is derived from the rest (evaluate rewrites it), hidden files (.DS_Store) are read by no step,
+    # and a step's output written inside the input (`evaluate --model run --out run/report`) is no part of it:
+    # none is an input
+    steps = {record.parent for record in path.rglob(RECORD) if record.parent != path} if path.is_dir() else set()
     files = (
-        sorted(p for p in path.rglob("*") if p.is_file() and p.name != CARD_NAME and not p.name.startswith("."))
+        sorted(
+            p
+            for p in path.rglob("*")
+            if p.is_file() and p.name != CARD_NAME and not p.name.startswith(".") and not steps & set(p.parents)
+        )
         if path.is_dir()
         else [path]
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,9 +150,26 @@ def read_texts(
 
 def _csv(path: Path, delimiter: str) -> list[tuple[int, dict]]:
     """Rows as dicts by the header's names. utf-8-sig: Excel's byte-order mark is not part of the first column's
-    name. A TSV file has no quoting (a quote is text, as in the files spreadsheets and pandas write). A row with
-    more or fewer fields than the header is refused: an unquoted comma would otherwise cut the text short."""
-    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    name. A row with more or fewer fields than the header is refused: an unquoted comma would otherwise cut the
+    text short.
+
+    A TSV file is read unquoted first (a quote is text, as in GLUE's and most hand-written TSV files) and quoted
+    again when it shows a quoting writer's marks (pandas, Python's csv, Excel: a field wrapped in quotes with its
+    own quotes doubled) or its rows only fit the header quoted (a quoted tab or line end)."""
+    if delimiter != "\t":
+        return _rows(path, delimiter, csv.QUOTE_MINIMAL)
+    try:
+        rows = _rows(path, delimiter, csv.QUOTE_NONE)
+    except ValueError:
+        return _rows(path, delimiter, csv.QUOTE_MINIMAL)
+    quoted = any(_QUOTED_FIELD.fullmatch(value) for _, row in rows for value in (*row, *row.values()))
+    return _rows(path, delimiter, csv.QUOTE_MINIMAL) if quoted else rows
+
+
+_QUOTED_FIELD = re.compile(r'"(?:[^"]|"")*""(?:[^"]|"")*"')  # "...""..." : quoted, with a doubled quote inside
+
+
+def _rows(path: Path, delimiter: str, quoting: int) -> list[tuple[int, dict]]:
     with path.open(newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f, delimiter=delimiter, quoting=quoting)
         if reader.fieldnames is None:

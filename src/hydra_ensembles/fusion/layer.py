@@ -249,6 +249,17 @@ class FusedLayer(nn.Module):
             return {}
         return {name: t for name, t in self._attention_in(ragged=False).items() if name != "o_bias"}
 
+    def padding_parameters(self) -> int:
+        """How many of this layer's stored numbers are the zero heads of the padded layout (members keeping fewer
+        than Hp heads here): no parameters of any member, so not counted as such (`cost.count_parameters`), and 0
+        when ragged or when every member keeps as many heads."""
+        if self.ragged or len(set(self.head_counts)) <= 1:
+            return 0
+        missing = sum(self.padded_heads - count for count in self.head_counts) * self.head_dim  # padded columns
+        d = self.o_weight.shape[-1]
+        column = self.projections * (d + (self.qkv_bias is not None))  # q/k/v(/...) weight column and bias entry
+        return missing * (column + d)  # and W_o's row
+
     @torch.no_grad()
     def _attention_in(self, ragged: bool) -> dict[str, Tensor]:
         members = [self.member_attention(m) for m in range(len(self.kept_heads))]
