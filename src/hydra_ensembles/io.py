@@ -66,6 +66,12 @@ def _sync(path: Path) -> None:
         os.close(fd)
 
 
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write text to `path` through a temporary file and an atomic rename (`replacing`)."""
+    with replacing(path) as tmp:
+        tmp.write_text(text)
+
+
 def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
     """Write JSON to `path` through a temporary file and an atomic rename (`replacing`)."""
     with replacing(path) as tmp, open(tmp, "w") as f:

@@ -91,6 +91,20 @@ def test_a_16_bit_image_file_keeps_its_range_and_a_float_one_is_refused(tmp_path
         image_batches(processor, [Image.fromarray(gradient.astype(np.float32))], channels=1)
 
 
+def test_a_transparent_image_is_read_on_white_as_transformers_reads_it():
+    """PIL's convert("RGB") drops the alpha channel: a transparent pixel shows the colour it holds (black here)."""
+    rgba = np.zeros((1, 2, 4), dtype=np.uint8)
+    rgba[0, 1] = (255, 0, 0, 255)  # opaque red beside a transparent black pixel
+    processor = T.ViTImageProcessor(size={"height": 1, "width": 2}, do_normalize=False, resample=0)
+    for image in (Image.fromarray(rgba, "RGBA"), Image.fromarray(rgba, "RGBA").convert("P")):
+        pixels = image_batches(processor, [image], channels=3)[0]["pixel_values"][0]  # (3, 1, 2)
+        if image.mode == "RGBA":  # "P" keeps transparency only where PIL found a palette entry for it
+            assert pixels[:, 0, 0].tolist() == [1.0, 1.0, 1.0]
+        assert pixels[:, 0, 1].tolist() == [1.0, 0.0, 0.0]
+    grey = image_batches(processor, [Image.fromarray(rgba, "RGBA")], channels=1)[0]["pixel_values"][0, 0]
+    assert grey[0, 0].item() == 1.0
+
+
 def test_an_interrupted_run_cleared_for_other_settings_says_so(tmp_path, capsys):
     Output(tmp_path / "step", "finetune", {"data": {"digest": "a"}, "lr": 1})
     Output(tmp_path / "step", "finetune", {"data": {"digest": "b"}, "lr": 1})

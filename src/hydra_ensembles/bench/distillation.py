@@ -32,7 +32,7 @@ from ..evaluation.plots import uncertainty_maps
 from ..evaluation.report import classification_metrics, ood_metrics
 from ..evaluation.tables import mean_std, over_seeds, render
 from ..fusion import HydraEnsemble
-from ..io import read_json_record, replacing, weights_digest, write_json_atomic
+from ..io import read_json_record, weights_digest, write_json_atomic, write_text_atomic
 from ..metrics import gaussian_mixture_nll
 from ..outputs import collect_member_logits, labels_of
 from ..predictors import load_predictor, save_predictor
@@ -365,8 +365,7 @@ def experiment(
     summary |= {"per_seed": per_seed, "wall_time_s": round(time.perf_counter() - started, 1)}
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out_dir / f"{name}.json", summary)
-    with replacing(out_dir / f"{name}.md") as tmp:
-        tmp.write_text(markdown(summary, columns))
+    write_text_atomic(out_dir / f"{name}.md", markdown(summary, columns))
     return summary
 
 

@@ -42,7 +42,7 @@ from torch import nn
 from ..data.loaders import Batch, batch_size, rebatch
 from ..evaluation.compare import Built, Data, compare, machine, time_rows
 from ..evaluation.tables import aggregate, latency_over_seeds
-from ..io import replacing, write_json_atomic
+from ..io import write_json_atomic, write_text_atomic
 from ..version import __version__
 from .records import rebuilt_notes, recorded_latency
 
@@ -166,8 +166,7 @@ def run(
         summary["latency_batch"] = batch_size(batch)
     summary["wall_time_s"] = round(time.perf_counter() - started, 1)
     write_json_atomic(out_dir / f"{table.output}.json", summary)
-    with replacing(out_dir / f"{table.output}.md") as tmp:
-        tmp.write_text(table.markdown(summary))
+    write_text_atomic(out_dir / f"{table.output}.md", table.markdown(summary))
     if table.figures:
         table.figures(task, summary, seed_dirs[seeds[0]], out_dir)
     return summary

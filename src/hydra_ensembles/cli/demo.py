@@ -21,6 +21,7 @@ from ..bench import cache_dir, runner, suite
 from ..bench.suite import ROWS
 from ..bench.tasks import TEXT_SIZES, text_task
 from ..evaluation.tables import COLUMNS, table_lines
+from ..io import write_text_atomic
 from .common import CommandError, add_device_argument, resolve_device
 from .step import check_model_dir
 
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         device=device,
     )
-    (args.out / "README.md").write_text(report_readme(summary))
+    write_text_atomic(args.out / "README.md", report_readme(summary))
     print()
     print(terminal_table(summary["rows"], summary.get("latency")))
     print()

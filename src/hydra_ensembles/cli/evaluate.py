@@ -50,7 +50,7 @@ from ..evaluation.tables import (
 )
 from ..fusion import HydraEnsemble
 from ..inference import describe
-from ..io import without_late_defaults, write_json_atomic
+from ..io import without_late_defaults, write_json_atomic, write_text_atomic
 from ..outputs import labels_of
 from ..predictors import ZeroShotEnsemble, base_model, class_names, load_preprocessor, model_config
 from ..predictors.card import write_card
@@ -212,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
         lines += [f"Each model against the first, {next(iter(results))}:", "", *difference_lines(differences), ""]
     if names:
         lines += ["AUROC (%) per OOD set:", "", *per_set_lines({0: results}, names), ""]
-    (out.path / "report.md").write_text("\n".join(lines))
+    write_text_atomic(out.path / "report.md", "\n".join(lines))
     write_json_atomic(
         out.path / "metrics.json",
         {
@@ -273,7 +273,7 @@ def _write_shift(curves: dict, data: str, out_dir: Path) -> None:
         "Severity 0 is the clean data; docs/shift.md says what each shift does.",
         "",
     ]
-    (out_dir / "shift.md").write_text("\n".join([*lines, *curve_lines(curves)]))
+    write_text_atomic(out_dir / "shift.md", "\n".join([*lines, *curve_lines(curves)]))
     if len(curves) > 1:
         for metric, (title, scale, _) in CURVE_METRICS.items():
             series = {m: {s: scale * v[metric] for s, v in mean_over_shifts(c).items()} for m, c in curves.items()}

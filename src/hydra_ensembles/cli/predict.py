@@ -23,6 +23,7 @@ from ..evaluation.conformal import SCORES as CONFORMAL_SCORES
 from ..evaluation.conformal import SplitConformal, miscoverage
 from ..evaluation.scores import check_flags_something, collect_scores
 from ..inference import describe
+from ..io import write_text_atomic
 from ..outputs import labels_of
 from ..predictors import class_names, model_config
 from ..uncertainty import ensemble_probs, mutual_information
@@ -131,18 +132,16 @@ def run(args: argparse.Namespace) -> int:
     )
     if conformal is not None:
         header += "\n" + _add_sets(rows, conformal, member_logits, class_names(model))
-    stream = open(args.output, "w") if args.output else sys.stdout
-    try:
-        if args.format == "jsonl":
-            print(header, file=sys.stderr)
-            for row in rows:
-                stream.write(json.dumps(row | {"score": args.score, "threshold": threshold}) + "\n")
-        else:
-            stream.write(_table(rows, data.examples.inputs if data.examples.kind == "text" else None, header))
-    finally:
-        if args.output:
-            stream.close()
-            print(f"wrote {len(rows)} predictions to {args.output}", file=sys.stderr)
+    if args.format == "jsonl":
+        print(header, file=sys.stderr)
+        text = "".join(json.dumps(row | {"score": args.score, "threshold": threshold}) + "\n" for row in rows)
+    else:
+        text = _table(rows, data.examples.inputs if data.examples.kind == "text" else None, header)
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    write_text_atomic(args.output, text)  # a crash leaves the file as it was, never half of the predictions
+    print(f"wrote {len(rows)} predictions to {args.output}", file=sys.stderr)
     return 0
 
 

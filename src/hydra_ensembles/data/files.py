@@ -409,7 +409,16 @@ def _to_pil(image: Any, channels: int) -> Image.Image:
                 )
             array = (array.astype(np.float32) * 255).round().astype(np.uint8)
         image = Image.fromarray(array[..., 0] if array.ndim == 3 and array.shape[-1] == 1 else array)
+    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+        image = _on_white(image)
     return image.convert("RGB" if channels == 3 else "L")
+
+
+def _on_white(image: Image.Image) -> Image.Image:
+    """A transparent image composited onto white, as transformers' `convert_to_rgb` does: PIL's convert("RGB")
+    drops the alpha channel, which shows whatever colour the transparent pixels hold (often black)."""
+    rgba = image.convert("RGBA")
+    return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
 
 
 WIDE_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")  # PIL modes wider than 8 bits a channel

@@ -24,7 +24,7 @@ from torch import nn
 from ..adapters import UnsupportedModelError, get_adapter
 from ..cost import count_flops, count_parameters, stored_parameters
 from ..fusion import HydraEnsemble
-from ..io import replacing
+from ..io import write_text_atomic
 from ..pruning import kept_heads, kept_neurons
 from ..pruning.persist import clear_structures
 from ..version import __version__
@@ -46,8 +46,7 @@ def write_card(predictor: nn.Module, path: str | os.PathLike, evaluation: Mappin
     if target.is_file() and not is_own_card(target):
         raise FileExistsError(f"{str(target)!r} is not a hydra-ensembles model card; it is left as it is.")
     text = card_text(predictor, Path(path), evaluation)
-    with replacing(target) as tmp:
-        tmp.write_text(text)
+    write_text_atomic(target, text)
     return target
 
 
