@@ -75,6 +75,8 @@ def test_head_layers_is_refused_where_no_transformer_student_is_distilled():
         said = refused("bench", task, "--quick", "--head-layers", "2")
         assert said.returncode != 0 and "--head-layers applies to the transformer students (distill-text" in said.stderr
         assert f"not to {task}." in said.stderr
+    said = refused("bench", "distill-regression", "--quick", "--cache", "elsewhere")  # it caches nothing
+    assert said.returncode != 0 and "--cache: bench distill-regression trains its small networks afresh" in said.stderr
 
 
 def test_flags_that_do_not_apply_to_a_task_are_refused_not_ignored():

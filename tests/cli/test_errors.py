@@ -104,6 +104,20 @@ def test_unreadable_data(tmp_path, classifier, text_files):
     assert "plain text without labels" in message
 
 
+def test_a_model_whose_weights_are_missing_or_no_safetensors_file_is_one_line(tmp_path, classifier, text_files):
+    """A model directory copied without its weights, or with Git LFS pointers in their place: one line, no
+    traceback."""
+    given = ["--data", str(text_files["val"]), "--out", str(tmp_path / "o")]
+    bare = tmp_path / "bare"
+    shutil.copytree(classifier, bare)
+    (bare / "model.safetensors").unlink()
+    assert "bare" in fails("scores", "--model", str(bare), *given)
+    pointer = tmp_path / "pointer"
+    shutil.copytree(classifier, pointer)
+    (pointer / "model.safetensors").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0\n")
+    assert "cannot read a weights file" in fails("scores", "--model", str(pointer), *given)
+
+
 @pytest.mark.parametrize(("given", "seconds"), [("90s", 90), ("30m", 1800), ("2h", 7200), ("1.5h", 5400), (".5m", 30)])
 def test_a_duration_is_a_number_and_its_unit(given, seconds):
     assert duration_seconds(given, "--time-budget") == seconds
@@ -301,6 +315,15 @@ def test_amp_refuses_settings_that_prune_nothing_before_the_step_starts(tmp_path
         message = fails("amp", *given, *bad)
         assert named in message and "(--delta-e, --t-max, --temperature, --epochs, --lr)" in message, message
         assert not (tmp_path / "o").exists()
+
+
+def test_amp_loss_auto_on_a_base_encoder_reads_labelled_data_without_its_labels(tmp_path, text_encoder, text_files):
+    """amp --loss auto on a model without a classifier takes the label-free entropy: the data's labels
+    (topics, no class of the encoder's default config) are not read, so not refused as unknown classes."""
+    given = ["--model", str(text_encoder), "--data", str(text_files["val"]), "--loss", "auto"]
+    result = refused("amp", *given, "--delta-e", "0.5", "--t-max", "2", "--out", str(tmp_path / "amp"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "amp" / "hydra-ens.json").read_text())["finished"]
 
 
 def test_a_file_of_another_step_or_a_missing_ood_set_is_refused_before_the_step_starts(

@@ -22,6 +22,9 @@ import argparse
 import os
 import sys
 
+from PIL.Image import DecompressionBombError
+from safetensors import SafetensorError
+
 from ..adapters import UnsupportedModelError
 from ..bench.datasets.debian import DataFetchError
 from . import (
@@ -42,14 +45,14 @@ from . import (
 )
 from .common import CommandError, HelpFormatter
 
-USER_ERRORS = (
-    CommandError,
-    UnsupportedModelError,
+USER_ERRORS = (  # what bad input raises: said in one line. OSError: a file that cannot be read (permissions, a
+    CommandError,  # model directory without its weights); SafetensorError: weights that are no safetensors file
+    UnsupportedModelError,  # (a Git LFS pointer); DecompressionBombError: an image too large to decode safely
     DataFetchError,
     ValueError,
-    FileNotFoundError,
-    NotADirectoryError,
-    FileExistsError,
+    OSError,
+    SafetensorError,
+    DecompressionBombError,
 )
 COMMANDS = (
     finetune,
@@ -101,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("HYDRA_ENS_DEBUG"):
             raise
         message = " ".join(str(error).split())  # one line
+        if isinstance(error, SafetensorError):
+            message = (
+                f"cannot read a weights file ({message}): it is no safetensors file, or a damaged one. A Git LFS "
+                "pointer in its place is fetched with `git lfs pull`."
+            )
         print(f"hydra-ens {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -13,6 +13,7 @@ import argparse
 import copy
 import shutil
 
+from ..adapters import get_adapter
 from ..cost import count_parameters
 from ..importance import adaptive_mlp_pruning
 from ..importance.losses import loss_choices, needs_labels
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     if out is None:
         return 0
     model = load_model(model_dir).to(device)
-    labelled = needs_labels(args.loss)
+    labelled = needs_labels(args.loss, get_adapter(model).is_classifier(model))
     data = read_data(args, args.data, model_dir, model.config, labelled=labelled, flag="--data")
     pruned, record = adaptive_mlp_pruning(
         model,

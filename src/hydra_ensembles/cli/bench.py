@@ -190,6 +190,8 @@ def check_flags(args: argparse.Namespace) -> None:
         )
     if (args.records or args.records_only) and (args.task in DISTILL or args.task in zero_shot.TASKS):
         raise CommandError(f"--records and --records-only apply to the suite and amp-* tables, not to {args.task}.")
+    if args.cache is not None and DISTILL.get(args.task) in distillation.EXPERIMENTS:
+        raise CommandError(f"--cache: bench {args.task} trains its small networks afresh and caches none; drop it.")
     if args.head_layers != 1 and DISTILL.get(args.task) not in DISTILL_TASKS:
         raise CommandError(
             f"--head-layers applies to the transformer students (distill-{', distill-'.join(DISTILL_TASKS)}), "

@@ -105,9 +105,12 @@ def loss_choices() -> list[str]:
     return ["auto", *TAYLOR_LOSSES]
 
 
-def needs_labels(name: str) -> bool | None:
-    """Whether loss `name` reads labels; None for "auto" (it uses them when every batch has them)."""
-    return None if name == "auto" else taylor_loss(name).needs_labels
+def needs_labels(name: str, classifier: bool = True) -> bool | None:
+    """Whether loss `name` reads labels; for "auto", None (it uses them when every batch has them), or False for a
+    model that is no classifier (`choose_loss` takes the label-free entropy: labels are neither read nor checked)."""
+    if name == "auto":
+        return None if classifier else False
+    return taylor_loss(name).needs_labels
 
 
 def taylor_loss(name: str) -> TaylorLoss:
