@@ -411,6 +411,15 @@ def test_auto_runs_the_exact_search_when_affordable_and_says_which_it_used():
     assert auto.removed == exact.removed != CANDIDATES[:4] and auto.scores == pytest.approx(exact.scores, abs=1e-12)
 
 
+def test_auto_on_a_model_the_fused_engine_cannot_run_says_its_time_budget_is_not_enforced():
+    """A BERT with is_decoder=True runs causally: only the literal search scores it, which has no time estimate."""
+    model, (id_batches, ood_batches) = circuit_model(), circuit_data()
+    model.config.is_decoder = True
+    with pytest.warns(RuntimeWarning, match="literal search.*is_decoder=True.*time budget of 0.5 min is not enforced"):
+        circuit = he.extract_circuit(model, id_batches, ood_batches, "avg", 1, time_budget=30, progress=False)
+    assert circuit.search == "exact" and "is not enforced" in circuit.note
+
+
 def test_each_removal_records_how_many_candidates_tied_with_it(tmp_path, capsys):
     from hydra_ensembles.importance.circuit.criteria import CRITERIA
     from hydra_ensembles.importance.circuit.scoring import ReferenceScorer

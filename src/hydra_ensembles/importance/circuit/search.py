@@ -129,7 +129,8 @@ def extract_circuit(
         ood_loader: OOD validation batches (labels unused); required for "ood" and "avg".
         criterion: "acc", "ood", "avg", or a name added with `register_criterion`.
         budget: number of heads to remove, 1 <= budget < number of heads (default: two thirds of the model's heads,
-            the pool `sample_members` draws members from; the paper ranks 100 of BERT's 144).
+            the pool `sample_members` draws members from; the paper's §B.5 draws ViT-B/16's members from a pool of 100
+            of its 144).
         method: "auto" (default): a short timed probe measures one candidate evaluation on this data (its seconds
             count against `time_budget`), each search's time is predicted from it (`importance.circuit.budget`),
             and the most accurate that fits runs: "fast" (exact), else the fast search in bf16, else "multi"
@@ -206,9 +207,15 @@ def extract_circuit(
     def elapsed_shared() -> float:  # rank 0's, so that every rank makes the same choice
         return gather_dict({"elapsed": elapsed()} if is_main() else {})["elapsed"]
 
-    plan = None
-    if method == "auto" and adapter.fusion_unsupported(model):  # the other searches score on the fused engine
+    plan, unpaced = None, ""
+    if method == "auto" and (why := adapter.fusion_unsupported(model)):  # the others score on the fused engine
         method = "reference"
+        unpaced = (
+            f"auto ran the literal search, the one that runs this model ({why}); it has no time estimate, so the "
+            f"time budget of {time_budget / 60:.1f} min is not enforced"
+        )
+        if is_main():
+            warnings.warn(f"circuit search: {unpaced}.", RuntimeWarning, stacklevel=2)
     if method == "auto":  # a resumed search keeps the plan it saved: no new probe, the same search
         if progress and is_main() and "plan" not in saved:
             tqdm.write(f"circuit search: timing one step's candidates on {batch_size} examples to plan the search")
@@ -253,7 +260,7 @@ def extract_circuit(
         pace.said.append(over)
         if is_main():
             warnings.warn(f"circuit search: {over}.", RuntimeWarning, stacklevel=2)
-    notes = [plan.note() if plan else "", *(pace.said if pace else []), tie_said]
+    notes = [plan.note() if plan else unpaced, *(pace.said if pace else []), tie_said]
     circuit = Circuit(
         criterion=criterion,
         removed=list(ranking.removed),
