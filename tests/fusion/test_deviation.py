@@ -89,3 +89,7 @@ def test_members_that_keep_different_neurons_are_stacked_not_averaged():
         he.HydraEnsemble.fuse(pruned, mlp="average")
     stacked = he.HydraEnsemble.fuse(pruned, mlp="stack")
     assert he.fusion_deviation(stacked, pruned, [inputs])["logits"] <= ROUNDING
+    he.prune_neurons(pruned[1], {0: range(30, 32)})  # other widths: "stack" cannot fuse them either, not advised
+    with pytest.raises(ValueError, match=r"\(layer 0\).*Fusion needs equal MLP widths \(27 and 25 neurons") as said:
+        he.HydraEnsemble.fuse(pruned, mlp="average")
+    assert "stack" not in str(said.value)

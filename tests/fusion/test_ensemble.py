@@ -1,6 +1,7 @@
 """HydraEnsemble beyond the contracts: saving and loading, atomic saves, and bad members."""
 
 import copy
+import json
 
 import pytest
 import safetensors.torch
@@ -183,6 +184,19 @@ def test_loading_a_directory_without_an_ensemble_is_a_clear_error(tmp_path):
         he.HydraEnsemble.from_pretrained(tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         he.HydraEnsemble.from_pretrained(tmp_path / "missing")
+
+
+def test_an_ensemble_of_another_format_or_model_class_says_which_version_reads_it(tmp_path):
+    members = he.build_members(MODELS["bert"](), random_head_maps(2, seed=0, min_heads=1))
+    he.HydraEnsemble.fuse(members).save_pretrained(tmp_path / "hydra")
+    config = tmp_path / "hydra" / ensemble_module.CONFIG_NAME
+    saved = json.loads(config.read_text())
+    config.write_text(json.dumps(saved | {"format_version": 99, "library_version": "9.9"}))
+    with pytest.raises(ValueError, match="format version 99, written by hydra-ensembles 9.9;.*fuse its members again"):
+        he.HydraEnsemble.from_pretrained(tmp_path / "hydra")
+    config.write_text(json.dumps(saved | {"model_class": "BertForFutureTasks"}))
+    with pytest.raises(ValueError, match="BertForFutureTasks, which transformers .* does not have: install"):
+        he.HydraEnsemble.from_pretrained(tmp_path / "hydra")
 
 
 def test_members_from_different_base_models_are_rejected():

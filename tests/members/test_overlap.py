@@ -1,5 +1,6 @@
 """Overlap of members' pruned heads: hand-computed Jaccard indices, identical and disjoint members, bad maps."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -31,6 +32,9 @@ def test_layers_of_different_widths_and_members_that_prune_nothing():
     # layer 1 has 2 heads: member 0 prunes (0,2) (1,1); member 1 prunes (1,1)
     assert head_map_overlap([{0: [0, 1], 1: [0]}, {0: [0, 1, 2], 1: [0]}], [3, 2]).mean == 0.5
     assert head_map_overlap([{0: [0, 1]}, {0: [0, 1]}], 2).mean == 1.0  # both prune nothing: identical
+    maps = [{0: [0, 1], 1: [0]}, {0: [0, 1, 2], 1: [0]}]
+    for heads in (np.int64(3), torch.tensor(3)):  # a head count as numpy or torch gives it: one int
+        assert head_map_overlap(maps, heads).mean == head_map_overlap(maps, 3).mean == pytest.approx(2 / 3)
 
 
 def test_bad_inputs_are_refused_with_the_fix():

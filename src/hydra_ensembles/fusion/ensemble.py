@@ -419,7 +419,17 @@ class HydraEnsemble(nn.Module):
             saved = json.loads((path / CONFIG_NAME).read_text())
             state = safetensors.torch.load_file(path / WEIGHTS_NAME, device=str(device))
         if saved.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"unsupported Hydra Ensemble format version {saved.get('format_version')!r}.")
+            raise ValueError(
+                f"{str(path)!r} holds a Hydra Ensemble of format version {saved.get('format_version')!r}, written by "
+                f"hydra-ensembles {saved.get('library_version', 'of an unknown version')}; this is {__version__}, "
+                f"which reads format {FORMAT_VERSION}: load it with the version that wrote it, or fuse its members "
+                "again with this one."
+            )
+        if not hasattr(transformers, saved["model_class"]):
+            raise ValueError(
+                f"{str(path)!r} is an ensemble of {saved['model_class']}, which transformers "
+                f"{transformers.__version__} does not have: install the transformers version it was fused with."
+            )
         adapter = adapter_by_name(saved["adapter"])
         model_class = getattr(transformers, saved["model_class"])
         config = model_class.config_class.from_dict(saved["model_config"])
@@ -515,10 +525,16 @@ def _check_members(members: Sequence[nn.Module], mlp: str) -> None:
         differ = next((m for m in range(1, len(members)) if neurons[m] != neurons[0]), None)
         if differ is not None:
             layer = next(i for i in neurons[0] if neurons[differ].get(i) != neurons[0][i])
+            widths = [len(neurons[m][layer]) for m in (0, differ)]
+            fix = (
+                f"Fusion needs equal MLP widths ({widths[0]} and {widths[1]} neurons there): prune"
+                if widths[0] != widths[1]
+                else "Use mlp='stack' (exact), or prune"
+            )
             raise ValueError(
                 f"members 0 and {differ} keep different MLP neurons (layer {layer}): averaging their MLPs would "
-                "average different neurons. Use mlp='stack' (exact), or prune the neurons of the base before "
-                "building members (every member then keeps the same)."
+                f"average different neurons. {fix} the neurons of the base before building members (every member "
+                "then keeps the same)."
             )
     placements = {(p.device, p.dtype) for m in members for p in m.parameters()}
     if len(placements) > 1:

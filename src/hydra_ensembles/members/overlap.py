@@ -4,6 +4,7 @@ what each prunes, a Jaccard index of 23 / (96 - 23) = 0.32."""
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from itertools import combinations
 from typing import NamedTuple
@@ -29,7 +30,9 @@ def head_map_overlap(
 
     Formula: P_m = {(l, h) : 0 <= h < H_l, h not kept by member m in layer l}; J(m, m') = |P_m ∩ P_m'| / |P_m ∪ P_m'|
     (1 when both prune nothing); overlap = (2 / (M (M - 1))) sum_{m < m'} J(m, m'). 1: identical members; 0: no head
-    pruned by two members.
+    pruned by two members. P_m is measured against the unpruned model: heads a base had already pruned before the
+    members were drawn count as pruned by every member, and raise the overlap (give the heads of the base's
+    original model, and read the overlap as that of the whole pruning).
     Shape: head_maps, M >= 2 maps {layer: kept heads} (original numbering; JSON's string layers accepted; a layer
     absent from a map keeps all its heads); num_heads_per_layer, H_l: one int for every layer or one per layer, L
     layers.
@@ -47,8 +50,9 @@ def head_map_overlap(
 
 
 def _heads_per_layer(head_maps: Sequence[Mapping], num_heads_per_layer: int | Sequence[int]) -> list[int]:
-    """H_l for every layer: an int repeats over the layers the maps name (0..max layer)."""
-    if isinstance(num_heads_per_layer, int):
+    """H_l for every layer: an int (numpy's and 0-d tensors too) repeats over the layers the maps name (0..max
+    layer); a sequence gives each layer's."""
+    if isinstance(num_heads_per_layer, numbers.Integral) or getattr(num_heads_per_layer, "ndim", None) == 0:
         layers = 1 + max((int(layer) for head_map in head_maps for layer in head_map), default=-1)
         return per_layer(num_heads_per_layer, layers, "num_heads_per_layer")
     return [int(h) for h in num_heads_per_layer]
