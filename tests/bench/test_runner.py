@@ -162,3 +162,22 @@ def test_a_committed_table_renders_again_from_its_committed_records(tmp_path, mo
         return [this_run(line) for line in table.read_text().splitlines() if not line.startswith(suite.MEASURED_ON)]
 
     assert lines(tmp_path / "out" / "table.md") == lines(committed / "table.md")
+
+
+def test_a_task_cut_into_other_batches_under_the_same_fingerprint_is_refused(tmp_path):
+    """The fingerprint counts examples, not where batches are cut: another batch size would be served the models
+    trained on the old one. The task's cache directory keeps its layout and refuses another."""
+    task = TinyTask()
+    seed = runner.seed_dir(tmp_path, task, 0)
+    assert not seed.parent.exists()  # nothing made before a run's first model
+    seed.mkdir(parents=True)
+    assert runner.seed_dir(tmp_path, task, 0) == seed
+    assert json.loads((seed.parent / runner.BATCHES).read_text()) == {
+        "test": [4, 1],
+        "near/near": [4, 1],
+        "far/far": [4, 1],
+    }
+    assert runner.seed_dir(tmp_path, task, 1) == seed.parent / "seed1"  # the same layout: the same directory
+    recut = TinyTask(test=[{k: v[i : i + 2] for k, v in task.test[0].items()} for i in (0, 2)])  # cut in two
+    with pytest.raises(ValueError, match=r"cut otherwise .*test: \[4, 1\] then, \[2, 2\] now.*delete that directory"):
+        runner.seed_dir(tmp_path, recut, 0)

@@ -211,6 +211,15 @@ def test_hydra_rows_record_their_members_overlap_and_the_table_lists_it(tiny_tas
     assert any(line.startswith("| Hydra (Circ) | 0.25 |") for line in lines)  # seed 1 did not run it
     assert any(line.startswith("| Hydra (Taylor) | 0.50 (1 of 2 seeds) |") for line in lines)
 
+    # latency timed on two seeds' models (--latency-seeds 0 1), here on two machines: each said, and the mix
+    when = {"date": "2026-11-28", "machine": "AMD", "device": "cpu"}
+    summary |= {"latency_per_seed": {0: {}, 1: {}}, "latency_batch": 32}
+    summary["latency_timed"] = {0: when, 1: when | {"machine": "Intel"}}
+    said = "Latency: batch of 32, each seed's models timed on its own (seed 0 2026-11-28 on AMD; seed 1 2026-11-28 on"
+    assert said + " Intel), so its spread over seeds holds the machines' difference too" in suite.markdown(summary)
+    summary |= {"latency_per_seed": {1: {}}, "latency_timed": when}  # one seed's: when and where, once
+    assert "Latency: batch of 32, timed 2026-11-28 on AMD  " in suite.markdown(summary)
+
 
 def test_the_table_says_which_differences_the_bootstrap_separates(tiny_task, tmp_path):
     rows = ["Single", "Hydra (Taylor)", "Hydra (Circ)"]  # Deep Ensembles not run: its pairs are left out

@@ -29,6 +29,7 @@ measure, keep the logits and record (`evaluation.compare`); then aggregate over 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -114,8 +115,50 @@ def fixed(rows: Mapping[str, Build]) -> Rows:
 
 
 def seed_dir(cache_dir: str | os.PathLike, task: BenchTask, seed: int) -> Path:
-    """The cache directory of one seed of `task`: keyed by its fingerprint, so a changed recipe starts afresh."""
-    return Path(cache_dir) / f"{task.name}-{task.fingerprint()}" / f"seed{seed}"
+    """The cache directory of one seed of `task`: keyed by its fingerprint, so a changed recipe starts afresh.
+    The fingerprint counts each split's examples, not where its batches are cut (it predates that; adding it
+    would orphan every record): the task's directory keeps its batch layout (`BATCHES`) and refuses another."""
+    task_dir = Path(cache_dir) / f"{task.name}-{task.fingerprint()}"
+    _check_batches(task_dir, task)
+    return task_dir / f"seed{seed}"
+
+
+BATCHES = "batches.json"  # in a task's cache directory: {split: [examples in its first batch, batches]}
+SPLITS = ("train", "val", "test", "circuit_id", "circuit_ood")
+
+
+def batch_layout(task: BenchTask) -> dict[str, list[int]]:
+    """Where `task`'s splits are cut into batches: {split: [examples in the first batch, number of batches]} of
+    every split it has (OOD sets as near/NAME, far/NAME). Another training batch size gives other steps and
+    another schedule, so other models, under the same fingerprint."""
+    splits = {name: getattr(task, name, None) for name in SPLITS}
+    splits |= {f"{kind}/{name}": batches for kind in ("near", "far") for name, batches in getattr(task, kind).items()}
+    return {
+        name: [batch_size(batches[0]), len(batches)]
+        for name, batches in splits.items()
+        if isinstance(batches, list) and batches
+    }
+
+
+def _check_batches(task_dir: Path, task: BenchTask) -> None:
+    """Refuse a task whose batches are cut otherwise than those its cached models were trained on; a directory
+    without the record gets this task's (the models in it were trained on it: the layout has not changed since
+    the record was added). A directory not yet made stays unmade: a run refused before any work leaves nothing."""
+    layout = batch_layout(task)
+    path = task_dir / BATCHES
+    if not path.is_file():
+        if task_dir.is_dir():
+            write_json_atomic(path, layout)
+        return
+    recorded = json.loads(path.read_text())
+    changed = sorted(name for name in layout.keys() | recorded.keys() if layout.get(name) != recorded.get(name))
+    if changed:
+        raise ValueError(
+            f"{task.name}'s batches are cut otherwise than those its cache {str(task_dir)!r} was built on "
+            f"({', '.join(f'{n}: {recorded.get(n)} then, {layout.get(n)} now' for n in changed)}; [first batch, "
+            "batches]), under the same fingerprint: its models would be served as if trained so. Change a setting "
+            "of the task too (its fingerprint then changes), or delete that directory."
+        )
 
 
 def run(
@@ -170,6 +213,13 @@ def run(
     if table.figures:
         table.figures(task, summary, seed_dirs[seeds[0]], out_dir)
     return summary
+
+
+def timings(summary: Mapping[str, Any]) -> dict[int | str, dict]:
+    """{seed: when and where it was timed ({date, machine[, device]})} of a summary's latency column, from either
+    form `run` stores (one seed's alone, or {seed: that})."""
+    timed, when = summary["latency_per_seed"], summary["latency_timed"]
+    return dict(when) if len(timed) > 1 else {next(iter(timed)): when}
 
 
 def run_seed(

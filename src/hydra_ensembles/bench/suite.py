@@ -780,10 +780,22 @@ def _timed_on(timed: Mapping[str, str]) -> str:
     return timed["machine"] + ("" if device == "cpu" else f", {device}")
 
 
+def _timed_where(summary: dict) -> str:
+    """When and where the latency column was timed: one seed's models, or each timed seed's (a spread over seeds
+    timed on different machines holds the machines' difference too: said)."""
+    timed = runner.timings(summary)
+    if len(timed) == 1:
+        when = next(iter(timed.values()))
+        return f"timed {when['date']} on {_timed_on(when)}"
+    said = "; ".join(f"seed {seed} {when['date']} on {_timed_on(when)}" for seed, when in timed.items())
+    machines = {_timed_on(when) for when in timed.values()}
+    mixed = ", so its spread over seeds holds the machines' difference too" if len(machines) > 1 else ""
+    return f"each seed's models timed on its own ({said}){mixed}"
+
+
 def markdown(summary: dict) -> str:
-    one, timed = len(summary["seeds"]) == 1, summary.get("latency_timed")
-    batch = summary.get("latency_batch")
-    latency_timed = [f"Latency: batch of {batch}, timed {timed['date']} on {_timed_on(timed)}  "] if timed else []
+    one, batch = len(summary["seeds"]) == 1, summary.get("latency_batch")
+    latency_timed = [f"Latency: batch of {batch}, {_timed_where(summary)}  "] if summary.get("latency_timed") else []
     lines = [
         f"# {summary['task']}: Hydra Ensembles vs baselines",
         "",
