@@ -132,7 +132,8 @@ def batch_layout(task: BenchTask) -> dict[str, list[int]]:
     every split it has (OOD sets as near/NAME, far/NAME). Another training batch size gives other steps and
     another schedule, so other models, under the same fingerprint."""
     splits = {name: getattr(task, name, None) for name in SPLITS}
-    splits |= {f"{kind}/{name}": batches for kind in ("near", "far") for name, batches in getattr(task, kind).items()}
+    for kind in ("near", "far"):
+        splits |= {f"{kind}/{name}": batches for name, batches in (getattr(task, kind, None) or {}).items()}
     return {
         name: [batch_size(batches[0]), len(batches)]
         for name, batches in splits.items()
