@@ -253,7 +253,7 @@ class FusedLayer(nn.Module):
         """How many of this layer's stored numbers are the zero heads of the padded layout (members keeping fewer
         than Hp heads here): no parameters of any member, so not counted as such (`cost.count_parameters`), and 0
         when ragged or when every member keeps as many heads."""
-        if self.ragged or len(set(self.head_counts)) <= 1:
+        if self.ragged or len(set(self.head_counts)) <= 1 or self.qkv_weight.shape[0] != len(self.head_counts):
             return 0
         missing = sum(self.padded_heads - count for count in self.head_counts) * self.head_dim  # padded columns
         d = self.o_weight.shape[-1]

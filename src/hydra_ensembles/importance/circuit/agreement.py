@@ -9,9 +9,8 @@ import math
 from collections.abc import Sequence
 
 import torch
-from torch import Tensor
 
-from ...data.loaders import Batch, materialize
+from ...data.loaders import Batch, materialize, per_example
 from ...data.loaders import batch_size as examples_in
 from .budget import regroup
 
@@ -73,7 +72,7 @@ def split_halves(batches: Sequence[Batch], groups: Sequence[str] | None = None) 
         for half, pieces in enumerate(halves):
             rows = (parity == half).nonzero().squeeze(1)
             if len(rows):
-                pieces.append({k: v[rows] if isinstance(v, Tensor) else v for k, v in batch.items()})
+                pieces.append({k: v[rows] if per_example(v) else v for k, v in batch.items()})
         start += count
     size = examples_in(batches[0])
     return regroup(halves[0], size), regroup(halves[1], size)
