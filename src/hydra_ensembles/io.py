@@ -67,7 +67,12 @@ def _sync(path: Path) -> None:
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write text to `path` through a temporary file and an atomic rename (`replacing`)."""
+    """Write text to `path` through a temporary file and an atomic rename (`replacing`). A path that exists and is
+    no regular file (/dev/null, /dev/stdout, a pipe) is written to as it is: a rename would replace it."""
+    if Path(path).exists() and not Path(path).is_file():
+        with open(path, "w") as stream:
+            stream.write(text)
+        return
     with replacing(path) as tmp:
         tmp.write_text(text)
 

@@ -140,11 +140,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.output:
         sys.stdout.write(text)
         return 0
-    if Path(args.output).exists() and not Path(args.output).is_file():  # /dev/null, /dev/stdout, a pipe: as it is
-        with open(args.output, "w") as stream:
-            stream.write(text)
-    else:
-        write_text_atomic(args.output, text)  # a crash leaves the file as it was, never half of the predictions
+    write_text_atomic(args.output, text)  # a crash leaves a file as it was, never half of the predictions
     print(f"wrote {len(rows)} predictions to {args.output}", file=sys.stderr)
     return 0
 
