@@ -166,18 +166,22 @@ def test_a_committed_table_renders_again_from_its_committed_records(tmp_path, mo
 
 def test_a_task_cut_into_other_batches_under_the_same_fingerprint_is_refused(tmp_path):
     """The fingerprint counts examples, not where batches are cut: another batch size would be served the models
-    trained on the old one. The task's cache directory keeps its layout and refuses another."""
-    task = TinyTask()
-    seed = runner.seed_dir(tmp_path, task, 0)
-    assert not seed.parent.exists()  # nothing made before a run's first model
-    seed.mkdir(parents=True)
-    assert runner.seed_dir(tmp_path, task, 0) == seed
-    assert json.loads((seed.parent / runner.BATCHES).read_text()) == {
+    trained on the old one. A run records its task's layout before its first model and a later run refuses
+    another; so does copying records between two caches built on different layouts."""
+    task, cache = TinyTask(), tmp_path / "cache"
+    recut = TinyTask(test=[{k: v[i : i + 2] for k, v in task.test[0].items()} for i in (0, 2)])  # cut in two
+    with pytest.raises(KeyboardInterrupt):  # stopped during its first row: the layout is already recorded
+        runner.run(task, table([], dies_at="Single"), [0], tmp_path / "out", cache, latency_repeats=0)
+    task_dir = cache / f"{task.name}-{task.fingerprint()}"
+    assert json.loads((task_dir / runner.BATCHES).read_text()) == {
         "test": [4, 1],
         "near/near": [4, 1],
         "far/far": [4, 1],
     }
-    assert runner.seed_dir(tmp_path, task, 1) == seed.parent / "seed1"  # the same layout: the same directory
-    recut = TinyTask(test=[{k: v[i : i + 2] for k, v in task.test[0].items()} for i in (0, 2)])  # cut in two
+    runner.run(task, table([]), [0, 1], tmp_path / "out", cache, latency_repeats=0)  # the same layout: the same cache
     with pytest.raises(ValueError, match=r"cut otherwise .*test: \[4, 1\] then, \[2, 2\] now.*delete that directory"):
-        runner.seed_dir(tmp_path, recut, 0)
+        runner.run(recut, table([]), [0], tmp_path / "out", cache, latency_repeats=0)
+    other = tmp_path / "other"
+    runner.run(recut, table([]), [0], tmp_path / "out", other, latency_repeats=0)
+    with pytest.raises(ValueError, match=r"batches.json .*record other settings \(test: \[2, 2\] vs \[4, 1\]\)"):
+        records.copy_records(other / task_dir.name, task_dir, overwrite=True)

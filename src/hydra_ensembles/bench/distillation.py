@@ -327,6 +327,7 @@ def benchmark_experiment(
 
     def seed_rows(seed: int) -> dict[str, dict]:
         seed_cache = runner.seed_dir(cache, task, seed)
+        runner.record_batches(seed_cache.parent, task)
         return benchmark_seed(task, seed, seed_cache, head_layers=head_layers, progress=progress)
 
     name = f"distill-{task.name}" + (f"-k{head_layers}" if head_layers != 1 else "")

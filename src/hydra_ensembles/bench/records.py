@@ -30,6 +30,7 @@ from ..io import read_json_record, replacing, weights_digest, write_json_atomic
 WEIGHTS = frozenset({"models", "checkpoints", "distill"})
 DIGESTS = "model_digests.json"  # {model name: digest of its weights}, in the folder that holds `models/`
 SETTINGS = "settings.json"  # what a task's rows depend on beyond the fingerprint (amp-*): never mixed
+BATCHES = "batches.json"  # where a task's splits are cut into batches (runner.record_batches): never mixed
 REBUILT = "rebuilt.json"  # {model name: how its rebuild measured against its recorded row}, beside DIGESTS
 HEADLINE = {"id.acc": "accuracy", "all.auroc": "all-OOD AUROC"}  # what a note on a rebuilt model quotes both ways
 
@@ -100,8 +101,9 @@ def _merged(new: bytes, old: bytes, overwrite: bool, source: Path, target: Path)
 
 
 def _check_settings_agree(source: Path, target: Path) -> None:
-    """Refuse two records whose settings files (`SETTINGS`: what an amp-* seed's rows depend on) differ."""
-    for path in sorted(source.rglob(SETTINGS)):
+    """Refuse two records whose settings files differ: `SETTINGS` (what an amp-* seed's rows depend on) or the
+    task's batch layout (`BATCHES`: another cut trains other models under the same fingerprint)."""
+    for path in sorted(p for name in (SETTINGS, BATCHES) for p in source.rglob(name)):
         other = target / path.relative_to(source)
         if not other.is_file():
             continue

@@ -43,9 +43,9 @@ from torch import nn
 from ..data.loaders import Batch, batch_size, rebatch
 from ..evaluation.compare import Built, Data, compare, machine, time_rows
 from ..evaluation.tables import aggregate, latency_over_seeds
-from ..io import write_json_atomic, write_text_atomic
+from ..io import read_json_record, write_json_atomic, write_text_atomic
 from ..version import __version__
-from .records import rebuilt_notes, recorded_latency
+from .records import BATCHES, rebuilt_notes, recorded_latency
 
 Build = Callable[[Any], Built]
 Rows = Callable[[Callable[[], Any]], Mapping[str, Build]]  # (the seed's pieces, made on call) -> {row: build}
@@ -117,13 +117,13 @@ def fixed(rows: Mapping[str, Build]) -> Rows:
 def seed_dir(cache_dir: str | os.PathLike, task: BenchTask, seed: int) -> Path:
     """The cache directory of one seed of `task`: keyed by its fingerprint, so a changed recipe starts afresh.
     The fingerprint counts each split's examples, not where its batches are cut (it predates that; adding it
-    would orphan every record): the task's directory keeps its batch layout (`BATCHES`) and refuses another."""
+    would orphan every record): the task's directory keeps its batch layout (`BATCHES`, written by
+    `record_batches` when a run starts work in it) and refuses another."""
     task_dir = Path(cache_dir) / f"{task.name}-{task.fingerprint()}"
     _check_batches(task_dir, task)
     return task_dir / f"seed{seed}"
 
 
-BATCHES = "batches.json"  # in a task's cache directory: {split: [examples in its first batch, batches]}
 SPLITS = ("train", "val", "test", "circuit_id", "circuit_ood")
 
 
@@ -141,17 +141,20 @@ def batch_layout(task: BenchTask) -> dict[str, list[int]]:
     }
 
 
+def record_batches(task_dir: Path, task: BenchTask) -> None:
+    """Record `task`'s batch layout in its cache directory `task_dir` before a run's first model is built there
+    (a run stopped midway must leave it: its models were trained on this layout); one recorded stays."""
+    _check_batches(task_dir, task)
+    if not (task_dir / BATCHES).is_file():
+        write_json_atomic(task_dir / BATCHES, batch_layout(task))
+
+
 def _check_batches(task_dir: Path, task: BenchTask) -> None:
-    """Refuse a task whose batches are cut otherwise than those its cached models were trained on; a directory
-    without the record gets this task's (the models in it were trained on it: the layout has not changed since
-    the record was added). A directory not yet made stays unmade: a run refused before any work leaves nothing."""
-    layout = batch_layout(task)
-    path = task_dir / BATCHES
-    if not path.is_file():
-        if task_dir.is_dir():
-            write_json_atomic(path, layout)
+    """Refuse a task whose batches are cut otherwise than those its cached models were trained on (the layout
+    `record_batches` kept); a directory without that record is not refused (nothing was built by this version)."""
+    recorded, layout = read_json_record(task_dir / BATCHES), batch_layout(task)
+    if not recorded:
         return
-    recorded = json.loads(path.read_text())
     changed = sorted(name for name in layout.keys() | recorded.keys() if layout.get(name) != recorded.get(name))
     if changed:
         raise ValueError(
@@ -186,8 +189,10 @@ def run(
     if not latency_seeds or not set(latency_seeds) <= set(seeds):
         raise ValueError(f"latency_seeds must be some of the seeds {list(seeds)}, got {latency_seeds}.")
     seed_dirs = {seed: seed_dir(cache_dir, task, seed) for seed in seeds}
+    starting = functools.partial(record_batches, seed_dirs[seeds[0]].parent, task)
     per_seed = {
-        s: run_seed(task, table, s, seed_dirs[s], rows=rows, progress=progress, base=base, device=device) for s in seeds
+        s: run_seed(task, table, s, folder, rows=rows, progress=progress, base=base, device=device, starting=starting)
+        for s, folder in seed_dirs.items()
     }
     summary = run_record(task.name, command, seeds) | {
         "task_fingerprint": task.fingerprint(),
@@ -233,11 +238,14 @@ def run_seed(
     progress: bool = True,
     base: Callable[[], nn.Module] | None = None,
     device: torch.device = CPU,
+    starting: Callable[[], None] = lambda: None,
 ) -> dict[str, dict]:
-    """{row: result} of one seed, in the table's order: recorded rows read back, the others built and measured."""
+    """{row: result} of one seed, in the table's order: recorded rows read back, the others built and measured.
+    `starting` is called once the rows are known good, before anything is written (`run`: `record_batches`)."""
     pieces = _pieces(table, SeedRun(task, seed, cache, progress, base, device))
     known = table.rows(pieces)
     builds = {row: (lambda row=row: known[row](pieces())) for row in table.ordered_rows(rows, known)}
+    starting()
     cache.mkdir(parents=True, exist_ok=True)
     return compare(builds, Data(task.test, task.near, task.far), cache / table.record, cache / table.logits)
 
