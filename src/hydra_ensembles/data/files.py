@@ -155,18 +155,30 @@ def _csv(path: Path, delimiter: str) -> list[tuple[int, dict]]:
 
     A TSV file is read unquoted first (a quote is text, as in GLUE's and most hand-written TSV files) and quoted
     again when it shows a quoting writer's marks (pandas, Python's csv, Excel: a field wrapped in quotes with its
-    own quotes doubled) or its rows only fit the header quoted (a quoted tab or line end)."""
+    own quotes doubled) or a row that does not fit the header holds a quote (a quoted tab or line end). A row
+    without a quote that does not fit is refused as it is: read quoted, a stray quote elsewhere could merge
+    lines and hide it."""
     if delimiter != "\t":
         return _rows(path, delimiter, csv.QUOTE_MINIMAL)
     try:
         rows = _rows(path, delimiter, csv.QUOTE_NONE)
-    except ValueError:
+    except _FieldCount as error:
+        if '"' not in text_lines(path)[error.line - 1]:
+            raise
         return _rows(path, delimiter, csv.QUOTE_MINIMAL)
     quoted = any(_QUOTED_FIELD.fullmatch(value) for _, row in rows for value in (*row, *row.values()))
     return _rows(path, delimiter, csv.QUOTE_MINIMAL) if quoted else rows
 
 
 _QUOTED_FIELD = re.compile(r'"(?:[^"]|"")*""(?:[^"]|"")*"')  # "...""..." : quoted, with a doubled quote inside
+
+
+class _FieldCount(ValueError):
+    """A row with more or fewer fields than the header, at line `line` (1-based) of the file."""
+
+    def __init__(self, message: str, line: int):
+        super().__init__(message)
+        self.line = line
 
 
 def _rows(path: Path, delimiter: str, quoting: int) -> list[tuple[int, dict]]:
@@ -178,10 +190,11 @@ def _rows(path: Path, delimiter: str, quoting: int) -> list[tuple[int, dict]]:
         for row in reader:
             if None in row or None in row.values():
                 fields = sum(v is not None for k, v in row.items() if k is not None) + len(row.get(None) or ())
-                raise ValueError(
+                raise _FieldCount(
                     f"{str(path)!r} line {reader.line_num}: {fields} fields where the header has "
                     f"{len(reader.fieldnames)}"
-                    + (': quote a text that holds commas ("like, this").' if delimiter == "," else ".")
+                    + (': quote a text that holds commas ("like, this").' if delimiter == "," else "."),
+                    reader.line_num,
                 )
             rows.append((reader.line_num, row))
         return rows
