@@ -17,7 +17,8 @@ Rows:
   ragged   the same members fused as `HydraEnsemble.fuse` does on a CPU (ragged where the counts differ)
 The layout `lay_out_for_device` gives the ensemble on the device ("auto": ragged on a CPU, padded on a GPU; what the
 CLI and `inference.prepare` run) is printed first.
-FLOPs: `he.count_flops` on one example (the padding's FLOPs as a fraction of single's too). Latency: the rows
+Params: `he.count_parameters` (the ensemble's, the same in both layouts); stored: the numbers each layout holds in
+memory (the padded one holds its zero heads too). FLOPs: `he.count_flops` on one example (the padding's FLOPs as a fraction of single's too). Latency: the rows
 timed interleaved (`he.cost.interleaved_latency`, order rotated each round); per-round ratios to `padded`, as the
 median with the lowest and highest round, and the medians' ratio to single. The fused outputs of both layouts are
 compared first (max |difference|).
@@ -154,11 +155,12 @@ def main() -> None:
     print(f"max |ragged - padded| logits: {gap:.2e}")
     flops = {name: he.count_flops(model, inputs_of(1)) for name, model in models.items()}
     params = {name: he.count_parameters(model) for name, model in models.items()}
-    print(f"\n{'':<8}{'params':>10}{'x single':>10}{'GFLOPs':>9}{'x single':>10}")
+    stored = {name: sum(p.numel() for p in model.parameters()) for name, model in models.items()}
+    print(f"\n{'':<8}{'params':>10}{'x single':>10}{'stored':>10}{'GFLOPs':>9}{'x single':>10}")
     for name in models:
         print(
             f"{name:<8}{params[name] / 1e6:>9.2f}M{params[name] / params['single']:>10.3f}"
-            f"{flops[name] / 1e9:>9.3f}{flops[name] / flops['single']:>10.3f}"
+            f"{stored[name] / 1e6:>9.2f}M{flops[name] / 1e9:>9.3f}{flops[name] / flops['single']:>10.3f}"
         )
     saved = (flops["padded"] - flops["ragged"]) / flops["single"]
     print(f"padding FLOPs: {saved:.3f} x single ({flops['ragged'] / flops['padded']:.3f} x padded's FLOPs)")
