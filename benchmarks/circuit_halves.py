@@ -41,7 +41,7 @@ from hydra_ensembles.importance.circuit import (
     split_halves,
 )
 from hydra_ensembles.importance.circuit.budget import auto_choice
-from hydra_ensembles.io import replacing, write_json_atomic
+from hydra_ensembles.io import write_json_atomic, write_text_atomic
 from hydra_ensembles.predictors import load_predictor
 from hydra_ensembles.pruning import kept_heads
 
@@ -232,8 +232,7 @@ def _duration(seconds: float) -> str:
 def write_report(report: dict, path: Path) -> None:
     """`path`.md and `path`.json, each written atomically."""
     write_json_atomic(path.with_suffix(".json"), report)
-    with replacing(path.with_suffix(".md")) as tmp:
-        tmp.write_text(render(report))
+    write_text_atomic(path.with_suffix(".md"), render(report))
 
 
 def report_name(seed: int, criterion: str) -> str:

@@ -46,7 +46,7 @@ from hydra_ensembles.bench.tasks import Task, _image_batches, dinov2_pixels, din
 from hydra_ensembles.evaluation.bootstrap import difference_lines, row_differences
 from hydra_ensembles.evaluation.compare import machine
 from hydra_ensembles.evaluation.tables import COLUMNS, mean_std, render
-from hydra_ensembles.io import replacing, write_json_atomic
+from hydra_ensembles.io import write_json_atomic, write_text_atomic
 from hydra_ensembles.outputs import labels_of
 from hydra_ensembles.predictors import load_predictor
 from hydra_ensembles.training import IMAGE_RECIPE
@@ -205,8 +205,7 @@ def run_steps(chosen: list[int], seed: int, cache: Path, out: Path, command: str
         if said:
             record["between"][all_steps[k][0]] = said
     write_json_atomic(out / "ablation.json", record)
-    with replacing(out / "ablation.md") as tmp:  # the committed table, never half-written
-        tmp.write_text(markdown(record))
+    write_text_atomic(out / "ablation.md", markdown(record))  # the committed table, never half-written
     return record
 
 

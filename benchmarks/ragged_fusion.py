@@ -18,10 +18,10 @@ Rows:
 The layout `lay_out_for_device` gives the ensemble on the device ("auto": ragged on a CPU, padded on a GPU; what the
 CLI and `inference.prepare` run) is printed first.
 Params: `he.count_parameters` (the ensemble's, the same in both layouts); stored: the numbers each layout holds in
-memory (the padded one holds its zero heads too). FLOPs: `he.count_flops` on one example (the padding's FLOPs as a fraction of single's too). Latency: the rows
-timed interleaved (`he.cost.interleaved_latency`, order rotated each round); per-round ratios to `padded`, as the
-median with the lowest and highest round, and the medians' ratio to single. The fused outputs of both layouts are
-compared first (max |difference|).
+memory (the padded one holds its zero heads too). FLOPs: `he.count_flops` on one example (the padding's FLOPs as a
+fraction of single's too). Latency: the rows timed interleaved (`he.cost.interleaved_latency`, order rotated each
+round); per-round ratios to `padded`, as the median with the lowest and highest round, and the medians' ratio to single.
+The fused outputs of both layouts are compared first (max |difference|).
 """
 
 from __future__ import annotations

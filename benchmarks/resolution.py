@@ -34,7 +34,7 @@ from hydra_ensembles.bench.tasks import DINOV2_PATCH, Task, _whole_patches, dino
 from hydra_ensembles.cost import count_flops
 from hydra_ensembles.evaluation.compare import machine
 from hydra_ensembles.evaluation.tables import render
-from hydra_ensembles.io import read_json_record, replacing, write_json_atomic
+from hydra_ensembles.io import read_json_record, write_json_atomic, write_text_atomic
 from hydra_ensembles.outputs import collect_member_logits, labels_of
 from hydra_ensembles.uncertainty import ensemble_probs
 
@@ -222,8 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     record = compare_sizes(args.pixels, args.seed, cache_dir() / "bench" / "full", command)
     record["sizes"] = with_earlier_times(record["sizes"], args.out / "resolution.json")
     write_json_atomic(args.out / "resolution.json", record)
-    with replacing(args.out / "resolution.md") as tmp:
-        tmp.write_text(markdown(record) + "\n")
+    write_text_atomic(args.out / "resolution.md", markdown(record) + "\n")
     print(markdown(record))
 
 

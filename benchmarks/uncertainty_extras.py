@@ -49,7 +49,7 @@ from hydra_ensembles.evaluation.ood import OOD_SCORES
 from hydra_ensembles.evaluation.report import selective_metrics, separation_metrics
 from hydra_ensembles.evaluation.shift import SEVERITIES, PixelSpace, TextData, mean_over_shifts, shift_curve, text_data
 from hydra_ensembles.evaluation.tables import mean_std, over_seeds, render
-from hydra_ensembles.io import read_json_record, replacing, torch_save_atomic, write_json_atomic
+from hydra_ensembles.io import read_json_record, torch_save_atomic, write_json_atomic, write_text_atomic
 from hydra_ensembles.outputs import collect_member_logits, labels_of
 from hydra_ensembles.predictors.feature_ood import (
     CONCAT,
@@ -351,8 +351,7 @@ def run(
     summary |= {"command": command, "machine": machine(), "out": str(out)}
     summary["figures"] = draw_figures(summary, out, labels_of(task.test), first_seed)
     write_json_atomic(out.with_suffix(".json"), summary)
-    with replacing(out) as tmp:  # the committed table, never half-written
-        tmp.write_text(markdown(summary))
+    write_text_atomic(out, markdown(summary))  # the committed table, never half-written
     return summary
 
 

@@ -32,7 +32,7 @@ import torch
 from hydra_ensembles.bench.tasks import MINILM_RECIPE, TEXT_SIZES, TextData, TextSize, bbc_data
 from hydra_ensembles.cli.step import RECORD
 from hydra_ensembles.evaluation.compare import machine
-from hydra_ensembles.io import replacing, write_json_atomic
+from hydra_ensembles.io import write_json_atomic, write_text_atomic
 
 RESULTS = Path(__file__).parent / "results" / "workflow-times"
 DEVICE_COMMANDS = ("finetune", "scores", "circuit", "fuse", "evaluate", "predict", "calibrate")  # run a model
@@ -205,8 +205,7 @@ def render(report: dict) -> str:
 def write_report(report: dict, path: Path) -> None:
     """`path`.md and `path`.json, each written atomically."""
     write_json_atomic(path.with_suffix(".json"), report)
-    with replacing(path.with_suffix(".md")) as tmp:
-        tmp.write_text(render(report))
+    write_text_atomic(path.with_suffix(".md"), render(report))
 
 
 def device_name(device: str | None) -> str:

@@ -6,6 +6,7 @@ import shutil
 import threading
 
 import pytest
+import safetensors.torch
 import torch
 
 from hydra_ensembles.io import load_weights, read_json_record, reading_dir, save_dir_atomic, write_json_atomic
@@ -185,3 +186,17 @@ def test_weights_load_in_the_dtypes_they_were_saved_in(tmp_path):
     assert [p.dtype for p in loaded.parameters()] == [torch.bfloat16] * 2 + [torch.float32] * 2
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), saved.state_dict().values()))
     assert [p.requires_grad for p in loaded.parameters()] == [True, True, False, True]
+
+
+def test_a_weights_file_that_is_no_safetensors_file_is_named_with_the_fix(tmp_path):
+    """A Git LFS pointer cloned in place of the weights: the error names the file (or, read by HF's loader, the
+    directory), not only safetensors' own 'header too large'."""
+    pointer = tmp_path / "model.safetensors"
+    pointer.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 12\n")
+    with pytest.raises(
+        ValueError, match=rf"cannot read the weights file {tmp_path}/model.safetensors \(.*git lfs pull"
+    ):
+        load_weights(torch.nn.Linear(1, 1), pointer)
+    with pytest.raises(ValueError, match=rf"cannot read the weights file in '{tmp_path}' \(.*git lfs pull"):
+        with reading_dir(tmp_path, "saved model"):
+            safetensors.torch.load_file(pointer)  # as HF's loader reads it

@@ -15,6 +15,7 @@ from typing import Any
 
 import safetensors.torch
 import torch
+from safetensors import SafetensorError
 
 SWAP_WAIT_POLLS = 200  # a reader waits up to 2 s for a save caught between its two renames
 PREDICTOR_FILE = "predictor.json"  # what a saved wrapper predictor (or MLP student) is: its kind and settings
@@ -67,14 +68,15 @@ def _sync(path: Path) -> None:
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write text to `path` through a temporary file and an atomic rename (`replacing`). A path that exists and is
-    no regular file (/dev/null, /dev/stdout, a pipe) is written to as it is: a rename would replace it."""
+    """Write text to `path` as UTF-8 (whatever the locale: tables hold ± and ×) through a temporary file and an atomic
+    rename (`replacing`). A path that exists and is no regular file (/dev/null, /dev/stdout, a pipe) is written to as it
+    is: a rename would replace it."""
     if Path(path).exists() and not Path(path).is_file():
-        with open(path, "w") as stream:
+        with open(path, "w", encoding="utf-8") as stream:
             stream.write(text)
         return
     with replacing(path) as tmp:
-        tmp.write_text(text)
+        tmp.write_text(text, encoding="utf-8")
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
@@ -226,19 +228,39 @@ def settle_dir(path: str | os.PathLike) -> None:
 
 @contextmanager
 def reading_dir(path: str | os.PathLike, what: str) -> Iterator[Path]:
-    """`path` (`settle_dir`), checked to be a directory."""
+    """`path` (`settle_dir`), checked to be a directory; a weights file in it that cannot be read is named by the
+    directory (`unreadable_weights`: HF's loader does not say which file)."""
     path = Path(path)
     settle_dir(path)
     if not path.is_dir():
         raise FileNotFoundError(f"no {what} at {str(path)!r}: the directory does not exist.")
-    yield path
+    try:
+        yield path
+    except SafetensorError as error:
+        raise unreadable_weights(error, f"in {str(path)!r}") from error
+
+
+def read_safetensors(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """The tensors of the safetensors file at `path`; one that is not such a file is named (`unreadable_weights`)."""
+    try:
+        return safetensors.torch.load_file(str(path), device=str(device))
+    except SafetensorError as error:
+        raise unreadable_weights(error, str(path)) from error
+
+
+def unreadable_weights(error: Exception, where: str) -> ValueError:
+    """The error of a weights file `where` that safetensors cannot read: most often a Git LFS pointer."""
+    return ValueError(
+        f"cannot read the weights file {where} ({error}): it is no safetensors file, or a damaged one. A Git LFS "
+        "pointer in its place is fetched with `git lfs pull`."
+    )
 
 
 def load_weights(module: torch.nn.Module, path: str | os.PathLike) -> torch.nn.Module:
     """`module` with the safetensors file at `path` loaded, each tensor in the dtype it was saved in (a float64,
     bf16 or mixed save; `load_state_dict` alone would cast it into the freshly built float32 module). The module
     must not tie weights (assigning breaks ties). Returns the module."""
-    module.load_state_dict(safetensors.torch.load_file(str(path)), assign=True)
+    module.load_state_dict(read_safetensors(path), assign=True)
     return module
 
 

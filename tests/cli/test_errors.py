@@ -115,7 +115,8 @@ def test_a_model_whose_weights_are_missing_or_no_safetensors_file_is_one_line(tm
     pointer = tmp_path / "pointer"
     shutil.copytree(classifier, pointer)
     (pointer / "model.safetensors").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0\n")
-    assert "cannot read a weights file" in fails("scores", "--model", str(pointer), *given)
+    message = fails("scores", "--model", str(pointer), *given)
+    assert f"cannot read the weights file in {str(pointer)!r}" in message and "git lfs pull" in message
 
 
 @pytest.mark.parametrize(("given", "seconds"), [("90s", 90), ("30m", 1800), ("2h", 7200), ("1.5h", 5400), (".5m", 30)])

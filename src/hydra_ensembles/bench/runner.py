@@ -29,7 +29,6 @@ measure, keep the logits and record (`evaluation.compare`); then aggregate over 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence

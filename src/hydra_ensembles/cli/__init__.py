@@ -27,6 +27,7 @@ from safetensors import SafetensorError
 
 from ..adapters import UnsupportedModelError
 from ..bench.datasets.debian import DataFetchError
+from ..io import unreadable_weights
 from . import (
     amp,
     bench,
@@ -104,11 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("HYDRA_ENS_DEBUG"):
             raise
         message = " ".join(str(error).split())  # one line
-        if isinstance(error, SafetensorError):
-            message = (
-                f"cannot read a weights file ({message}): it is no safetensors file, or a damaged one. A Git LFS "
-                "pointer in its place is fetched with `git lfs pull`."
-            )
+        if isinstance(error, SafetensorError):  # read where no reader names the file (io.reading_dir does)
+            message = " ".join(str(unreadable_weights(error, "")).split())
         print(f"hydra-ens {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from ..adapters import Adapter, adapter_by_name, class_mismatch, get_adapter
 from ..data.loaders import Batch, per_example, split_batch, to_device
-from ..io import HYDRA_CONFIG, reading_dir, save_dir_atomic, write_json_atomic
+from ..io import HYDRA_CONFIG, read_safetensors, reading_dir, save_dir_atomic, write_json_atomic
 from ..outputs import PredictorOutput
 from ..pruning import HeadMap, base_fingerprint, kept_heads, kept_neurons
 from ..pruning.heads import check_plain_linears
@@ -417,7 +417,7 @@ class HydraEnsemble(nn.Module):
             if not (path / CONFIG_NAME).is_file():
                 raise FileNotFoundError(f"{str(path)!r} has no {CONFIG_NAME}: it is not a saved Hydra Ensemble.")
             saved = json.loads((path / CONFIG_NAME).read_text())
-            state = safetensors.torch.load_file(path / WEIGHTS_NAME, device=str(device))
+            state = read_safetensors(path / WEIGHTS_NAME, device)
         if saved.get("format_version") != FORMAT_VERSION:
             raise ValueError(
                 f"{str(path)!r} holds a Hydra Ensemble of format version {saved.get('format_version')!r}, written by "

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from ..adapters import get_adapter
 from ..data.loaders import to_device
 from ..fusion import HydraEnsemble
-from ..io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
+from ..io import PREDICTOR_FILE, read_safetensors, save_dir_atomic, write_json_atomic
 from ..members import build_members
 from ..outputs import PredictorOutput
 from ..pruning import HeadMap, kept_heads
@@ -280,7 +280,7 @@ class ZeroShotEnsemble(nn.Module):
         path = Path(path)
         record = saved_record(path, cls)
         image, text = _load_projections(path)
-        embeddings = safetensors.torch.load_file(str(path / "classes.safetensors"))["embeddings"]
+        embeddings = read_safetensors(path / "classes.safetensors")["embeddings"]
         towers = [
             Tower(load_predictor(path / name), projection) for name, projection in (("image", image), ("text", text))
         ]
@@ -402,7 +402,7 @@ def _save_projections(path: Path, image: nn.Linear, text: nn.Linear) -> None:
 
 
 def _load_projections(path: Path) -> tuple[nn.Linear, nn.Linear]:
-    tensors = safetensors.torch.load_file(str(path / "projections.safetensors"))
+    tensors = read_safetensors(path / "projections.safetensors")
     projections = []
     for name in ("image", "text"):
         weight, bias = tensors[f"{name}.weight"], tensors.get(f"{name}.bias")

@@ -21,7 +21,7 @@ import safetensors.torch
 import torch
 from torch import Tensor, nn
 
-from ..io import PREDICTOR_FILE
+from ..io import PREDICTOR_FILE, read_safetensors
 from ..outputs import member_logits_of
 from .feature_ood import CONCAT, FEATURE_SCORES, EnsembleDetector, Settings, TrainingFeatures
 from .features import collect_features, feature_source, member_features
@@ -98,7 +98,7 @@ class FeatureScored(ModelWrapper):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> FeatureScored:
         model, record = cls.load_wrapped(path)
-        state = safetensors.torch.load_file(Path(path) / DETECTORS_FILE)
+        state = read_safetensors(Path(path) / DETECTORS_FILE)
         detectors = {name: _unflatten(state, name, record["members"]) for name in record["scores"]}
         settings = Settings(k=record["k"], vim_dim=record["vim_dim"])
         return cls(model, detectors, settings, record["examples"]).eval()

@@ -34,7 +34,7 @@ import transformers
 from torch import Tensor, nn
 
 from ...adapters import get_adapter
-from ...io import PREDICTOR_FILE, save_dir_atomic, write_json_atomic
+from ...io import PREDICTOR_FILE, read_safetensors, save_dir_atomic, write_json_atomic
 from ...outputs import PredictorOutput
 from ...pruning import load_model, save_model
 from ..load import register_predictor, saved_record
@@ -275,7 +275,7 @@ class BatchEnsemble(Wrapper):
         path = Path(path)
         record = saved_record(path, cls)
         ensemble = cls(load_model(path / "model"), record["members"], record["linears"])
-        fast = safetensors.torch.load_file(path / FAST_WEIGHTS)
+        fast = read_safetensors(path / FAST_WEIGHTS)
         if set(fast) != set(ensemble.fast_weights()):
             raise ValueError(
                 f"{str(path / FAST_WEIGHTS)!r} does not hold the fast weights of the linears {PREDICTOR_FILE} names: "
