@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import MODELS, make_inputs
 
-from hydra_ensembles.bench import records, runner, suite
+from hydra_ensembles.bench import amp, records, runner, suite
 from hydra_ensembles.evaluation.compare import Built, Data, compare
 
 BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
@@ -185,3 +185,12 @@ def test_a_task_cut_into_other_batches_under_the_same_fingerprint_is_refused(tmp
     runner.run(recut, table([]), [0], tmp_path / "out", other, latency_repeats=0)
     with pytest.raises(ValueError, match=r"batches.json .*record other settings \(test: \[2, 2\] vs \[4, 1\]\)"):
         records.copy_records(other / task_dir.name, task_dir, overwrite=True)
+
+
+def test_where_a_latency_was_timed_is_read_from_every_summary_form_with_its_accelerator():
+    when = {"date": "2026-11-01", "machine": "a GPU host", "device": "cuda"}
+    old = {"seeds": [3, 4], "latency_timed": when}  # a committed table.json from before latency_per_seed
+    assert runner.timings(old) == {3: when}
+    timed = {"Single": {"seconds": 1.0}, "Hydra": {"seconds": 2.0, "median": 2.0, "min": 2.0, "max": 2.0}}
+    note = amp.latency_note({"latency_per_seed": {3: timed}, "latency_timed": when, "latency_batch": 8})
+    assert "2026-11-01 on a GPU host, cuda" in note

@@ -531,7 +531,7 @@ def compute_note(summary: dict) -> str:
 def latency_note(summary: dict) -> str:
     """Which seeds' models the free table's latency column timed, how, when and where."""
     timed = summary["latency_per_seed"]
-    where = "; ".join(sorted({f"{t['date']} on {t['machine']}" for t in runner.timings(summary).values()}))
+    where = "; ".join(sorted({f"{t['date']} on {runner.timed_on(t)}" for t in runner.timings(summary).values()}))
     batch = f"one batch of {summary['latency_batch']} test examples"
     if len(timed) == 1:
         seed = next(iter(timed))

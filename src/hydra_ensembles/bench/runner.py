@@ -222,9 +222,18 @@ def run(
 
 def timings(summary: Mapping[str, Any]) -> dict[int | str, dict]:
     """{seed: when and where it was timed ({date, machine[, device]})} of a summary's latency column, from either
-    form `run` stores (one seed's alone, or {seed: that})."""
-    timed, when = summary["latency_per_seed"], summary["latency_timed"]
+    form `run` stores (one seed's alone, or {seed: that}); a summary written before `latency_per_seed` was
+    recorded timed its first seed."""
+    timed, when = summary.get("latency_per_seed"), summary["latency_timed"]
+    if timed is None:
+        return {summary["seeds"][0]: when}
     return dict(when) if len(timed) > 1 else {next(iter(timed)): when}
+
+
+def timed_on(when: Mapping[str, str]) -> str:
+    """The machine a latency was timed on (`timings`' values), and the accelerator when it was not the CPU."""
+    device = when.get("device", "cpu")
+    return when["machine"] + ("" if device == "cpu" else f", {device}")
 
 
 def run_seed(

@@ -774,21 +774,15 @@ def differences_lines(summary: dict) -> list[str]:
     return ["", *difference_lines(summary["differences"])] if summary.get("differences") else []
 
 
-def _timed_on(timed: Mapping[str, str]) -> str:
-    """The machine a latency was timed on, and the accelerator when it was not the CPU."""
-    device = timed.get("device", "cpu")
-    return timed["machine"] + ("" if device == "cpu" else f", {device}")
-
-
 def _timed_where(summary: dict) -> str:
     """When and where the latency column was timed: one seed's models, or each timed seed's (a spread over seeds
     timed on different machines holds the machines' difference too: said)."""
     timed = runner.timings(summary)
     if len(timed) == 1:
         when = next(iter(timed.values()))
-        return f"timed {when['date']} on {_timed_on(when)}"
-    said = "; ".join(f"seed {seed} {when['date']} on {_timed_on(when)}" for seed, when in timed.items())
-    machines = {_timed_on(when) for when in timed.values()}
+        return f"timed {when['date']} on {runner.timed_on(when)}"
+    said = "; ".join(f"seed {seed} {when['date']} on {runner.timed_on(when)}" for seed, when in timed.items())
+    machines = {runner.timed_on(when) for when in timed.values()}
     mixed = ", so its spread over seeds holds the machines' difference too" if len(machines) > 1 else ""
     return f"each seed's models timed on its own ({said}){mixed}"
 
