@@ -189,6 +189,12 @@ def test_a_steps_output_inside_its_input_is_no_part_of_the_inputs_fingerprint(tm
     ).done()
     (tmp_path / "run" / "extra.bin").write_text("a changed input")  # a file of the input itself still counts
     assert fingerprint_path(tmp_path / "run", "--model") != before
+    step = Output(tmp_path / "step", "finetune", {"lr": 1})  # an input that is a step's output itself: its files count
+    (step.path / "model.safetensors").write_text("weights")
+    step.finish()
+    finished = fingerprint_path(step.path, "--model")
+    (step.path / "model.safetensors").write_text("other weights")
+    assert fingerprint_path(step.path, "--model") != finished
 
 
 def test_text_lines_split_at_line_ends_only_and_a_byte_order_mark_is_dropped(tmp_path):
