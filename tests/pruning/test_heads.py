@@ -272,11 +272,34 @@ def test_load_model_also_loads_unpruned_models(tmp_path):
         ({0: [True]}, "head ids must be integers, got True"),
         ({0: torch.tensor([True, True, False, False])}, "head ids must be integers, got tensor.True."),  # a mask
         ({0: 1}, r"must be a list of head ids \(\{layer: \[head, ...\]\}\), got 1"),
+        ({1.7: [0]}, "the layers of the heads to prune must be integers, got 1.7"),  # int() pruned layer 1
+        ({True: [0]}, "must be integers, got True"),
+        ({0: [1], "0": [2]}, r"names layer 0 twice \(as '0' and another key\)"),  # head 1's request was dropped
+        ({"a": [0]}, "the layers of the heads to prune must be integers, got 'a'"),
     ],
 )
 def test_bad_head_indices_are_rejected(plan, message):
     with pytest.raises((ValueError, TypeError), match=message):
         he.prune_heads(MODELS["bert"](), plan)
+    if any(True if isinstance(layer, bool) else not isinstance(layer, int) for layer in plan):  # the layer keys
+        with pytest.raises((ValueError, TypeError), match=message.replace("heads to prune", "head map")):
+            he.keep_heads(MODELS["bert"](), plan)
+
+
+def test_json_layer_keys_are_layers_and_neuron_maps_are_checked_alike():
+    assert he.kept_heads(he.prune_heads(MODELS["bert"](), {"1": [0]}))[1] == [1, 2, 3]  # a map read back from JSON
+    with pytest.raises(ValueError, match="names layer 0 twice"):
+        he.prune_neurons(MODELS["bert"](), {0: [1], "0": [2]})
+    with pytest.raises(TypeError, match="the layers of the neurons to prune must be integers, got 0.5"):
+        he.prune_neurons(MODELS["bert"](), {0.5: [1]})
+
+
+@pytest.mark.parametrize("budget", [[1.9, 2, 2], np.array([2.7, 3.1, 1.0]), torch.tensor(2.7), True, "333", 2.0])
+def test_a_per_layer_count_is_whole_numbers_not_rounded_down(budget):
+    """`budget` and `pool` of sample_members, sequential_budget of Taylor scores: int() read 1.9 as 1, "333" as 3
+    per layer, True as 1."""
+    with pytest.raises(TypeError, match=r"budget must be (integers|an int >= 0)"):
+        he.pruning.heads.per_layer(budget, 3, "budget")
 
 
 def test_a_lora_wrapped_projection_is_refused_before_any_layer_is_cut():

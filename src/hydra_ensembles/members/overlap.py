@@ -4,7 +4,6 @@ what each prunes, a Jaccard index of 23 / (96 - 23) = 0.32."""
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping, Sequence
 from itertools import combinations
 from typing import NamedTuple
@@ -12,7 +11,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..pruning import per_layer
+from ..pruning.heads import index_set, is_one_count, layer_keys, per_layer
 
 
 class HeadOverlap(NamedTuple):
@@ -52,14 +51,17 @@ def head_map_overlap(
 def _heads_per_layer(head_maps: Sequence[Mapping], num_heads_per_layer: int | Sequence[int]) -> list[int]:
     """H_l for every layer: an int (numpy's and 0-d tensors too) repeats over the layers the maps name (0..max
     layer); a sequence gives each layer's."""
-    if isinstance(num_heads_per_layer, numbers.Integral) or getattr(num_heads_per_layer, "ndim", None) == 0:
-        layers = 1 + max((int(layer) for head_map in head_maps for layer in head_map), default=-1)
+    if is_one_count(num_heads_per_layer):
+        layers = 1 + max((layer for head_map in head_maps for layer in layer_keys(head_map, "a head map")), default=-1)
         return per_layer(num_heads_per_layer, layers, "num_heads_per_layer")
-    return [int(h) for h in num_heads_per_layer]
+    return per_layer(num_heads_per_layer, len(num_heads_per_layer), "num_heads_per_layer")
 
 
 def _pruned(head_map: Mapping[int | str, Sequence[int]], heads: list[int]) -> set[tuple[int, int]]:
-    kept = {int(layer): {int(h) for h in layer_heads} for layer, layer_heads in head_map.items()}
+    kept = {
+        layer: index_set(layer_heads, "head", layer)
+        for layer, layer_heads in layer_keys(head_map, "a head map").items()
+    }
     for layer, layer_heads in kept.items():
         if not 0 <= layer < len(heads) or any(not 0 <= h < heads[layer] for h in layer_heads):
             raise ValueError(

@@ -23,6 +23,7 @@ import numbers
 import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
@@ -119,7 +120,7 @@ def keep_heads(model: nn.Module, head_map: Mapping[int, Iterable[int]]) -> nn.Mo
 def complement(kept: dict[int, list[int]], keep: Mapping[int, Iterable[int]], what: str) -> dict[int, list[int]]:
     """What to prune so that only `keep` remains ({layer: [index, ...]}, original numbering; a layer missing
     from `keep` keeps all): the map of heads or neurons `kept` minus `keep`, checked against it."""
-    wanted = {int(layer): index_set(indices, what, layer) for layer, indices in keep.items()}
+    wanted = {layer: index_set(indices, what, layer) for layer, indices in layer_keys(keep, f"the {what} map").items()}
     outside = sorted(set(wanted) - set(kept))
     if outside:
         raise ValueError(f"{what} map names layer(s) {outside}, out of range: the model has layers 0..{len(kept) - 1}.")
@@ -138,15 +139,34 @@ def index_set(indices: Iterable[int], what: str, layer: int) -> set[int]:
         raise TypeError(
             f"layer {layer}'s {what}s must be a list of {what} ids ({{layer: [{what}, ...]}}), got {indices!r}."
         )
-    ids = set()
-    for index in indices:
-        try:
-            if isinstance(index, bool) or getattr(index, "dtype", None) == torch.bool:  # a mask is no list of ids
-                raise TypeError
-            ids.add(operator.index(index))
-        except TypeError:
-            raise TypeError(f"layer {layer}'s {what} ids must be integers, got {index!r} in {indices!r}.") from None
-    return ids
+    return {whole_number(index, f"layer {layer}'s {what} ids", indices) for index in indices}
+
+
+def whole_number(value: Any, what: str, given: Any = None) -> int:
+    """`value` as an int, refusing what `int()` would turn into another number: a float (1.9 as 1), a bool, a
+    string. Integer numpy scalars and 0-d integer tensors are whole numbers. `what` names it in the error (and
+    `given`, what it came in)."""
+    try:
+        if isinstance(value, bool) or getattr(value, "dtype", None) == torch.bool:  # a mask is no list of ids
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        within = "" if given is None else f" in {given!r}"
+        raise TypeError(f"{what} must be integers, got {value!r}{within}.") from None
+
+
+def layer_keys(mapping: Mapping[Any, Any], what: str) -> dict[int, Any]:
+    """`mapping` {layer: ...} with int layers: whole numbers, or their digits as strings (JSON's keys). Two keys
+    of one layer (0 and "0") are refused: one would silently replace the other."""
+    layers: dict[int, Any] = {}
+    for key, value in mapping.items():
+        layer = (
+            int(key) if isinstance(key, str) and key.strip().isdigit() else whole_number(key, f"the layers of {what}")
+        )
+        if layer in layers:
+            raise ValueError(f"{what} names layer {layer} twice (as {key!r} and another key): give each layer once.")
+        layers[layer] = value
+    return layers
 
 
 def check_heads(model: nn.Module, heads: Mapping[int, Iterable[int]], kept: HeadMap, what: str) -> dict[int, set[int]]:
@@ -156,8 +176,7 @@ def check_heads(model: nn.Module, heads: Mapping[int, Iterable[int]], kept: Head
     adapter = get_adapter(model)
     num_layers, num_heads = adapter.num_layers(model), adapter.num_heads(model)
     plan: dict[int, set[int]] = {}
-    for layer, layer_heads in heads.items():
-        layer = int(layer)
+    for layer, layer_heads in layer_keys(heads, f"the heads to {what}").items():
         if not 0 <= layer < num_layers:
             raise ValueError(f"layer {layer} is out of range: the model has layers 0..{num_layers - 1}.")
         layer_heads = index_set(layer_heads, "head", layer)
@@ -217,11 +236,19 @@ def zeroed_columns(columns: Iterable[tuple[torch.Tensor, slice | torch.Tensor]])
 
 def per_layer(value: int | Sequence[int], num_layers: int, name: str) -> list[int]:
     """A per-layer count of heads (`budget`, `pool`, ...): one int for every layer, or one per layer."""
-    one = isinstance(value, numbers.Integral) or getattr(value, "ndim", None) == 0  # np.int64, 0-d tensor / array
-    values = [int(value)] * num_layers if one else [int(v) for v in value]
+    if isinstance(value, (str, bytes)) or not (is_one_count(value) or isinstance(value, Iterable)):
+        raise TypeError(f"{name} must be an int >= 0 or {num_layers} of them (one per layer), got {value!r}.")
+    one = is_one_count(value)
+    values = [whole_number(v, name, value) for v in ([value] * num_layers if one else value)]
     if len(values) != num_layers or any(v < 0 for v in values):
         raise ValueError(f"{name} must be an int >= 0 or {num_layers} of them (one per layer), got {value!r}.")
     return values
+
+
+def is_one_count(value: Any) -> bool:
+    """Whether `value` is one number for every layer (a Python or numpy number, a 0-d tensor or array), not one
+    per layer."""
+    return isinstance(value, numbers.Number) or getattr(value, "ndim", None) == 0
 
 
 def head_counts(model: nn.Module) -> list[int]:

@@ -20,7 +20,15 @@ import torch
 from torch import Tensor, nn
 
 from ..adapters import get_adapter
-from .heads import SHARED_CONFIG, check_plain_linears, complement, index_set, slice_linear, zeroed_columns
+from .heads import (
+    SHARED_CONFIG,
+    check_plain_linears,
+    complement,
+    index_set,
+    layer_keys,
+    slice_linear,
+    zeroed_columns,
+)
 from .persist import read_structure, record_fingerprint, register_structure, write_structure
 
 NeuronMap = dict[int, list[int]]
@@ -112,8 +120,7 @@ def _check(kept: NeuronMap, neurons: Mapping[int, Iterable[int]]) -> dict[int, s
     if not isinstance(neurons, Mapping):
         raise TypeError(f"neurons must be a dict {{layer: [neuron, ...]}}, got {type(neurons).__name__}.")
     plan = {}
-    for layer, ks in neurons.items():
-        layer = int(layer)
+    for layer, ks in layer_keys(neurons, "the neurons to prune").items():
         if layer not in kept:
             raise ValueError(f"layer {layer} is out of range: the model has layers 0..{len(kept) - 1}.")
         ks = index_set(ks, "neuron", layer)
