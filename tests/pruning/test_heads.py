@@ -252,6 +252,16 @@ def test_a_two_tower_model_pruned_through_a_tower_is_refused_on_load_with_the_fi
         he.load_model(tmp_path / "m", ignore_mismatched_sizes=True)
 
 
+def test_a_pruned_encoder_built_without_its_pooler_is_loaded_by_the_keyword_its_error_names(tmp_path):
+    model = he.prune_heads(T.BertModel(MODELS["bert"]().config, add_pooling_layer=False).eval(), {0: [1]})
+    he.save_model(model, tmp_path / "encoder")
+    with pytest.raises(ValueError, match=r"saved without its pooler.*load_model\(path, add_pooling_layer=False\)"):
+        he.load_model(tmp_path / "encoder")  # was: "a hand-edited config ... Save it again" (which failed alike)
+    loaded = he.load_model(tmp_path / "encoder", add_pooling_layer=False)
+    inputs = {k: v for k, v in make_inputs("bert").items() if k != "labels"}
+    assert torch.equal(loaded(**inputs).last_hidden_state, model(**inputs).last_hidden_state)
+
+
 def test_load_model_also_loads_unpruned_models(tmp_path):
     model = MODELS["bert"]()
     model.save_pretrained(tmp_path / "plain")

@@ -110,6 +110,14 @@ def test_a_neuron_record_that_disagrees_with_the_weights_is_refused_not_cut_at_t
     with pytest.raises(ValueError, match=r"one config object.*copy\.deepcopy\(config\)"):
         with he.ablate_neurons(second, {1: [4]}):
             pass
+    with pytest.raises(ValueError, match=r"has 37 MLP neurons.*one config object.*copy\.deepcopy\(config\)"):
+        he.save_model(second, tmp_path / "second")  # was saved under the sibling's record, refused only on load
+    pruned = MODELS["bert"]()
+    shared = type(pruned)(pruned.config)
+    he.prune_heads(pruned, {1: [2]})  # a head record of the sibling's alike
+    with pytest.raises(ValueError, match=r"has 4 heads, and its config records 3 kept.*copy\.deepcopy\(config\)"):
+        he.save_model(shared, tmp_path / "shared")
+    assert not (tmp_path / "second").exists() and not (tmp_path / "shared").exists()
 
 
 def test_a_neuron_pruning_that_fails_midway_leaves_the_record_true_to_the_layers_it_cut(monkeypatch):

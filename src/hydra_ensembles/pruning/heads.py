@@ -340,4 +340,5 @@ register_structure(  # kept heads: recorded in config.json, replayed when the mo
     KEPT_HEADS_KEY,
     lambda model, saved: keep_heads(model, {int(layer): heads for layer, heads in saved.items()}),
     loaded=freeze_placeholders,
+    check=kept_heads,
 )

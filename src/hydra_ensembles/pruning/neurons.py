@@ -136,5 +136,7 @@ def _check(kept: NeuronMap, neurons: Mapping[int, Iterable[int]]) -> dict[int, s
 
 
 register_structure(  # kept MLP neurons: recorded in config.json, replayed when the model is loaded
-    KEPT_NEURONS_KEY, lambda model, saved: keep_neurons(model, {int(layer): ks for layer, ks in saved.items()})
+    KEPT_NEURONS_KEY,
+    lambda model, saved: keep_neurons(model, {int(layer): ks for layer, ks in saved.items()}),
+    check=kept_neurons,
 )

@@ -1,6 +1,6 @@
 """One persistence path for every structural change: recorded in the saved config, replayed on load.
 
-A structure is a change of a model's shapes (kept attention heads today; kept MLP neurons next) recorded as
+A structure is a change of a model's shapes (kept attention heads, kept MLP neurons) recorded as
 plain JSON under its own key of `config.json`. `save_model` writes the model as Hugging Face does (atomically);
 `load_model` builds the plain HF class, replays every recorded structure in the order they were registered, and
 only then lets HF's own loader fill the weights (which `AutoModel.from_pretrained` cannot: the shapes no
@@ -29,16 +29,24 @@ FINGERPRINT_KEY = "hydra_base_fingerprint"
 STRUCTURES: dict[str, Callable[[nn.Module, Any], object]] = {}
 # config key -> what to redo once the weights are in (HF's loader resets what the replay set, e.g. requires_grad)
 AFTER_LOAD: dict[str, Callable[[nn.Module], object]] = {}
+# config key -> check(model): raises when the model's weights do not have the shapes its record says
+CHECKS: dict[str, Callable[[nn.Module], object]] = {}
 
 
 def register_structure(
-    config_key: str, replay: Callable[[nn.Module, Any], object], loaded: Callable[[nn.Module], object] | None = None
+    config_key: str,
+    replay: Callable[[nn.Module, Any], object],
+    loaded: Callable[[nn.Module], object] | None = None,
+    check: Callable[[nn.Module], object] | None = None,
 ) -> None:
     """Record a kind of structural change: `load_model` replays `replay(model, config.<config_key>)` before the
-    weights are loaded, and calls `loaded(model)` after."""
+    weights are loaded, and calls `loaded(model)` after; `save_model` calls `check(model)` before it writes (a
+    record its weights do not match would otherwise be saved, and refused only on load)."""
     STRUCTURES[config_key] = replay
     if loaded is not None:
         AFTER_LOAD[config_key] = loaded
+    if check is not None:
+        CHECKS[config_key] = check
 
 
 def clear_structures(config: transformers.PretrainedConfig) -> transformers.PretrainedConfig:
@@ -86,6 +94,7 @@ def save_model(model: nn.Module, path: str | os.PathLike, also: Callable[[Path],
     more files into the same atomic save (a tokenizer beside the weights): the folder appears whole or not at all.
     """
     _sync_structures(model)
+    _check_structures(model)
 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
@@ -105,6 +114,17 @@ def _sync_structures(model: nn.Module) -> None:
                 write_structure(model, key, value)
     except UnsupportedModelError:  # not a model with structures of its own (a two-tower model as a whole)
         return
+
+
+def _check_structures(model: nn.Module) -> None:
+    """Refuse to save a model whose weights do not match a structure it records (`CHECKS`): a model built from a
+    config that a pruned sibling shares carries the sibling's record."""
+    try:
+        checks = [check for key, check in CHECKS.items() if read_structure(model, key) is not None]
+    except UnsupportedModelError:  # not a model with structures of its own (a two-tower model as a whole)
+        return
+    for check in checks:
+        check(model)
 
 
 def load_model(path: str | os.PathLike, **from_pretrained_kwargs) -> nn.Module:
@@ -172,6 +192,11 @@ def _check_loaded(info: dict[str, Any], path: Path) -> None:
         kind: sorted(map(str, info.get(kind) or ())) for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")
     }
     problems = {kind: keys for kind, keys in problems.items() if keys}
+    if list(problems) == ["missing_keys"] and all(".pooler." in f".{key}" for key in problems["missing_keys"]):
+        raise ValueError(
+            f"the pruned model at {str(path)!r} was saved without its pooler (built with add_pooling_layer=False, "
+            f"missing {problems['missing_keys'][:2]}): load it so, load_model(path, add_pooling_layer=False)."
+        )
     if problems:
         listed = "; ".join(
             f"{kind.replace('_', ' ')}: {keys[:4]}{' ...' if len(keys) > 4 else ''}" for kind, keys in problems.items()

@@ -9,6 +9,9 @@ parameter's gradient (a hook), so the training loop's optimisers keep those weig
 gradient moves neither SGD (its weight decay is proportional to the weight, 0) nor AdamW (moments start at 0 and
 stay there; its decay is decoupled and proportional to the weight). That holds for an optimiser built after the mask:
 one that already holds momentum or Adam moments for a weight moves it on, so mask before building the optimiser.
+The hold belongs to these parameter objects: a copy (`copy.deepcopy`, which `build_members` makes), a model whose
+layers are then cut (`prune_heads`, `prune_neurons`: new Linears) or one loaded from a save starts without it, its
+zeros free to train: call `mask_weights` on it again.
 """
 
 from __future__ import annotations
@@ -63,7 +66,8 @@ def mask_weights(model: nn.Module, masks: Mapping[str, Tensor]) -> list[Removabl
         the hooks' handles (`handle.remove()` lets the zeroed weights train again).
 
     Under torchrun (DistributedDataParallel), every process must mask the same weights: a gradient all-reduced
-    from a process that kept a weight would move it here.
+    from a process that kept a weight would move it here. A deep copy, a later head or neuron pruning or a reload
+    drops the hold (the hooks stay with these parameters): mask again.
     """
     handles = []
     for name, parameter in zero_weights(model, masks).items():
