@@ -235,7 +235,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
         "steps": timed,
         "total_seconds": round(sum(step["seconds"] for step in timed), 1),
         "machine": machine(),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
 

@@ -11,7 +11,11 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
-python -m pip install --quiet "torch==2.13.0"
+# TORCH_INDEX picks where torch comes from (https://download.pytorch.org/whl/cpu: the CPU build on a machine whose
+# pip serves the CUDA one); a torch 2.13.0 already in .venv is kept
+if ! python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null; then
+  python -m pip install --quiet ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} "torch==2.13.0"
+fi
 extras="data,dev"
 [ "${1:-}" = "--pretrained" ] && extras="data,dev,pretrained"
 python -m pip install --quiet -e ".[$extras]"

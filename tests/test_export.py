@@ -27,8 +27,8 @@ from hydra_ensembles.cli import main
 from hydra_ensembles.export import ONE_FILE_BYTES, export_onnx, export_program, weight_bytes
 from hydra_ensembles.predictors import Calibrated, TemperatureScaling, save_predictor
 
-ort = pytest.importorskip("onnxruntime", reason="pip install 'hydra-ensembles[export]'")
-pytest.importorskip("onnxscript", reason="pip install 'hydra-ensembles[export]'")
+ort = pytest.importorskip("onnxruntime", reason="pip install '.[export]'")
+pytest.importorskip("onnxscript", reason="pip install '.[export]'")
 
 # a post-norm text family (padding masks), a pre-norm image family, and MPNet (a float score bias for a mask)
 FAMILIES = ["bert", "vit", "mpnet"]

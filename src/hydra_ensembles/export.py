@@ -99,7 +99,7 @@ def export_program(predictor: nn.Module, example_inputs: Mapping[str, Any]) -> t
 def export_onnx(predictor: nn.Module, path: str | os.PathLike, example_inputs: Mapping[str, Any]) -> Path:
     """Write `predictor` as an ONNX graph at `path` (see the module docstring): the graph's inputs are named as
     the model's (`example_inputs`' keys), its output `member_logits` (B, M, C) or `member_pooled` (B, M, D).
-    Returns `path`. Needs onnx and onnxscript (`pip install hydra-ensembles[export]`).
+    Returns `path`. Needs onnx and onnxscript (`pip install '.[export]'` from the clone).
 
     One file (below 2 GiB of weights) is replaced atomically. Two files (the weights in `<path>.data`) are replaced
     one after the other, weights first: an export stopped between the two leaves the old graph beside the new
@@ -199,7 +199,7 @@ def _require_onnx() -> None:
     missing = [name for name in ("onnx", "onnxscript") if not _importable(name)]
     if missing:
         raise ValueError(
-            f"ONNX export needs {' and '.join(missing)}: pip install 'hydra-ensembles[export]' (onnx, onnxscript, "
+            f"ONNX export needs {' and '.join(missing)}: pip install '.[export]' from the clone (onnx, onnxscript, "
             "onnxruntime)."
         )
 

@@ -253,7 +253,7 @@ def test_fused_flops_are_the_members_flops_the_conv_and_position_projections_inc
 def test_the_conv_exports_to_onnx_runtime(tmp_path):
     """The fused convolution (one grouped Conv1d over the members' channels) in an ONNX graph: ONNX Runtime gives
     PyTorch's member logits at a batch size and length other than the example's (bound: test_export.py)."""
-    ort = pytest.importorskip("onnxruntime", reason="pip install 'hydra-ensembles[export]'")
+    ort = pytest.importorskip("onnxruntime", reason="pip install '.[export]'")
     members = he.build_members(_conv_classifier(layers=2), [{0: [0, 1], 1: [2]}, {0: [3], 1: [0, 1]}])
     ensemble = he.HydraEnsemble.fuse([perturb(m, scale=0.05, seed=i) for i, m in enumerate(members)], mlp="stack")
     path = ensemble.export_onnx(tmp_path / "conv.onnx", make_inputs(CONV_INPUTS))

@@ -3,7 +3,7 @@
 The graph takes what the model's tokenizer or image processor gives (input_ids, attention_mask, ... or
 pixel_values), for any batch size and sequence length, and returns member_logits (B, M, C): average the members'
 softmax for the ensemble's prediction. It is traced on an example made with the tokenizer or image processor
-saved beside the model. Needs `pip install 'hydra-ensembles[export]'`. See docs/export.md.
+saved beside the model. Needs `pip install '.[export]'` from the clone. See docs/export.md.
 """
 
 from __future__ import annotations
