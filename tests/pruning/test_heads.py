@@ -1,6 +1,7 @@
 """Structural pruning: contract 2 (pruned == ablated original), the head map, save/load, bad input."""
 
 import copy
+import json
 import warnings
 
 import numpy as np
@@ -152,6 +153,12 @@ def test_a_pruned_save_whose_weights_do_not_fit_its_structure_is_refused(tmp_pat
         he.load_model(tmp_path / "member")
     with pytest.raises(TypeError, match="load_model sets .'output_loading_info'. itself"):
         he.load_model(tmp_path / "member", output_loading_info=True)
+    he.save_model(model, tmp_path / "edited")
+    config = json.loads((tmp_path / "edited" / "config.json").read_text())
+    config["hydra_kept_heads"]["1"] = [0, 1]  # a hand-edited record: layer 1's weights keep other heads
+    (tmp_path / "edited" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="does not load whole .mismatched keys.*hand-edited config"):
+        he.load_model(tmp_path / "edited")  # was HF's RuntimeError: "look at the above report"
 
 
 def test_a_pruned_save_loaded_at_full_width_is_refused_not_cut_at_the_wrong_heads(tmp_path):

@@ -154,9 +154,14 @@ def load_model(path: str | os.PathLike, **from_pretrained_kwargs) -> nn.Module:
         # its own classes, told by the module: a subclass defined here would load those weights as missing, at random
         Restructured.__module__ = cls.__module__
         Restructured.__name__ = Restructured.__qualname__ = cls.__name__
-        model, info = Restructured.from_pretrained(
-            path, config=config, output_loading_info=True, **from_pretrained_kwargs
-        )
+        try:
+            model, info = Restructured.from_pretrained(
+                path, config=config, output_loading_info=True, **from_pretrained_kwargs
+            )
+        except RuntimeError as error:  # HF's own refusal of weights of other shapes: "see the report above"
+            if "ignore_mismatched_sizes" not in str(error):
+                raise
+            _check_loaded({"mismatched_keys": ["(the shapes HF logged above)"]}, path)
         _check_loaded(info, path)
         model.__class__ = cls
         for key in recorded.keys() & AFTER_LOAD.keys():
