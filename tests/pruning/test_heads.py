@@ -269,6 +269,22 @@ def test_a_pruned_encoder_built_without_its_pooler_is_loaded_by_the_keyword_its_
     assert torch.equal(loaded(**inputs).last_hidden_state, model(**inputs).last_hidden_state)
 
 
+class MyClassifier(T.BertForSequenceClassification):
+    """A user's own subclass: pruned through its HF parent's adapter."""
+
+
+def test_a_pruned_subclass_of_ours_names_the_class_to_load_it_as(tmp_path):
+    model = he.prune_heads(MyClassifier(MODELS["bert"]().config), {0: [1]})
+    he.save_model(model, tmp_path / "mine")
+    with pytest.raises(ValueError, match="names 'MyClassifier', which transformers does not define.*derives from"):
+        he.load_model(tmp_path / "mine")
+    config = json.loads((tmp_path / "mine" / "config.json").read_text())
+    (tmp_path / "mine" / "config.json").write_text(
+        json.dumps(config | {"architectures": ["BertForSequenceClassification"]})
+    )
+    assert he.kept_heads(he.load_model(tmp_path / "mine"))[0] == [0, 2, 3]
+
+
 def test_load_model_also_loads_unpruned_models(tmp_path):
     model = MODELS["bert"]()
     model.save_pretrained(tmp_path / "plain")

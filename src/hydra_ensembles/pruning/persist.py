@@ -216,8 +216,14 @@ def _check_loaded(info: dict[str, Any], path: Path) -> None:
 def model_class(config: transformers.PretrainedConfig) -> type:
     """The HF class named in `config.architectures`."""
     names = getattr(config, "architectures", None) or []
-    if not names or not hasattr(transformers, names[0]):
+    if not names:
         raise ValueError(f"config.architectures is {names!r}: cannot tell which HF model class to build.")
+    if not hasattr(transformers, names[0]):
+        raise ValueError(
+            f"config.architectures names {names[0]!r}, which transformers does not define (a subclass of your own?): "
+            "set config.json's architectures to the HF class it derives from (e.g. BertForSequenceClassification), "
+            "load it with load_model, then wrap it in your class."
+        )
     return getattr(transformers, names[0])
 
 
