@@ -435,6 +435,7 @@ def test_a_single_model_rebuilt_with_other_weights_is_measured_once_and_the_tabl
     ), note
     acc = 100 * results["Single"]["metrics"]["id"]["acc"]  # the same training here: the same accuracy
     assert f"Its accuracy: {acc:.1f} % recorded, {acc:.1f} % now. Its all-OOD AUROC: " in note, note
+    assert note.endswith(" Rows recorded on this build of single (the others are the first build's): Taylor."), note
     assert (seed / "logits" / "Single, trained again.pt").exists()  # beside the recorded row's logits
     assert after["per_seed"][0]["Single"]["metrics"]["id"]["nll"] == results["Single"]["metrics"]["id"]["nll"]
     recorded = json.loads((seed / "results.json").read_text())
@@ -459,7 +460,8 @@ def test_the_note_of_a_rebuild_says_when_it_measures_the_same_and_reads_entries_
         (tmp_path / folder / records.DIGESTS).write_text(json.dumps({"single": "a", "single, rebuilt": "b"}))
     records.record_measured_apart(tmp_path / "same", "single", weights_digest(model), row, row)
     (note,) = records.rebuilt_notes(0, tmp_path / "same")
-    assert note.endswith("Measured as its recorded row, single agrees within 1e-06 in all 3 metrics."), note
+    agrees = "Measured as its recorded row, single agrees within 1e-06 in all 3 metrics."
+    assert note.endswith(f"{agrees} No row was recorded on this build of single."), note
     assert records.has_measured_rebuild(tmp_path / "same", "single", weights_digest(model))
     third = weights_digest(MODELS["bert"](seed=1))  # a third build
     assert not records.has_measured_rebuild(tmp_path / "same", "single", third)

@@ -31,6 +31,7 @@ WEIGHTS = frozenset({"models", "checkpoints", "distill"})
 DIGESTS = "model_digests.json"  # {model name: digest of its weights}, in the folder that holds `models/`
 SETTINGS = "settings.json"  # what a task's rows depend on beyond the fingerprint (amp-*): never mixed
 BATCHES = "batches.json"  # where a task's splits are cut into batches (runner.record_batches): never mixed
+RESULTS = "results.json"  # {row: result} of a seed (`runner.Table.record`'s default)
 REBUILT = "rebuilt.json"  # {model name: how its rebuild measured against its recorded row}, beside DIGESTS
 HEADLINE = {"id.acc": "accuracy", "all.auroc": "all-OOD AUROC"}  # what a note on a rebuilt model quotes both ways
 
@@ -204,9 +205,11 @@ def record_measured_apart(
 ) -> None:
     """Keep in `REBUILT` how the model `name` built again (weights `digest`) measures against the row it stands
     for (`recorded`, `measured` as in `check_by_metrics`): how many compared metrics are further apart than
-    `tolerance`, the furthest (NaN counts as furthest) and the HEADLINE metrics both ways."""
+    `tolerance`, the furthest (NaN counts as furthest), the HEADLINE metrics both ways, and the rows recorded so far
+    (`rows_before`: a row recorded later was built on this build; `rebuilt_notes` names those)."""
     common, apart = _apart(recorded, measured, tolerance)
     how = {"compared": len(common), "apart": len(apart), "tolerance": tolerance, "digest": digest}
+    how["rows_before"] = sorted(read_json_record(Path(folder) / RESULTS))
     if apart:
         key, old, now = max(apart, key=lambda m: math.inf if math.isnan(m[2] - m[1]) else abs(m[2] - m[1]))
         how["furthest"] = {"metric": key, "recorded": old, "now": now}
@@ -248,7 +251,11 @@ def rebuilt_notes(seed: int, *folders: str | os.PathLike) -> list[str]:
     names = [name for folder in folders for name in rebuilt_differently(folder)]
     if not names:
         return []
-    measured = [_rebuild_sentence(name, how) for folder in folders for name, how in _read(folder, REBUILT).items()]
+    measured = [
+        _rebuild_sentence(name, how, _read(folder, RESULTS))
+        for folder in folders
+        for name, how in _read(folder, REBUILT).items()
+    ]
     return [
         f"Seed {seed}: {', '.join(names)} trained again with different weights (on another machine, or for rows "
         "recorded before digests existed, which it does not measure as); the rows, scores and circuits recorded "
@@ -256,8 +263,12 @@ def rebuilt_notes(seed: int, *folders: str | os.PathLike) -> list[str]:
     ]
 
 
-def _rebuild_sentence(name: str, how: Mapping) -> str:
-    """One sentence of a table note from a `REBUILT` entry."""
+def _rebuild_sentence(name: str, how: Mapping, rows: Mapping) -> str:
+    """The sentences of a table note from a `REBUILT` entry, `rows` the folder's recorded rows."""
+    return _measured_sentence(name, how) + _built_on_sentence(name, how, rows)
+
+
+def _measured_sentence(name: str, how: Mapping) -> str:
     compared, tolerance, headline = how["compared"], how["tolerance"], how.get("headline", {})  # none in old entries
     if not compared:
         return f"{name} shares no metric with its recorded row."
@@ -275,10 +286,21 @@ def _rebuild_sentence(name: str, how: Mapping) -> str:
     )
 
 
+def _built_on_sentence(name: str, how: Mapping, rows: Mapping) -> str:
+    """The rows recorded after the rebuild was found, so built on it (a row deleted and measured again since counts
+    as before; entries written before `rows_before` existed say nothing)."""
+    if "rows_before" not in how:
+        return ""
+    since = [row for row in rows if row not in how["rows_before"]]
+    if not since:
+        return f" No row was recorded on this build of {name}."
+    return f" Rows recorded on this build of {name} (the others are the first build's): {', '.join(since)}."
+
+
 def checked_single(folder: Path, model: nn.Module, measure: Callable[[nn.Module, Path], dict]) -> nn.Module:
     """The single model of a seed (trained now or loaded), checked as the module docstring says. `measure(model,
     logits_path)`: the model measured as the Single row (`evaluation.report.measure` on the task's data)."""
-    recorded = read_json_record(folder / "results.json").get("Single")
+    recorded = read_json_record(folder / RESULTS).get("Single")
     again = row_file(folder / "logits", "Single, trained again")  # beside the recorded row's logits
     if recorded is not None and "single" not in _read(folder, DIGESTS):  # rows recorded before digests existed
         if check_by_metrics(folder, "single", model, recorded, measure(model, again)):
