@@ -421,6 +421,9 @@ def test_a_single_model_rebuilt_with_other_weights_is_measured_once_and_the_tabl
     results = json.loads((seed / "results.json").read_text())
     results["Single"]["metrics"]["id"]["nll"] += 0.01  # and its row measured a little differently
     (seed / "results.json").write_text(json.dumps(results))
+    trained = json.loads((seed / suite.TRAINING).read_text())
+    first = trained["single"] | {"kept_epoch": 99}  # and it trained otherwise
+    (seed / suite.TRAINING).write_text(json.dumps(trained | {"single": first}))
 
     def run():
         rows = ["Single", "Taylor"]
@@ -437,6 +440,8 @@ def test_a_single_model_rebuilt_with_other_weights_is_measured_once_and_the_tabl
     assert f"Its accuracy: {acc:.1f} % recorded, {acc:.1f} % now. Its all-OOD AUROC: " in note, note
     assert note.endswith(" Rows recorded on this build of single (the others are the first build's): Taylor."), note
     assert (seed / "logits" / "Single, trained again.pt").exists()  # beside the recorded row's logits
+    trained_now = json.loads((seed / suite.TRAINING).read_text())  # the first build's training stays
+    assert trained_now["single"] == first and trained_now["single, rebuilt"] == trained["single"]
     assert after["per_seed"][0]["Single"]["metrics"]["id"]["nll"] == results["Single"]["metrics"]["id"]["nll"]
     recorded = json.loads((seed / "results.json").read_text())
     (seed / "results.json").write_text(json.dumps({"Single": recorded["Single"]}))  # Taylor's row built again,

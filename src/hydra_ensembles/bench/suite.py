@@ -126,13 +126,20 @@ class Pieces:
         self._making(path)
         model = build()
         if hasattr(model, "training_history"):  # a record: why an epoch was kept, checkable without the weights
-            epochs = {"epochs": model.training_history, "kept_epoch": model.kept_epoch}
-            # Before the weights: a stop in between rebuilds the model and rewrites this, never loses it.
-            write_json_atomic(self.cache / TRAINING, read_json_record(self.cache / TRAINING) | {name: epochs})
+            self._record_training(name, {"epochs": model.training_history, "kept_epoch": model.kept_epoch})
         save_predictor(model, path)
         if checkpoint is not None:
             shutil.rmtree(self.cache / "checkpoints" / checkpoint, ignore_errors=True)
         return model
+
+    def _record_training(self, name: str, epochs: dict) -> None:
+        """Keep how `name` trained in `TRAINING`, before its weights are saved (a stop in between trains it again and
+        writes the same). A record that says otherwise is a model recorded elsewhere and trained again here to
+        other weights (`records.check_digest`): the first stays, as the rows recorded before were measured on it,
+        and this one is kept as "<name>, rebuilt"."""
+        recorded = read_json_record(self.cache / TRAINING)
+        key = name if recorded.get(name, epochs) == epochs else f"{name}, rebuilt"
+        write_json_atomic(self.cache / TRAINING, recorded | {key: epochs})
 
     def single(self) -> nn.Module:
         if self._single is None and self.base:
@@ -756,7 +763,8 @@ def training_lines(summary: dict) -> list[str]:
         "Training of every model the seeds cached: epochs run / the epoch kept, and its validation NLL (single: "
         "Single; single-long: Single, trained as long; start-k: the deep ensemble's member k + 1; taylor0, circavg0: "
         "the Taylor and CircAvg models; hydra-…m: member m of that Hydra row; hydra-circ-fused: fused then "
-        "fine-tuned; the allowed epochs are in the notes above). A model that kept its last allowed epoch was still "
+        "fine-tuned; …, rebuilt: the model trained again on another machine to other weights, the rows the notes "
+        "name built on it; the allowed epochs are in the notes above). A model that kept its last allowed epoch was still "
         "improving when its budget ended; one that ran fewer stopped early:"
     )
     return ["", line, "", *render(["Model", *(f"seed {seed}" for seed in seeds)], body, "markdown")]
