@@ -764,8 +764,8 @@ def training_lines(summary: dict) -> list[str]:
         "Single; single-long: Single, trained as long; start-k: the deep ensemble's member k + 1; taylor0, circavg0: "
         "the Taylor and CircAvg models; hydra-…m: member m of that Hydra row; hydra-circ-fused: fused then "
         "fine-tuned; …, rebuilt: the model trained again on another machine to other weights, the rows the notes "
-        "name built on it; the allowed epochs are in the notes above). A model that kept its last allowed epoch was still "
-        "improving when its budget ended; one that ran fewer stopped early:"
+        "name built on it; the allowed epochs are in the notes above). A model that kept its last allowed epoch "
+        "was still improving when its budget ended; one that ran fewer stopped early:"
     )
     return ["", line, "", *render(["Model", *(f"seed {seed}" for seed in seeds)], body, "markdown")]
 
