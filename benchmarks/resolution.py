@@ -100,6 +100,7 @@ def single_on_validation(
     `train_seconds` and `seconds_per_epoch` (when trained now, else None), `flops_per_example`, `max_epochs` and the
     task's `fingerprint`; each validation example's NLL, shape (N,))."""
     seed_cache = runner.seed_dir(cache, task, seed)
+    runner.record_batches(seed_cache.parent, task)  # before its first model is built there
     pieces = suite.Pieces(runner.SeedRun(task, seed, seed_cache, progress=progress))
     train, checkpoint = pieces.from_start(seed)
     training = _training_state(seed_cache, checkpoint)

@@ -187,6 +187,33 @@ def test_a_task_cut_into_other_batches_under_the_same_fingerprint_is_refused(tmp
         records.copy_records(other / task_dir.name, task_dir, overwrite=True)
 
 
+def test_the_batch_layout_is_recorded_before_a_tables_rows_make_its_pieces(tmp_path):
+    """A table may make a seed's pieces to name its rows (AMP's rows build models): the layout is recorded first,
+    as is it before `runner.predictor` builds a row for another experiment."""
+    task, task_dir = TinyTask(), tmp_path / "task"
+    made = []
+
+    class Stop(Exception):
+        pass
+
+    def rows(pieces):
+        pieces()
+        raise Stop  # stopped while making them
+
+    def pieces(run):
+        made.append((task_dir / runner.BATCHES).is_file())
+        return run
+
+    stops = runner.Table(rows=rows, pieces=pieces, markdown=str)
+    with pytest.raises(Stop):
+        runner.run_seed(task, stops, 0, task_dir / "seed0", starting=lambda: runner.record_batches(task_dir, task))
+    assert made == [True]
+    (task_dir / runner.BATCHES).unlink()
+    with pytest.raises(Stop):
+        runner.predictor(task, stops, 0, task_dir / "seed0", row="Single")
+    assert made == [True, True]
+
+
 def test_where_a_latency_was_timed_is_read_from_every_summary_form_with_its_accelerator():
     when = {"date": "2026-11-01", "machine": "a GPU host", "device": "cuda"}
     old = {"seeds": [3, 4], "latency_timed": when}  # a committed table.json from before latency_per_seed

@@ -52,6 +52,9 @@ def test_a_tsv_that_a_quoting_writer_wrote_reads_back_as_written(tmp_path):
     doubled = tmp_path / "doubled.tsv"  # quotes doubled only: no tab or line end to give the quoting away
     doubled.write_text('label\ttext\npos\t"He said ""great"" movie"\nneg\tplain\n')
     assert read_texts(doubled, label_column="label").inputs == ['He said "great" movie', "plain"]
+    pandas = tmp_path / "pandas.tsv"  # a quoted text of three lines: its middle line holds no quote
+    pandas.write_text('label\ttext\npos\t"first line\nsecond line\nthird line"\nneg\tplain\n')
+    assert read_texts(pandas, label_column="label").inputs == ["first line\nsecond line\nthird line", "plain"]
     stray = tmp_path / "stray.tsv"  # a row short of a field, and a quote on another line: refused, not merged
     stray.write_text('label\ttext\npos\t"a start\nneg\nneg\tthe end" here\n')
     with pytest.raises(ValueError, match="line 3: 1 fields where the header has 2"):

@@ -7,8 +7,8 @@ measure, keep the logits and record (`evaluation.compare`); then aggregate over 
   `pieces()` makes, on first call, what `Table.pieces(SeedRun)` returns for the seed: the trained models, scores and
   circuits its rows share. `pieces()` is called only when a row is not recorded yet, so a table renders from its
   records without a model. Most tables' rows do not depend on the seed (`fixed(rows)` never calls `pieces`); AMP's
-  are named by the delta-E the seed's cost rule picks, so its pieces are made for every seed and must be cheap until
-  a model is asked for.
+  are named by the delta-E the seed's cost rule picks, so its pieces are made for every seed (and may build
+  models: `run_seed` records the batch layout before the first `pieces()`).
 - `SeedRun(task, seed, cache, progress, base, device)`: `cache` is the seed's directory (`seed_dir`:
   `<cache_dir>/<task>-<fingerprint>/seed<k>/`); `base`, if given, builds the model every row starts from instead
   of the task's (e.g. AMP's pruned single model; `cache` is then that base's own directory); `device`: where the
@@ -249,8 +249,14 @@ def run_seed(
     starting: Callable[[], None] = lambda: None,
 ) -> dict[str, dict]:
     """{row: result} of one seed, in the table's order: recorded rows read back, the others built and measured.
-    `starting` is called once the rows are known good, before anything is written (`run`: `record_batches`)."""
-    pieces = _pieces(table, SeedRun(task, seed, cache, progress, base, device))
+    `starting` is called once, before anything is built (`run`: `record_batches`): when the seed's pieces are first
+    made (a table's `rows` may make them, as AMP's do) or else once the rows are known good."""
+    starting, made = functools.cache(starting), _pieces(table, SeedRun(task, seed, cache, progress, base, device))
+
+    def pieces() -> Any:
+        starting()
+        return made()
+
     known = table.rows(pieces)
     builds = {row: (lambda row=row: known[row](pieces())) for row in table.ordered_rows(rows, known)}
     starting()
@@ -269,7 +275,9 @@ def predictor(
     base: Callable[[], nn.Module] | None = None,
 ) -> nn.Module:
     """The predictor of one row for one seed, from (or into) the seed's cache: what other experiments build on
-    (e.g. the teachers that distillation compresses)."""
+    (e.g. the teachers that distillation compresses). `cache`: the seed's directory (`seed_dir`), whose task
+    directory records the batch layout first (`record_batches`)."""
+    record_batches(Path(cache).parent, task)
     pieces = _pieces(table, SeedRun(task, seed, cache, progress, base))
     known = table.rows(pieces)
     table.ordered_rows([row, table.first], known)

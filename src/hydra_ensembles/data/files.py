@@ -155,17 +155,18 @@ def _csv(path: Path, delimiter: str) -> list[tuple[int, dict]]:
 
     A TSV file is read unquoted first (a quote is text, as in GLUE's and most hand-written TSV files) and quoted
     again when it shows a quoting writer's marks (pandas, Python's csv, Excel: a field wrapped in quotes with its
-    own quotes doubled) or a row that does not fit the header holds a quote (a quoted tab or line end). A row
-    without a quote that does not fit is refused as it is: read quoted, a stray quote elsewhere could merge
-    lines and hide it."""
+    own quotes doubled) or a row does not fit the header (a quoted tab or line end). Read quoted, it must be
+    strictly well formed (a closing quote followed by a tab or a line end) and every row must fit: otherwise the
+    unquoted reading's error stands, since a stray quote could have merged lines."""
     if delimiter != "\t":
         return _rows(path, delimiter, csv.QUOTE_MINIMAL)
     try:
         rows = _rows(path, delimiter, csv.QUOTE_NONE)
     except _FieldCount as error:
-        if '"' not in text_lines(path)[error.line - 1]:
-            raise
-        return _rows(path, delimiter, csv.QUOTE_MINIMAL)
+        try:
+            return _rows(path, delimiter, csv.QUOTE_MINIMAL, strict=True)
+        except (csv.Error, _FieldCount):
+            raise error from None
     quoted = any(_QUOTED_FIELD.fullmatch(value) for _, row in rows for value in (*row, *row.values()))
     return _rows(path, delimiter, csv.QUOTE_MINIMAL) if quoted else rows
 
@@ -181,9 +182,9 @@ class _FieldCount(ValueError):
         self.line = line
 
 
-def _rows(path: Path, delimiter: str, quoting: int) -> list[tuple[int, dict]]:
+def _rows(path: Path, delimiter: str, quoting: int, strict: bool = False) -> list[tuple[int, dict]]:
     with path.open(newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f, delimiter=delimiter, quoting=quoting)
+        reader = csv.DictReader(f, delimiter=delimiter, quoting=quoting, strict=strict)
         if reader.fieldnames is None:
             return []
         rows = []
