@@ -100,7 +100,8 @@ def test_a_16_bit_image_file_keeps_its_range_and_a_float_one_is_refused(tmp_path
 
 def test_a_transparent_image_is_read_on_white_as_transformers_reads_it():
     """PIL's convert("RGB") drops the alpha channel: a transparent pixel shows the colour it holds (black here).
-    Transparency comes as an alpha band (RGBA, LA, PA) or as one colour named transparent (P, L, RGB)."""
+    Transparency comes as an alpha band (RGBA, LA, PA), an RGBA palette, or one colour named transparent (P, L,
+    RGB)."""
     rgba = np.zeros((1, 2, 4), dtype=np.uint8)
     rgba[0, 1] = (255, 0, 0, 255)  # opaque red beside a transparent black pixel
     processor = T.ViTImageProcessor(size={"height": 1, "width": 2}, do_normalize=False, resample=0)
@@ -109,7 +110,9 @@ def test_a_transparent_image_is_read_on_white_as_transformers_reads_it():
     palette.info["transparency"] = 0  # palette entry 0 (black) is transparent
     keyed = Image.fromarray(rgba[..., :3], "RGB")
     keyed.info["transparency"] = (0, 0, 0)  # a PNG's tRNS colour key
-    for image in (Image.fromarray(rgba, "RGBA"), palette, keyed):
+    alpha_palette = Image.fromarray(np.array([[0, 1]], dtype=np.uint8), "P")
+    alpha_palette.putpalette([0, 0, 0, 0, 255, 0, 0, 255], "RGBA")  # entry 0 transparent in the palette itself
+    for image in (Image.fromarray(rgba, "RGBA"), palette, keyed, alpha_palette):
         pixels = image_batches(processor, [image], channels=3)[0]["pixel_values"][0]  # (3, 1, 2)
         assert pixels[:, 0, 0].tolist() == [1.0, 1.0, 1.0], image.mode
         assert pixels[:, 0, 1].tolist() == [1.0, 0.0, 0.0], image.mode

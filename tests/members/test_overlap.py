@@ -31,6 +31,7 @@ def test_three_members_by_hand():
 def test_layers_of_different_widths_and_members_that_prune_nothing():
     # layer 1 has 2 heads: member 0 prunes (0,2) (1,1); member 1 prunes (1,1)
     assert head_map_overlap([{0: [0, 1], 1: [0]}, {0: [0, 1, 2], 1: [0]}], [3, 2]).mean == 0.5
+    assert head_map_overlap([{0: [0, 1], 1: [0]}, {0: [0, 1, 2], 1: [0]}], (h for h in (3, 2))).mean == 0.5
     assert head_map_overlap([{0: [0, 1]}, {0: [0, 1]}], 2).mean == 1.0  # both prune nothing: identical
     maps = [{0: [0, 1], 1: [0]}, {0: [0, 1, 2], 1: [0]}]
     for heads in (np.int64(3), torch.tensor(3)):  # a head count as numpy or torch gives it: one int

@@ -149,7 +149,8 @@ def test_a_pruned_save_whose_weights_do_not_fit_its_structure_is_refused(tmp_pat
     tensors = safetensors.torch.load_file(weights)
     del tensors["bert.encoder.layer.2.attention.self.query.bias"]  # HF would fill it at random, with a warning
     safetensors.torch.save_file(tensors, weights, metadata={"format": "pt"})
-    with pytest.raises(ValueError, match="does not load whole .missing keys: .'bert.encoder.layer.2.*Save it again"):
+    missing = "does not load whole .missing keys: .'bert.encoder.layer.2.*one save_model call"
+    with pytest.raises(ValueError, match=missing):
         he.load_model(tmp_path / "member")
     with pytest.raises(TypeError, match="load_model sets .'output_loading_info'. itself"):
         he.load_model(tmp_path / "member", output_loading_info=True)
@@ -157,8 +158,11 @@ def test_a_pruned_save_whose_weights_do_not_fit_its_structure_is_refused(tmp_pat
     config = json.loads((tmp_path / "edited" / "config.json").read_text())
     config["hydra_kept_heads"]["1"] = [0, 1]  # a hand-edited record: layer 1's weights keep other heads
     (tmp_path / "edited" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="does not load whole .mismatched keys.*hand-edited config"):
-        he.load_model(tmp_path / "edited")  # was HF's RuntimeError: "look at the above report"
+    mismatched = r"does not load whole .mismatched keys: .*'bert.encoder.layer.1.*hand-edited"
+    with pytest.raises(ValueError, match=mismatched):
+        he.load_model(tmp_path / "edited")  # was HF's RuntimeError: "look at the above report", naming no key
+    with pytest.raises(ValueError, match=r"mismatched keys: .'\(not named by HF: load without ignore_mism"):
+        he.load_model(tmp_path / "edited", ignore_mismatched_sizes=False)  # HF's refusal, reworded
 
 
 def test_a_pruned_save_loaded_at_full_width_is_refused_not_cut_at_the_wrong_heads(tmp_path):
@@ -325,6 +329,9 @@ def test_json_layer_keys_are_layers_and_neuron_maps_are_checked_alike():
         he.prune_neurons(MODELS["bert"](), {0: [1], "0": [2]})
     with pytest.raises(TypeError, match="the layers of the neurons to prune must be integers, got 0.5"):
         he.prune_neurons(MODELS["bert"](), {0.5: [1]})
+    with pytest.raises(TypeError, match="the layers of the neurons to ablate must be integers, got '²'"):
+        with he.pruning.ablate_neurons(MODELS["bert"](), {"²": [1]}):  # a digit to str.isdigit, not to int()
+            pass
 
 
 @pytest.mark.parametrize("budget", [[1.9, 2, 2], np.array([2.7, 3.1, 1.0]), torch.tensor(2.7), True, "333", 2.0])

@@ -423,7 +423,7 @@ def _to_pil(image: Any, channels: int) -> Image.Image:
                 )
             array = (array.astype(np.float32) * 255).round().astype(np.uint8)
         image = Image.fromarray(array[..., 0] if array.ndim == 3 and array.shape[-1] == 1 else array)
-    if "A" in image.getbands() or "transparency" in image.info:  # an alpha band, or a transparent colour (P, L, RGB)
+    if image.has_transparency_data:  # an alpha band, an RGBA palette, or a transparent colour (P, L, RGB)
         image = _on_white(image)
     return image.convert("RGB" if channels == 3 else "L")
 

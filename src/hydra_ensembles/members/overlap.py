@@ -54,7 +54,8 @@ def _heads_per_layer(head_maps: Sequence[Mapping], num_heads_per_layer: int | Se
     if is_one_count(num_heads_per_layer):
         layers = 1 + max((layer for head_map in head_maps for layer in layer_keys(head_map, "a head map")), default=-1)
         return per_layer(num_heads_per_layer, layers, "num_heads_per_layer")
-    return per_layer(num_heads_per_layer, len(num_heads_per_layer), "num_heads_per_layer")
+    counts = list(num_heads_per_layer)  # a generator too
+    return per_layer(counts, len(counts), "num_heads_per_layer")
 
 
 def _pruned(head_map: Mapping[int | str, Sequence[int]], heads: list[int]) -> set[tuple[int, int]]:

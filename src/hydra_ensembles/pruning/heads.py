@@ -160,9 +160,8 @@ def layer_keys(mapping: Mapping[Any, Any], what: str) -> dict[int, Any]:
     of one layer (0 and "0") are refused: one would silently replace the other."""
     layers: dict[int, Any] = {}
     for key, value in mapping.items():
-        layer = (
-            int(key) if isinstance(key, str) and key.strip().isdigit() else whole_number(key, f"the layers of {what}")
-        )
+        digits = isinstance(key, str) and key.strip().isascii() and key.strip().isdigit()  # not "²": int() refuses
+        layer = int(key) if digits else whole_number(key, f"the layers of {what}")
         if layer in layers:
             raise ValueError(f"{what} names layer {layer} twice (as {key!r} and another key): give each layer once.")
         layers[layer] = value

@@ -64,7 +64,7 @@ def prune_neurons(model: nn.Module, neurons_to_prune: Mapping[int, Iterable[int]
     """
     adapter = get_adapter(model)
     kept = kept_neurons(model)
-    plan = _check(kept, neurons_to_prune)
+    plan = _check(kept, neurons_to_prune, "the neurons to prune")
     remaining = {layer: [k for k in kept[layer] if k not in neurons] for layer, neurons in plan.items()}
     for layer, neurons in plan.items():  # refused before any layer is cut: a refused plan leaves the model whole
         if not remaining[layer]:
@@ -98,7 +98,7 @@ def ablate_neurons(model: nn.Module, neurons: Mapping[int, Iterable[int]]) -> It
     """Turn MLP neurons off by zeroing their columns of the MLP's second linear; restore them on exit."""
     adapter = get_adapter(model)
     kept = kept_neurons(model)
-    plan = _check(kept, neurons)
+    plan = _check(kept, neurons, "the neurons to ablate")
     layers = adapter.layers(model)
     check_plain_linears([adapter.block(layers[layer]).mlp_out for layer in plan])  # a wrapper would add them back
     columns = [
@@ -116,11 +116,11 @@ def _positions(kept: list[int], neurons: Iterable[int]) -> Tensor:
     return torch.tensor([position[k] for k in neurons], dtype=torch.long)
 
 
-def _check(kept: NeuronMap, neurons: Mapping[int, Iterable[int]]) -> dict[int, set[int]]:
+def _check(kept: NeuronMap, neurons: Mapping[int, Iterable[int]], what: str) -> dict[int, set[int]]:
     if not isinstance(neurons, Mapping):
-        raise TypeError(f"neurons must be a dict {{layer: [neuron, ...]}}, got {type(neurons).__name__}.")
+        raise TypeError(f"{what} must be a dict {{layer: [neuron, ...]}}, got {type(neurons).__name__}.")
     plan = {}
-    for layer, ks in layer_keys(neurons, "the neurons to prune").items():
+    for layer, ks in layer_keys(neurons, what).items():
         if layer not in kept:
             raise ValueError(f"layer {layer} is out of range: the model has layers 0..{len(kept) - 1}.")
         ks = index_set(ks, "neuron", layer)

@@ -154,14 +154,15 @@ def load_model(path: str | os.PathLike, **from_pretrained_kwargs) -> nn.Module:
         # its own classes, told by the module: a subclass defined here would load those weights as missing, at random
         Restructured.__module__ = cls.__module__
         Restructured.__name__ = Restructured.__qualname__ = cls.__name__
+        # Weights of other shapes are let through to the loading info, which names them, and refused there (HF's
+        # own refusal only points at a report it logs, which the CLI's verbosity hides).
+        options = {"ignore_mismatched_sizes": True} | from_pretrained_kwargs
         try:
-            model, info = Restructured.from_pretrained(
-                path, config=config, output_loading_info=True, **from_pretrained_kwargs
-            )
-        except RuntimeError as error:  # HF's own refusal of weights of other shapes: "see the report above"
+            model, info = Restructured.from_pretrained(path, config=config, output_loading_info=True, **options)
+        except RuntimeError as error:  # ignore_mismatched_sizes=False asked for: HF refused, saying no key
             if "ignore_mismatched_sizes" not in str(error):
                 raise
-            _check_loaded({"mismatched_keys": ["(the shapes HF logged above)"]}, path)
+            _check_loaded({"mismatched_keys": ["(not named by HF: load without ignore_mismatched_sizes=False)"]}, path)
         _check_loaded(info, path)
         model.__class__ = cls
         for key in recorded.keys() & AFTER_LOAD.keys():
@@ -194,7 +195,8 @@ def _recorded(config: transformers.PretrainedConfig, cls: type, path: Path) -> d
 def _check_loaded(info: dict[str, Any], path: Path) -> None:
     """A restructured model is loaded from its own save: every tensor must find its place (HF only warns)."""
     problems = {
-        kind: sorted(map(str, info.get(kind) or ())) for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")
+        kind: sorted(map(_loading_key, info.get(kind) or ()))
+        for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")
     }
     problems = {kind: keys for kind, keys in problems.items() if keys}
     if list(problems) == ["missing_keys"] and all(".pooler." in f".{key}" for key in problems["missing_keys"]):
@@ -208,9 +210,17 @@ def _check_loaded(info: dict[str, Any], path: Path) -> None:
         )
         raise ValueError(
             f"the pruned model at {str(path)!r} does not load whole ({listed}): its weights do not match the "
-            "structure its config.json records (a hand-edited config, or files of two saves mixed). Save it again "
-            "with save_model."
+            "structure its config.json records (a hand-edited config, or files of two saves mixed). Use the "
+            "config.json and weights that one save_model call wrote together."
         )
+
+
+def _loading_key(key: Any) -> str:
+    """A key of HF's loading info as a message says it: mismatched keys come as (key, file's shape, model's)."""
+    if isinstance(key, tuple) and len(key) == 3:
+        name, in_file, in_model = key
+        return f"{name} {list(in_file)} in the file, {list(in_model)} in the model"
+    return str(key)
 
 
 def model_class(config: transformers.PretrainedConfig) -> type:
@@ -222,7 +232,7 @@ def model_class(config: transformers.PretrainedConfig) -> type:
         raise ValueError(
             f"config.architectures names {names[0]!r}, which transformers does not define (a subclass of your own?): "
             "set config.json's architectures to the HF class it derives from (e.g. BertForSequenceClassification), "
-            "load it with load_model, then wrap it in your class."
+            "load it with load_model, then set model.__class__ = YourClass (a subclass adding no weights of its own)."
         )
     return getattr(transformers, names[0])
 
