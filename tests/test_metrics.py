@@ -166,6 +166,9 @@ def test_ensemble_probs_average_member_softmax():
     expected_mi = np.log(2) + (p * p.log()).sum().item()  # H(mean) - mean H
     # float32: softmax, log, product and sum of 2 members x 2 classes are <= 8 roundings of values <= 1
     assert he.mutual_information(member_logits).item() == pytest.approx(expected_mi, abs=reordered_sum(8, 1, U32))
+    for uncertainty in (he.ensemble_probs, he.mutual_information):  # an HF model's (B, C) logits: averaged over C
+        with pytest.raises(ValueError, match=r"must be \(B, M, C\), got shape \(1, 2\).*logits\[:, None\]"):
+            uncertainty(member_logits[:, 0])
 
 
 def test_mutual_information_is_zero_when_members_agree_and_bounded_by_log_m():

@@ -8,7 +8,7 @@ gathered to every rank, so all ranks take the same decisions.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch.distributed as dist
@@ -71,6 +71,19 @@ def gather_dict(local: dict[Any, Any]) -> dict[Any, Any]:
     for part in parts:
         merged.update(part)
     return merged
+
+
+def check_same_on_every_rank(values: Mapping[str, Any], fix: str) -> None:
+    """Under torchrun, refuse on every rank alike (before work whose collectives would wait forever for a rank
+    that went its own way) ranks whose `values` ({what: its digest}) differ from rank 0's, naming what differs;
+    `fix` ends the message."""
+    if not is_distributed():
+        return
+    seen = gather_dict({rank(): dict(values)})
+    differ = [r for r in sorted(seen) if seen[r] != seen[0]]
+    if differ:
+        what = [name for name in values if any(seen[r].get(name) != seen[0].get(name) for r in differ)]
+        raise ValueError(f"rank(s) {differ} hold other {' and '.join(what)} than rank 0: {fix}")
 
 
 def barrier() -> None:

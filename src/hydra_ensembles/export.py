@@ -28,8 +28,8 @@ from .adapters import get_adapter
 from .data.loaders import split_batch
 from .fusion import HydraEnsemble
 
-# Below 2 GiB of weights the graph is one .onnx file; above, protobuf's limit puts the weights in <path>.data beside.
-# protobuf's 2 GiB limit holds the graph too: weights past 1.8 GiB go to a .data file beside it
+# Up to 1.8 GiB of weights the graph is one .onnx file; past it, the weights go to <path>.data beside it: protobuf's
+# 2 GiB limit holds the whole file, graph included, so the weights stop short of it
 ONE_FILE_BYTES = int(1.8 * 1024**3)
 
 
@@ -159,7 +159,7 @@ def dynamic_shapes(inputs: Mapping[str, Tensor]) -> dict[str, dict[int, Any]]:
 def _check_dynamic(program: torch.export.ExportedProgram, inputs: Mapping[str, Tensor]) -> None:
     """Refuse a program whose batch or sequence length the trace fixed to the example's."""
     placeholders = [n for n in program.graph.nodes if n.op == "placeholder" and n.name in _user_inputs(program)]
-    for (name, tensor), node in zip(inputs.items(), placeholders):
+    for (name, tensor), node in zip(inputs.items(), placeholders, strict=True):
         axes = range(2 if tensor.dim() == 2 else 1)
         fixed = [axis for axis in axes if isinstance(node.meta["val"].shape[axis], int)]
         if fixed:

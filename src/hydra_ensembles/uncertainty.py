@@ -15,7 +15,7 @@ from torch import Tensor
 
 def ensemble_probs(member_logits: Tensor) -> Tensor:
     """p(y|x) = (1/M) sum_m softmax(z_m). member_logits (B, M, C) -> (B, C)."""
-    return _wide(member_logits).softmax(dim=-1).mean(dim=1)
+    return _wide(_members(member_logits)).softmax(dim=-1).mean(dim=1)
 
 
 def off_top_mass(probs: Tensor) -> Tensor:
@@ -41,7 +41,7 @@ def decompose(member_logits: Tensor) -> dict[str, Tensor]:
     """Paper 001 Eq. 6 for classifiers, each (B,) in nats: total = H[mean_m p_m] (entropy of the ensemble
     probability), data = mean_m H[p_m] (expected data uncertainty), model = total - data (the mutual
     information, `mutual_information`). member_logits (B, M, C)."""
-    member_probs = _wide(member_logits).softmax(dim=-1)  # (B, M, C)
+    member_probs = _wide(_members(member_logits)).softmax(dim=-1)  # (B, M, C)
     total, data = entropy(member_probs.mean(dim=1)), entropy(member_probs).mean(dim=1)
     return {"total": total, "data": data, "model": (total - data).clamp_min(0.0)}
 
@@ -55,6 +55,16 @@ def gaussian_mixture(member_gaussians: Tensor) -> dict[str, Tensor]:
     mean = mu.mean(dim=1)
     aleatoric, epistemic = variance.mean(dim=1), mu.var(dim=1, unbiased=False)
     return {"mean": mean, "aleatoric": aleatoric, "epistemic": epistemic, "total": aleatoric + epistemic}
+
+
+def _members(member_logits: Tensor) -> Tensor:
+    """`member_logits` if (B, M, C): a single model's (B, C) logits would be averaged over its classes."""
+    if member_logits.dim() != 3:
+        raise ValueError(
+            f"member logits must be (B, M, C), got shape {tuple(member_logits.shape)}: a single model's (B, C) "
+            "logits are one member, logits[:, None] (outputs.member_logits_of reads any model's output so)."
+        )
+    return member_logits
 
 
 def _wide(x: Tensor) -> Tensor:

@@ -44,15 +44,25 @@ def test_two_process_circuit_extraction_equals_one_process(method, data, tmp_pat
     assert two.scores == pytest.approx(one.scores, abs=1e-12)
 
 
-def test_ranks_given_different_validation_data_are_refused(tmp_path):
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["circuit", "circuit.json", "fast", "sharded"], "rank(s) [1] hold other validation data than rank 0"),
+        (["finetune", "model.safetensors", "sharded"], "rank(s) [1] hold other training data than rank 0"),
+    ],
+)
+def test_ranks_given_different_data_are_refused(args, said, tmp_path):
     """A DistributedSampler would give each rank part of the data: the candidates would be ranked on different
-    data with no error. The search compares every rank's data digest with rank 0's first."""
+    data with no error, and training would wait forever for the rank with fewer batches (or, with as many, train
+    each step on a part of the batch). Both compare every rank's data digest with rank 0's first."""
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(WORKER)]
-    args = ["circuit", str(tmp_path / "circuit.json"), "fast", "sharded"]
-    result = subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode != 0 and not (tmp_path / "circuit.json").exists()
-    assert "rank(s) [1] hold other validation data than rank 0" in result.stdout + result.stderr
+    out = tmp_path / args[1]
+    result = subprocess.run(
+        [*command, args[0], str(out), *args[2:]], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode != 0 and not out.exists()
+    assert said in result.stdout + result.stderr
 
 
 def test_data_parallel_fine_tuning_equals_one_process(tmp_path):

@@ -1,10 +1,11 @@
 """Run by tests under `torchrun --nproc-per-node N`: circuit extraction or fine-tuning on a tiny BERT (the circuit
 on `circuit_support`'s model and data, where heads change S and removals do not tie; or, with DATA "tied", on
 its `tied_data`, where every removal ties on S and the secondary score decides; with DATA "sharded", rank 1
-without the first ID batch, which the search must refuse).
+without the first ID batch, which the search must refuse; fine-tuning "sharded": rank 1 without the first
+training batch, which the training loop must refuse).
 
 python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/worker.py circuit OUT METHOD DATA
-python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/worker.py finetune OUT
+python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/worker.py finetune OUT [sharded]
 """
 
 import json
@@ -39,20 +40,25 @@ def run_circuit(method: str, data: str = "circuit") -> he.Circuit:
     return he.extract_circuit(model, *batches, "avg", budget=4, method=method, progress=False)
 
 
-def run_finetune() -> torch.nn.Module:
+def run_finetune(data: str = "same") -> torch.nn.Module:
     # float64: the only difference between one process and two is the order in which per-example gradients are
     # summed (DDP averages the two half-batch gradients), so the bound in the test is derived from fp64 rounding.
     model = MODELS["bert"]().double()
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0  # deterministic, so one process and many can be compared
-    return finetune(model, training_data(), TEXT_RECIPE.with_(epochs=2, lr=1e-3, patience=None), progress=False)
+    batches = training_data()
+    if data == "sharded":  # rank 1 one batch short, as a DistributedSampler would split the data: DDP waited forever
+        from hydra_ensembles.distributed import rank
+
+        batches = batches[rank() :]
+    return finetune(model, batches, TEXT_RECIPE.with_(epochs=2, lr=1e-3, patience=None), progress=False)
 
 
 if __name__ == "__main__":
     task, out = sys.argv[1], sys.argv[2]
     assert init_from_env("gloo") and world_size() == 2
-    result = run_circuit(*sys.argv[3:5]) if task == "circuit" else run_finetune()
+    result = run_circuit(*sys.argv[3:5]) if task == "circuit" else run_finetune(*sys.argv[3:4])
     if is_main():
         if task == "circuit":
             result.save(out)

@@ -31,7 +31,15 @@ from tqdm.auto import tqdm
 from ..adapters import Adapter, get_adapter
 from ..data.loaders import Batch, materialize, per_example, split_batch, to_device
 from ..data.loaders import batch_size as examples_in
-from ..distributed import barrier, is_distributed, is_main, rank, sum_over_ranks, world_size
+from ..distributed import (
+    barrier,
+    check_same_on_every_rank,
+    is_distributed,
+    is_main,
+    rank,
+    sum_over_ranks,
+    world_size,
+)
 from ..fusion import HydraEnsemble
 from ..io import batches_digest, torch_save_atomic, weights_digest
 from ..metrics import accuracy, gaussian_mixture_nll, nll
@@ -94,6 +102,7 @@ def train(
         forward = (lambda m, x: adapter.output(m, x)) if is_hf else (lambda m, x: member_outputs_of(m(**x)))
     batches = materialize(train_loader, "training loader")
     val_batches = materialize(val_loader, "validation loader") if val_loader is not None else None
+    _check_ranks_share(batches, val_batches)
     if is_distributed() and getattr(loss, "batch_coupled", False):
         raise ValueError(
             f"the {getattr(loss, 'name', type(loss).__name__)} loss reads each example with the rest of its batch "
@@ -511,6 +520,25 @@ def _misfits(current: dict, saved: dict) -> list[str]:
 def _unwrapped(model: nn.Module) -> nn.Module:
     """The HF model inside a PEFT wrapper (LoRA), or the model itself."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _check_ranks_share(batches: list[Batch], val_batches: list[Batch] | None) -> None:
+    """Under torchrun, every rank passes the same batches and takes its rows of each (`_my_rows`): a
+    DistributedSampler's shards would train each step on a part of the batch without a word, or wait forever where
+    their counts differ. Refused on every rank alike before training, as is a batch too small to share."""
+    if not is_distributed():
+        return
+    check_same_on_every_rank(
+        {"training data": batches_digest(batches), "validation data": batches_digest(val_batches or [])},
+        "every rank must pass the same training and validation batches (no DistributedSampler: the loop gives each "
+        "rank its share of every batch).",
+    )
+    smallest = min(examples_in(batch) for batch in batches)
+    if smallest < world_size():
+        raise ValueError(
+            f"a batch of {smallest} rows cannot be shared among {world_size()} processes: use batches of at least "
+            f"{world_size()} rows."
+        )
 
 
 def _my_rows(batch: Batch) -> tuple[float, Batch]:

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from ...adapters import get_adapter
 from ...data.loaders import Batch, materialize
-from ...distributed import barrier, gather_dict, is_distributed, is_main, rank, shard, world_size
+from ...distributed import barrier, check_same_on_every_rank, gather_dict, is_main, shard, world_size
 from ...io import batches_digest, weights_digest, write_json_atomic
 from ...pruning import HeadMap, kept_heads
 from .budget import Clock, Pace, Plan, TimeBudgetExceeded, costs_of, plan_search, probe_seconds, subsample
@@ -429,16 +429,11 @@ def greedy_removal(
 def _check_every_rank_agrees(identity: dict) -> None:
     """Under torchrun, refuse ranks whose model or data differ from rank 0's: each scores its share of the
     candidates on its own batches, and the gathered S values are compared as if from one data set."""
-    if not is_distributed():
-        return
-    seen = gather_dict({rank(): (identity.get("model"), identity.get("data"))})
-    differ = [r for r, value in sorted(seen.items()) if value != seen[0]]
-    if differ:
-        what = "model weights" if any(seen[r][0] != seen[0][0] for r in differ) else "validation data"
-        raise ValueError(
-            f"rank(s) {differ} hold other {what} than rank 0: every rank must pass the same model and the same "
-            "ID and OOD batches (no DistributedSampler; the search shards the candidates, not the data)."
-        )
+    check_same_on_every_rank(
+        {"model weights": identity.get("model"), "validation data": identity.get("data")},
+        "every rank must pass the same model and the same ID and OOD batches (no DistributedSampler; the search "
+        "shards the candidates, not the data).",
+    )
 
 
 def _save_state(path, identity: dict, ranking: Ranking, known: dict, elapsed: float, budget: int) -> None:
