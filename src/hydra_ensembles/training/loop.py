@@ -544,15 +544,11 @@ def _check_ranks_share(batches: list[Batch], val_batches: list[Batch] | None) ->
 def _my_rows(batch: Batch) -> tuple[float, Batch]:
     """This rank's rows of a batch (every world_size-th example) and the weight of its mean loss: DDP averages
     the ranks' gradients equally, so a rank holding n of N rows weighs n * world / N (1 when they split evenly),
-    and the sum is the gradient of the whole batch's mean loss. One process: (1.0, the batch)."""
+    and the sum is the gradient of the whole batch's mean loss (every rank holds at least one row:
+    `_check_ranks_share`). One process: (1.0, the batch)."""
     if not is_distributed():
         return 1.0, batch
     rows = slice(rank(), None, world_size())
     total = examples_in(batch)
     mine = len(range(total)[rows])
-    if mine == 0:
-        raise ValueError(
-            f"a batch of {total} rows cannot be shared among {world_size()} processes: use batches of at least "
-            f"{world_size()} rows."
-        )
     return mine * world_size() / total, {k: v[rows] if per_example(v) else v for k, v in batch.items()}
