@@ -14,11 +14,13 @@ set -x
 # with issue 39 item 5's rows (exact stacking, fusing first, against the averaged MLP) and CircAvg calibrated
 # seed 0's variants (stacked, fused then fine-tuned, calibrated CircAvg: issue 39 item 5 on one seed) in seed0-variants/
 hydra-ens bench sentiment-mpnet --seeds 0 --records $R --quiet --out benchmarks/results/text-sentiment-all-mpnet-base-v2/seed0-variants --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling" "Hydra (Circ), stacked MLP" "Hydra (Circ), fused then fine-tuned" "CircAvg, temp. scaling"
-# seeds 1 and 2 on the rows the closing questions need (their one-seed tables to /tmp), then the three-seed table
-# issue 39 closes on, with Hydra (Taylor) beside Hydra (Circ) (item 6); both timed on seed 2, whose models the
-# first line trains (no cache holds seed 0's or 1's weights any more: timing them would train them all again)
-hydra-ens bench sentiment-mpnet --seeds 1 2 --records $R --quiet --latency-seeds 2 --out /tmp/hydra-subsets/sentiment-mpnet-seeds12 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
-hydra-ens bench sentiment-mpnet --seeds 0 1 2 --records $R --quiet --latency-seeds 2 --rows Single "Deep Ensembles" "Temp. scaling" CircAvg "CircAvg, temp. scaling" "Hydra (Taylor)" "Hydra (Circ)" "Hydra (Circ), temp. scaling"
+# seeds 1 and 2 on the rows the closing questions need: seed 2's CircAvg, Hydra (Circ) and its calibrated row are
+# what is left (2026-11-29); its one-seed table to /tmp, untimed: the machine of 2026-11-29 started with an empty
+# cache, and timing seed 2 would train its deep ensemble again (~2 h) for a column the three-seed table gives later.
+# Then the three-seed table issue 39 closes on, with Hydra (Taylor) beside Hydra (Circ) (item 6), untimed for the
+# same reason (its timed render is the last line)
+hydra-ens bench sentiment-mpnet --seeds 2 --records $R --quiet --untimed --out /tmp/hydra-subsets/sentiment-mpnet-seed2 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
+hydra-ens bench sentiment-mpnet --seeds 0 1 2 --records $R --quiet --untimed --out benchmarks/results/text-sentiment-all-mpnet-base-v2/seeds012 --rows Single "Deep Ensembles" "Temp. scaling" CircAvg "CircAvg, temp. scaling" "Hydra (Taylor)" "Hydra (Circ)" "Hydra (Circ), temp. scaling"
 # is sentiment's circuit (60 ID + 80 OOD validation texts) the model's or the sample's? (issue 39 item 1; ~2 h)
 python benchmarks/circuit_halves.py sentiment-mpnet --seed 0 --first 12 24 48
 # issue 39 item 7, steps 0-3 of the protocol ablation on image-dinov2 seed 0 (each step its own cache; step 3 takes
@@ -27,3 +29,5 @@ python benchmarks/protocol_ablation.py --seed 0 --steps 0 1 2 3
 hydra-ens bench sentiment-mpnet --seeds 0 --records $R --quiet --cost-curve
 # issue 42: the extras of seed 0's Single and Deep Ensembles are done (2026-11-26); these add CircAvg and Hydra (Circ)
 python benchmarks/uncertainty_extras.py sentiment-mpnet --seeds 0 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" --quiet
+# the three-seed table timed on seed 2, whose models the lines above train on this machine
+hydra-ens bench sentiment-mpnet --seeds 0 1 2 --records $R --quiet --latency-seeds 2 --rows Single "Deep Ensembles" "Temp. scaling" CircAvg "CircAvg, temp. scaling" "Hydra (Taylor)" "Hydra (Circ)" "Hydra (Circ), temp. scaling"

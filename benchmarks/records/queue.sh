@@ -28,12 +28,14 @@ set -x
 # issue 39 first: seeds 1 and 2 of image-dinov2 on the rows the closing questions need (moved here from
 # queue-core1.sh, 2026-11-27: that core has sentiment-mpnet's seeds 1-2 ahead of them for several sessions)
 # (one seed's runs write their table to /tmp: benchmarks/results/image-dinov2/table.md is the table of every seed)
-hydra-ens bench image-dinov2 --seeds 1 --records $R --quiet --out /tmp/hydra-subsets/image-dinov2-seed1 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
-hydra-ens bench image-dinov2 --seeds 2 --records $R --quiet --out /tmp/hydra-subsets/image-dinov2-seed2 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
+hydra-ens bench image-dinov2 --seeds 1 --records $R --quiet --untimed --out /tmp/hydra-subsets/image-dinov2-seed1 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
+hydra-ens bench image-dinov2 --seeds 2 --records $R --quiet --untimed --out /tmp/hydra-subsets/image-dinov2-seed2 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
 # the three-seed table issue 39 closes on: Hydra (Taylor) beside Hydra (Circ) (item 6), the control trained as long
-# (item 4). Timed on seed 2, whose models this cache holds (seed 0's and 1's weights are gone: timing them would
-# train every model of the seed again, ~15 h); so are the later three-seed lines
-hydra-ens bench image-dinov2 --seeds 0 1 2 --records $R --quiet --latency-seeds 2 --rows Single "Single, trained as long" "Deep Ensembles" "Temp. scaling" CircAvg "Hydra (Taylor)" "Hydra (Circ)" "Hydra (Circ), temp. scaling"
+# (item 4). Seed 2's Hydra (Taylor) is what is left (2026-11-29: the machine started with an empty cache, so its
+# Single is trained again first); the three-seed table untimed (timing seed 2 would train its other six models
+# again, ~5 h; the recorded seed-2 latency covers the rows of seeds012-control), into seeds012/
+hydra-ens bench image-dinov2 --seeds 2 --records $R --quiet --out /tmp/hydra-subsets/image-dinov2-seed2-taylor --rows Single "Hydra (Taylor)"
+hydra-ens bench image-dinov2 --seeds 0 1 2 --records $R --quiet --untimed --out benchmarks/results/image-dinov2/seeds012 --rows Single "Single, trained as long" "Deep Ensembles" "Temp. scaling" CircAvg "Hydra (Taylor)" "Hydra (Circ)" "Hydra (Circ), temp. scaling"
 # then issue 39's other two measurements: is the circuit the model's (two disjoint halves of the validation
 # data), and which protocol change moved what (seed 0, about an hour a step on 2 cores)
 python benchmarks/circuit_halves.py image-dinov2 --seed 0 --first 12 24 48  # is the circuit the model's?

@@ -93,6 +93,9 @@ def test_flags_that_do_not_apply_to_a_task_are_refused_not_ignored():
         (["bench", "text", "--tables", "free", "--deltas", "0.1"], "--deltas, --tables appl(y) to the amp-*"),
         (["bench", "text", "--head-sweep", "2", "--rows", "Single"], "measures its own rows"),
         (["bench", "amp-text", "--recovery-epochs", "0"], "--recovery-epochs must be at least 1, got 0"),
+        (["bench", "amp-text", "--untimed"], "--untimed applies to a suite task's table and --cost-curve"),
+        (["bench", "text", "--head-sweep", "2", "--untimed"], "not to --head-sweep"),
+        (["bench", "text", "--untimed", "--latency-seeds", "0"], "--untimed renders no latency column"),
     ):
         with pytest.raises(CommandError, match=re.escape(named)):
             bench.run(parser.parse_args(argv))
@@ -119,6 +122,11 @@ def test_latency_seeds_reach_a_suite_table_and_the_cost_curve(monkeypatch, tmp_p
     bench.run(build_parser().parse_args([*argv, "--cache", str(tmp_path / "cache"), *curve_flag]))
     assert asked["latency_seeds"] == [2] and asked["seeds"] == [0, 1, 2]
     assert asked["table"] == (curve.TABLE.output if curve_flag else "table")
+    assert "latency_repeats" not in asked  # timed: runner.run's default
+    asked.clear()
+    argv = [*argv[:6], "--untimed", *argv[8:]]  # a machine without the weights renders from the records
+    bench.run(build_parser().parse_args([*argv, "--cache", str(tmp_path / "cache"), *curve_flag]))
+    assert asked["latency_repeats"] == 0 and asked["latency_seeds"] is None
 
 
 def test_a_quick_distillation_run_writes_apart_from_the_full_tables(monkeypatch, tmp_path):

@@ -121,6 +121,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "first seed); with several, the latency column is the mean ± std of each seed's median. Timing a seed "
         "needs its models: a cache without their weights trains them again",
     )
+    parser.add_argument(
+        "--untimed",
+        action="store_true",
+        help="suite tables and --cost-curve: no latency column. Rows the records hold are read back and only the "
+        "others are built: timing needs every row's model, which a cache without their weights trains again",
+    )
     parser.add_argument("--out", type=Path, help="default: benchmarks/results/<task folder, e.g. text-bbc>[-quick]")
     parser.add_argument("--cache", type=Path, help="default: $HYDRA_ENSEMBLES_CACHE/bench")
     parser.add_argument(
@@ -171,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
         options = dict(
             command=command, rows=args.rows, progress=not args.quiet, device=device, latency_seeds=args.latency_seeds
         )
+        if args.untimed:
+            options["latency_repeats"] = 0
         if args.cost_curve:
             summary = curve.run(task, seeds, out, cache, **options)
             print((out / "cost_curve.md").read_text())
@@ -224,6 +232,13 @@ def check_flags(args: argparse.Namespace) -> None:
             f"--latency-seeds {' '.join(map(str, args.latency_seeds))}: time some of the run's seeds "
             f"({' '.join(map(str, _seeds(args)))}; --seeds)."
         )
+    if args.untimed and (args.head_sweep or args.task not in TASKS):
+        raise CommandError(
+            "--untimed applies to a suite task's table and --cost-curve, not to "
+            f"{'--head-sweep' if args.head_sweep else args.task}."
+        )
+    if args.untimed and args.latency_seeds is not None:
+        raise CommandError("--untimed renders no latency column: drop --latency-seeds, or --untimed to time them.")
     if args.head_sweep and args.cost_curve:
         raise CommandError("--head-sweep and --cost-curve each replace the table: give one of them.")
     if args.head_sweep and args.rows:
