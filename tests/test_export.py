@@ -125,6 +125,16 @@ def test_onnx_runtime_reproduces_one_pruned_model(tmp_path):
         assert (onnx_outputs(path, inputs) - expected).abs().max() <= CONTRACT
 
 
+def test_export_gives_every_module_its_own_mode_back():
+    """Exporting switched the model to eval for good: a model exported halfway through training went on without
+    its dropout. Each submodule's mode is given back, a frozen part held in eval mode included."""
+    model = at_trained_scale("bert").train()
+    model.bert.embeddings.eval()
+    modes = {name: sub.training for name, sub in model.named_modules()}
+    export_program(model, make_inputs("bert"))
+    assert {name: sub.training for name, sub in model.named_modules()} == modes
+
+
 def test_export_refuses_a_wrapper_and_a_one_row_example(tmp_path):
     model = he.build_members(at_trained_scale("bert"), random_head_maps(1, seed=2, min_heads=1))[0]
     with pytest.raises(ValueError, match="cannot export a Calibrated"):

@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from .data.loaders import to_device
+from .modes import evaluating
 
 
 def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
@@ -63,20 +64,16 @@ def count_flops(module: nn.Module, inputs: Mapping[str, Any]) -> int:
     the counter's module tracker fail. A module compiled in place (`nn.Module.compile`, `inference.prepare`) is
     counted eager: the FLOPs are the graph's, and run under the counter, dynamo skips its frame and every call
     after runs eager (the timing after would time an eager model)."""
-    modes = {sub: sub.training for sub in module.modules()}
     trainable = [p for p in module.parameters() if p.requires_grad]
     compiled = {sub: sub._compiled_call_impl for sub in module.modules() if getattr(sub, "_compiled_call_impl", None)}
-    module.eval()
     try:
         for p in trainable:
             p.requires_grad_(False)
         for sub in compiled:
             sub._compiled_call_impl = None
-        with FlopCounterMode(display=False, custom_mapping=_SDPA_ON_CPU) as counter:
+        with evaluating(module), FlopCounterMode(display=False, custom_mapping=_SDPA_ON_CPU) as counter:
             module(**to_device(inputs, next(module.parameters()).device))
     finally:
-        for sub, training in modes.items():
-            sub.training = training
         for p in trainable:
             p.requires_grad_(True)
         for sub, call in compiled.items():

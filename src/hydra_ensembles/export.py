@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from .adapters import get_adapter
 from .data.loaders import split_batch
 from .fusion import HydraEnsemble
+from .modes import evaluating
 
 # Up to 1.8 GiB of weights the graph is one .onnx file; past it, the weights go to <path>.data beside it: protobuf's
 # 2 GiB limit holds the whole file, graph included, so the weights stop short of it
@@ -64,10 +65,11 @@ GRAPHS: dict[type, type[nn.Module]] = {HydraEnsemble: FusedGraph, transformers.P
 
 
 def graph_of(predictor: nn.Module) -> nn.Module:
-    """The module that is traced for `predictor`, in eval mode."""
+    """The module that is traced for `predictor` (its train/eval modes untouched: `export_program` traces it in
+    eval mode and gives the modes back)."""
     for kind, graph in GRAPHS.items():
         if isinstance(predictor, kind):
-            return graph(predictor).eval()
+            return graph(predictor)
     raise ValueError(
         f"cannot export a {type(predictor).__name__}: export takes a fused Hydra Ensemble or one Hugging Face model "
         f"({', '.join(k.__name__ for k in GRAPHS)}). Export the model a wrapper is built on and apply the wrapper "
@@ -91,7 +93,8 @@ def export_program(predictor: nn.Module, example_inputs: Mapping[str, Any]) -> t
     The example needs at least 2 rows and 2 tokens: sizes 0 and 1 are fixed by the tracer."""
     graph = graph_of(predictor)  # refuses what it cannot export before anything else
     inputs = example_inputs_of(predictor, example_inputs)
-    program = torch.export.export(graph, (inputs,), dynamic_shapes=(dynamic_shapes(inputs),))
+    with evaluating(graph):  # traced without dropout; a model exported halfway through training goes on training
+        program = torch.export.export(graph, (inputs,), dynamic_shapes=(dynamic_shapes(inputs),))
     _check_dynamic(program, inputs)
     return program
 

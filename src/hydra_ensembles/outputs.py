@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from .data.loaders import TARGETS, to_device
+from .modes import evaluating
 from .uncertainty import ensemble_probs, mutual_information
 
 
@@ -83,15 +84,11 @@ def map_batches(
     """`step(inputs)` for every batch of `loader`, in order: the inputs without `labels` and the other training
     targets, on `model`'s device, under no_grad with `model` in eval mode (put back in its mode afterwards). The
     one loop of inference over a loader; an empty loader is a ValueError that ends with `empty`."""
-    was_training = model.training
-    model.eval()
     device = next(model.parameters()).device
     parts = []
-    try:
+    with evaluating(model):
         for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
             parts.append(step(to_device({k: v for k, v in batch.items() if k not in TARGETS}, device)))
-    finally:
-        model.train(was_training)
     if not parts:
         raise ValueError(f"the loader is empty: {empty}.")
     return parts

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from ..adapters import Adapter, adapter_by_name, class_mismatch, get_adapter
 from ..data.loaders import Batch, per_example, split_batch, to_device
 from ..io import HYDRA_CONFIG, read_safetensors, reading_dir, save_dir_atomic, write_json_atomic
+from ..modes import evaluating
 from ..outputs import PredictorOutput
 from ..pruning import HeadMap, base_fingerprint, kept_heads, kept_neurons
 from ..pruning.heads import check_plain_linears
@@ -593,12 +594,8 @@ def fusion_deviation(
 
 
 def _member_output(adapter: Adapter, member: nn.Module, inputs: dict) -> Tensor:
-    was_training = member.training
-    member.eval()
-    try:
+    with evaluating(member):
         return adapter.output(member, inputs)
-    finally:
-        member.train(was_training)
 
 
 def _clean_config(config: transformers.PretrainedConfig) -> transformers.PretrainedConfig:

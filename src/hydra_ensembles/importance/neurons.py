@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from ..adapters import get_adapter
 from ..data.loaders import Batch, materialize, split_batch, to_device
+from ..modes import evaluating
 from ..pruning import NeuronMap, ablate_neurons, kept_neurons, prune_neurons
 from .gradients import gradients_for
 from .losses import choose_loss, weighted_losses
@@ -82,14 +83,9 @@ def criterion_value(model: nn.Module, batches: list[Batch], loss: str, temperatu
     """The criterion E over the pruning set: the batch-size-weighted mean of the loss, in eval mode."""
     classifier = get_adapter(model).is_classifier(model)
     loss = choose_loss(loss, classifier, batches)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            values = weighted_losses(loss, model, batches, classifier=classifier, temperature=temperature)
-            return sum(value.item() * share for value, share in values)
-    finally:
-        model.train(was_training)
+    with evaluating(model), torch.no_grad():
+        values = weighted_losses(loss, model, batches, classifier=classifier, temperature=temperature)
+        return sum(value.item() * share for value, share in values)
 
 
 def binary_search_size(
