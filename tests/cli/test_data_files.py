@@ -98,6 +98,20 @@ def test_a_16_bit_image_file_keeps_its_range_and_a_float_one_is_refused(tmp_path
         image_batches(processor, [Image.fromarray(gradient.astype(np.float32))], channels=1)
 
 
+def test_a_16_bit_png_with_a_transparent_grey_is_read_on_white(tmp_path):
+    """A 16-bit PNG names one grey transparent (tRNS); the 8-bit copy lost it and showed black. Only the exact
+    16-bit grey is transparent: 1001 rounds to the same 8 bits as 1000 and stays opaque."""
+    from PIL import Image
+
+    (tmp_path / "scans").mkdir()
+    Image.fromarray(np.array([[1000, 1001]], dtype=np.uint16)).save(tmp_path / "scans" / "a.png", transparency=1000)
+    image = read_image_folder(tmp_path / "scans").inputs[0]
+    assert image.mode.startswith("I") and image.info["transparency"] == 1000
+    processor = T.ViTImageProcessor(size={"height": 1, "width": 2}, do_normalize=False, resample=0)
+    pixels = image_batches(processor, [image], channels=1)[0]["pixel_values"][0, 0]  # (1, 2)
+    torch.testing.assert_close(pixels, torch.tensor([[1.0, 4 / 255]]), atol=1e-6, rtol=0)
+
+
 def test_a_transparent_image_is_read_on_white_as_transformers_reads_it():
     """PIL's convert("RGB") drops the alpha channel: a transparent pixel shows the colour it holds (black here).
     Transparency comes as an alpha band (RGBA, LA, PA), an RGBA palette, or one colour named transparent (P, L,

@@ -440,8 +440,9 @@ WIDE_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")  # PIL modes wider th
 
 def _to_8_bits(image: Image.Image) -> Image.Image:
     """A 16-bit image (a PNG or TIFF scan) as 8 bits, its full range to the full range: PIL's own convert("L")
-    clips every value above 255 to white. A 32-bit integer image whose pixels fit 16 bits is read as 16 bits (some
-    readers open 16-bit files so); wider ones and float images have no fixed range: refused."""
+    clips every value above 255 to white. A transparent grey (a PNG's tRNS) becomes an alpha band (mode "LA"). A
+    32-bit integer image whose pixels fit 16 bits is read as 16 bits (some readers open 16-bit files so); wider
+    ones and float images have no fixed range: refused."""
     if not image.mode.startswith("I;16") and not (image.mode == "I" and np.asarray(image).max(initial=0) <= 65535):
         raise ValueError(
             f"an image in PIL mode {image.mode!r} (32-bit, beyond 16 bits or float) has no fixed pixel range: "
@@ -450,7 +451,13 @@ def _to_8_bits(image: Image.Image) -> Image.Image:
     array = np.asarray(image).astype(np.float32)
     if array.min(initial=0) < 0:
         raise ValueError(f"a 16-bit image's pixels must be 0..65535, got {array.min():g}..{array.max():g}.")
-    return Image.fromarray((array / 257).round().astype(np.uint8))
+    grey = (array / 257).round().astype(np.uint8)
+    transparent = image.info.get("transparency")  # a PNG's 16-bit transparent grey (tRNS)
+    if not isinstance(transparent, int):
+        return Image.fromarray(grey)
+    # an alpha band, not an 8-bit transparent grey: other 16-bit greys round to the same 8 bits
+    alpha = np.where(array == transparent, 0, 255).astype(np.uint8)
+    return Image.fromarray(np.stack([grey, alpha], axis=-1), mode="LA")
 
 
 def _batched(count: int, labels, batch_size: int, encode) -> list[dict[str, torch.Tensor]]:
