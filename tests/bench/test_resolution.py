@@ -114,6 +114,20 @@ def test_single_on_validation_trains_once_then_reads_the_cache_never_the_test_se
     assert first_nll.mean().item() == pytest.approx(first["val_nll"], rel=1e-4)  # the kept epoch's own NLL
 
 
+def test_records_of_batches_cut_otherwise_are_refused_before_training(
+    resolution,
+    tiny_task,  # noqa: F811
+    tmp_path,
+):
+    """The records' batch layout (the task's batches.json) was not copied: a Single trained on batches cut
+    otherwise was checked against the recorded digests as if it were the recorded model."""
+    cache, records = tmp_path / "cache", tmp_path / "records"
+    write_json_atomic(records / f"tiny-{tiny_task.fingerprint()}" / "batches.json", {"train": [[0, 3], 99]})
+    with pytest.raises(ValueError, match=r"batches are cut otherwise.*train: \[\[0, 3\], 99\] then"):
+        resolution.single_on_validation(tiny_task, 0, cache, records=records, progress=False)
+    assert not list(cache.rglob("*.safetensors"))
+
+
 def test_markdown_marks_the_choice_and_the_cost_relative_to_56_px(resolution):
     def size(pixels, nll, flops, seconds):
         return _size(pixels, nll, se=0.001, best=0.141) | {
