@@ -19,7 +19,7 @@ from hydra_ensembles.bench import records, runner, suite
 from hydra_ensembles.cli import bench, build_parser
 from hydra_ensembles.cli.common import CommandError
 from hydra_ensembles.evaluation import compare
-from hydra_ensembles.io import weights_digest
+from hydra_ensembles.io import weights_digest, write_json_atomic
 
 
 def one_seed(task, out, cache, rows, **options) -> dict:
@@ -455,6 +455,40 @@ def test_a_single_model_rebuilt_with_other_weights_is_measured_once_and_the_tabl
         assert run()["notes"] == after["notes"]
     assert not [w for w in said if "differ from the digest recorded" in str(w.message)]
     assert len(measured) == 1  # the Taylor row only
+
+
+def test_a_third_build_keeps_the_rows_recorded_on_the_second_named(tmp_path):
+    """A seed rebuilt on a second machine type, then on a third: the third's entry replaced the second's, and the
+    rows recorded on the second build were said to be the first build's."""
+    row = {"metrics": {"id": {"acc": 0.9, "nll": 0.25}, "all": {"auroc": 0.8}}}
+    results = tmp_path / records.RESULTS
+    write_json_atomic(results, {"Single": row, "Deep Ensembles": row})  # measured on the first build
+    records.record_measured_apart(tmp_path, "single", "second", row, row)
+    write_json_atomic(results, {"Single": row, "Deep Ensembles": row, "CircAvg": row, "Hydra (Circ)": row})
+    records.record_measured_apart(tmp_path, "single", "third", row, row)
+    records.record_measured_apart(tmp_path, "single", "third", row, row)  # the same build again: nothing new
+    write_json_atomic(results, json.loads(results.read_text()) | {"Hydra (Taylor)": row})
+    (tmp_path / records.DIGESTS).write_text(json.dumps({"single": "first", "single, rebuilt": "third"}))
+    (note,) = records.rebuilt_notes(2, tmp_path)
+    assert note.endswith(
+        " Rows recorded on this build of single: Hydra (Taylor). On its earlier rebuild second: CircAvg, "
+        "Hydra (Circ). The others are the first build's."
+    ), note
+    assert [b["digest"] for b in json.loads((tmp_path / records.REBUILT).read_text())["single"]["earlier"]] == [
+        "second"
+    ]
+
+
+def test_a_third_build_keeps_the_second_builds_training(tiny_task, tmp_path):  # noqa: F811
+    """The third build's training replaced the second's "single, rebuilt" entry, on which rows were recorded."""
+    pieces = suite.Pieces(runner.SeedRun(tiny_task, 0, tmp_path, progress=False))
+    for kept in (1, 2, 3, 2, 1):  # a build that trains as an earlier one did is that build
+        pieces._record_training("single", {"kept_epoch": kept})
+    assert json.loads((tmp_path / suite.TRAINING).read_text()) == {
+        "single": {"kept_epoch": 1},
+        "single, rebuilt": {"kept_epoch": 2},
+        "single, rebuilt 2": {"kept_epoch": 3},
+    }
 
 
 def test_the_note_of_a_rebuild_says_when_it_measures_the_same_and_reads_entries_from_before_headlines(tmp_path):

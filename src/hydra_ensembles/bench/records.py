@@ -206,7 +206,8 @@ def record_measured_apart(
     """Keep in `REBUILT` how the model `name` built again (weights `digest`) measures against the row it stands
     for (`recorded`, `measured` as in `check_by_metrics`): how many compared metrics are further apart than
     `tolerance`, the furthest (NaN counts as furthest), the HEADLINE metrics both ways, and the rows recorded so far
-    (`rows_before`: a row recorded later was built on this build; `rebuilt_notes` names those)."""
+    (`rows_before`: a row recorded later was built on this build; `rebuilt_notes` names those). An entry for an
+    earlier rebuild with other weights is kept in the new one's `earlier`, with the rows recorded on it."""
     common, apart = _apart(recorded, measured, tolerance)
     how = {"compared": len(common), "apart": len(apart), "tolerance": tolerance, "digest": digest}
     how["rows_before"] = sorted(read_json_record(Path(folder) / RESULTS))
@@ -214,7 +215,13 @@ def record_measured_apart(
         key, old, now = max(apart, key=lambda m: math.inf if math.isnan(m[2] - m[1]) else abs(m[2] - m[1]))
         how["furthest"] = {"metric": key, "recorded": old, "now": now}
     how["headline"] = {key: {"recorded": old, "now": now} for key, old, now in common if key in HEADLINE}
-    write_json_atomic(Path(folder) / REBUILT, _read(folder, REBUILT) | {name: how})
+    entries = _read(folder, REBUILT)
+    before = entries.get(name)
+    if before is not None and before.get("digest") == digest:  # the same build measured again: found back then
+        how |= {key: before[key] for key in ("rows_before", "earlier") if key in before}
+    elif before is not None:  # a third build: the rows recorded on the second stay named
+        how["earlier"] = [*before.pop("earlier", []), before]  # oldest first
+    write_json_atomic(Path(folder) / REBUILT, entries | {name: how})
 
 
 def has_measured_rebuild(folder: str | os.PathLike, name: str, digest: str) -> bool:
@@ -287,14 +294,24 @@ def _measured_sentence(name: str, how: Mapping) -> str:
 
 
 def _built_on_sentence(name: str, how: Mapping, rows: Mapping) -> str:
-    """The rows recorded after the rebuild was found, so built on it (a row deleted and measured again since counts
-    as before; entries written before `rows_before` existed say nothing)."""
+    """The rows recorded after the rebuild was found, so built on it, and those of each earlier rebuild (recorded
+    between it and the next); a row deleted and measured again since counts as before; entries written before
+    `rows_before` existed say nothing."""
     if "rows_before" not in how:
         return ""
     since = [row for row in rows if row not in how["rows_before"]]
-    if not since:
+    earlier = [build for build in how.get("earlier", []) if "rows_before" in build]
+    on_earlier = []  # the latest first: each rebuild's rows, recorded before the next one was found
+    for build, after in zip(earlier, [*earlier[1:], how]):
+        on = [row for row in after["rows_before"] if row not in build["rows_before"]]
+        on_earlier.insert(0, f" On its earlier rebuild {build['digest']}: {', '.join(on) or 'no row'}.")
+    if not since and not on_earlier:
         return f" No row was recorded on this build of {name}."
-    return f" Rows recorded on this build of {name} (the others are the first build's): {', '.join(since)}."
+    sentence = f" Rows recorded on this build of {name} (the others are the first build's): {', '.join(since)}."
+    if not on_earlier:
+        return sentence
+    now = ", ".join(since) if since else "none"
+    return f" Rows recorded on this build of {name}: {now}.{''.join(on_earlier)} The others are the first build's."
 
 
 def checked_single(folder: Path, model: nn.Module, measure: Callable[[nn.Module, Path], dict]) -> nn.Module:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 import json
 import re
 import shutil
@@ -136,9 +137,10 @@ class Pieces:
         """Keep how `name` trained in `TRAINING`, before its weights are saved (a stop in between trains it again and
         writes the same). A record that says otherwise is a model recorded elsewhere and trained again here to
         other weights (`records.check_digest`): the first stays, as the rows recorded before were measured on it,
-        and this one is kept as "<name>, rebuilt"."""
+        and this one is kept as "<name>, rebuilt" (a third build as "<name>, rebuilt 2", and so on)."""
         recorded = read_json_record(self.cache / TRAINING)
-        key = name if recorded.get(name, epochs) == epochs else f"{name}, rebuilt"
+        keys = itertools.chain((name, f"{name}, rebuilt"), (f"{name}, rebuilt {k}" for k in itertools.count(2)))
+        key = next(key for key in keys if recorded.get(key, epochs) == epochs)
         write_json_atomic(self.cache / TRAINING, recorded | {key: epochs})
 
     def single(self) -> nn.Module:
