@@ -1,7 +1,8 @@
 """Is the circuit a property of the model or of the validation sample (issue 39, item 1)? The task's circuit
 data (ID and OOD) is split into two disjoint halves by alternate examples (`split_halves`; OOD sentences by
 alternate groups where they share a review, `Task.circuit_ood_groups`, so no review is on both sides); the circuit is
-extracted on each half with the task's own search settings, from the seed's cached single model; the report says
+extracted on each half with the task's own search settings, from the seed's single model (cached, or trained
+as the suite trains it); the report says
 how many of the first k heads removed the two agree on (`removal_agreement`), against chance (k / H for two random
 orders of H heads), each extraction's wall time and how many of its removals were ties.
 
@@ -26,7 +27,7 @@ from pathlib import Path
 from torch import nn
 from tqdm.auto import tqdm
 
-from hydra_ensembles.bench import cache_dir, runner
+from hydra_ensembles.bench import cache_dir, runner, suite
 from hydra_ensembles.bench.tasks import TASKS
 from hydra_ensembles.data.loaders import Batch
 from hydra_ensembles.data.loaders import batch_size as examples_in
@@ -42,24 +43,19 @@ from hydra_ensembles.importance.circuit import (
 )
 from hydra_ensembles.importance.circuit.budget import auto_choice
 from hydra_ensembles.io import write_json_atomic, write_text_atomic
-from hydra_ensembles.predictors import load_predictor
 from hydra_ensembles.pruning import kept_heads
 
 RESULTS = Path(__file__).parent / "results"
 SIZES = ("full", "quick")  # the sizes `hydra-ens bench` trains (quick: --quick)
 
 
-def single_model(task_name: str, task, size: str, seed: int) -> tuple[nn.Module, Path]:
-    """(the single model the suite trained for `seed`, its seed's cache directory)."""
+def single_model(task, size: str, seed: int, progress: bool = True) -> tuple[nn.Module, Path]:
+    """(the single model the suite trained for `seed`, its seed's cache directory). A cache without it (a
+    machine that kept only the benchmark's records) trains it as `hydra-ens bench` does, checked against the
+    recorded digests the same way."""
     seed_cache = runner.seed_dir(cache_dir() / "bench" / size, task, seed)
-    path = seed_cache / "models" / "single"
-    if not path.exists():
-        quick = " --quick" if size == "quick" else ""
-        raise SystemExit(
-            f"no trained single model for {task_name} ({size}) seed {seed} at {path}: train it first with "
-            f"`hydra-ens bench {task_name} --seeds {seed} --rows Single{quick}`."
-        )
-    return load_predictor(path), seed_cache
+    runner.record_batches(seed_cache.parent, task)  # before its first model is built there
+    return suite.Pieces(runner.SeedRun(task, seed, seed_cache, progress=progress)).single(), seed_cache
 
 
 def search_settings(task, model: nn.Module, id_batches: list[Batch], ood_batches: list[Batch], budget: int) -> dict:
@@ -249,7 +245,7 @@ def main() -> None:
     parser.add_argument("--criterion", choices=sorted(CRITERIA), default="avg")
     args = parser.parse_args()
     task = TASKS[args.task](args.size)
-    model, seed_cache = single_model(args.task, task, args.size, args.seed)
+    model, seed_cache = single_model(task, args.size, args.seed)
     budget = max(args.first)
     groups = task.circuit_ood_groups
     id_first, ood_first = split_halves(task.circuit_id)[0], split_halves(task.circuit_ood, groups)[0]

@@ -154,19 +154,6 @@ def test_halves_report_rejects_counts_the_circuit_cannot_remove():
         script.halves_report(circuit_model(), id_batches, ood_batches, "avg", [4, LAYERS * HEADS], progress=False)
 
 
-class _Task:
-    name = "tiny-task"
-
-    def fingerprint(self) -> str:
-        return "0123456789"
-
-
-def test_missing_single_model_names_the_command_that_trains_it(tmp_path, monkeypatch):
-    monkeypatch.setenv("HYDRA_ENSEMBLES_CACHE", str(tmp_path))
-    with pytest.raises(SystemExit, match=r"hydra-ens bench text --seeds 2 --rows Single --quick"):
-        load_script("circuit_halves").single_model("text", _Task(), "quick", 2)
-
-
 # ---- wall time across resumed runs ----
 
 
