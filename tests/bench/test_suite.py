@@ -225,7 +225,11 @@ def test_the_table_says_which_differences_the_bootstrap_separates(tiny_task, tmp
     rows = ["Single", "Hydra (Taylor)", "Hydra (Circ)"]  # Deep Ensembles not run: its pairs are left out
     summary = runner.run(tiny_task, suite.TABLE, [0], tmp_path / "out", tmp_path / "cache", progress=False, rows=rows)
     said, table = summary["differences"], (tmp_path / "out" / "table.md").read_text()
-    assert [pair["rows"] for pair in said["pairs"]] == [["Hydra (Circ)", "Single"], ["Hydra (Taylor)", "Single"]]
+    assert [pair["rows"] for pair in said["pairs"]] == [
+        ["Hydra (Circ)", "Single"],
+        ["Hydra (Taylor)", "Single"],
+        ["Hydra (Circ)", "Hydra (Taylor)"],  # the paper's two importances against each other
+    ]
     logits = next((tmp_path / "cache").iterdir()) / "seed0" / "logits"
     circ, single = (torch.load(row_file(logits, row)) for row in ("Hydra (Circ)", "Single"))
     expected = paired_bootstrap([circ], [single], labels_of(tiny_task.test), resamples=said["resamples"])
@@ -255,11 +259,14 @@ def test_the_table_says_which_differences_the_bootstrap_separates(tiny_task, tmp
     assert members and members <= set(summary["training"]["0"])
     assert f"| single | {len(single['epochs'])} / {single['kept_epoch']}, {kept['val_nll']:.3f} |" in table
     names = ("start1-2", "hydra-circ0-1d5aeb22", "hydra-circ-fused-976dd26f-trunk1", "single-dropout2")
-    assert [suite._model_kind(n) for n in names] == [
+    rebuilt = ("hydra-taylor0-cf8d997e, rebuilt", "start2-1, rebuilt 2")
+    assert [suite._model_kind(n) for n in (*names, *rebuilt)] == [
         "start-2",
         "hydra-circ0",
         "hydra-circ-fused-trunk1",
         "single-dropout",  # one MC-Dropout line for every seed, not one a seed
+        "hydra-taylor0, rebuilt",  # beside its seed's first build, not a line of its own digest
+        "start-1, rebuilt 2",  # seed 2's member 1
     ]
 
     # each ensemble beside its members alone: the ensemble's is the table's AUROC; a member's, its own logits'

@@ -641,7 +641,9 @@ DIFFERENCES = (  # (A, B): is A really better than B? Paper rows against the bas
     ("CircAvg", "Single"),
     ("CircAvg", "Deep Ensembles"),
     ("Deep Ensembles", "Single"),
+    ("Hydra (Circ)", "Hydra (Taylor)"),  # which of the paper's two importances makes the better members
     ("Hydra (Circ)", "Single, trained as long"),
+    ("Hydra (Taylor)", "Single, trained as long"),
     ("CircAvg", "Single, trained as long"),  # pruning, apart from the members' extra training
     ("Single, trained as long", "Single"),  # what the extra training alone gives
     ("Hydra (Circ), temp. scaling", "Deep Ensembles"),  # calibrated, against the ensemble a user would train
@@ -737,7 +739,7 @@ def _model_kind(name: str) -> str:
     """A cached model's name as every seed shares it: "start1-2" -> "start-2", "single-dropout2" ->
     "single-dropout", "hydra-circ0-1d5aeb22" -> "hydra-circ0" (the seed and the head map's digest dropped)."""
     name = re.sub(r"^(start|single-dropout)\d+", r"\1", name)
-    return re.sub(r"-[0-9a-f]{8}(?=-|$)", "", name)
+    return re.sub(r"-[0-9a-f]{8}(?=-|,|$)", "", name)  # ",": "…, rebuilt" (`Pieces._record_training`)
 
 
 def _training_of(record: Mapping) -> dict:
