@@ -46,14 +46,17 @@ from hydra_ensembles.io import write_json_atomic, write_text_atomic
 from hydra_ensembles.pruning import kept_heads
 
 RESULTS = Path(__file__).parent / "results"
+RECORDS = Path(__file__).parent / "records"  # `hydra-ens bench --records`'s: what the suite built, on any machine
 SIZES = ("full", "quick")  # the sizes `hydra-ens bench` trains (quick: --quick)
 
 
-def single_model(task, size: str, seed: int, progress: bool = True) -> tuple[nn.Module, Path]:
+def single_model(task, size: str, seed: int, progress: bool = True, records: Path = RECORDS) -> tuple[nn.Module, Path]:
     """(the single model the suite trained for `seed`, its seed's cache directory). A cache without it (a
-    machine that kept only the benchmark's records) trains it as `hydra-ens bench` does, checked against the
-    recorded digests the same way."""
-    seed_cache = runner.seed_dir(cache_dir() / "bench" / size, task, seed)
+    machine that kept only the benchmark's records, `records`) trains it as `hydra-ens bench` does, checked
+    against the recorded digests the same way."""
+    cache = cache_dir() / "bench" / size
+    runner.pull_records(records, cache, task)  # the records' batch layout and digests, as `hydra-ens bench` does
+    seed_cache = runner.seed_dir(cache, task, seed)
     runner.record_batches(seed_cache.parent, task)  # before its first model is built there
     return suite.Pieces(runner.SeedRun(task, seed, seed_cache, progress=progress)).single(), seed_cache
 

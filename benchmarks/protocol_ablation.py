@@ -41,7 +41,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hydra_ensembles.bench import cache_dir, runner, suite
-from hydra_ensembles.bench.records import copy_records
 from hydra_ensembles.bench.tasks import Task, _image_batches, dinov2_pixels, dinov2_task
 from hydra_ensembles.evaluation.bootstrap import difference_lines, row_differences
 from hydra_ensembles.evaluation.compare import machine
@@ -153,7 +152,7 @@ def take_earlier_circuit(all_steps: list, k: int, seed: int, cache: Path, layers
     for j, (_, earlier, _) in enumerate(all_steps[1:k], start=1):
         if not same_circuit(earlier, task, layers):
             continue
-        recorded = RECORDS / f"{earlier.name}-{earlier.fingerprint()}" / f"seed{seed}"
+        recorded = RECORDS / runner.task_key(earlier) / f"seed{seed}"
         for from_dir in (runner.seed_dir(cache, earlier, seed), recorded):
             if reuse_circuit(from_dir, runner.seed_dir(cache, task, seed)):
                 print(f"step {k} searches the circuit of step {j}: taken from {from_dir}", flush=True)
@@ -173,8 +172,7 @@ def run_steps(chosen: list[int], seed: int, cache: Path, out: Path, command: str
         if base is not None and not first_single.exists():
             raise SystemExit(f"step {k} starts from step 0's single model: run step 0 first (--steps 0 {k}).")
         print(f"[{label}]", flush=True)
-        key = f"{task.name}-{task.fingerprint()}"
-        copy_records(RECORDS / key, cache / key, overwrite=False)  # goes on from another machine's rows
+        runner.pull_records(RECORDS, cache, task)  # goes on from another machine's rows
         shape = first_single.parents[1] / "shape.json"  # step 0's model: its layer count
         if base is not None and shape.exists():
             take_earlier_circuit(all_steps, k, seed, cache, json.loads(shape.read_text())["layers"])
@@ -191,7 +189,7 @@ def run_steps(chosen: list[int], seed: int, cache: Path, out: Path, command: str
                 base=base,
             )
         finally:
-            copy_records(cache / key, RECORDS / key, overwrite=True)
+            runner.push_records(cache, RECORDS, task)
     record = {"seed": seed, "machine": machine(), "command": command, "steps": {}, "between": {}}
     for k, (label, _, _) in enumerate(all_steps):
         path = out / f"step{k}" / "table.json"

@@ -29,7 +29,6 @@ import torch
 from torch import Tensor, nn
 
 from hydra_ensembles.bench import cache_dir, runner, suite
-from hydra_ensembles.bench.records import BATCHES, copy_records
 from hydra_ensembles.bench.tasks import DINOV2_PATCH, Task, _whole_patches, dinov2_task
 from hydra_ensembles.cost import count_flops
 from hydra_ensembles.evaluation.compare import machine
@@ -100,15 +99,11 @@ def single_on_validation(
     `train_seconds` and `seconds_per_epoch` (when trained now, else None), `flops_per_example`, `max_epochs` and the
     task's `fingerprint`; each validation example's NLL, shape (N,))."""
     seed_cache = runner.seed_dir(cache, task, seed)
-    recorded_layout = records / seed_cache.parent.relative_to(cache) / BATCHES
-    if recorded_layout.is_file() and not (seed_cache.parent / BATCHES).is_file():  # the records' models' layout
-        write_json_atomic(seed_cache.parent / BATCHES, read_json_record(recorded_layout))
+    runner.pull_records(records, cache, task)  # the records' batch layout and digests, as `hydra-ens bench` does
     runner.record_batches(seed_cache.parent, task)  # refuses batches cut otherwise, before a model is built there
     pieces = suite.Pieces(runner.SeedRun(task, seed, seed_cache, progress=progress))
     train, checkpoint = pieces.from_start(seed)
     training = _training_state(seed_cache, checkpoint)
-    if training != "cached":  # the seed's recorded digests, to check a model built again against
-        copy_records(records / seed_cache.relative_to(cache), seed_cache, overwrite=False)
     started = time.perf_counter()
     # `trained`, not `single`: `single` measures a rebuilt model on the test set to compare it with its row
     model = pieces.trained("single", train, checkpoint=checkpoint)

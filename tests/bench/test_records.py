@@ -233,7 +233,7 @@ def test_latency_is_read_back_only_when_every_row_was_timed_together(tmp_path):
 
 
 def test_a_benchmark_goes_on_from_its_records_on_a_fresh_machine(tiny_task, tmp_path, monkeypatch):  # noqa: F811
-    key = f"{tiny_task.name}-{tiny_task.fingerprint()}"
+    key = runner.task_key(tiny_task)
     first_rows = ["Single", "Taylor", "CircAvg"]
     before = one_seed(tiny_task, tmp_path / "out", tmp_path / "cache-a", first_rows)
     records.copy_records(tmp_path / "cache-a" / key, tmp_path / "records" / key, overwrite=True)
@@ -269,7 +269,7 @@ def test_a_benchmark_goes_on_from_its_records_on_a_fresh_machine(tiny_task, tmp_
 
 
 def test_the_head_sweep_goes_on_from_its_records(tiny_task, tmp_path, monkeypatch):  # noqa: F811
-    key = f"{tiny_task.name}-{tiny_task.fingerprint()}"
+    key = runner.task_key(tiny_task)
     before = suite.head_sweep(tiny_task, [0], [1], tmp_path / "out", tmp_path / "cache-a", progress=False)
     records.copy_records(tmp_path / "cache-a" / key, tmp_path / "cache-b" / key, overwrite=False)
     monkeypatch.setattr(suite.Pieces, "single", lambda self: pytest.fail("built the single model"))
@@ -284,7 +284,7 @@ def test_the_head_sweep_goes_on_from_its_records(tiny_task, tmp_path, monkeypatc
 
 
 def test_a_running_benchmark_saves_its_records_now_and_then_and_when_stopped(tiny_task, tmp_path, monkeypatch):  # noqa: F811
-    key = f"{tiny_task.name}-{tiny_task.fingerprint()}"
+    key = runner.task_key(tiny_task)
     args = Namespace(records=tmp_path / "records", records_only=False)
     monkeypatch.setattr(bench, "PUSH_MINUTES", 0.1 / 60)
     handler = signal.getsignal(signal.SIGTERM)
@@ -320,7 +320,7 @@ def test_a_single_model_trained_again_for_rows_recorded_without_digests_is_check
     """Records made before digests existed: the single model trained again is checked by measuring it as the
     recorded Single row; the same metrics record its digest (and restore the row's lost logits), others warn and
     the table says so."""
-    key = f"{tiny_task.name}-{tiny_task.fingerprint()}"
+    key = runner.task_key(tiny_task)
     first = one_seed(tiny_task, tmp_path / "out", tmp_path / "cache", ["Single"], latency_repeats=0)
     first_logits = torch.load(tmp_path / "cache" / key / "seed0" / "logits" / "Single.pt")
     rows = ["Single", "Taylor"]
@@ -412,7 +412,7 @@ def test_a_single_model_rebuilt_with_other_weights_is_measured_once_and_the_tabl
 ):
     """Rows recorded on another kind of machine, whose single model trains to other weights here: the rows built
     now use this build, so it is measured as the Single row once and the note says how far apart the two are."""
-    key = f"{tiny_task.name}-{tiny_task.fingerprint()}"
+    key = runner.task_key(tiny_task)
     one_seed(tiny_task, tmp_path / "out", tmp_path / "cache", ["Single"], latency_repeats=0)
     seed = tmp_path / "elsewhere" / key / "seed0"
     records.copy_records(tmp_path / "cache" / key, tmp_path / "elsewhere" / key, overwrite=False)

@@ -160,7 +160,7 @@ def test_a_failed_run_shows_its_own_error_when_the_last_push_fails_too(monkeypat
             raise OSError("disk full")
         return []
 
-    monkeypatch.setattr(bench, "copy_records", copy)
+    monkeypatch.setattr(bench.runner, "copy_records", copy)  # what pull_records and push_records call
     args = SimpleNamespace(records=tmp_path / "records", records_only=False)
     task = SimpleNamespace(name="t", fingerprint=lambda: "f")
     with pytest.raises(ValueError, match="the run's own"):

@@ -44,7 +44,7 @@ from ..evaluation.compare import Built, Data, compare, machine, time_rows
 from ..evaluation.tables import aggregate, latency_over_seeds
 from ..io import read_json_record, write_json_atomic, write_text_atomic
 from ..version import __version__
-from .records import BATCHES, rebuilt_notes, recorded_latency
+from .records import BATCHES, copy_records, rebuilt_notes, recorded_latency
 
 Build = Callable[[Any], Built]
 Rows = Callable[[Callable[[], Any]], Mapping[str, Build]]  # (the seed's pieces, made on call) -> {row: build}
@@ -118,9 +118,30 @@ def seed_dir(cache_dir: str | os.PathLike, task: BenchTask, seed: int) -> Path:
     The fingerprint counts each split's examples, not where its batches are cut (it predates that; adding it
     would orphan every record): the task's directory keeps its batch layout (`BATCHES`, written by
     `record_batches` when a run starts work in it) and refuses another."""
-    task_dir = Path(cache_dir) / f"{task.name}-{task.fingerprint()}"
+    task_dir = Path(cache_dir) / task_key(task)
     _check_batches(task_dir, task)
     return task_dir / f"seed{seed}"
+
+
+def task_key(task: BenchTask) -> str:
+    """The name of `task`'s folder in a cache or in a records directory: its name and fingerprint."""
+    return f"{task.name}-{task.fingerprint()}"
+
+
+def pull_records(records_dir: str | os.PathLike, cache_dir: str | os.PathLike, task: BenchTask) -> list[Path]:
+    """Copy `task`'s records from `records_dir` into the cache `cache_dir`, the cache's own files winning, before a
+    run builds anything there: a model built again on a fresh machine is then cut into the records' batches (or
+    refused, `record_batches`) and checked against its first build's digest, and recorded rows are not run again.
+    Returns the paths written, relative to the task's folder."""
+    key = task_key(task)
+    return copy_records(Path(records_dir) / key, Path(cache_dir) / key, overwrite=False)
+
+
+def push_records(cache_dir: str | os.PathLike, records_dir: str | os.PathLike, task: BenchTask) -> list[Path]:
+    """Copy `task`'s records from the cache `cache_dir` back to `records_dir`, the cache's files winning (merged
+    where both changed: `copy_records`). Returns the paths written, relative to the task's folder."""
+    key = task_key(task)
+    return copy_records(Path(cache_dir) / key, Path(records_dir) / key, overwrite=True)
 
 
 SPLITS = ("train", "val", "test", "circuit_id", "circuit_ood")

@@ -41,7 +41,6 @@ from pathlib import Path
 
 from ..adapters import get_adapter
 from ..bench import amp, cache_dir, curve, distillation, runner, suite, zero_shot
-from ..bench.records import copy_records
 from ..bench.tasks import TASKS, Task, with_prune_per_layer
 from .common import CommandError, add_device_argument, resolve_device
 
@@ -280,15 +279,15 @@ def _records(args: argparse.Namespace, cache: Path, task: Task) -> Iterator[bool
             raise CommandError("--records-only needs --records DIR.")
         yield True
         return
-    key = f"{task.name}-{task.fingerprint()}"
-    pulled = copy_records(args.records / key, cache / key, overwrite=False)
+    key = runner.task_key(task)
+    pulled = runner.pull_records(args.records, cache, task)
     print(f"records: {len(pulled)} file(s) from {args.records / key} into the cache", flush=True)
     stopped = threading.Event()
 
     def push_now_and_then() -> None:
         while not stopped.wait(PUSH_MINUTES * 60):
             try:
-                copy_records(cache / key, args.records / key, overwrite=True)
+                runner.push_records(cache, args.records, task)
             except Exception as error:  # noqa: BLE001 - a failed push must not end the pushes that follow
                 print(f"records: could not save to {args.records / key} ({error}); trying again later", flush=True)
 
@@ -307,7 +306,7 @@ def _records(args: argparse.Namespace, cache: Path, task: Task) -> Iterator[bool
         try:
             stopped.set()
             pusher.join()
-            pushed = copy_records(cache / key, args.records / key, overwrite=True)
+            pushed = runner.push_records(cache, args.records, task)
             print(f"records: {len(pushed)} file(s) new or changed, saved to {args.records / key}", flush=True)
         except Exception as error:
             if not failed:
