@@ -11,7 +11,7 @@ import torch
 
 from hydra_ensembles import metrics as M
 from hydra_ensembles.evaluation import Interval, difference_lines, paired_bootstrap
-from hydra_ensembles.evaluation.bootstrap import row_differences, t_quantile, verdict
+from hydra_ensembles.evaluation.bootstrap import _differences, _t_interval, _Terms, row_differences, t_quantile, verdict
 from hydra_ensembles.evaluation.compare import row_file
 from hydra_ensembles.evaluation.ood import OOD_SCORES
 from hydra_ensembles.uncertainty import ensemble_probs
@@ -55,6 +55,47 @@ def test_the_point_estimate_is_the_difference_of_the_tables_metrics(tied):
         )
         assert said[metric].point == pytest.approx(expected, abs=1e-12)
         assert said[metric].low < said[metric].point < said[metric].high  # rows that differ at random
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_each_resample_is_the_tables_metrics_on_the_examples_it_drew(tied):
+    """The point estimate only checks the identity resample (every example drawn once): a resample that repeats
+    examples (e.g. AUROC counting each drawn test example once, not as often as drawn) went unchecked."""
+    a, b = _run(0, tied=tied), _run(1, tied=tied)
+    first, second = (_Terms.of(run, LABELS, 15) for run in (a, b))
+    g = torch.Generator().manual_seed(5)
+    test = torch.randint(60, (4, 60), generator=g)  # (R, N): repeats and omissions
+    ood = {name: torch.randint(len(scores), (4, len(scores)), generator=g) for name, scores in _sets(a).items()}
+    drawn = _differences(first, second, test, ood)
+
+    def on_draw(run, r):
+        resampled = {"test": run["test"][test[r]]} | {
+            group: {name: sets[name][ood[name][r]] for name in sets} for group, sets in run.items() if group != "test"
+        }
+        return _table_metrics(resampled, LABELS[test[r]])
+
+    for r in range(4):
+        mine, theirs = on_draw(a, r), on_draw(b, r)
+        for metric in ("nll", "ece", "auroc_all"):
+            assert drawn[metric][r].item() == pytest.approx(mine[metric] - theirs[metric], abs=1e-12)
+
+
+def _sets(run):
+    return {name: scores for group in ("near", "far", "ood") for name, scores in run[group].items()}
+
+
+def test_the_degrees_of_freedom_combine_both_variances_as_welch_satterthwaite():
+    """The limits (no example spread: S - 1; no seed spread: the normal) pass with a wrong exponent on the
+    ratio: a case with both spreads checks the formula, df = (v_e + v_s)^2 (S - 1) / v_s^2, against scipy."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    points = torch.tensor([0.01, 0.03, 0.02], dtype=torch.float64)
+    drawn = torch.randn(2000, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 0.01 + points
+    v_examples, v_seeds = drawn.mean(dim=1).var().item(), points.var().item() / 3
+    assert 0.1 < v_examples / v_seeds < 10  # both spreads matter
+    df = (v_examples + v_seeds) ** 2 * 2 / v_seeds**2
+    half = scipy_stats.t.ppf(0.975, df) * math.sqrt(v_examples + v_seeds)
+    said = _t_interval(points, drawn, 0.95)
+    assert said.low == pytest.approx(0.02 - half, rel=1e-5) and said.high == pytest.approx(0.02 + half, rel=1e-5)
 
 
 def test_a_row_against_itself_differs_by_exactly_zero():
@@ -290,3 +331,10 @@ def test_difference_lines_say_what_was_resampled_and_each_verdict():
         difference_lines(differences | {"pairs": [near_zero]})[2] == "- A vs B: AUROC all -1.8 [-3.7, -0.04] %, worse"
     )
     assert verdict("ece", Interval(0.0, 0.0, 0.0)) == "not separated"  # a row against itself
+
+
+def test_a_point_that_rounds_to_zero_has_no_sign():
+    """ "AUROC all -0.0 [-8.0, 7.9]" read as a direction the point does not have."""
+    pair = {"rows": ["A", "B"], "auroc_all": {"point": -0.0003, "low": -0.08, "high": 0.079}}
+    differences = {"resamples": 10, "level": 0.95, "seeds": [0], "pairs": [pair]}
+    assert difference_lines(differences)[2] == "- A vs B: AUROC all 0.0 [-8.0, 7.9] %, not separated"

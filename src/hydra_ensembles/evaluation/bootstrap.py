@@ -381,6 +381,7 @@ def _said(metric: str, interval: Interval) -> str:
     away from it, one more digit at a time) so that the line reads as its verdict."""
     name, scale, digits, unit = SAID[metric]
     point = f"{scale * interval.point:.{digits}f}"
+    point = point.removeprefix("-") if float(point) == 0 else point  # "-0.0" read as a direction it does not have
     low, high = (_away_from_zero(scale * value, digits) for value in (interval.low, interval.high))
     return f"{name} {point} [{low}, {high}]{unit}, {verdict(metric, interval)}"
 
