@@ -44,7 +44,7 @@ python benchmarks/circuit_halves.py image-dinov2 --seed 0 --first 12 24 48  # is
 # folders copied into one checkout, `--steps 4` renders all five from the records in seconds
 python benchmarks/protocol_ablation.py --seed 0 --steps 4
 # issue 41 and 44 on seed 0's base
-hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single OBA
+hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --untimed --out benchmarks/results/image-dinov2/oba --rows Single "Single, trained as long" CircAvg "Hydra (Circ)" OBA
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --cost-curve
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --rows Single BatchEnsemble Taylor "Hydra (Taylor)" "Hydra (Circ), fused then fine-tuned"
 # issue 44 (circuits a user can afford): each approximate search against seed 0's exact ranking (cached), timed

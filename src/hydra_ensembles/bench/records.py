@@ -266,8 +266,9 @@ def rebuilt_notes(seed: int, *folders: str | os.PathLike) -> list[str]:
     return [
         f"Seed {seed}: {', '.join(names)} trained again with different weights (on another machine, or for rows "
         "recorded before digests existed, which it does not measure as); the rows, scores and circuits recorded "
-        "before were measured on the first build (`bench.records`); two rows of this seed built on different "
-        "builds do not share their base model, which widens the seeds' spread in the differences."
+        "before were measured on the first build (`bench.records`). Two rows of this seed built on different "
+        "builds do not share their base model: their difference holds the builds' too (over several seeds, within "
+        "the interval's seed spread; with one seed, outside its interval)."
         + "".join(f" {line}" for line in measured)
     ]
 

@@ -656,6 +656,9 @@ DIFFERENCES = (  # (A, B): is A really better than B? Paper rows against the bas
     ("Hydra (Circ)", "Packed-Ensembles"),
     ("Hydra (Circ)", "MIMO"),
     ("Hydra (Circ)", "OBA"),  # the paper's unstructured pruning baseline
+    ("CircAvg", "OBA"),  # structured pruning by the circuit, or pruning and fine-tuning as such?
+    ("OBA", "Single"),
+    ("OBA", "Single, trained as long"),
 )
 
 
