@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import safetensors.torch
@@ -234,6 +235,28 @@ def test_members_are_the_sampled_head_maps_pruned_from_the_model(flow):
     from_circuit = json.loads((root / "members-circ" / "members.json").read_text())["head_maps"]
     expected = he.sample_members(circuit, num_members=3, budget=4, pool=5, seed=0)
     assert [{int(k): v for k, v in h.items()} for h in from_circuit] == expected
+
+
+def test_every_step_that_saves_a_model_writes_its_card(flow):
+    """`finetune`, `members` and `fuse` saved no model card (only `save_predictor`'s callers did): a user's
+    fused ensemble said nothing of its members, heads kept or cost."""
+    root, d, f, runs = flow
+    cards = {
+        name: (Path(path) / "README.md").read_text()
+        for name, path in {
+            "finetune": f"{d['single']}/model",
+            "members": f"{d['members']}/member0",
+            "members, fine-tuned": f"{d['tuned']}/member0",
+            "fuse": f"{d['hydra']}/ensemble",
+        }.items()
+    }
+    assert all(card.startswith("---\nlibrary_name: hydra-ensembles\n") for card in cards.values())
+    assert f"head selection: Taylor head scores `{d['scores']}/scores.safetensors`" in cards["members"]
+    assert f"head selection: Taylor head scores `{d['scores']}/scores.safetensors`" in cards["members, fine-tuned"]
+    assert "A Hydra Ensemble of 3 pruned" in cards["fuse"] and "## Cost relative to the base model" in cards["fuse"]
+    loading = cards["fuse"].split("load it with `")[1].split("`")[0]  # what the card tells a reader to run
+    assert loading == "hydra_ensembles.predictors.load_predictor(path)"
+    assert he.predictors.load_predictor(f"{d['hydra']}/ensemble").num_members == 3
 
 
 def test_members_from_a_circuit_with_default_settings_are_distinct_and_use_the_ranking(flow):
@@ -467,7 +490,7 @@ def test_amp_then_the_usual_steps_give_a_hydra_ensemble_on_the_pruned_base(flow,
     pruned = he.load_model(amp / "model")
     assert [len(k) for k in he.kept_neurons(pruned).values()] == record["sizes"]
     assert record["parameters"]["after"] < record["parameters"]["before"] and "MLP hidden sizes per block" in out
-    assert len(record["recovery"]) == 2
+    assert len(record["recovery"]) == 2 and "MLP neurons kept per layer" in (amp / "model" / "README.md").read_text()
     hydra_ens("scores", "--model", str(amp), "--data", f["val"], "--out", str(tmp_path / "scores"))
     hydra_ens("members", "--model", str(amp), "--scores", str(tmp_path / "scores"), "--out", str(tmp_path / "m"))
     fused = hydra_ens("fuse", "--members", str(tmp_path / "m"), "--out", str(tmp_path / "hydra")).stdout
@@ -494,6 +517,7 @@ def test_distill_writes_a_hydra_student_with_one_head_per_member_and_a_kd_studen
     assert "teacher: 3 members" in run.stdout and "hydra: 3 head(s)" in run.stdout and "kd: 1 head(s)" in run.stdout
     hydra, kd = he.HydraEnsemble.from_pretrained(out / "hydra"), he.HydraEnsemble.from_pretrained(out / "kd")
     assert (hydra.num_members, kd.num_members) == (3, 1) and hydra.trunk == hydra.num_layers - 1  # --head-layers 1
+    assert all((out / name / "README.md").is_file() for name in ("hydra", "kd"))  # their model cards
     test = batches(f["test"], hydra, "review")
     logits = collect_member_logits(hydra, test)
     assert logits.shape[1:] == (3, 3) and (logits[:, 0] - logits[:, 1]).abs().max() > 0  # heads trained apart

@@ -18,8 +18,8 @@ from ..cost import count_parameters
 from ..importance import adaptive_mlp_pruning
 from ..importance.losses import loss_choices, needs_labels
 from ..importance.neurons import check_search_args
-from ..predictors import copy_preprocessor
-from ..pruning import load_model, save_model
+from ..predictors import copy_preprocessor, save_predictor
+from ..pruning import load_model
 from ..training import AMP_RECOVERY, recover
 from .common import (
     CommandError,
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             f"recovered: feature MSE {history[0]['loss']:.4f} in epoch 1, {history[-1]['loss']:.4f} in epoch "
             f"{len(history)}"
         )
-    save_model(pruned, out.path / "model", also=lambda folder: copy_preprocessor(model_dir, folder))
+    save_predictor(pruned, out.path / "model", also=lambda folder: copy_preprocessor(model_dir, folder))
     shutil.rmtree(out.path / "checkpoint", ignore_errors=True)
     out.finish(
         {

@@ -24,7 +24,14 @@ from ..adapters import get_adapter
 from ..cost import count_parameters
 from ..distill import attach_teacher, distill
 from ..fusion import HydraEnsemble
-from ..predictors import class_names, copy_preprocessor, describe_saved, load_preprocessor, num_members
+from ..predictors import (
+    class_names,
+    copy_preprocessor,
+    describe_saved,
+    load_preprocessor,
+    num_members,
+    save_predictor,
+)
 from ..pruning import load_model
 from .common import (
     CommandError,
@@ -127,8 +134,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise CommandError(str(error)) from None
     for name, student in (("kd", result.kd), ("hydra", result.hydra)):
-        student.save_pretrained(out.path / name)
-        copy_preprocessor(model_dir, out.path / name)
+        save_predictor(student, out.path / name, also=lambda folder: copy_preprocessor(model_dir, folder))
         print(
             f"{name}: {student.num_members} head(s), {count_parameters(student) / 1e6:.2f} M parameters, "
             f"kept epoch {student.kept_epoch} of {len(student.training_history)} -> {out.path / name}"

@@ -22,8 +22,8 @@ import transformers
 
 from ..data.files import class_ids, label_ids, read_source
 from ..io import read_json_record, write_json_atomic
-from ..predictors import copy_preprocessor, load_preprocessor
-from ..pruning import load_model, save_model
+from ..predictors import copy_preprocessor, load_preprocessor, save_predictor
+from ..pruning import load_model
 from ..training import CHECKPOINT, IMAGE_RECIPE, TEXT_RECIPE, TrainConfig, finetune
 from ..training.recipes import MONITORS, PRECISIONS
 from .common import (
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
             print("  " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
         print(f"  {kept_epoch_line(model.training_history, model.kept_epoch, recipe, val is not None)}")
         write_json_atomic(out.path / "histories" / f"{name}.json", histories[name])
-        save_model(model, target, also=lambda folder, source=model_dir: copy_preprocessor(source, folder))
+        save_predictor(model, target, also=lambda folder, source=model_dir: copy_preprocessor(source, folder))
         shutil.rmtree(checkpoints, ignore_errors=True)
     if members:
         index = json.loads((source / MEMBERS_FILE).read_text())

@@ -21,7 +21,7 @@ import shutil
 
 from ..cost import count_parameters
 from ..fusion import HydraEnsemble, fusion_deviation
-from ..predictors import copy_preprocessor, load_preprocessor
+from ..predictors import copy_preprocessor, load_preprocessor, save_predictor
 from ..pruning import load_model
 from ..training import AUGMENTATIONS, TrainConfig, finetune_fused
 from ..training.recipes import MONITORS, PRECISIONS
@@ -159,8 +159,7 @@ def run(args: argparse.Namespace) -> int:
         deviation = fusion_deviation(ensemble, members, data.batches, max_examples=args.sample)
     history = _finetune(args, out, ensemble, dirs[0], recipe) if recipe is not None else None
     target = out.path / "ensemble"
-    ensemble.save_pretrained(target)
-    copy_preprocessor(dirs[0], target)
+    save_predictor(ensemble, target, also=lambda folder: copy_preprocessor(dirs[0], folder))
     shutil.rmtree(out.path / "checkpoints", ignore_errors=True)  # only once the model they would resume is saved
     params = count_parameters(ensemble)
     out.finish(

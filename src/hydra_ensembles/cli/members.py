@@ -28,10 +28,17 @@ from ..adapters import get_adapter
 from ..importance import Circuit, JointCircuit
 from ..io import read_json_record, write_json_atomic
 from ..members import build_members, sample_members
-from ..predictors import TwoTowerModel, copy_preprocessor, describe_saved, saved_kind, zero_shot_ensemble
+from ..predictors import (
+    TwoTowerModel,
+    copy_preprocessor,
+    describe_saved,
+    save_predictor,
+    saved_kind,
+    zero_shot_ensemble,
+)
 from ..predictors.classifier import prompt_tokenizer
 from ..predictors.clip_zero_shot import DEFAULT_TEMPLATES
-from ..pruning import kept_heads, save_model
+from ..pruning import kept_heads
 from .common import CommandError, add_zero_shot_options, check_one_model, classifier_at, zero_shot_options
 from .step import MEMBERS_FILE, RECORD, add_output_options, check_model_dir, fingerprint_path, start_step
 
@@ -97,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         target = out.path / f"member{index}"
         if not target.exists():  # a rerun after an interruption keeps the members already written (each whole)
             member = build_members(model, [head_map], allow_identical=True)[0]  # distinct: checked above
-            save_model(member, target, also=lambda folder: copy_preprocessor(model_dir, folder))
+            save_predictor(member, target, also=lambda folder: copy_preprocessor(model_dir, folder))
         kept = sum(len(heads) for heads in head_map.values())
         print(f"member{index}: keeps {kept} heads, per layer {[len(h) for h in head_map.values()]}")
     out.finish({"members": len(head_maps)})

@@ -64,7 +64,10 @@ def card_text(predictor: nn.Module, path: Path | None = None, evaluation: Mappin
     else:
         base = _unpruned(inner) if isinstance(inner, HydraEnsemble) or _is_hf(inner) else None
     lines = [*_header(inner), f"# {_title(predictor, inner, base)}", ""]
-    lines += [f"Made with hydra-ensembles {__version__}; load it with `hydra_ensembles.load_predictor(path)`.", ""]
+    lines += [
+        f"Made with hydra-ensembles {__version__}; load it with `hydra_ensembles.predictors.load_predictor(path)`.",
+        "",
+    ]
     lines += _base_lines(inner, base) + _method_lines(predictor, inner, base, path) + _cost_lines(predictor, base)
     lines += _evaluation_lines(evaluation)
     return "\n".join(lines).rstrip() + "\n"

@@ -132,15 +132,20 @@ def load_predictor(path: str | os.PathLike) -> nn.Module:
     return predictor_kind(path).from_pretrained(path).eval()
 
 
-def save_predictor(model: nn.Module, path: str | os.PathLike, *, card: bool = True) -> Path:
+def save_predictor(
+    model: nn.Module, path: str | os.PathLike, *, card: bool = True, also: Callable[[Path], None] | None = None
+) -> Path:
     """Save any predictor atomically so that `load_predictor(path)` returns an equal one, with its model card
     (README.md: what it is and costs, `card.py`) beside the weights, in the same atomic save; card=False for a
-    model saved inside a wrapper's directory (the wrapper's card describes both)."""
+    model saved inside a wrapper's directory (the wrapper's card describes both). `also(folder)` writes more files
+    into the same save (the tokenizer or image processor beside the weights)."""
     if not isinstance(model, (transformers.PreTrainedModel, *PREDICTOR_KINDS.values())):
         raise TypeError(f"no saved kind for a {type(model).__name__}; known kinds: {sorted(PREDICTOR_KINDS)}.")
 
     def write(tmp: Path) -> None:
         save_model(model, tmp) if isinstance(model, transformers.PreTrainedModel) else model.save_pretrained(tmp)
+        if also is not None:
+            also(tmp)
         if card:
             write_card(model, tmp)  # tmp sits beside path: the card finds the same step records
 
