@@ -268,8 +268,7 @@ def rebuilt_notes(seed: int, *folders: str | os.PathLike) -> list[str]:
         "recorded before digests existed, which it does not measure as); the rows, scores and circuits recorded "
         "before were measured on the first build (`bench.records`). Two rows of this seed built on different "
         "builds do not share their base model: their difference holds the builds' too (over several seeds, within "
-        "the interval's seed spread; with one seed, outside its interval)."
-        + "".join(f" {line}" for line in measured)
+        "the interval's seed spread; with one seed, outside its interval)." + "".join(f" {line}" for line in measured)
     ]
 
 
