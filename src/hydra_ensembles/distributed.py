@@ -91,6 +91,17 @@ def barrier() -> None:
         dist.barrier()
 
 
+def from_main(value: T) -> T:
+    """Rank 0's `value` on every rank (`value` itself with one process): a decision every rank must take alike is
+    taken on rank 0's numbers. Early stopping on each rank's own validation NLL, equal up to the last bits of
+    rounding, could stop one rank an epoch before the others, which would then wait for it forever."""
+    if not is_distributed():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def sum_over_ranks(value: float) -> float:
     """`value` summed over every rank (each receives the sum); `value` itself with one process."""
     if not is_distributed():

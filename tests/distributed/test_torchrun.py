@@ -20,10 +20,10 @@ from worker import run_circuit, run_finetune  # noqa: E402
 WORKER = Path(__file__).parent / "worker.py"
 
 
-def torchrun(*args: str) -> None:
+def torchrun(*args: str, timeout: float = 300) -> None:
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(WORKER)]
-    result = subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
@@ -88,3 +88,12 @@ def test_data_parallel_fine_tuning_equals_one_process(tmp_path):
     assert [h["loss"] for h in history] == pytest.approx([h["loss"] for h in one_history], abs=1e-9)
     untrained = MODELS["bert"]().double().state_dict()  # training moved the weights far beyond the bound
     assert max((one[k] - untrained[k]).abs().max().item() for k in one if one[k].is_floating_point()) > 1e4 * bound
+
+
+def test_every_rank_stops_early_at_rank_0s_epoch(tmp_path):
+    """Each rank decided early stopping on its own validation NLL: numbers that differ in the last bits between
+    ranks (other rounding) could stop one rank an epoch before the other, which then waited for it forever. Here
+    rank 1's NLL worsens every epoch (it alone would stop after epoch 2); rank 0's decides for both."""
+    torchrun("finetune", str(tmp_path / "model.safetensors"), "skewed", timeout=180)
+    first, second = (json.loads((tmp_path / f"model.rank{r}.json").read_text()) for r in (0, 1))
+    assert len(first) > 2 and first == second  # rank 0 trained past epoch 2, and rank 1 with it

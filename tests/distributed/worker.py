@@ -2,10 +2,11 @@
 on `circuit_support`'s model and data, where heads change S and removals do not tie; or, with DATA "tied", on
 its `tied_data`, where every removal ties on S and the secondary score decides; with DATA "sharded", rank 1
 without the first ID batch, which the search must refuse; fine-tuning "sharded": rank 1 without the first
-training batch, which the training loop must refuse).
+training batch, which the training loop must refuse; fine-tuning "skewed": validated with early stopping, rank 1's
+validation NLL worse every epoch, as a rank whose rounding differs could see it).
 
 python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/worker.py circuit OUT METHOD DATA
-python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/worker.py finetune OUT [sharded]
+python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/worker.py finetune OUT [DATA]
 """
 
 import json
@@ -21,7 +22,7 @@ from circuit_support import circuit_data, circuit_model, tied_data  # noqa: E402
 from conftest import MODELS, make_inputs  # noqa: E402
 
 import hydra_ensembles as he  # noqa: E402
-from hydra_ensembles.distributed import init_from_env, is_main, shutdown, world_size  # noqa: E402
+from hydra_ensembles.distributed import init_from_env, is_main, rank, shutdown, world_size  # noqa: E402
 from hydra_ensembles.training import TEXT_RECIPE, finetune  # noqa: E402
 
 
@@ -34,8 +35,6 @@ def training_data():
 def run_circuit(method: str, data: str = "circuit") -> he.Circuit:
     model, batches = (MODELS["bert"](), tied_data()) if data == "tied" else (circuit_model(), circuit_data())
     if data == "sharded":  # rank 1 leaves out the first ID batch, as a DistributedSampler would split the data
-        from hydra_ensembles.distributed import rank
-
         batches = (batches[0][rank() :], batches[1])
     return he.extract_circuit(model, *batches, "avg", budget=4, method=method, progress=False)
 
@@ -49,10 +48,22 @@ def run_finetune(data: str = "same") -> torch.nn.Module:
             module.p = 0.0  # deterministic, so one process and many can be compared
     batches = training_data()
     if data == "sharded":  # rank 1 one batch short, as a DistributedSampler would split the data: DDP waited forever
-        from hydra_ensembles.distributed import rank
-
         batches = batches[rank() :]
+    if data == "skewed":
+        return _finetune_skewed(model, batches)
     return finetune(model, batches, TEXT_RECIPE.with_(epochs=2, lr=1e-3, patience=None), progress=False)
+
+
+def _finetune_skewed(model: torch.nn.Module, batches) -> torch.nn.Module:
+    """Early stopping (patience 1) on validation data where rank 1 sees its NLL worsen every epoch: alone, it would
+    stop after epoch 2 while rank 0 trains on, and rank 0 would wait for it in the next step's all-reduce."""
+    from hydra_ensembles.training import loop
+
+    if rank() == 1:
+        validate, epochs = loop.validate, iter(range(1, 100))
+        loop.validate = lambda *args: validate(*args) | {"val_nll": float(next(epochs))}
+    recipe = TEXT_RECIPE.with_(epochs=4, lr=1e-3, patience=1, warmup=0.0)
+    return finetune(model, batches, recipe, val_loader=batches, progress=False)
 
 
 if __name__ == "__main__":
@@ -65,4 +76,6 @@ if __name__ == "__main__":
         else:
             safetensors.torch.save_file({k: v.contiguous() for k, v in result.state_dict().items()}, out)
             Path(out).with_suffix(".json").write_text(json.dumps(result.training_history))
+    if task == "finetune":  # every rank's own history: ranks that trained alike recorded alike
+        Path(out).with_suffix(f".rank{rank()}.json").write_text(json.dumps(result.training_history))
     shutdown()

@@ -8,7 +8,8 @@ student) and plain modules (an MLP) alike. Each step: `output = forward(model, i
 `loss(output, batch).backward()`, clip, step, schedule.
 
 Under `torchrun --nproc-per-node N` the model is wrapped in DistributedDataParallel and each rank takes every
-N-th example of each batch, so a step averages the gradient over the whole batch, as one process would.
+N-th example of each batch, so a step averages the gradient over the whole batch, as one process would; every
+rank keeps and stops at the epochs rank 0's validation numbers choose.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ..data.loaders import batch_size as examples_in
 from ..distributed import (
     barrier,
     check_same_on_every_rank,
+    from_main,
     is_distributed,
     is_main,
     rank,
@@ -179,7 +181,7 @@ def train(
                         within, last_save = None, time.monotonic()
                 record = {"epoch": epoch + 1, "loss": sum_over_ranks(sum(losses)) / world_size() / len(losses)}
                 if val_batches is not None:
-                    record.update(validate(model, val_batches))
+                    record.update(from_main(validate(model, val_batches)))  # every rank stops alike
                     if _remember(record, state, config):
                         state["best"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
                 state["history"].append(record)
