@@ -28,6 +28,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from hydra_ensembles.bench import cache_dir, runner, suite
+from hydra_ensembles.bench.records import discard_stale_state
 from hydra_ensembles.bench.tasks import TASKS
 from hydra_ensembles.data.loaders import Batch
 from hydra_ensembles.data.loaders import batch_size as examples_in
@@ -122,6 +123,8 @@ def timed_extraction(
 ) -> tuple[Circuit, dict]:
     """(the circuit, what the report says of its extraction: data sizes, wall time across runs, search, ties,
     ranking). The time record beside `state` is rewritten at the start (marking this run open) and at the end."""
+    if state is not None:  # a state (from the records, too) of other weights: the search and its time start over
+        discard_stale_state(state, model)
     earlier = time_so_far(state)
     opened, started = time.time(), time.perf_counter()
     if state is not None:

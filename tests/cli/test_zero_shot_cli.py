@@ -33,6 +33,7 @@ def test_zero_shot_predict_circuit_members_evaluate(tmp_path, clip_model, image_
         "members", "--model", clip, "--circuit", str(circuit), "--budget", "3", "--pool", "6", "--out", str(members)
     ).stdout
     assert "zero-shot Hydra Ensemble of 3 members" in out
+    assert (members / "model" / "README.md").read_text().startswith("---\nlibrary_name: hydra-ensembles\n")  # its card
     report = tmp_path / "report"
     hydra_ens(
         "evaluate",

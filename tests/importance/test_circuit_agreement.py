@@ -198,3 +198,15 @@ def test_a_state_saved_without_a_time_record_says_its_earlier_time_is_unknown(tm
     resumed = _extract(script, state, 2)
     assert resumed["earlier_unknown"] and resumed["runs"] == 1
     assert "earlier runs' time, unknown" in script._extraction_row({"half": 1, "tie_note": None} | resumed)
+
+
+def test_a_state_of_other_weights_starts_the_search_and_its_time_over(tmp_path):
+    """A state copied in from the records was searched on another build of the model: the search refused to
+    resume it ("delete it"), and the next run copied it back from the records."""
+    script, state = load_script("circuit_halves"), tmp_path / "avg-half1-2.state.json"
+    first = _extract(script, state, 2)
+    state.write_text(json.dumps(json.loads(state.read_text()) | {"model": "another build"}))
+    with pytest.warns(UserWarning, match="written for other model weights"):
+        again = _extract(script, state, 2)
+    assert again["runs"] == 1 and again["seconds"] == pytest.approx(again["this_run_seconds"])
+    assert again["removed"] == first["removed"]  # searched afresh, on these weights

@@ -131,14 +131,18 @@ def _zero_shot_members(args: argparse.Namespace, out, model_dir: Path, source_pa
     ensemble = zero_shot_ensemble(
         two_tower, classes, prompt_tokenizer(model_dir), templates or list(DEFAULT_TEMPLATES), image, text
     )
-    ensemble.save_pretrained(out.path / "model")
-    for where in (model_dir, model_dir / "text"):
-        copy_preprocessor(where, out.path / "model")
+    save_predictor(ensemble, out.path / "model", also=lambda folder: _copy_both_preprocessors(model_dir, folder))
     for index, (image_counts, text_counts) in enumerate(ensemble.head_counts()):
         print(f"member{index}: keeps {image_counts} image and {text_counts} text heads")
     out.finish({"model_dir": "model", "members": len(members), "classes": classes})
     print(f"wrote a zero-shot Hydra Ensemble of {len(members)} members -> {out.path}/model")
     return 0
+
+
+def _copy_both_preprocessors(model_dir: Path, folder: Path) -> None:
+    """A two-tower checkpoint's image processor and its text tower's tokenizer (saved in `text/`), side by side."""
+    for where in (model_dir, model_dir / "text"):
+        copy_preprocessor(where, folder)
 
 
 def _check_fits(model, source, given: str) -> None:
