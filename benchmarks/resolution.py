@@ -108,7 +108,7 @@ def single_on_validation(
     # `trained`, not `single`: `single` measures a rebuilt model on the test set to compare it with its row
     model = pieces.trained("single", train, checkpoint=checkpoint)
     seconds = time.perf_counter() - started if training != "cached" else None
-    kept = kept_epoch(read_json_record(pieces.cache / suite.TRAINING)["single"])
+    kept = kept_epoch(pieces.training_of("single", model))  # this build's: a rebuild trains to other epochs
     probe = {k: v[:PROBE] for k, v in task.val[0].items() if k != "labels"}
     record = kept | {
         "training": training,

@@ -114,6 +114,25 @@ def test_single_on_validation_trains_once_then_reads_the_cache_never_the_test_se
     assert first_nll.mean().item() == pytest.approx(first["val_nll"], rel=1e-4)  # the kept epoch's own NLL
 
 
+def test_a_rebuilt_single_is_described_by_its_own_training_not_the_first_builds(
+    resolution,
+    tiny_task,  # noqa: F811
+    tmp_path,
+):
+    """The kept epoch was read from the first build's training record while the NLL came from this machine's
+    rebuild (image-dinov2 seed 1: kept epoch 4 recorded, 8 rebuilt)."""
+    cache, records = tmp_path / "cache", tmp_path / "records"
+    recorded = records / f"tiny-{tiny_task.fingerprint()}" / "seed0"
+    first_build = {"epochs": [{"epoch": 1, "loss": 9.0, "val_nll": 9.0, "val_acc": 0.1}], "kept_epoch": 1}
+    write_json_atomic(recorded / "training.json", {"single": first_build})
+    write_json_atomic(recorded / "model_digests.json", {"single": "built elsewhere"})
+    with pytest.warns(UserWarning, match="differ from the digest recorded"):
+        trained, _ = resolution.single_on_validation(tiny_task, 0, cache, records=records, progress=False)
+    cached, _ = resolution.single_on_validation(tiny_task, 0, cache, records=records, progress=False)
+    for said in (trained, cached):
+        assert said["val_nll"] != 9.0 and said["epochs_run"] == tiny_task.recipe.epochs
+
+
 def test_records_of_batches_cut_otherwise_are_refused_before_training(
     resolution,
     tiny_task,  # noqa: F811

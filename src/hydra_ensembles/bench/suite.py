@@ -21,7 +21,7 @@ import json
 import re
 import shutil
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -36,7 +36,7 @@ from ..evaluation.report import evaluate, measure
 from ..evaluation.tables import COLUMNS, CONVENTIONS, mean_std, per_set_lines, render, table_lines
 from ..fusion import HydraEnsemble
 from ..importance import Circuit, extract_circuit, oba_prune, taylor_head_scores
-from ..io import read_json_record, torch_save_atomic, write_json_atomic
+from ..io import read_json_record, torch_save_atomic, weights_digest, write_json_atomic
 from ..members import build_members, head_map_overlap, sample_members
 from ..outputs import collect_member_logits, labels_of
 from ..predictors import (
@@ -58,7 +58,7 @@ from ..predictors import (
 from ..pruning import kept_neurons, linear_parameters, mask_weights, prune_heads
 from ..training import finetune, finetune_fused
 from . import runner
-from .records import check_digest, checked_single, discard_stale_state, rebuilt_notes
+from .records import DIGESTS, check_digest, checked_single, discard_stale_state, rebuilt_notes
 from .runner import SeedRun, Table
 
 PLOTTED = ("Single", "Deep Ensembles", "Hydra (Taylor)", "Hydra (Circ)")
@@ -139,9 +139,17 @@ class Pieces:
         other weights (`records.check_digest`): the first stays, as the rows recorded before were measured on it,
         and this one is kept as "<name>, rebuilt" (a third build as "<name>, rebuilt 2", and so on)."""
         recorded = read_json_record(self.cache / TRAINING)
-        keys = itertools.chain((name, f"{name}, rebuilt"), (f"{name}, rebuilt {k}" for k in itertools.count(2)))
-        key = next(key for key in keys if recorded.get(key, epochs) == epochs)
+        key = next(key for key in _build_keys(name) if recorded.get(key, epochs) == epochs)
         write_json_atomic(self.cache / TRAINING, recorded | {key: epochs})
+
+    def training_of(self, name: str, model: nn.Module) -> dict:
+        """How the model `name` of this seed trained (its `TRAINING` record): the first build's when `model` has
+        the recorded weights (or none are recorded), else the latest rebuild's, as the cache holds its latest build."""
+        recorded = read_json_record(self.cache / TRAINING)
+        if read_json_record(self.cache / DIGESTS).get(name) in (None, weights_digest(model)):
+            return recorded[name]
+        builds = list(itertools.takewhile(recorded.__contains__, _build_keys(name)))
+        return recorded[builds[-1]]
 
     def single(self) -> nn.Module:
         if self._single is None and self.base:
@@ -938,3 +946,8 @@ def sweep_markdown(summary: dict) -> str:
         *(f"\n{note}" for note in summary.get("notes", [])),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _build_keys(name: str) -> Iterator[str]:
+    """The `TRAINING` keys of the builds of `name`, first to last: "<name>", "<name>, rebuilt", "<name>, rebuilt 2"…"""
+    return itertools.chain((name, f"{name}, rebuilt"), (f"{name}, rebuilt {k}" for k in itertools.count(2)))
