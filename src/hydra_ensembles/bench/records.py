@@ -112,7 +112,8 @@ def _check_settings_agree(source: Path, target: Path) -> None:
         if new != old:
             raise ValueError(
                 f"{path} and {other} record other settings ({_differing(new, old)}): their rows would mix in one "
-                "table. Give one of the two runs its own --cache and --records directory."
+                "table. Give one of the two runs its own cache (--cache, or the HYDRA_ENSEMBLES_CACHE variable) and "
+                "records directory (--records)."
             )
 
 
