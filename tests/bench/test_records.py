@@ -103,7 +103,7 @@ def test_timed_runs_of_both_sides_are_kept_and_other_settings_are_refused(tmp_pa
         path.with_name("settings.json").write_text(json.dumps({"recovery": {"epochs": epochs}}))
         path.with_name("results.json").write_text(json.dumps({f"Uniform, {epochs} epochs": 1}))
     for source, target in (("records", "cache"), ("cache", "records")):
-        with pytest.raises(ValueError, match=r"record other settings \(recovery: .*\).*its own --cache"):
+        with pytest.raises(ValueError, match=r"record other settings \(recovery: .*\).*its own cache \(--cache"):
             records.copy_records(tmp_path / source, tmp_path / target, overwrite=target == "records")
     assert json.loads(cache.with_name("results.json").read_text()) == {"Uniform, 10 epochs": 1}  # nothing merged
     assert json.loads(kept.with_name("results.json").read_text()) == {"Uniform, 3 epochs": 1}
