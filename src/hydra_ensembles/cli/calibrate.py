@@ -26,12 +26,12 @@ from ..predictors import (
     CALIBRATION_MAPS,
     Calibrated,
     CalibrationMap,
-    copy_preprocessor,
     describe_saved,
     fit_calibration,
     model_config,
     save_predictor,
 )
+from ..predictors.classifier import copy_tower_preprocessors
 from .common import (
     add_data_options,
     add_device_argument,
@@ -85,9 +85,9 @@ def run(args: argparse.Namespace) -> int:
     member_logits, labels = collect_member_logits(model, val, not args.quiet), labels_of(val)  # (N, M, C), (N,)
     calibration_map = fit_calibration(args.method, member_logits, labels)
     target = out.path / "model"
-    save_predictor(Calibrated(model, calibration_map), target)
-    for where in (model_dir, model_dir / "text"):  # the tokenizer / image processor (a two-tower's: text/)
-        copy_preprocessor(where, target)
+    save_predictor(
+        Calibrated(model, calibration_map), target, also=lambda folder: copy_tower_preprocessors(model_dir, folder)
+    )
     results = _results(args.method, calibration_map, member_logits, labels)
     out.finish({"model_dir": "model", **results})
     _report(results, calibration_map)

@@ -36,7 +36,7 @@ from ..predictors import (
     saved_kind,
     zero_shot_ensemble,
 )
-from ..predictors.classifier import prompt_tokenizer
+from ..predictors.classifier import copy_tower_preprocessors, prompt_tokenizer
 from ..predictors.clip_zero_shot import DEFAULT_TEMPLATES
 from ..pruning import kept_heads
 from .common import CommandError, add_zero_shot_options, check_one_model, classifier_at, zero_shot_options
@@ -131,18 +131,12 @@ def _zero_shot_members(args: argparse.Namespace, out, model_dir: Path, source_pa
     ensemble = zero_shot_ensemble(
         two_tower, classes, prompt_tokenizer(model_dir), templates or list(DEFAULT_TEMPLATES), image, text
     )
-    save_predictor(ensemble, out.path / "model", also=lambda folder: _copy_both_preprocessors(model_dir, folder))
+    save_predictor(ensemble, out.path / "model", also=lambda folder: copy_tower_preprocessors(model_dir, folder))
     for index, (image_counts, text_counts) in enumerate(ensemble.head_counts()):
         print(f"member{index}: keeps {image_counts} image and {text_counts} text heads")
     out.finish({"model_dir": "model", "members": len(members), "classes": classes})
     print(f"wrote a zero-shot Hydra Ensemble of {len(members)} members -> {out.path}/model")
     return 0
-
-
-def _copy_both_preprocessors(model_dir: Path, folder: Path) -> None:
-    """A two-tower checkpoint's image processor and its text tower's tokenizer (saved in `text/`), side by side."""
-    for where in (model_dir, model_dir / "text"):
-        copy_preprocessor(where, folder)
 
 
 def _check_fits(model, source, given: str) -> None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 
 from ..evaluation.ood import OOD_SCORES
-from ..predictors import copy_preprocessor, describe_saved, fit_feature_scores, model_config, save_predictor
+from ..predictors import describe_saved, fit_feature_scores, model_config, save_predictor
+from ..predictors.classifier import copy_tower_preprocessors
 from ..predictors.feature_ood import FEATURE_SCORES
 from ..predictors.feature_scored import FEATURE_SCORE_NAMES
 from .common import (
@@ -75,9 +76,7 @@ def run(args: argparse.Namespace) -> int:
     train = read_data(args, args.data, model_dir, model_config(model), labelled=True, flag="--data").batches
     scored = fit_feature_scores(model, train, scores, k=args.k, vim_dim=args.vim_dim, progress=not args.quiet)
     target = out.path / "model"
-    save_predictor(scored, target)
-    for where in (model_dir, model_dir / "text"):  # the tokenizer / image processor
-        copy_preprocessor(where, target)
+    save_predictor(scored, target, also=lambda folder: copy_tower_preprocessors(model_dir, folder))
     out.finish({"model_dir": "model", "scores": scores, "examples": scored.examples} | _fitted(scored))
     members = len(next(iter(scored.detectors.values())).members)
     print(f"fitted {', '.join(scores)} on the features of {scored.examples} training inputs, {members} member(s)")

@@ -113,3 +113,10 @@ def copy_preprocessor(source: Path, target: Path) -> None:
         if (source / name).is_file():
             target.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source / name, target / name)
+
+
+def copy_tower_preprocessors(source: Path, target: Path) -> None:
+    """`copy_preprocessor` of a checkpoint and of its text tower's folder (`text/`, where a two-tower checkpoint keeps
+    its tokenizer), both into `target`."""
+    for where in (source, source / "text"):
+        copy_preprocessor(where, target)
