@@ -55,10 +55,8 @@ def single_model(task, size: str, seed: int, progress: bool = True, records: Pat
     """(the single model the suite trained for `seed`, its seed's cache directory). A cache without it (a
     machine that kept only the benchmark's records, `records`) trains it as `hydra-ens bench` does, checked
     against the recorded digests the same way."""
-    cache = cache_dir() / "bench" / size
-    runner.pull_records(records, cache, task)  # the records' batch layout and digests, as `hydra-ens bench` does
-    seed_cache = runner.seed_dir(cache, task, seed)
-    runner.record_batches(seed_cache.parent, task)  # before its first model is built there
+    # the records' batch layout and digests first, as `hydra-ens bench` reads them
+    seed_cache = runner.prepared_seed_dir(cache_dir() / "bench" / size, task, seed, records)
     return suite.Pieces(runner.SeedRun(task, seed, seed_cache, progress=progress)).single(), seed_cache
 
 

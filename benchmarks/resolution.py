@@ -98,9 +98,8 @@ def single_on_validation(
     validation data only: (`kept_epoch`'s fields, `training` ("trained", "resumed" from a checkpoint, or "cached"),
     `train_seconds` and `seconds_per_epoch` (when trained now, else None), `flops_per_example`, `max_epochs` and the
     task's `fingerprint`; each validation example's NLL, shape (N,))."""
-    seed_cache = runner.seed_dir(cache, task, seed)
-    runner.pull_records(records, cache, task)  # the records' batch layout and digests, as `hydra-ens bench` does
-    runner.record_batches(seed_cache.parent, task)  # refuses batches cut otherwise, before a model is built there
+    # the records' batch layout and digests first, as `hydra-ens bench` reads them: batches cut otherwise are refused
+    seed_cache = runner.prepared_seed_dir(cache, task, seed, records)
     pieces = suite.Pieces(runner.SeedRun(task, seed, seed_cache, progress=progress))
     train, checkpoint = pieces.from_start(seed)
     training = _training_state(seed_cache, checkpoint)

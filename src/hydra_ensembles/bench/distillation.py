@@ -326,8 +326,7 @@ def benchmark_experiment(
     """`benchmark_seed` of every seed, as distill-<task> (distill-<task>-k<k> for `head_layers` k other than 1)."""
 
     def seed_rows(seed: int) -> dict[str, dict]:
-        seed_cache = runner.seed_dir(cache, task, seed)
-        runner.record_batches(seed_cache.parent, task)
+        seed_cache = runner.prepared_seed_dir(cache, task, seed)
         return benchmark_seed(task, seed, seed_cache, head_layers=head_layers, progress=progress)
 
     name = f"distill-{task.name}" + (f"-k{head_layers}" if head_layers != 1 else "")

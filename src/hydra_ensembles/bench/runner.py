@@ -144,6 +144,18 @@ def push_records(cache_dir: str | os.PathLike, records_dir: str | os.PathLike, t
     return copy_records(Path(cache_dir) / key, Path(records_dir) / key, overwrite=True)
 
 
+def prepared_seed_dir(
+    cache_dir: str | os.PathLike, task: BenchTask, seed: int, records: str | os.PathLike | None = None
+) -> Path:
+    """`seed_dir`, ready for a model to be built in it outside a `run`: the task's records pulled in first when
+    `records` is given (`pull_records`), then its batch layout recorded (`record_batches`)."""
+    if records is not None:
+        pull_records(records, cache_dir, task)
+    folder = seed_dir(cache_dir, task, seed)
+    record_batches(folder.parent, task)
+    return folder
+
+
 SPLITS = ("train", "val", "test", "circuit_id", "circuit_ood")
 
 
