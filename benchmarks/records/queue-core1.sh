@@ -23,9 +23,7 @@ hydra-ens bench sentiment-mpnet --seeds 2 --records $R --quiet --untimed --out /
 hydra-ens bench sentiment-mpnet --seeds 0 1 2 --records $R --quiet --untimed --out benchmarks/results/text-sentiment-all-mpnet-base-v2/seeds012 --rows Single "Deep Ensembles" "Temp. scaling" CircAvg "CircAvg, temp. scaling" "Hydra (Taylor)" "Hydra (Circ)" "Hydra (Circ), temp. scaling"
 # is sentiment's circuit (60 ID + 80 OOD validation texts) the model's or the sample's? (issue 39 item 1; ~2 h)
 python benchmarks/circuit_halves.py sentiment-mpnet --seed 0 --first 12 24 48
-# issue 39 item 7, steps 0-3 of the protocol ablation on image-dinov2 seed 0 (each step its own cache; step 3 takes
-# step 2's circuit; step 4, the current task, runs on core 0 whose cache holds it): ~10 h
-python benchmarks/protocol_ablation.py --seed 0 --steps 0 1 2 3
+# (issue 39 item 7's protocol ablation runs on core 0: queue.sh)
 hydra-ens bench sentiment-mpnet --seeds 0 --records $R --quiet --cost-curve
 # issue 42: the extras of seed 0's Single and Deep Ensembles are done (2026-11-26); these add CircAvg and Hydra (Circ)
 python benchmarks/uncertainty_extras.py sentiment-mpnet --seeds 0 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" --quiet

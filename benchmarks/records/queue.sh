@@ -39,10 +39,11 @@ hydra-ens bench image-dinov2 --seeds 0 1 2 --records $R --quiet --untimed --out 
 # then issue 39's other two measurements: is the circuit the model's (two disjoint halves of the validation
 # data), and which protocol change moved what (seed 0, about an hour a step on 2 cores)
 python benchmarks/circuit_halves.py image-dinov2 --seed 0 --first 12 24 48  # is the circuit the model's?
-# the ablation's steps 0-3 (own caches, ~10 h) run on core 1 (queue-core1.sh); step 4 is this cache's seed 0 rows.
-# Its ablation.md renders the steps whose tables sit in results/image-dinov2/ablation/: with both cores' step
-# folders copied into one checkout, `--steps 4` renders all five from the records in seconds
+# step 4 is this cache's seed 0 rows; steps 0-3 (own caches, ~10 h) follow here (moved from queue-core1.sh,
+# 2026-11-29: that core has sentiment-mpnet's Hydra (Taylor) on three seeds ahead, ~11 h). ablation.md renders
+# every step whose table sits in results/image-dinov2/ablation/, from the records in seconds
 python benchmarks/protocol_ablation.py --seed 0 --steps 4
+python benchmarks/protocol_ablation.py --seed 0 --steps 0 1 2 3
 # issue 41 and 44 on seed 0's base
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --untimed --out benchmarks/results/image-dinov2/oba --rows Single "Single, trained as long" CircAvg "Hydra (Circ)" OBA
 hydra-ens bench image-dinov2 --seeds 0 --records $R --quiet --cost-curve
