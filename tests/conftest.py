@@ -237,13 +237,23 @@ TRAINED_SCALE = {
 }
 
 
+# HF's init zeroes every bias, which would hide a bias that pruning or fusion drops or cuts at the wrong heads or
+# neurons (a trained model's are not zero); at 0.05 one tiny model's MLP neuron nearly dies (effect 8e-4 < DEFECT)
+TRAINED_BIAS = 0.02
+
+
 def at_trained_scale(name: str, seed: int = 0) -> torch.nn.Module:
-    """MODELS[name](seed) with its linear weights scaled to a trained model's size (TRAINED_SCALE)."""
+    """MODELS[name](seed) at a trained model's size: linear weights scaled (TRAINED_SCALE) and every bias drawn
+    (std TRAINED_BIAS)."""
     model = MODELS[name](seed)
+    g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, torch.nn.Linear):
                 module.weight.mul_(TRAINED_SCALE.get(name, 1.0))
+        for parameter_name, parameter in model.named_parameters():
+            if parameter_name.endswith("bias"):
+                parameter.copy_(TRAINED_BIAS * torch.randn(parameter.shape, generator=g))
     return model
 
 
@@ -401,6 +411,14 @@ def fused_output(ensemble, inputs: dict) -> torch.Tensor:
     with torch.no_grad():
         out = ensemble(**inputs)
     return out.member_logits if out.member_logits is not None else out.member_pooled  # (B, M, C)
+
+
+def index_order(model: torch.nn.Module) -> list[tuple[int, int]]:
+    """The model's kept heads in (layer, head) order: what a circuit search blind to the heads would remove first
+    (every candidate tied, decided by index order), so a search that equals another must not remove these."""
+    import hydra_ensembles as he
+
+    return [(layer, head) for layer, heads in he.kept_heads(model).items() for head in heads]
 
 
 def smallest_head_effect(model: torch.nn.Module, inputs: dict) -> float:

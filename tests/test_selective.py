@@ -15,10 +15,7 @@ from hydra_ensembles import metrics as M
 from hydra_ensembles.evaluation import plots
 from hydra_ensembles.evaluation.report import selective_metrics
 from hydra_ensembles.metrics.augrc import _compute as augrc_compute
-from hydra_ensembles.metrics.aurc import _compute as aurc_compute
 from hydra_ensembles.metrics.aurc import confidence_and_error
-from hydra_ensembles.metrics.coverage_at_risk import _compute as coverage_compute
-from hydra_ensembles.metrics.risk_at_coverage import _compute as risk_compute
 
 
 def _two_class(confidence, error):
@@ -234,10 +231,3 @@ def test_selective_metrics_of_member_logits_and_the_plot(tmp_path):
     sharper = probs**2 / (probs**2).sum(dim=1, keepdim=True)
     path = plots.risk_coverage({"a": (probs, labels), "b": (sharper, labels)}, tmp_path / "rc.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
-
-
-def test_private_computes_match_the_public_functions():
-    confidence, error = confidence_and_error(*HAND)
-    assert aurc_compute(confidence, error) == M.aurc(*HAND)
-    assert risk_compute(confidence, error, 0.8) == M.risk_at_coverage(*HAND)
-    assert coverage_compute(confidence, error, 0.05) == M.coverage_at_risk(*HAND)

@@ -10,7 +10,17 @@ import copy
 import pytest
 import torch
 import transformers as T
-from conftest import DEBERTA, HEADS, MODELS, at_trained_scale, fused_output, make_inputs, output, perturb
+from conftest import (
+    DEBERTA,
+    HEADS,
+    MODELS,
+    at_trained_scale,
+    fused_output,
+    index_order,
+    make_inputs,
+    output,
+    perturb,
+)
 from tolerances import CONTRACT, DEFECT
 
 import hydra_ensembles as he
@@ -119,6 +129,7 @@ def test_fast_circuit_equals_reference():
     circuit = he.extract_circuit(model, id_batches, ood_batches, "avg", budget=3, method="reference", progress=False)
     assert len(set(circuit.removed)) == 3 and he.kept_heads(model) == {i: list(range(HEADS)) for i in range(3)}
     fast = he.extract_circuit(model, id_batches, ood_batches, "avg", budget=3, method="fast", progress=False)
+    assert circuit.removed != index_order(model)[:3]  # the heads decided it: a blind scorer would not agree
     assert fast.removed == circuit.removed
 
 
@@ -230,6 +241,7 @@ def test_the_conv_candidates_of_the_fast_circuit_search_equal_the_reference():
         assert max((fast[h] - reference[h]).abs().max().item() for h in candidates) <= CONTRACT
     circuit = he.extract_circuit(model, id_batches, ood_batches, "avg", budget=3, method="reference", progress=False)
     fast = he.extract_circuit(model, id_batches, ood_batches, "avg", budget=3, method="fast", progress=False)
+    assert circuit.removed != index_order(model)[:3]  # the heads decided it: a blind scorer would not agree
     assert fast.removed == circuit.removed
 
 

@@ -166,13 +166,14 @@ def test_weight_decay_moves_a_fused_ensemble_as_it_moves_each_member_alone(name)
     """AdamW decays matrices, not biases, norms or layer scales; stacked per member in a fused ensemble those are
     2-D tensors, which `no_weight_decay` names. With a zero loss one step is the decay alone: unfused, the fused
     ensemble's step equals each member's own step (a decayed bias or norm would differ by a factor 1 - lr * wd)."""
-    pruned = he.build_members(at_trained_scale(name), random_head_maps(2, seed=5))
+    pruned = he.build_members(at_trained_scale(name), random_head_maps(2, seed=5))  # biases not zero
     fused = he.HydraEnsemble.fuse(pruned, mlp="stack")
+    templates = [copy.deepcopy(member) for member in pruned]  # untrained: a tensor unfuse misses would show
     recipe = ONE_STEP.with_(weight_decay=0.5, clip=None)
     nothing = lambda output, batch: 0 * (getattr(output, "member_logits", output)).sum()  # noqa: E731
     ft.train(fused, _labelled(name), recipe, loss=nothing, progress=False)
     alone = [ft.train(member, _labelled(name), recipe, loss=nothing, progress=False) for member in pruned]
-    for rebuilt, member in zip(fused.unfuse(alone), alone, strict=True):
+    for rebuilt, member in zip(fused.unfuse(templates), alone, strict=True):
         expected = member.state_dict()
         for key, tensor in rebuilt.state_dict().items():
             torch.testing.assert_close(tensor, expected[key], rtol=0, atol=CONTRACT, msg=key)

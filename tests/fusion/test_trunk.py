@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-from conftest import HEADS, LAYERS, MODELS, fused_output, make_inputs, output
-from tolerances import CONTRACT
+from conftest import HEADS, LAYERS, at_trained_scale, fused_output, make_inputs, output, smallest_head_effect
+from tolerances import CONTRACT, DEFECT
 
 import hydra_ensembles as he
 
@@ -21,7 +21,7 @@ def _members(name: str, shared_layers: int):
         for m in range(3)
     ]
     # with every layer shared the head maps are equal; the classifiers, nudged below, still make them distinct
-    members = he.build_members(MODELS[name](), maps, allow_identical=True)
+    members = he.build_members(at_trained_scale(name), maps, allow_identical=True)
     for m, member in enumerate(members):
         with torch.no_grad():
             for param_name, p in member.named_parameters():
@@ -42,6 +42,7 @@ def test_trunk_is_exact(name, shared_layers):
     assert ensemble.trunk == shared_layers
     expected = torch.stack([output(m, inputs) for m in members], dim=1)
     assert (fused_output(ensemble, inputs) - expected).abs().max().item() <= CONTRACT
+    assert smallest_head_effect(members[-1], inputs) >= DEFECT  # a head misplaced in or past the trunk would show
 
 
 def test_trunk_flops_fall_with_shared_layers():

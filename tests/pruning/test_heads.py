@@ -92,12 +92,15 @@ def test_sequential_pruning_equals_one_shot_pruning():
 
 def test_emptied_layer_adds_only_the_output_bias():
     """Documented semantics of pruning every head of a layer: attention output == W_o bias, exactly."""
-    model = he.prune_heads(MODELS["vit"](), {1: list(range(HEADS))})
+    model = at_trained_scale("vit")  # its biases drawn: HF's init zeroes them
+    bias = model.vit.layers[1].attention.o_proj.bias.detach().clone()
+    assert bias.abs().min() > 0
+    he.prune_heads(model, {1: list(range(HEADS))})
     layer = model.vit.layers[1]
     assert he.kept_heads(model)[1] == []
     x = torch.randn(2, 17, 32)
     attention_out, _ = layer.attention(x)
-    assert torch.equal(attention_out, layer.attention.o_proj.bias.expand_as(attention_out))
+    assert torch.equal(attention_out, bias.expand_as(attention_out))
     assert not layer.attention.q_proj.weight.requires_grad  # the placeholder stays zero under fine-tuning
     assert layer.attention.o_proj.bias.requires_grad
 

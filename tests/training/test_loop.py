@@ -161,7 +161,7 @@ def test_train_last_updates_only_the_last_blocks_and_the_head():
     assert any(k.startswith("classifier.") for k in changed) and any(k.startswith("vit.layers.2.") for k in changed)
 
 
-def test_validation_keeps_the_best_epoch_and_stops_early():
+def test_validation_keeps_the_epoch_best_on_the_monitored_score():
     model = MODELS["bert"]()
     config = CONFIG.with_(epochs=6, patience=1, lr=5e-2, monitor="nll")
     ft.finetune(model, _data(), config, val_loader=_data(seed=20), progress=False)
