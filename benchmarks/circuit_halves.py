@@ -120,10 +120,13 @@ def timed_extraction(
     progress: bool,
 ) -> tuple[Circuit, dict]:
     """(the circuit, what the report says of its extraction: data sizes, wall time across runs, search, ties,
-    ranking). The time record beside `state` is rewritten at the start (marking this run open) and at the end."""
+    ranking). The time record beside `state` is rewritten at the start (marking this run open) and at the end
+    (closed: "running_since" null, not absent, so that merging an older copy saved mid-run cannot reopen it). A run
+    that finds the search done (its state unchanged) is not counted."""
     if state is not None:  # a state (from the records, too) of other weights: the search and its time start over
         discard_stale_state(state, model)
     earlier = time_so_far(state)
+    before = state.read_bytes() if state is not None and state.exists() else None
     opened, started = time.time(), time.perf_counter()
     if state is not None:
         write_json_atomic(time_path(state), earlier | {"runs": earlier["runs"] + 1, "running_since": opened})
@@ -131,9 +134,10 @@ def timed_extraction(
         model, id_batches, ood_batches, criterion, budget, **(settings or {}), state_path=state, progress=progress
     )
     this_run = time.perf_counter() - started
-    spent = earlier | {"seconds": earlier["seconds"] + this_run, "runs": earlier["runs"] + 1}
+    searched = before is None or state.read_bytes() != before
+    spent = earlier | ({"seconds": earlier["seconds"] + this_run, "runs": earlier["runs"] + 1} if searched else {})
     if state is not None:
-        write_json_atomic(time_path(state), spent)
+        write_json_atomic(time_path(state), spent | {"running_since": None})
     return circuit, {
         "id_examples": _examples(id_batches),
         "ood_examples": _examples(ood_batches),
@@ -160,7 +164,7 @@ def time_so_far(state: Path | None) -> dict:
     if not time_path(state).exists():
         return {"seconds": 0.0, "runs": 0, "earlier_unknown": True}
     record = json.loads(time_path(state).read_text())
-    killed_run_start = record.pop("running_since", None)
+    killed_run_start = record.pop("running_since", None)  # null: the last run closed
     if killed_run_start is not None:
         record["seconds"] += max(0.0, state.stat().st_mtime - killed_run_start)
     return record

@@ -10,6 +10,7 @@ from circuit_support import circuit_data, circuit_model
 from conftest import HEADS, LAYERS, load_script, make_inputs
 
 import hydra_ensembles as he
+from hydra_ensembles.bench.records import copy_records
 from hydra_ensembles.importance.circuit import chance_agreement, chance_p_value, removal_agreement, split_halves
 
 A, B, C, D, E, F = [(0, h) for h in range(4)] + [(1, 0), (1, 1)]
@@ -164,12 +165,29 @@ def _extract(script, state, budget: int) -> dict:
 
 def test_resumed_extraction_reports_the_seconds_of_every_run_added_up(tmp_path):
     script, state = load_script("circuit_halves"), tmp_path / "avg-half1-4.state.json"
-    runs = [_extract(script, state, budget) for budget in (2, 4, 4)]  # fresh, resumed half-way, resumed when done
-    assert [run["runs"] for run in runs] == [1, 2, 3]
-    assert runs[-1]["seconds"] == pytest.approx(sum(run["this_run_seconds"] for run in runs))
+    runs = [_extract(script, state, budget) for budget in (2, 4, 4)]  # fresh, resumed half-way, run when done
+    assert [run["runs"] for run in runs] == [1, 2, 2]  # the last found the search done: not a run of it
+    assert runs[-1]["seconds"] == pytest.approx(sum(run["this_run_seconds"] for run in runs[:2]))
     assert json.loads(script.time_path(state).read_text())["seconds"] == runs[-1]["seconds"]
     report = {"half": 1, "tie_note": None} | runs[-1]
-    assert f"{runs[-1]['seconds']:.1f} s over 3 runs |" in script._extraction_row(report)
+    assert f"{runs[-1]['seconds']:.1f} s over 2 runs |" in script._extraction_row(report)
+
+
+def test_a_finished_search_stays_closed_when_a_copy_saved_mid_run_is_merged_in(tmp_path):
+    """A record saved while the search ran (its run open) and pulled back into the cache after the search finished:
+    merged key by key, it reopened the finished run, and the next run counted the time since as a killed run's."""
+    script, state = load_script("circuit_halves"), tmp_path / "cache" / "avg-half1-4.state.json"
+    state.parent.mkdir()
+    _extract(script, state, 2)
+    time_record = json.loads(script.time_path(state).read_text())
+    saved_mid_run = tmp_path / "records" / script.time_path(state).name
+    saved_mid_run.parent.mkdir()
+    saved_mid_run.write_text(json.dumps(time_record | {"runs": 2, "running_since": time.time()}))
+    done = _extract(script, state, 4)
+    copy_records(saved_mid_run.parent, state.parent, overwrite=False)  # the cache's own files win
+    assert json.loads(script.time_path(state).read_text())["running_since"] is None
+    again = _extract(script, state, 4)
+    assert again["runs"] == done["runs"] == 2 and again["seconds"] == done["seconds"]
 
 
 def test_a_killed_run_counts_up_to_its_last_saved_step(tmp_path, monkeypatch):
@@ -195,7 +213,7 @@ def test_a_state_saved_without_a_time_record_says_its_earlier_time_is_unknown(tm
     script, state = load_script("circuit_halves"), tmp_path / "avg-half1-2.state.json"
     _extract(script, state, 2)
     script.time_path(state).unlink()
-    resumed = _extract(script, state, 2)
+    resumed = _extract(script, state, 4)  # goes on: a run
     assert resumed["earlier_unknown"] and resumed["runs"] == 1
     assert "earlier runs' time, unknown" in script._extraction_row({"half": 1, "tie_note": None} | resumed)
 
