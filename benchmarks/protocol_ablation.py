@@ -190,11 +190,14 @@ def run_steps(chosen: list[int], seed: int, cache: Path, out: Path, command: str
             )
         finally:
             runner.push_records(cache, RECORDS, task)
-    record = {"seed": seed, "machine": machine(), "command": command, "steps": {}, "between": {}}
-    for k, (label, _, _) in enumerate(all_steps):
+    record = {"seed": seed, "machine": machine(), "command": command, "steps": {}, "between": {}, "rebuilt": {}}
+    for k, (label, task, _) in enumerate(all_steps):
         path = out / f"step{k}" / "table.json"
         if path.exists():
-            record["steps"][label] = json.loads(path.read_text())
+            summary = json.loads(path.read_text())
+            record["steps"][label] = summary
+            if rebuilt := summary.get("notes", [])[len(task.notes) :]:  # after the task's own: models built again
+                record["rebuilt"][label] = rebuilt
     dirs = [runner.seed_dir(cache, task, seed) for _, task, _ in all_steps]
     labels = labels_of(current.test)
     for k in range(1, len(all_steps)):
@@ -237,6 +240,9 @@ def markdown(record: dict) -> str:
     for label, summary in record["steps"].items():
         if summary.get("differences"):
             lines += ["", f"**{label}**", "", *difference_lines(summary["differences"])]
+    if record.get("rebuilt"):
+        lines += ["", "## Models built again", ""]
+        lines += [f"**{label}**: {' '.join(notes)}\n" for label, notes in record["rebuilt"].items()]
     if record.get("between"):
         lines += ["", "## What each step moved: each row against the same row of the step above", ""]
         for label, said in record["between"].items():

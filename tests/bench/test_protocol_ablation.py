@@ -94,3 +94,15 @@ def test_each_step_is_compared_with_the_step_above_row_by_row(tmp_path):
         {"rows": ["Hydra (Circ), step 3", "step 2"]} | {m: i._asdict() for m, i in expected.items()}
     ]
     assert "Hydra (Circ), step 3 vs step 2" in "\n".join(ablation.difference_lines(said))
+
+
+def test_the_table_says_which_steps_rows_were_built_on_models_built_again():
+    """A step's table.json carries the task's notes, then a note per seed whose models were built again with
+    other weights (`records.rebuilt_notes`): the ablation table repeats those, under their step."""
+    ablation = load_script("protocol_ablation")
+    summary = {"rows": {"Single": {}}, "notes": ["the task's note"]}
+    record = {"seed": 0, "machine": "m", "command": "c", "steps": {"4. now": summary}, "between": {}, "rebuilt": {}}
+    assert "Models built again" not in ablation.markdown(record)
+    record["rebuilt"] = {"4. now": ["Seed 0: hydra-circ0 trained again with different weights."]}
+    text = ablation.markdown(record)
+    assert "## Models built again" in text and "**4. now**: Seed 0: hydra-circ0 trained again" in text
