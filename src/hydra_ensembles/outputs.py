@@ -121,6 +121,8 @@ def labels_of(loader: Iterable[Mapping[str, Any]]) -> Tensor:
         batches += 1
         if batch.get("labels") is not None:
             labels.append(torch.as_tensor(batch["labels"]))
+    if not batches:
+        raise ValueError("the loader is empty: it yielded no batches.")
     if not labels:
         raise ValueError("the loader has no 'labels'.")
     if len(labels) < batches:

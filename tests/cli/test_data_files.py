@@ -70,6 +70,30 @@ def test_class_names_come_from_id2label_and_integer_names_are_not_ids():
     named = {"0": 0, "2": 1}  # classes named "0" and "2": is "1" a name or an id?
     with pytest.raises(ValueError, match=r"label\(s\) \['1'\] are not classes of the model.*use those names\.$"):
         label_ids(["0", "1"], named, 2)
+    # ids 1..C, one off: the message names the id out of range, not the valid ones beside it
+    with pytest.raises(ValueError, match=r"label id\(s\) \[2\] are outside the model's 2 classes .ids 0..1"):
+        label_ids(["1", "2"], class_ids(config), 2)
+
+
+def test_texts_are_cut_at_the_models_positions_when_the_tokenizer_has_no_limit(tmp_path):
+    """A tokenizer saved without `model_max_length` leaves the model's positions the only limit: past them the
+    forward pass failed with a shape error; the RoBERTa family's positions start after the padding index."""
+    from conftest import MODELS, VOCAB
+
+    from hydra_ensembles.data.files import model_positions, read_encoded
+
+    model = MODELS["bert"]()  # 24 positions
+    assert model_positions(model.config) == model.config.max_position_embeddings == 24
+    assert model_positions(T.RobertaConfig(max_position_embeddings=514, pad_token_id=1)) == 512
+    assert model_positions(T.DebertaV2Config(position_biased_input=False)) is None  # relative positions only
+    words = [f"w{i}" for i in range(VOCAB - 5)]
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer = T.BertTokenizer(vocab={token: i for i, token in enumerate(special + words)})
+    assert tokenizer.model_max_length > 10**6  # no limit of its own
+    (tmp_path / "long.txt").write_text(" ".join(words[:40]) + "\nw1 w2\n")
+    encoded = read_encoded(tmp_path / "long.txt", "text", tokenizer, model.config, labelled=False, max_length=128)
+    assert encoded.cut == 1 and max(batch["input_ids"].shape[1] for batch in encoded.batches) == 24
+    model.eval()(**encoded.batches[0])  # runs
 
 
 def test_integer_pixels_are_0_to_255_and_float_pixels_0_to_1():

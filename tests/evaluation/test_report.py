@@ -72,3 +72,21 @@ def test_id_positive_convention_on_request():
         ood_metrics(id_logits, ood_logits, positive="in")
     with pytest.raises(ValueError, match="unknown OOD score"):
         ood_metrics(id_logits, ood_logits, score="odin")
+
+
+def test_ood_logits_of_another_predictor_or_of_the_wrong_kind_are_refused():
+    """OOD logits with other classes or members than the ID ones gave an AUROC without a word (0.0 here)."""
+    logits, labels = torch.randn(4, 3, 3), torch.tensor([0, 1, 2, 0])
+    with pytest.raises(ValueError, match=r"\(4, 3, 2\) do not match the ID ones \(4, 3, 3\)"):
+        evaluate(logits, labels, near={"n": logits[..., :2]})
+    with pytest.raises(ValueError, match=r"do not match the ID ones"):
+        evaluate(logits, labels, far={"f": logits[:, :2]})  # two members of three
+    with pytest.raises(ValueError, match=r"must be a tensor \(N, M, C\), got list: collect"):
+        evaluate(logits, labels, near={"n": [{"input_ids": torch.ones(1, 2)}]})  # a loader, not logits
+    with pytest.raises(TypeError, match=r"OOD sets go by name: pass \{name: data\}, got list"):
+        evaluate(logits, labels, near=[logits])
+    assert evaluate(logits, labels, near={"n": torch.randn(5, 3, 3)})["near"]["auroc"] >= 0  # the right kind runs
+    from hydra_ensembles.outputs import labels_of
+
+    with pytest.raises(ValueError, match="the loader is empty"):  # was "the loader has no 'labels'"
+        labels_of([])

@@ -192,3 +192,11 @@ def test_a_registered_loss_reaches_head_and_neuron_scores_and_the_cli(monkeypatc
     ):
         assert parser.parse_args([*command, "--out", "o", "--loss", "margin"]).loss == "margin"
     assert losses.needs_labels("margin") is False and losses.needs_labels("auto") is None
+
+
+def test_labels_outside_the_classes_are_refused_naming_the_fix():
+    """Labels numbered 1..C: torch's cross-entropy said only "Target 3 is out of bounds"."""
+    batches = _loader("bert")
+    batches[0]["labels"] = batches[0]["labels"] + 1
+    with pytest.raises(ValueError, match=r"class ids 0..2 .the model has 3 classes.*labels 1..C are one off"):
+        he.taylor_head_scores(MODELS["bert"](), batches, progress=False)

@@ -214,6 +214,12 @@ def test_a_checkpoint_is_refused_for_another_split_or_loss_setting(tmp_path):
         ft.train(MODELS["bert"](), data, CONFIG, loss=ft.losses.CrossEntropy(0.2), checkpoint_dir=tmp_path)
 
 
+def test_a_checkpoint_dir_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="is a file: give a folder"):
+        ft.finetune(MODELS["bert"](), _data(), CONFIG, checkpoint_dir=tmp_path / "file", progress=False)
+
+
 def test_unlabelled_validation_data_is_refused_before_training():
     model, steps = MODELS["bert"](), []
     model.register_forward_hook(lambda module, args, output: steps.append(module.training))
@@ -354,6 +360,8 @@ def test_losses_refuse_labels_and_teachers_that_would_broadcast():
         ft.DistillKL()(torch.randn(4, 5), {"teacher_outputs": torch.randn(4, 5)})  # a teacher without members
     with pytest.raises(ValueError, match=r"same B and D"):
         ft.DistillKL()(torch.randn(4, 3, 5), {"teacher_outputs": torch.randn(2, 3, 5)})
+    with pytest.raises(ValueError, match=r"class ids 0..4 .the model has 5 classes.*labels 1..C are one off"):
+        ft.CrossEntropy()(torch.randn(4, 3, 5), {"labels": torch.tensor([1, 2, 3, 5])})  # torch: "out of bounds"
     right = ft.GaussianNLL()(torch.zeros(4, 3, 2), {"labels": labels})  # the defined value still comes out
     assert right.item() == pytest.approx(3 * 0.5 * (torch.log(torch.tensor(2 * torch.pi)) + labels**2).mean().item())
 

@@ -290,6 +290,13 @@ def label_ids(
     if not integer_names and all(_is_int(name) and 0 <= int(name) < num_labels for name in names):
         return [int(name) for name in names]
     unknown = sorted({name for name in names if name not in label2id})
+    if not integer_names and all(_is_int(name) for name in unknown):  # ids, some out of range
+        beyond = sorted({int(name) for name in unknown if not 0 <= int(name) < num_labels})
+        raise ValueError(
+            f"label id(s) {beyond[:5]} are outside the model's {num_labels} classes (ids 0..{num_labels - 1}, "
+            f"{sorted(label2id, key=label2id.get)}): number the classes from 0 (labels 1..{num_labels} are one off), "
+            "or use the class names."
+        )
     raise ValueError(
         f"label(s) {unknown[:5]} are not classes of the model, whose classes are {sorted(label2id, key=label2id.get)}"
         + ("; use those names." if integer_names else f"; use those names or integer ids 0..{num_labels - 1}.")
@@ -334,6 +341,7 @@ def read_encoded(
         except ValueError as error:
             raise ValueError(f"{flag} {str(path)!r}: {error}") from None
     if kind == "text":
+        max_length = min(max_length, model_positions(config) or max_length)
         batches = text_batches(preprocessor, examples.inputs, labels, batch_size, max_length)
         return Encoded(examples, batches, cut=texts_cut(preprocessor, examples.inputs, max_length))
     channels = getattr(config, "num_channels", 3)
@@ -369,6 +377,22 @@ def token_limit(tokenizer, max_length: int) -> int:
             f"give more than {special} (--max-length)."
         )
     return min(max_length, tokenizer.model_max_length)
+
+
+# families whose position ids start after the padding index (HF's create_position_ids_from_input_ids)
+POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert", "mpnet")
+
+
+def model_positions(config: Any) -> int | None:
+    """The most tokens the model's learned position embeddings take (`max_position_embeddings`, less the padding
+    offset of the RoBERTa family); None for relative positions only (DeBERTa's `position_biased_input` off) or a
+    config without them. A tokenizer saved without `model_max_length` leaves this the only limit."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is None or getattr(config, "position_biased_input", True) is False:
+        return None
+    if getattr(config, "model_type", None) in POSITIONS_AFTER_PADDING:
+        positions -= (getattr(config, "pad_token_id", None) or 0) + 1
+    return positions
 
 
 def texts_cut(tokenizer, texts: Sequence[str], max_length: int = 128) -> int:

@@ -83,6 +83,18 @@ def ood_metrics(
     """
     if score not in OOD_SCORES:
         raise ValueError(f"unknown OOD score {score!r}; choose one of {sorted(OOD_SCORES)}.")
+    for kind, logits in (("ID", id_member_logits), ("OOD", ood_member_logits)):
+        if not isinstance(logits, Tensor) or logits.dim() != 3:
+            got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+            raise ValueError(
+                f"the {kind} member logits must be a tensor (N, M, C), got {got}: collect a loader's with "
+                "hydra_ensembles.outputs.collect_member_logits."
+            )
+    if id_member_logits.shape[1:] != ood_member_logits.shape[1:]:
+        raise ValueError(
+            f"the OOD member logits (N', M, C) = {tuple(ood_member_logits.shape)} do not match the ID ones "
+            f"{tuple(id_member_logits.shape)} in members or classes: pass the same predictor's logits on both."
+        )
     score_fn = OOD_SCORES[score]
     return separation_metrics(score_fn(id_member_logits), score_fn(ood_member_logits), positive)
 
@@ -108,6 +120,9 @@ def separation_metrics(
 def ood_sets(*groups: Mapping[str, Any] | None) -> dict[str, Any]:
     """The OOD sets of every group (near, far, ood: {name: data}) in one dict, refusing a name given twice (one
     would replace the other, and "all" would average fewer sets)."""
+    for group in groups:
+        if group is not None and not isinstance(group, Mapping):
+            raise TypeError(f"OOD sets go by name: pass {{name: data}}, got {type(group).__name__}.")
     names = [name for group in groups for name in group or {}]
     clash = sorted({name for name in names if names.count(name) > 1})
     if clash:
@@ -138,9 +153,10 @@ def evaluate(
             "id_scores and ood_scores go together: pass both (scores already computed) or neither (the logits "
             "scored by `score`)."
         )
+    every_set = ood_sets(near, far, ood)  # refuses sets not given by name, and a name given twice
     near, far = dict(near or {}), dict(far or {})
     result: dict[str, object] = {"id": classification_metrics(id_member_logits, labels), "ood": {}}
-    for name, logits in ood_sets(near, far, ood).items():
+    for name, logits in every_set.items():
         if ood_scores is None:
             result["ood"][name] = ood_metrics(id_member_logits, logits, score, positive)
         else:

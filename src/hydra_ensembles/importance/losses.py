@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..adapters import get_adapter
-from ..data.loaders import Batch, batch_size, split_batch, to_device
+from ..data.loaders import Batch, batch_size, check_class_ids, split_batch, to_device
 from ..uncertainty import entropy
 
 
@@ -49,7 +49,9 @@ class CrossEntropy(TaylorLoss):
                 "use loss='entropy' (label-free) otherwise."
             )
         logits = output.to(torch.promote_types(output.dtype, torch.float32))  # bf16 up; float64 kept (exact tests)
-        return F.cross_entropy(logits, labels.to(output.device))
+        return F.cross_entropy(
+            logits, check_class_ids(labels, logits.shape[-1], "loss='cross_entropy'").to(logits.device)
+        )
 
 
 class PredictionEntropy(TaylorLoss):
