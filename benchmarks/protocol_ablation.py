@@ -196,7 +196,7 @@ def run_steps(chosen: list[int], seed: int, cache: Path, out: Path, command: str
         if path.exists():
             summary = json.loads(path.read_text())
             record["steps"][label] = summary
-            if rebuilt := summary.get("notes", [])[len(task.notes) :]:  # after the task's own: models built again
+            if rebuilt := rebuilt_notes_of(summary, task):
                 record["rebuilt"][label] = rebuilt
     dirs = [runner.seed_dir(cache, task, seed) for _, task, _ in all_steps]
     labels = labels_of(current.test)
@@ -208,6 +208,12 @@ def run_steps(chosen: list[int], seed: int, cache: Path, out: Path, command: str
     write_json_atomic(out / "ablation.json", record)
     write_text_atomic(out / "ablation.md", markdown(record))  # the committed table, never half-written
     return record
+
+
+def rebuilt_notes_of(summary: dict, task: Task) -> list[str]:
+    """The notes of a step's table after the task's own: one per seed whose models were built again with other
+    weights (`runner.run` appends `records.rebuilt_notes` to `task.notes`)."""
+    return summary.get("notes", [])[len(task.notes) :]
 
 
 def between_steps(before: Path, after: Path, k: int, rows: list[str], labels: Tensor, seed: int) -> dict:

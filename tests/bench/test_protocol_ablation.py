@@ -1,6 +1,7 @@
 """benchmarks/protocol_ablation.py: each step is the step above with one change, the last is the current task."""
 
 import sys
+import types
 from dataclasses import fields
 from pathlib import Path
 
@@ -100,9 +101,13 @@ def test_the_table_says_which_steps_rows_were_built_on_models_built_again():
     """A step's table.json carries the task's notes, then a note per seed whose models were built again with
     other weights (`records.rebuilt_notes`): the ablation table repeats those, under their step."""
     ablation = load_script("protocol_ablation")
+    task = types.SimpleNamespace(notes=["the task's note"])
     summary = {"rows": {"Single": {}}, "notes": ["the task's note"]}
+    assert ablation.rebuilt_notes_of(summary, task) == []
+    rebuilt = "Seed 0: hydra-circ0 trained again with different weights."
+    assert ablation.rebuilt_notes_of(summary | {"notes": ["the task's note", rebuilt]}, task) == [rebuilt]
     record = {"seed": 0, "machine": "m", "command": "c", "steps": {"4. now": summary}, "between": {}, "rebuilt": {}}
     assert "Models built again" not in ablation.markdown(record)
-    record["rebuilt"] = {"4. now": ["Seed 0: hydra-circ0 trained again with different weights."]}
+    record["rebuilt"] = {"4. now": [rebuilt]}
     text = ablation.markdown(record)
     assert "## Models built again" in text and "**4. now**: Seed 0: hydra-circ0 trained again" in text

@@ -73,6 +73,8 @@ def test_class_names_come_from_id2label_and_integer_names_are_not_ids():
     # ids 1..C, one off: the message names the id out of range, not the valid ones beside it
     with pytest.raises(ValueError, match=r"label id\(s\) \[2\] are outside the model's 2 classes .ids 0..1"):
         label_ids(["1", "2"], class_ids(config), 2)
+    with pytest.raises(ValueError, match=r"label\(s\) \['1'\] are not classes of the model"):
+        label_ids(["pos", "1"], class_ids(config), 2)  # names and ids mixed, every id in range
 
 
 def test_texts_are_cut_at_the_models_positions_when_the_tokenizer_has_no_limit(tmp_path):
@@ -81,6 +83,7 @@ def test_texts_are_cut_at_the_models_positions_when_the_tokenizer_has_no_limit(t
     from conftest import MODELS, VOCAB
 
     from hydra_ensembles.data.files import model_positions, read_encoded
+    from hydra_ensembles.evaluation.shift import text_data
 
     model = MODELS["bert"]()  # 24 positions
     assert model_positions(model.config) == model.config.max_position_embeddings == 24
@@ -94,6 +97,8 @@ def test_texts_are_cut_at_the_models_positions_when_the_tokenizer_has_no_limit(t
     encoded = read_encoded(tmp_path / "long.txt", "text", tokenizer, model.config, labelled=False, max_length=128)
     assert encoded.cut == 1 and max(batch["input_ids"].shape[1] for batch in encoded.batches) == 24
     model.eval()(**encoded.batches[0])  # runs
+    shifted = text_data(tokenizer, [" ".join(words[:40])], [0], max_length=128, config=model.config)
+    assert shifted.encode(shifted.texts)[0]["input_ids"].shape[1] == 24  # evaluate --shift's texts alike
 
 
 def test_integer_pixels_are_0_to_255_and_float_pixels_0_to_1():

@@ -362,6 +362,8 @@ def test_losses_refuse_labels_and_teachers_that_would_broadcast():
         ft.DistillKL()(torch.randn(4, 3, 5), {"teacher_outputs": torch.randn(2, 3, 5)})
     with pytest.raises(ValueError, match=r"class ids 0..4 .the model has 5 classes.*labels 1..C are one off"):
         ft.CrossEntropy()(torch.randn(4, 3, 5), {"labels": torch.tensor([1, 2, 3, 5])})  # torch: "out of bounds"
+    with pytest.raises(ValueError, match=r"label -100 .cross-entropy's ignore index.*drop the unlabelled ones"):
+        ft.CrossEntropy()(torch.randn(4, 5), {"labels": torch.tensor([1, -100, 3, 0])})
     right = ft.GaussianNLL()(torch.zeros(4, 3, 2), {"labels": labels})  # the defined value still comes out
     assert right.item() == pytest.approx(3 * 0.5 * (torch.log(torch.tensor(2 * torch.pi)) + labels**2).mean().item())
 

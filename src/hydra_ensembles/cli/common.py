@@ -17,7 +17,7 @@ import transformers
 from torch import nn
 
 from ..adapters import UnsupportedModelError
-from ..data.files import Encoded, model_positions, read_encoded, text_lines, token_limit
+from ..data.files import Encoded, read_encoded, text_lines, token_limit
 from ..fusion import lay_out_for_device
 from ..inference import PRECISION_CONTEXTS, prepare
 from ..predictors import check_supported, describe_saved, load_classifier, load_preprocessor, saved_kind
@@ -276,9 +276,9 @@ def read_data(
     kind, preprocessor = load_preprocessor(model_dir)
     encoded = read_encoded(source, kind, preprocessor, config, labelled=labelled, flag=flag, **data_settings(args))
     if encoded.cut:  # said, not refused: the model reads each cut text's beginning
-        positions = model_positions(config)
-        limit = token_limit(preprocessor, min(args.max_length, positions or args.max_length))
-        more = "raise --max-length to keep more" if limit == args.max_length else "the most the model takes"
+        limit = token_limit(preprocessor, args.max_length, config)
+        most = token_limit(preprocessor, sys.maxsize, config)  # the model's own limit
+        more = "raise --max-length to keep more" if limit < most else "the most the model takes"
         print(  # stderr: predict writes its JSON lines or table to stdout
             f"{flag} {str(source)!r}: {encoded.cut} of {len(encoded.examples.inputs)} texts are longer than {limit} "
             f"tokens and were cut there ({more})",

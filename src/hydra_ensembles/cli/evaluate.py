@@ -260,7 +260,7 @@ def _shift_inputs(args: argparse.Namespace, models: dict[str, str], built: dict[
         config = model_config(built[name].predictor)
         texts = read_data(args, args.data, model_dir, config, labelled=True, flag="--data").examples.inputs
         labels = labels_of(test).tolist()
-        shifted[name]["data"] = text_data(preprocessor, texts, labels, args.batch_size, args.max_length)
+        shifted[name]["data"] = text_data(preprocessor, texts, labels, args.batch_size, args.max_length, config)
     return shifted
 
 

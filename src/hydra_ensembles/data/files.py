@@ -290,8 +290,8 @@ def label_ids(
     if not integer_names and all(_is_int(name) and 0 <= int(name) < num_labels for name in names):
         return [int(name) for name in names]
     unknown = sorted({name for name in names if name not in label2id})
-    if not integer_names and all(_is_int(name) for name in unknown):  # ids, some out of range
-        beyond = sorted({int(name) for name in unknown if not 0 <= int(name) < num_labels})
+    beyond = sorted({int(name) for name in unknown if _is_int(name) and not 0 <= int(name) < num_labels})
+    if not integer_names and beyond and all(_is_int(name) for name in unknown):  # ids, some out of range
         raise ValueError(
             f"label id(s) {beyond[:5]} are outside the model's {num_labels} classes (ids 0..{num_labels - 1}, "
             f"{sorted(label2id, key=label2id.get)}): number the classes from 0 (labels 1..{num_labels} are one off), "
@@ -330,9 +330,9 @@ def read_encoded(
     batch_size: int = 16,
     max_length: int = 128,
 ) -> Encoded:
-    """`read_source`, encoded: texts through a tokenizer, images through an image processor (to as many channels
-    as `config.num_channels`), with label ids by the model's class names (`class_ids`) when the examples have
-    labels."""
+    """`read_source`, encoded: texts through a tokenizer (cut at `token_limit`: `max_length`, or the model's
+    positions if fewer), images through an image processor (to as many channels as `config.num_channels`), with
+    label ids by the model's class names (`class_ids`) when the examples have labels."""
     examples = read_source(path, kind, text_column=text_column, label_column=label_column, labelled=labelled, flag=flag)
     labels = None
     if examples.labels is not None:
@@ -341,19 +341,23 @@ def read_encoded(
         except ValueError as error:
             raise ValueError(f"{flag} {str(path)!r}: {error}") from None
     if kind == "text":
-        max_length = min(max_length, model_positions(config) or max_length)
-        batches = text_batches(preprocessor, examples.inputs, labels, batch_size, max_length)
-        return Encoded(examples, batches, cut=texts_cut(preprocessor, examples.inputs, max_length))
+        batches = text_batches(preprocessor, examples.inputs, labels, batch_size, max_length, config)
+        return Encoded(examples, batches, cut=texts_cut(preprocessor, examples.inputs, max_length, config))
     channels = getattr(config, "num_channels", 3)
     return Encoded(examples, image_batches(preprocessor, examples.inputs, labels, batch_size, channels))
 
 
 def text_batches(
-    tokenizer, texts: Sequence[str], labels: Sequence[int] | None = None, batch_size: int = 16, max_length: int = 128
+    tokenizer,
+    texts: Sequence[str],
+    labels: Sequence[int] | None = None,
+    batch_size: int = 16,
+    max_length: int = 128,
+    config: Any = None,
 ) -> list[dict[str, torch.Tensor]]:
     """Tokenized batches: input_ids / attention_mask (B, T), plus labels (B,) when given. Texts are cut at
-    `max_length` tokens, or at the tokenizer's `model_max_length` (the model's positions) if that is shorter."""
-    max_length = token_limit(tokenizer, max_length)
+    `token_limit` tokens: `max_length`, or the model's positions if fewer."""
+    max_length = token_limit(tokenizer, max_length, config)
     return _batched(
         len(texts),
         labels,
@@ -366,17 +370,18 @@ def text_batches(
     )
 
 
-def token_limit(tokenizer, max_length: int) -> int:
-    """Where `text_batches` cuts a text: at `max_length` tokens, or the model's positions (`model_max_length`) if
-    fewer; past those the forward pass fails. A `max_length` that leaves no token for the text after the
-    tokenizer's special ones ([CLS], [SEP]) is refused: the tokenizer would silently cut nothing."""
+def token_limit(tokenizer, max_length: int, config: Any = None) -> int:
+    """Where `text_batches` cuts a text: at `max_length` tokens, or the model's positions if fewer (the
+    tokenizer's `model_max_length`, and `model_positions(config)` for a tokenizer saved without one); past those
+    the forward pass fails. A `max_length` that leaves no token for the text after the tokenizer's special ones
+    ([CLS], [SEP]) is refused: the tokenizer would silently cut nothing."""
     special = tokenizer.num_special_tokens_to_add(pair=False)
     if max_length <= special:
         raise ValueError(
             f"max_length {max_length} leaves no token for the text: the tokenizer adds {special} special token(s); "
             f"give more than {special} (--max-length)."
         )
-    return min(max_length, tokenizer.model_max_length)
+    return min(max_length, tokenizer.model_max_length, model_positions(config) or max_length)
 
 
 # families whose position ids start after the padding index (HF's create_position_ids_from_input_ids)
@@ -395,9 +400,9 @@ def model_positions(config: Any) -> int | None:
     return positions
 
 
-def texts_cut(tokenizer, texts: Sequence[str], max_length: int = 128) -> int:
+def texts_cut(tokenizer, texts: Sequence[str], max_length: int = 128, config: Any = None) -> int:
     """How many of `texts` `text_batches` cuts: longer than `token_limit` tokens."""
-    limit, cut = token_limit(tokenizer, max_length), 0
+    limit, cut = token_limit(tokenizer, max_length, config), 0
     for start in range(0, len(texts), 1024):  # cut one token past the limit: memory bounded by the limit
         lengths = tokenizer(
             list(texts[start : start + 1024]),

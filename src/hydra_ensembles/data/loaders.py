@@ -46,7 +46,12 @@ def materialize(loader: Iterable[Batch], name: str) -> list[Batch]:
 def check_class_ids(labels: Tensor, classes: int, loss: str) -> Tensor:
     """`labels` (any shape), checked to be integer class ids in [0, `classes`): torch's cross-entropy reports an
     id out of range as "Target 7 is out of bounds", or on some devices not at all."""
-    if labels.numel() and (labels.dtype.is_floating_point or labels.min() < 0 or labels.max() >= classes):
+    if labels.numel() and (labels.dtype.is_floating_point or labels.min() < 0 or labels.long().max() >= classes):
+        if (labels == -100).any():
+            raise ValueError(
+                f"{loss} got label -100 (cross-entropy's ignore index): every example needs its class id "
+                f"0..{classes - 1}; drop the unlabelled ones."
+            )
         raise ValueError(
             f"{loss} needs 'labels' that are class ids 0..{classes - 1} (the model has {classes} classes), got "
             f"{labels.dtype} labels in [{labels.min().item()}, {labels.max().item()}]: number the classes from 0 "

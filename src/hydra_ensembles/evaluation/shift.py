@@ -272,10 +272,18 @@ class TextData:
 
 
 def text_data(
-    tokenizer: Any, texts: Sequence[str], labels: Sequence[int], batch_size: int = 16, max_length: int = 128
+    tokenizer: Any,
+    texts: Sequence[str],
+    labels: Sequence[int],
+    batch_size: int = 16,
+    max_length: int = 128,
+    config: Any = None,
 ) -> TextData:
-    """`TextData` encoded as `data.files.text_batches` encodes a text file."""
-    encode = partial(text_batches, tokenizer, labels=list(labels), batch_size=batch_size, max_length=max_length)
+    """`TextData` encoded as `data.files.text_batches` encodes a text file (cut at the positions of the model
+    whose `config` is given, too)."""
+    encode = partial(
+        text_batches, tokenizer, labels=list(labels), batch_size=batch_size, max_length=max_length, config=config
+    )
     return TextData(list(texts), encode)
 
 
