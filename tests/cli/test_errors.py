@@ -457,3 +457,19 @@ def test_flags_that_were_ignored_or_failed_late_are_refused_before_any_work(tmp_
     assert refused(*given, "--out", str(members)).returncode == 0
     message = fails("fuse", "--members", str(members), "--seed", "3", "--out", out)
     assert "--seed set(s) how to fine-tune the fused ensemble: add --finetune-train FILE" in message
+
+
+def test_members_from_the_scores_of_another_model_say_so(tmp_path, classifier, text_files):
+    """Scores (or a circuit) of another model of the same shape were taken without a word: its heads rank that
+    model's. The step that made them recorded its --model beside them."""
+    scores = tmp_path / "s"
+    made = refused("scores", "--model", str(classifier), "--data", str(text_files["val"]), "--out", str(scores))
+    assert made.returncode == 0
+    members = ["members", "--scores", str(scores), "--budget", "2"]
+    same = refused(*members, "--model", str(classifier), "--out", str(tmp_path / "m1"))
+    assert same.returncode == 0 and "was made from the model" not in same.stderr
+    other = tmp_path / "other"
+    shutil.copytree(classifier, other)
+    moved = refused(*members, "--model", str(other), "--out", str(tmp_path / "m2"))
+    said = f"was made from the model at {str(classifier.resolve())!r} (not {str(other.resolve())!r})"
+    assert moved.returncode == 0 and said in moved.stderr

@@ -135,6 +135,7 @@ def test_build_members_prunes_copies():
         (SCORES, dict(budget=[1, 1]), "one per layer"),
         (SCORES, dict(budget=1, num_members=0), "num_members must be a positive int"),
         (SCORES[0], dict(budget=1), "must be a \\(layers, heads\\) tensor"),
+        (torch.full((LAYERS, HEADS), float("nan")), dict(budget=1), "every score is NaN .* the scoring diverged"),
         (_circuit(), dict(budget=7), "budget must be an int between 0 and 6"),
         (_circuit(), dict(budget=4, pool=8), "pool must be between the budget 4 and the 6 heads"),
         ([_circuit()], dict(budget=1, pool=3), "pool does not apply"),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import safetensors.torch
@@ -91,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         "zero_shot": vars(zero_shot_options(args)),
     }
     source = _read_source(source_path, bool(args.scores))  # bad input refused before the step starts
+    _warn_if_made_from_another_model(source_path, settings["model"], "--scores" if args.scores else "--circuit")
     out = start_step(args, "members", settings)
     if out is None:
         return 0
@@ -236,6 +238,20 @@ def _read_source(path: Path, scores: bool) -> torch.Tensor | Circuit | JointCirc
             f"{flag} {str(path)!r} is not what {maker} writes ({type(error).__name__}: {error}); give that "
             "step's output directory."
         ) from None
+
+
+def _warn_if_made_from_another_model(source_path: Path, model: dict, flag: str) -> None:
+    """Scores or a circuit of another model of the same shape would be taken without a word: say so when the step
+    that made them (its record beside them) read another --model, or this one before its files changed."""
+    made_from = read_json_record(source_path.parent / RECORD).get("settings", {}).get("model")
+    if not isinstance(made_from, dict) or made_from == model:
+        return
+    how = "its files changed since" if made_from.get("path") == model["path"] else f"not {model['path']!r}"
+    print(
+        f"warning: {flag} {str(source_path.parent)!r} was made from the model at {made_from.get('path')!r} ({how}): "
+        "its heads rank that model's; rerun that step on this --model if it is another model.",
+        file=sys.stderr,
+    )
 
 
 def _source_file(path: str, name: str) -> Path:

@@ -126,6 +126,8 @@ def _from_scores(
 ) -> list[HeadMap]:
     if scores.dim() != 2:
         raise ValueError(f"scores must be a (layers, heads) tensor, got shape {tuple(scores.shape)}.")
+    if scores.isnan().all():  # NaN marks a pruned head: all NaN is a scoring pass that diverged, not a model
+        raise ValueError("every score is NaN (NaN marks a pruned head): the scoring diverged; score the heads again.")
     _check_members(num_members)
     num_layers = scores.shape[0]
     budgets = [n // 3 for n in _available(scores)] if budget is None else per_layer(budget, num_layers, "budget")
