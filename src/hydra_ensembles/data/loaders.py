@@ -43,23 +43,6 @@ def materialize(loader: Iterable[Batch], name: str) -> list[Batch]:
     return batches
 
 
-def check_class_ids(labels: Tensor, classes: int, loss: str) -> Tensor:
-    """`labels` (any shape), checked to be integer class ids in [0, `classes`): torch's cross-entropy reports an
-    id out of range as "Target 7 is out of bounds", or on some devices not at all."""
-    if labels.numel() and (labels.dtype.is_floating_point or labels.min() < 0 or labels.long().max() >= classes):
-        if (labels == -100).any():
-            raise ValueError(
-                f"{loss} got label -100 (cross-entropy's ignore index): every example needs its class id "
-                f"0..{classes - 1}; drop the unlabelled ones."
-            )
-        raise ValueError(
-            f"{loss} needs 'labels' that are class ids 0..{classes - 1} (the model has {classes} classes), got "
-            f"{labels.dtype} labels in [{labels.min().item()}, {labels.max().item()}]: number the classes from 0 "
-            "(labels 1..C are one off), or map class names with hydra_ensembles.data.files.label_ids."
-        )
-    return labels
-
-
 def split_batch(adapter: Adapter | None, batch: Batch) -> tuple[dict[str, Any], Tensor | None]:
     """Separate model inputs from labels (and the other `TARGETS`) and check them against what the model family
     accepts. adapter=None (a plain module, e.g. an MLP): every entry but the targets is an input."""

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..adapters import get_adapter
-from ..data.loaders import Batch, batch_size, check_class_ids, split_batch, to_device
+from ..data.loaders import Batch, batch_size, split_batch, to_device
+from ..metrics._checks import check_labels
 from ..uncertainty import entropy
 
 
@@ -49,9 +50,8 @@ class CrossEntropy(TaylorLoss):
                 "use loss='entropy' (label-free) otherwise."
             )
         logits = output.to(torch.promote_types(output.dtype, torch.float32))  # bf16 up; float64 kept (exact tests)
-        return F.cross_entropy(
-            logits, check_class_ids(labels, logits.shape[-1], "loss='cross_entropy'").to(logits.device)
-        )
+        check_labels(labels, logits.shape[-1], "loss='cross_entropy'")
+        return F.cross_entropy(logits, labels.to(logits.device))
 
 
 class PredictionEntropy(TaylorLoss):

@@ -39,12 +39,17 @@ def check_distributions(probs: Tensor, metric: str) -> None:
 
 
 def check_labels(labels: Tensor, classes: int, metric: str) -> None:
-    """labels (N,), N > 0: integer class ids in [0, classes)."""
-    if labels.dtype.is_floating_point or labels.min() < 0 or labels.max() >= classes:
-        raise ValueError(
-            f"{metric} needs integer class ids in [0, {classes}) as labels, got {labels.dtype} labels in "
-            f"[{labels.min().item()}, {labels.max().item()}]."
-        )
+    """labels: integer class ids in [0, classes) (metrics, calibration, and every cross-entropy loss, for which
+    torch reports an id out of range as "Target 7 is out of bounds", or on some devices not at all)."""
+    if labels.numel() and (labels.dtype.is_floating_point or labels.min() < 0 or labels.long().max() >= classes):
+        if (labels == -100).any():
+            got = "label -100 (cross-entropy's ignore index): drop the unlabelled ones"
+        else:
+            got = f"{labels.dtype} labels in [{labels.min().item()}, {labels.max().item()}]"
+            if not labels.dtype.is_floating_point:
+                got += ": number the classes from 0 (labels 1..C are one off), or map class names with "
+                got += "hydra_ensembles.data.files.label_ids"
+        raise ValueError(f"{metric} needs integer class ids in [0, {classes}) as labels, got {got}.")
 
 
 def check_bins(bins: int, metric: str) -> None:

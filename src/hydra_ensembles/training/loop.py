@@ -99,6 +99,8 @@ def train(
     lists every epoch; `model.kept_epoch` is the epoch whose weights were returned. What `config` freezes
     (`freeze_embeddings`, `train_last`) is frozen for this call only: trainable again when it returns.
     """
+    if checkpoint_dir is not None and Path(checkpoint_dir).exists() and not Path(checkpoint_dir).is_dir():
+        raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} is a file: give a folder (it is created).")
     adapter, is_hf = _family(model)
     if forward is None:
         forward = (lambda m, x: adapter.output(m, x)) if is_hf else (lambda m, x: member_outputs_of(m(**x)))
@@ -126,8 +128,6 @@ def train(
         total = config.epochs * len(batches)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(config, total))
         identity = {"config": config.key(), "loss": getattr(loss, "name", type(loss).__name__)}
-        if checkpoint_dir is not None and Path(checkpoint_dir).exists() and not Path(checkpoint_dir).is_dir():
-            raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} is a file: give a folder (it is created).")
         path = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None
         if path is not None:  # what the run starts from, so that another model's or data's checkpoint is refused
             identity |= {"start": weights_digest(model), "data": batches_digest([*batches, *(val_batches or [])])}

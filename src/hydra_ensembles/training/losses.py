@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data.loaders import check_class_ids, split_batch
+from ..data.loaders import split_batch
 from ..io import weights_digest
+from ..metrics._checks import check_labels
 
 Forward = Callable[[nn.Module, dict[str, Any]], Tensor]
 
@@ -40,7 +41,7 @@ class CrossEntropy:
         if labels is None:
             raise ValueError("cross-entropy needs batches with 'labels'.")
         labels = _one_per_example(labels, logits, "cross-entropy", "class indices").to(logits.device)
-        check_class_ids(labels, logits.shape[-1], "cross-entropy")
+        check_labels(labels, logits.shape[-1], "cross-entropy")
         if logits.dim() == 3:  # (B, M, C): every member against the labels
             members = logits.shape[1]
             labels = labels[:, None].expand(-1, members).flatten()
@@ -68,7 +69,7 @@ class MIMOLoss:
         if labels is None:
             raise ValueError("MIMO's loss needs batches with 'labels'.")
         logits, permutations = output.member_logits, output.permutations  # (N, M, C), (M, N)
-        check_class_ids(labels, logits.shape[-1], "MIMO's loss")
+        check_labels(labels, logits.shape[-1], "MIMO's loss")
         targets = labels.to(logits.device)[permutations.to(logits.device)].T  # (N, M): what member m read
         members = logits.shape[1]
         ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), label_smoothing=self.label_smoothing)
