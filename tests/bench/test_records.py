@@ -18,8 +18,9 @@ from test_suite import tiny_task  # noqa: F401 (the fixture)
 from hydra_ensembles.bench import records, runner, suite
 from hydra_ensembles.cli import bench, build_parser
 from hydra_ensembles.cli.common import CommandError
-from hydra_ensembles.evaluation import compare
+from hydra_ensembles.evaluation import compare, paired_bootstrap
 from hydra_ensembles.io import weights_digest, write_json_atomic
+from hydra_ensembles.outputs import labels_of
 
 
 def one_seed(task, out, cache, rows, **options) -> dict:
@@ -424,6 +425,8 @@ def test_a_single_model_rebuilt_with_other_weights_is_measured_once_and_the_tabl
     trained = json.loads((seed / suite.TRAINING).read_text())
     first = trained["single"] | {"kept_epoch": 99}  # and it trained otherwise
     (seed / suite.TRAINING).write_text(json.dumps(trained | {"single": first}))
+    recorded_logits = torch.load(compare.row_file(seed / "logits", "Single"))  # and predicted otherwise
+    torch.save(recorded_logits | {"test": recorded_logits["test"].flip(0)}, compare.row_file(seed / "logits", "Single"))
 
     def run():
         rows = ["Single", "Taylor"]
@@ -440,6 +443,12 @@ def test_a_single_model_rebuilt_with_other_weights_is_measured_once_and_the_tabl
     assert f"Its accuracy: {acc:.1f} % recorded, {acc:.1f} % now. Its all-OOD AUROC: " in note, note
     assert note.endswith(" Rows recorded on this build of single (the others are the first build's): Taylor."), note
     assert (seed / "logits" / "Single, trained again.pt").exists()  # beside the recorded row's logits
+    monkeypatch.setattr(suite, "DIFFERENCES", (("Taylor", "Single"),))  # Taylor against the build it was made from
+    (pair,) = suite.differences(tiny_task, {"rows": ["Single", "Taylor"]}, {0: seed})["differences"]["pairs"]
+    assert pair["stand_ins"] == {"0": ["Taylor", records.AGAIN]}
+    taylor, again = (torch.load(compare.row_file(seed / "logits", row)) for row in ("Taylor", records.AGAIN))
+    expected = paired_bootstrap([taylor], [again], labels_of(tiny_task.test), resamples=2000)
+    assert pair["nll"] == expected["nll"]._asdict()
     trained_now = json.loads((seed / suite.TRAINING).read_text())  # the first build's training stays
     assert trained_now["single"] == first and trained_now["single, rebuilt"] == trained["single"]
     assert after["per_seed"][0]["Single"]["metrics"]["id"]["nll"] == results["Single"]["metrics"]["id"]["nll"]
@@ -477,6 +486,54 @@ def test_a_third_build_keeps_the_rows_recorded_on_the_second_named(tmp_path):
     assert [b["digest"] for b in json.loads((tmp_path / records.REBUILT).read_text())["single"]["earlier"]] == [
         "second"
     ]
+
+
+def test_rows_compare_on_the_build_of_the_single_model_they_were_made_from(tmp_path):
+    """Three builds of a seed's single model (first, second, third): each row is said to be made from the build
+    cached when it was recorded, and a pair on two builds reads Single's logits of its partner's build where they
+    were kept (the first's, and the latest rebuild's, "Single, trained again"); the other pairs name the seed."""
+    row = {"metrics": {"id": {"acc": 0.9}}}
+    results = tmp_path / records.RESULTS
+    write_json_atomic(results, {"Single": row, "Deep Ensembles": row})
+    records.record_measured_apart(tmp_path, "single", "second", row, row)
+    write_json_atomic(results, json.loads(results.read_text()) | {"CircAvg": row})
+    records.record_measured_apart(tmp_path, "single", "third", row, row)
+    write_json_atomic(results, json.loads(results.read_text()) | {"Hydra (Taylor)": row, "Hydra (Circ)": row})
+    (tmp_path / records.DIGESTS).write_text(json.dumps({"single": "first", "single, rebuilt": "third"}))
+    assert records.single_builds(tmp_path) == {
+        "Single": "first",
+        "Deep Ensembles": "first",
+        "CircAvg": "second",
+        "Hydra (Taylor)": "third",
+        "Hydra (Circ)": "third",
+    }
+    pairs = [
+        ("Hydra (Taylor)", "Single"),
+        ("CircAvg", "Single"),
+        ("Hydra (Circ)", "Hydra (Taylor)"),
+        ("Hydra (Circ)", "Deep Ensembles"),
+        ("Deep Ensembles", "Single"),
+    ]
+    (tmp_path / "logits").mkdir()
+    assert records.same_build_stand_ins({0: tmp_path}, pairs) == (
+        {},  # no logits of a rebuild kept
+        {("Hydra (Taylor)", "Single"): [0], ("CircAvg", "Single"): [0], ("Hydra (Circ)", "Deep Ensembles"): [0]},
+    )
+    compare.row_file(tmp_path / "logits", records.AGAIN).write_bytes(b"the third build's")
+    stand_ins, apart = records.same_build_stand_ins({0: tmp_path, 1: tmp_path}, pairs)
+    assert stand_ins == {("Hydra (Taylor)", "Single"): dict.fromkeys((0, 1), ("Hydra (Taylor)", records.AGAIN))}
+    assert apart == {("CircAvg", "Single"): [0, 1], ("Hydra (Circ)", "Deep Ensembles"): [0, 1]}
+
+
+def test_rows_whose_build_cannot_be_told_are_not_compared_on_one(tmp_path):
+    row = {"metrics": {"id": {"acc": 0.9}}}
+    write_json_atomic(tmp_path / records.RESULTS, {"Single": row, "CircAvg": row})
+    assert records.single_builds(tmp_path) == {}  # no digest recorded: rows recorded before digests existed
+    (tmp_path / records.DIGESTS).write_text(json.dumps({"single": "first"}))
+    assert records.single_builds(tmp_path) == {"Single": "first", "CircAvg": "first"}  # never rebuilt
+    (tmp_path / records.REBUILT).write_text(json.dumps({"single": {"digest": "second", "compared": 1, "apart": 0}}))
+    assert records.single_builds(tmp_path) == {}  # an entry from before rows_before was kept
+    assert records.same_build_stand_ins({0: tmp_path}, [("CircAvg", "Single")]) == ({}, {})
 
 
 def test_a_third_build_keeps_the_second_builds_training(tiny_task, tmp_path):  # noqa: F811

@@ -288,6 +288,33 @@ def test_row_differences_read_the_seeds_logits_skip_missing_rows_and_keep_as_jso
     assert row_differences(seed_dirs, LABELS, pairs[1:]) == {}  # nothing to compare: nothing said
 
 
+def test_row_differences_read_a_seeds_stand_in_files_and_say_so(tmp_path):
+    """A seed whose row B was made again (another build) reads the stand-in named for it; the others their own."""
+    seed_dirs = {s: tmp_path / f"seed{s}" for s in (0, 1)}
+    for s, folder in seed_dirs.items():
+        (folder / "logits").mkdir(parents=True)
+        torch.save(_run(s), row_file(folder / "logits", "Hydra (Taylor)"))
+        torch.save(_run(s + 10), row_file(folder / "logits", "Single"))
+    torch.save(_run(30), row_file(seed_dirs[1] / "logits", "Single, trained again"))
+    pair = ("Hydra (Taylor)", "Single")
+    stand_ins = {pair: {1: ("Hydra (Taylor)", "Single, trained again")}}
+    said = row_differences(seed_dirs, LABELS, [pair], resamples=50, stand_ins=stand_ins)
+    expected = paired_bootstrap([_run(0), _run(1)], [_run(10), _run(30)], LABELS, resamples=50)
+    assert said["pairs"] == [
+        {"rows": list(pair), "stand_ins": {"1": ["Hydra (Taylor)", "Single, trained again"]}}
+        | {m: i._asdict() for m, i in expected.items()}
+    ]
+    assert json.loads(json.dumps(said)) == said
+    lines = difference_lines(said | {"pairs": [said["pairs"][0] | {"builds_apart": [0, 2]}]})
+    assert '"X as B" says that seed\'s row B was read from X' in lines[0]
+    assert lines[2].startswith(
+        "- Hydra (Taylor) vs Single (seed 1: Single, trained again as Single; different builds: seeds 0, 2): NLL "
+    ), lines[2]
+    plain = row_differences(seed_dirs, LABELS, [pair], resamples=50)  # its own files: nothing said of builds
+    assert "stand_ins" not in plain["pairs"][0] and "as B" not in difference_lines(plain)[0]
+    assert plain["pairs"][0]["nll"] != said["pairs"][0]["nll"]
+
+
 def test_difference_lines_say_what_was_resampled_and_each_verdict():
     def interval(point, low, high):
         return {"point": point, "low": low, "high": high}

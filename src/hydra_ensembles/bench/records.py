@@ -317,11 +317,64 @@ def _built_on_sentence(name: str, how: Mapping, rows: Mapping) -> str:
     return f" Rows recorded on this build of {name}: {now}.{''.join(on_earlier)} The others are the first build's."
 
 
+FIRST = "first"  # `single_builds`' name for the single model's first build
+AGAIN = "Single, trained again"  # the logits of the single model's latest rebuild, beside the Single row's
+
+
+def single_builds(folder: str | os.PathLike) -> dict[str, str]:
+    """{row: the build of the single model it was made from} for the rows recorded in `folder`: `FIRST`, or the
+    digest of a rebuild (a row recorded after a rebuild was found was made from it: `REBUILT`'s `rows_before`, as
+    `rebuilt_notes` reads them). {} when it cannot be told: no digest recorded, or rebuild entries written before
+    `rows_before` existed."""
+    rows = sorted(read_json_record(Path(folder) / RESULTS))
+    how = _read(folder, REBUILT).get("single")
+    if "single" not in _read(folder, DIGESTS):
+        return {}
+    if how is None:
+        return dict.fromkeys(rows, FIRST)
+    builds = [*how.get("earlier", []), how]  # oldest first
+    if any("rows_before" not in build for build in builds):
+        return {}
+    made: dict[str, str] = {}
+    for build, before in zip(builds, [FIRST, *(build["digest"] for build in builds[:-1])]):
+        made |= {row: before for row in build["rows_before"] if row not in made}  # recorded before `build`
+    return {row: made.get(row, how["digest"]) for row in rows}
+
+
+def same_build_stand_ins(
+    seed_dirs: Mapping[int, str | os.PathLike], pairs: Sequence[tuple[str, str]]
+) -> tuple[dict[tuple[str, str], dict[int, tuple[str, str]]], dict[tuple[str, str], list[int]]]:
+    """Where a pair of rows of a seed was made from different builds of its single model (`single_builds`), compare
+    each on one build: a Single row stands in as the single model its partner was made from, "Single" for the first
+    build and `AGAIN` for the latest rebuild (its logits, kept when the rebuild was measured). Returns ({pair:
+    {seed: (row A's logits, row B's logits)}} for the stand-ins, {pair: [seeds still on different builds]}), for
+    `bootstrap.row_differences`' `stand_ins` and the table's lines."""
+    stand_ins: dict[tuple[str, str], dict[int, tuple[str, str]]] = {}
+    apart: dict[tuple[str, str], list[int]] = {}
+    for seed, folder in seed_dirs.items():
+        builds = single_builds(folder)
+        how = _read(folder, REBUILT).get("single", {})
+        logits = {FIRST: "Single"} | (
+            {how["digest"]: AGAIN} if row_file(Path(folder) / "logits", AGAIN).exists() else {}
+        )
+        for first, second in pairs:
+            made = [builds.get(first), builds.get(second)]
+            if None in made or made[0] == made[1]:
+                continue
+            if second == "Single" and made[0] in logits:
+                stand_ins.setdefault((first, second), {})[seed] = (first, logits[made[0]])
+            elif first == "Single" and made[1] in logits:
+                stand_ins.setdefault((first, second), {})[seed] = (logits[made[1]], second)
+            else:
+                apart.setdefault((first, second), []).append(seed)
+    return stand_ins, apart
+
+
 def checked_single(folder: Path, model: nn.Module, measure: Callable[[nn.Module, Path], dict]) -> nn.Module:
     """The single model of a seed (trained now or loaded), checked as the module docstring says. `measure(model,
     logits_path)`: the model measured as the Single row (`evaluation.report.measure` on the task's data)."""
     recorded = read_json_record(folder / RESULTS).get("Single")
-    again = row_file(folder / "logits", "Single, trained again")  # beside the recorded row's logits
+    again = row_file(folder / "logits", AGAIN)  # beside the recorded row's logits
     if recorded is not None and "single" not in _read(folder, DIGESTS):  # rows recorded before digests existed
         if check_by_metrics(folder, "single", model, recorded, measure(model, again)):
             os.replace(again, row_file(folder / "logits", "Single"))  # the recorded row's, lost with its machine

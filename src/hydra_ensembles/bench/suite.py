@@ -58,7 +58,7 @@ from ..predictors import (
 from ..pruning import kept_neurons, linear_parameters, mask_weights, prune_heads
 from ..training import finetune, finetune_fused
 from . import runner
-from .records import DIGESTS, check_digest, checked_single, discard_stale_state, rebuilt_notes
+from .records import DIGESTS, check_digest, checked_single, discard_stale_state, rebuilt_notes, same_build_stand_ins
 from .runner import SeedRun, Table
 
 PLOTTED = ("Single", "Deep Ensembles", "Hydra (Taylor)", "Hydra (Circ)")
@@ -787,9 +787,15 @@ def training_lines(summary: dict) -> list[str]:
 
 def differences(task, summary: dict, seed_dirs: Mapping[int, Path]) -> dict:
     """{"differences": `bootstrap.row_differences`} of the `DIFFERENCES` pairs this table holds, from every seed's
-    logits; {} when none has them (records kept before logits were): the table renders as it did."""
+    logits; {} when none has them (records kept before logits were): the table renders as it did. A seed whose two
+    rows were made from different builds of its single model compares them on one build where it can
+    (`records.same_build_stand_ins`); the pair keeps the seeds where it cannot, as "builds_apart"."""
     pairs = [pair for pair in DIFFERENCES if all(row in summary["rows"] for row in pair)]
-    said = row_differences(seed_dirs, labels_of(task.test), pairs) if pairs else {}
+    stand_ins, apart = same_build_stand_ins(seed_dirs, pairs)
+    said = row_differences(seed_dirs, labels_of(task.test), pairs, stand_ins=stand_ins) if pairs else {}
+    for pair in said.get("pairs", []):
+        if (rows := tuple(pair["rows"])) in apart:
+            pair["builds_apart"] = apart[rows]
     return {"differences": said} if said else {}
 
 

@@ -318,6 +318,7 @@ def row_differences(
     seed: int = 0,
     level: float = 0.95,
     other_dirs: Mapping[int, str | os.PathLike] | None = None,
+    stand_ins: Mapping[tuple[str, str], Mapping[int, tuple[str, str]]] | None = None,
 ) -> dict:
     """The paired bootstrap of each (row A, row B) of `pairs` whose logits every seed directory holds
     (`{seed: dir}`, `<dir>/<logits>/<row>.pt` as `compare` saves them; row B's from `other_dirs` when given: one
@@ -325,20 +326,29 @@ def row_differences(
     {"resamples": R, "level": level, "seeds": [seed, ...], "pairs": [{"rows": [A, B], metric: {"point", "low",
     "high"}}]}, A - B in the metrics' own units (fractions, nats). {} when no pair has logits on every seed: tables
     recorded before their logits were kept render as they were. `labels`: as `paired_bootstrap`, in `seed_dirs`'
-    order."""
+    order. `stand_ins`: {(A, B): {seed: (A's logits, B's logits)}}, the rows' files of a seed read instead of A's
+    and B's own (e.g. the build of a model that the other row was made from), kept in the pair's "stand_ins"."""
     said, shared, other_dirs = [], isinstance(labels, Tensor), other_dirs or seed_dirs
+    stand_ins = stand_ins or {}
     if set(other_dirs) != set(seed_dirs):
         raise ValueError(f"other_dirs must hold the seeds of seed_dirs, {list(seed_dirs)}, got {list(other_dirs)}.")
     for first, second in pairs:
+        files = stand_ins.get((first, second), {})
         paths = [
-            (row_file(Path(d) / logits, first), row_file(Path(other_dirs[s]) / logits, second))
+            (row_file(Path(d) / logits, a), row_file(Path(other_dirs[s]) / logits, b))
             for s, d in seed_dirs.items()
+            for a, b in [files.get(s, (first, second))]
         ]
         if not all(x.exists() and y.exists() for x, y in paths):
             continue
         loaded = [(torch.load(x), torch.load(y)) for x, y in paths]
         intervals = paired_bootstrap([x for x, _ in loaded], [y for _, y in loaded], labels, resamples, seed, level)
-        said.append({"rows": [first, second]} | {metric: i._asdict() for metric, i in intervals.items()})
+        read_instead = {str(s): list(files[s]) for s in seed_dirs if s in files}
+        said.append(
+            {"rows": [first, second]}
+            | ({"stand_ins": read_instead} if read_instead else {})
+            | {metric: i._asdict() for metric, i in intervals.items()}
+        )
     examples = "shared" if shared else "per seed"
     return (
         {"resamples": resamples, "level": level, "seeds": list(seed_dirs), "examples": examples, "pairs": said}
@@ -368,12 +378,30 @@ def difference_lines(differences: Mapping) -> list[str]:
         f"for the many made: of equal rows, about 1 comparison in {round(100 / (100 - level))} reads better or "
         "worse by chance."
     )
+    if any("stand_ins" in pair or "builds_apart" in pair for pair in differences["pairs"]):
+        said += (
+            " Where a seed's two rows were made from different builds of its model (trained again elsewhere: the "
+            "notes), \"X as B\" says that seed's row B was read from X, B's build that row A was made from; "
+            '"different builds" names the seeds where no such file was kept: their difference holds the builds\' too.'
+        )
     lines = [
-        f"- {pair['rows'][0]} vs {pair['rows'][1]}: "
+        f"- {pair['rows'][0]} vs {pair['rows'][1]}{_builds(pair)}: "
         + "; ".join(_said(metric, Interval(**pair[metric])) for metric in SAID if metric in pair)
         for pair in differences["pairs"]
     ]
     return [said, "", *lines]
+
+
+def _builds(pair: Mapping) -> str:
+    """ " (seed 1: Single, trained again as Single; different builds: seed 0)", or "" where every seed's two rows
+    share a build."""
+    read = [
+        f"seed {seed}: " + ", ".join(f"{x} as {row}" for x, row in zip(files, pair["rows"]) if x != row)
+        for seed, files in pair.get("stand_ins", {}).items()
+    ]
+    apart = pair.get("builds_apart", [])
+    read += [f"different builds: seed{'s' * (len(apart) > 1)} {', '.join(map(str, apart))}"] if apart else []
+    return f" ({'; '.join(read)})" if read else ""
 
 
 def _said(metric: str, interval: Interval) -> str:
