@@ -523,6 +523,34 @@ def test_rows_compare_on_the_build_of_the_single_model_they_were_made_from(tmp_p
     stand_ins, apart = records.same_build_stand_ins({0: tmp_path, 1: tmp_path}, pairs)
     assert stand_ins == {("Hydra (Taylor)", "Single"): dict.fromkeys((0, 1), ("Hydra (Taylor)", records.AGAIN))}
     assert apart == {("CircAvg", "Single"): [0, 1], ("Hydra (Circ)", "Deep Ensembles"): [0, 1]}
+    compare.row_file(tmp_path / "logits", records.build_logits("second")).write_bytes(b"the second build's")
+    stand_ins, apart = records.same_build_stand_ins({0: tmp_path}, pairs)
+    assert stand_ins[("CircAvg", "Single")] == {0: ("CircAvg", "Single, build second")}
+    assert apart == {("Hydra (Circ)", "Deep Ensembles"): [0]}  # the deep ensemble is not a Single row
+
+
+def test_a_third_build_keeps_the_second_builds_logits(tmp_path):
+    """The third build of a single model is measured into "Single, trained again": the second's logits, there
+    before, move to their own name, so the rows made from the second build still compare on it."""
+    row = {"metrics": {"id": {"acc": 0.9}}}
+    write_json_atomic(tmp_path / records.RESULTS, {"Single": row})
+    (tmp_path / records.DIGESTS).write_text(json.dumps({"single": "first", "single, rebuilt": "second"}))
+    records.record_measured_apart(tmp_path, "single", "second", row, row)
+    (tmp_path / "logits").mkdir()
+    compare.row_file(tmp_path / "logits", records.AGAIN).write_bytes(b"the second build's")
+
+    def measure(model, path):
+        path.write_bytes(b"the third build's")
+        return row
+
+    with pytest.warns(UserWarning, match="differ from the digest recorded"):
+        records.checked_single(tmp_path, MODELS["bert"](seed=0), measure)
+    assert compare.row_file(tmp_path / "logits", records.AGAIN).read_bytes() == b"the third build's"
+    assert compare.row_file(tmp_path / "logits", "Single, build second").read_bytes() == b"the second build's"
+    third = weights_digest(MODELS["bert"](seed=0))
+    assert records.single_logits(tmp_path) == {"second": "Single, build second", third: records.AGAIN}
+    compare.row_file(tmp_path / "logits", "Single").write_bytes(b"the first build's")  # the recorded row's
+    assert records.single_logits(tmp_path)[records.FIRST] == "Single"
 
 
 def test_rows_whose_build_cannot_be_told_are_not_compared_on_one(tmp_path):

@@ -341,22 +341,27 @@ def single_builds(folder: str | os.PathLike) -> dict[str, str]:
     return {row: made.get(row, how["digest"]) for row in rows}
 
 
+def single_logits(folder: str | os.PathLike) -> dict[str, str]:
+    """{build (as `single_builds` names it): the row name of its logits} for the builds of the single model whose
+    logits `folder` keeps: "Single" for the first, `AGAIN` for the latest rebuild (measured when it was found) and
+    `build_logits` for an earlier one."""
+    how = _read(folder, REBUILT).get("single", {})
+    names = {FIRST: "Single"} | {build["digest"]: build_logits(build["digest"]) for build in how.get("earlier", [])}
+    names |= {how["digest"]: AGAIN} if how else {}
+    return {build: name for build, name in names.items() if row_file(Path(folder) / "logits", name).exists()}
+
+
 def same_build_stand_ins(
     seed_dirs: Mapping[int, str | os.PathLike], pairs: Sequence[tuple[str, str]]
 ) -> tuple[dict[tuple[str, str], dict[int, tuple[str, str]]], dict[tuple[str, str], list[int]]]:
     """Where a pair of rows of a seed was made from different builds of its single model (`single_builds`), compare
-    each on one build: a Single row stands in as the single model its partner was made from, "Single" for the first
-    build and `AGAIN` for the latest rebuild (its logits, kept when the rebuild was measured). Returns ({pair:
-    {seed: (row A's logits, row B's logits)}} for the stand-ins, {pair: [seeds still on different builds]}), for
-    `bootstrap.row_differences`' `stand_ins` and the table's lines."""
+    each on one build: a Single row stands in as the build its partner was made from, where its logits were kept
+    (`single_logits`). Returns ({pair: {seed: (row A's logits, row B's logits)}} for the stand-ins, {pair: [seeds
+    still on different builds]}), for `bootstrap.row_differences`' `stand_ins` and the table's lines."""
     stand_ins: dict[tuple[str, str], dict[int, tuple[str, str]]] = {}
     apart: dict[tuple[str, str], list[int]] = {}
     for seed, folder in seed_dirs.items():
-        builds = single_builds(folder)
-        how = _read(folder, REBUILT).get("single", {})
-        logits = {FIRST: "Single"} | (
-            {how["digest"]: AGAIN} if row_file(Path(folder) / "logits", AGAIN).exists() else {}
-        )
+        builds, logits = single_builds(folder), single_logits(folder)
         for first, second in pairs:
             made = [builds.get(first), builds.get(second)]
             if None in made or made[0] == made[1]:
@@ -382,8 +387,22 @@ def checked_single(folder: Path, model: nn.Module, measure: Callable[[nn.Module,
     elif not check_digest(folder, "single", model) and recorded is not None:
         digest = weights_digest(model)
         if not has_measured_rebuild(folder, "single", digest):
+            _keep_earlier_rebuild(folder)
             record_measured_apart(folder, "single", digest, recorded, measure(model, again))
     return model
+
+
+def build_logits(digest: str) -> str:
+    """The row name of the logits of an earlier rebuild `digest` of the single model (`AGAIN` is the latest's)."""
+    return f"Single, build {digest}"
+
+
+def _keep_earlier_rebuild(folder: Path) -> None:
+    """Before a third build of the single model is measured into `AGAIN`, keep the second's logits under its
+    digest (`build_logits`): the rows made from it still compare on it (`same_build_stand_ins`)."""
+    earlier, again = _read(folder, REBUILT).get("single", {}).get("digest"), row_file(folder / "logits", AGAIN)
+    if earlier is not None and again.exists():
+        os.replace(again, row_file(folder / "logits", build_logits(earlier)))
 
 
 def discard_stale_state(path: str | os.PathLike, model: nn.Module) -> None:
