@@ -7,7 +7,8 @@ Provenance: training again may give other weights on another machine type, torch
 model is checked against the digest recorded at its first build (`check_digest`). The single model, which every row
 starts from, is checked by its recorded row's metrics where the records predate digests (`check_by_metrics`); where
 it was rebuilt differently, it is measured as its row once and the tables say how far apart the builds measure
-(`rebuilt_notes`). `checked_single` applies these to a seed's single model (`suite.Pieces.single`).
+(`rebuilt_notes`), and the tables' differences compare a seed's two rows on one build where its logits were kept
+(`same_build_stand_ins`). `checked_single` applies these to a seed's single model (`suite.Pieces.single`).
 """
 
 from __future__ import annotations
