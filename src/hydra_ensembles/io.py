@@ -226,6 +226,19 @@ def settle_dir(path: str | os.PathLike) -> None:
     recover_dir(path)
 
 
+def saved_inside(path: str | os.PathLike) -> str:
+    """ " It holds a saved model one level down, in 'run/model': load that." for a directory whose sub-folders hold a
+    save (`SAVED_MODEL_FILES`), as a CLI step's output folder does; "" otherwise. For errors on a directory that is
+    not itself a save."""
+    path = Path(path)
+    if not path.is_dir():
+        return ""
+    inside = sorted(str(sub) for sub in path.iterdir() if any((sub / name).is_file() for name in SAVED_MODEL_FILES))
+    if not inside:
+        return ""
+    return f" It holds a saved model one level down, in {' and '.join(map(repr, inside))}: load that."
+
+
 @contextmanager
 def reading_dir(path: str | os.PathLike, what: str) -> Iterator[Path]:
     """`path` (`settle_dir`), checked to be a directory; a weights file in it that cannot be read is named by the

@@ -82,7 +82,10 @@ def test_each_method_prints_the_validation_nll_and_ece_before_and_after(tmp_path
     results = json.loads((out / RECORD).read_text())["results"]
     before, after = results["before"], results["after"]
     assert f"fitted {method} calibration on {results['examples']} validation examples" in shown
-    nll, ece = f"NLL {before['nll']:.4f} -> {after['nll']:.4f}", f"ECE {before['ece']:.4f} -> {after['ece']:.4f}"
+    nll, ece = (
+        f"NLL {before['nll']:.4f} -> {after['nll']:.4f}",
+        f"ECE {100 * before['ece']:.2f} -> {100 * after['ece']:.2f} %",
+    )
     assert f"validation {nll}, {ece}" in shown
     assert after["nll"] < before["nll"]  # every map lowers the NLL of the data it is fitted on
     assert after["nll"] == pytest.approx(_val_nll(out / "model", text_files["val"]), abs=1e-6)  # as saved

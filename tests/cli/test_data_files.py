@@ -12,8 +12,10 @@ import transformers as T
 from PIL import Image
 
 from hydra_ensembles.cli.common import CommandError
+from hydra_ensembles.cli.finetune import kept_epoch_line
 from hydra_ensembles.cli.step import Output
 from hydra_ensembles.data.files import class_ids, image_batches, label_ids, read_image_folder, read_texts
+from hydra_ensembles.training import TEXT_RECIPE
 
 
 def test_a_csv_row_with_an_unquoted_comma_is_refused_not_cut(tmp_path):
@@ -168,9 +170,17 @@ def test_a_transparent_image_is_read_on_white_as_transformers_reads_it():
 def test_an_interrupted_run_cleared_for_other_settings_says_so(tmp_path, capsys):
     Output(tmp_path / "step", "finetune", {"data": {"digest": "a"}, "lr": 1})
     Output(tmp_path / "step", "finetune", {"data": {"digest": "b"}, "lr": 1})
-    assert "held an interrupted run with other settings (data;" in capsys.readouterr().out
-    Output(tmp_path / "step", "scores", {})
-    assert "held an interrupted run of another command (finetune)" in capsys.readouterr().out
+    said = "held an interrupted run of `hydra-ens finetune` with other settings (--data; an input's size or time"
+    assert said in capsys.readouterr().out
+    Output(tmp_path / "step", "scores", {"max_length": 64})
+    assert "held an interrupted run of another command, `hydra-ens finetune`" in capsys.readouterr().out
+    Output(tmp_path / "step", "scores", {"max_length": 64}).finish({})
+    with pytest.raises(
+        CommandError, match=r"holds the finished run of `hydra-ens scores` with other settings \(--max-length;"
+    ):
+        Output(tmp_path / "step", "scores", {"max_length": 32})
+    with pytest.raises(CommandError, match="holds the finished run of another command, `hydra-ens scores`; choose"):
+        Output(tmp_path / "step", "circuit", {})
 
 
 def test_an_out_folder_a_step_did_not_write_is_refused_and_kept(tmp_path):
@@ -327,3 +337,12 @@ def test_texts_cut_counts_what_the_token_limit_cuts(capsys):
     assert texts_cut(tokenizer, texts, max_length=8) == 2
     assert texts_cut(tokenizer, texts, max_length=10) == 1  # 8 letters + 2 special tokens fit in 10
     assert texts_cut(tokenizer, texts, max_length=100) == 1  # the tokenizer's own limit (24) is the lower
+
+
+def test_the_kept_epoch_line_says_where_training_stopped_early():
+    history = [{"val_nll": nll, "val_acc": 0.5} for nll in (0.5, 0.6, 0.7)]
+    recipe = TEXT_RECIPE.with_(epochs=4, patience=2, monitor="nll", min_delta=5e-4)
+    line = kept_epoch_line(history, 1, recipe, validated=True)
+    assert line.startswith("kept epoch 1 of 3: lowest validation NLL (0.5000; --monitor nll"), line
+    assert line.endswith("; stopped early, at epoch 3 of 4, after 2 epochs without an improvement over 0.0005"), line
+    assert "stopped" not in kept_epoch_line(history, 1, recipe.with_(epochs=3), validated=True)

@@ -13,7 +13,7 @@ from cli_support import clip_model, hydra_ens, refused, text_encoder, text_files
 
 import hydra_ensembles as he
 from hydra_ensembles.cli.common import duration_seconds
-from hydra_ensembles.predictors import copy_preprocessor
+from hydra_ensembles.predictors import copy_preprocessor, load_predictor
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +50,27 @@ def test_missing_paths(tmp_path, classifier, text_files):
     message = fails("scores", "--model", str(classifier), "--data", str(tmp_path / "gone.csv"), "--out", str(tmp_path))
     assert "gone.csv' does not exist" in message
     assert "not a model directory" in fails("scores", "--model", str(tmp_path), "--data", "x", "--out", "o")
+    message = fails("scores", "--model", "org/name", "--data", "x.csv", "--out", "o")  # a Hub id
+    assert "does not exist. A Hub id is not read here: fetch it once (hf download org/name --local-dir DIR)" in message
+    (tmp_path / "scores").mkdir()  # a step's output that holds no model
+    (tmp_path / "scores" / "hydra-ens.json").write_text('{"command": "scores", "finished": true, "results": {}}')
+    message = fails("predict", "--model", str(tmp_path / "scores"), "--inputs", str(text_files["new"]))
+    assert "is the output of `hydra-ens scores`, which holds no model: give your classifier's directory" in message
+
+
+def test_python_loaders_given_a_steps_folder_name_the_model_inside(classifier):
+    """A CLI step keeps its model one level down (finetune: `model/`); the Python loaders, given the step's
+    folder, say where."""
+    inside = f"It holds a saved model one level down, in {str(classifier)!r}: load that."
+    with pytest.raises(FileNotFoundError, match="has no config.json: it is not a saved model") as said:
+        he.load_model(classifier.parent)
+    assert inside in str(said.value)
+    with pytest.raises(FileNotFoundError, match="holds no saved predictor") as said:
+        load_predictor(classifier.parent)
+    assert inside in str(said.value)
+    with pytest.raises(FileNotFoundError, match="not a saved Hydra Ensemble") as said:
+        he.HydraEnsemble.from_pretrained(classifier.parent)
+    assert inside in str(said.value)
 
 
 def test_wrong_model_type(tmp_path, text_files):

@@ -10,6 +10,8 @@ import torch
 import transformers as T
 from cli_support import TOPICS, hydra_ens, image_classifier, image_files, refused, text_encoder, text_files  # noqa: F401
 
+import hydra_ensembles as he
+from hydra_ensembles.cli.evaluate import _heads
 from hydra_ensembles.data.files import read_encoded
 from hydra_ensembles.evaluation.shift import PixelSpace, shift_curve, shifts_of
 from hydra_ensembles.predictors import load_classifier, load_preprocessor, model_config
@@ -103,3 +105,17 @@ def test_wrong_shifts_and_severities_are_user_errors(tmp_path, text_classifier, 
     assert wrong.returncode == 2 and "['gaussian_blur'] do not apply to text data; the text shifts are" in wrong.stderr
     severe = refused(*evaluate, "--shift", "--severities", "6")
     assert severe.returncode == 2 and "severities must be integers 1..5, got [6]" in severe.stderr
+
+
+def test_the_heads_column_counts_heads_per_layer_as_the_benchmark_tables_do():
+    """evaluate's "Heads": kept heads per layer ("4"; "3x3" for 3 members), averaged where layers or members differ,
+    as the demo's and the benchmarks' tables write them (README: "8x3 (avg)")."""
+    model = T.BertForSequenceClassification(
+        T.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=4, intermediate_size=8)
+    )
+    assert _heads(model) == "4"
+    even = he.build_members(model, [{layer: [head] for layer in range(3)} for head in range(3)])
+    assert _heads(he.HydraEnsemble.fuse(even)) == "1x3"
+    uneven = he.build_members(model, [{0: [0, 1]}, {1: [0]}, {2: [1, 2, 3]}])  # 2+4+4, 4+1+4, 4+4+3 kept
+    assert _heads(he.HydraEnsemble.fuse(uneven)) == "3.3x3 (avg)"
+    assert _heads(he.prune_heads(model, {0: [0]})) == "3.7 (avg)"  # one head of layer 0 removed

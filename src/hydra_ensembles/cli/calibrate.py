@@ -110,7 +110,8 @@ def _report(results: dict, calibration_map: CalibrationMap) -> None:
     fitted = ", ".join(f"{name} {value:.4f}" for name, value in calibration_map.summary().items())
     print(f"fitted {results['method']} calibration on {results['examples']} validation examples: {fitted}")
     print(
-        f"  validation NLL {before['nll']:.4f} -> {after['nll']:.4f}, ECE {before['ece']:.4f} -> {after['ece']:.4f} "
+        f"  validation NLL {before['nll']:.4f} -> {after['nll']:.4f}, "
+        f"ECE {100 * before['ece']:.2f} -> {100 * after['ece']:.2f} % "
         "(on the data it was fitted on: measure it on held-out data with `evaluate`)"
     )
     if not calibration_map.on_members:

@@ -337,10 +337,15 @@ def _built(
 
 
 def _heads(model) -> str:
-    """Kept heads per member, e.g. "36 + 36 + 36" (zero-shot: image+text, "60+72 + 62+70")."""
+    """Kept heads per layer, as the benchmark tables and the demo write them: "12" (one model), "8x3" (3 members
+    keeping 8 heads in every layer), "7.7x3 (avg)" (the mean over layers and members, where they differ);
+    zero-shot: each member's kept heads of both towers, image+text, "60+72 + 62+70"."""
     inner = base_model(model)
     if isinstance(inner, ZeroShotEnsemble):
         return " + ".join(f"{image}+{text}" for image, text in inner.head_counts())
     maps = inner.head_maps if isinstance(inner, HydraEnsemble) else [kept_heads(inner)]
-    counts = [sum(len(h) for h in head_map.values()) for head_map in maps]
-    return " + ".join(str(c) for c in counts)
+    counts = [len(heads) for head_map in maps for heads in head_map.values()]  # per member and layer
+    mean = sum(counts) / len(counts)
+    said = f"{mean:.0f}" if mean.is_integer() else f"{mean:.1f}"
+    said += f"x{len(maps)}" if len(maps) > 1 else ""
+    return said + (" (avg)" if len(set(counts)) > 1 else "")

@@ -191,7 +191,8 @@ def kept_epoch_line(history: list[dict], kept: int, recipe, validated: bool) -> 
     value = history[kept - 1][key]
     ties = "ties go to the lower NLL" if recipe.monitor == "acc_nll" else "ties keep the earlier epoch"
     stopped = (
-        f"; stopped early after {recipe.patience} epochs without an improvement over {recipe.min_delta:g}"
+        f"; stopped early, at epoch {ran} of {recipe.epochs}, after {recipe.patience} epochs without an "
+        f"improvement over {recipe.min_delta:g}"
         if ran < recipe.epochs
         else ""
     )

@@ -157,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
     if args.data:
         data = read_data(args, args.data, dirs[0], members[0].config, labelled=False, flag="--data")
         deviation = fusion_deviation(ensemble, members, data.batches, max_examples=args.sample)
+    if recipe is not None:  # said before the training it precedes, which takes minutes to hours
+        print(f"  {describe(ensemble, deviation)} (before fine-tuning)", flush=True)
     history = _finetune(args, out, ensemble, dirs[0], recipe) if recipe is not None else None
     target = out.path / "ensemble"
     save_predictor(ensemble, target, also=lambda folder: copy_preprocessor(dirs[0], folder))
@@ -174,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"fused {len(members)} members ({args.mlp} MLPs, {params / 1e6:.2f} M parameters) -> {target}")
     print(f"  {ensemble.extra_repr()}")
-    print(f"  {describe(ensemble, deviation)}" + (" (before fine-tuning)" if history is not None else ""))
+    if history is None:
+        print(f"  {describe(ensemble, deviation)}")
     return 0
 
 

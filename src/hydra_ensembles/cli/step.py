@@ -26,11 +26,18 @@ def check_model_dir(path: str | os.PathLike, what: str = "--model") -> Path:
     """The saved predictor at `path`; the output directory of `finetune` or `fuse` stands for the model in it."""
     path = Path(path)
     if not path.exists():
-        raise CommandError(f"{what} {str(path)!r} does not exist.")
+        hub = len(path.parts) == 2 and not str(path).startswith((".", "/", "~"))  # "org/name"
+        fetch = (
+            f" A Hub id is not read here: fetch it once (hf download {path} --local-dir DIR) and give DIR."
+            if hub
+            else ""
+        )
+        raise CommandError(f"{what} {str(path)!r} does not exist.{fetch}")
     if not path.is_dir():
         raise CommandError(f"{what} {str(path)!r} is a file; give the model's directory.")
-    if (path / RECORD).is_file():
-        path = path / (json.loads((path / RECORD).read_text()).get("results", {}).get("model_dir") or "")
+    record = json.loads((path / RECORD).read_text()) if (path / RECORD).is_file() else {}
+    if record:
+        path = path / (record.get("results", {}).get("model_dir") or "")
     if (path / MEMBERS_FILE).is_file():
         raise CommandError(
             f"{what} {str(path)!r} is a members directory (models not yet fused): fuse them into one model first "
@@ -39,6 +46,12 @@ def check_model_dir(path: str | os.PathLike, what: str = "--model") -> Path:
     try:
         saved_kind(path)
     except FileNotFoundError as error:
+        if record.get("command"):  # e.g. the output of `scores`, `circuit` or `evaluate`
+            raise CommandError(
+                f"{what} {str(path)!r} is the output of `hydra-ens {record['command']}`, which holds no model: give "
+                "your classifier's directory, or the output of a step that saves one (finetune, fuse, calibrate, ood, "
+                "amp, distill)."
+            ) from None
         raise CommandError(f"{what} {error}") from None
     return path
 
@@ -131,7 +144,7 @@ class Output:
             previous = None
         if previous is not None and not same:
             raise CommandError(
-                f"--out {str(self.path)!r} holds the result of a different run ({previous.get('command')}); "
+                f"--out {str(self.path)!r} holds the finished run {_difference(previous, command, self.settings)}; "
                 "choose another --out, or pass --force to replace it."
             )
         self.previous = previous
@@ -171,7 +184,12 @@ class Output:
 def _difference(previous: dict, command: str, settings: dict) -> str:
     """How an interrupted run's record differs from this run: another command, or which settings changed."""
     if previous.get("command") != command:
-        return f"of another command ({previous.get('command')})"
+        return f"of another command, `hydra-ens {previous.get('command')}`"
     before = previous.get("settings") or {}
-    changed = sorted(k for k in before.keys() | settings.keys() if before.get(k) != settings.get(k))
-    return f"with other settings ({', '.join(changed)}; an input file's size or time counts)"
+    changed = sorted(_flag(k) for k in before.keys() | settings.keys() if before.get(k) != settings.get(k))
+    return f"of `hydra-ens {command}` with other settings ({', '.join(changed)}; an input's size or time counts)"
+
+
+def _flag(setting: str) -> str:
+    """The flag a step's setting comes from ("max_length" -> "--max-length"; evaluate's "sets": its data flags)."""
+    return {"sets": "--near/--far/--ood", "models": "--model"}.get(setting, f"--{setting.replace('_', '-')}")

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from ..adapters import Adapter, adapter_by_name, class_mismatch, get_adapter
 from ..data.loaders import Batch, per_example, split_batch, to_device
-from ..io import HYDRA_CONFIG, read_safetensors, reading_dir, save_dir_atomic, write_json_atomic
+from ..io import HYDRA_CONFIG, read_safetensors, reading_dir, save_dir_atomic, saved_inside, write_json_atomic
 from ..modes import evaluating
 from ..outputs import PredictorOutput
 from ..pruning import HeadMap, base_fingerprint, kept_heads, kept_neurons
@@ -416,7 +416,9 @@ class HydraEnsemble(nn.Module):
         """Load an ensemble written by `save_pretrained`; it returns outputs identical to the saved one."""
         with reading_dir(path, "saved Hydra Ensemble") as path:
             if not (path / CONFIG_NAME).is_file():
-                raise FileNotFoundError(f"{str(path)!r} has no {CONFIG_NAME}: it is not a saved Hydra Ensemble.")
+                raise FileNotFoundError(
+                    f"{str(path)!r} has no {CONFIG_NAME}: it is not a saved Hydra Ensemble.{saved_inside(path)}"
+                )
             saved = json.loads((path / CONFIG_NAME).read_text())
             state = read_safetensors(path / WEIGHTS_NAME, device)
         if saved.get("format_version") != FORMAT_VERSION:

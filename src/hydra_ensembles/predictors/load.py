@@ -31,6 +31,7 @@ from ..io import (
     SAVED_MODEL_FILES,
     TWO_TOWER_FILE,
     save_dir_atomic,
+    saved_inside,
     settle_dir,
     write_json_atomic,
 )
@@ -107,7 +108,7 @@ def saved_kind(path: str | os.PathLike) -> str:
     raise FileNotFoundError(
         f"{str(path)!r} holds no saved predictor (it is not a model directory): it has neither {PREDICTOR_FILE} "
         f"(its kind), {HYDRA_CONFIG} (a Hydra Ensemble), {TWO_TOWER_FILE} (a two-tower model) nor config.json (a "
-        "Hugging Face checkpoint)."
+        f"Hugging Face checkpoint).{saved_inside(path)}"
     )
 
 

@@ -22,7 +22,7 @@ import transformers
 from torch import nn
 
 from ..adapters import UnsupportedModelError, adapter_for_class, get_adapter
-from ..io import reading_dir, save_dir_atomic
+from ..io import reading_dir, save_dir_atomic, saved_inside
 
 FINGERPRINT_KEY = "hydra_base_fingerprint"
 # config key -> replay(model, saved value): re-applies the change to a freshly built, unchanged model
@@ -137,6 +137,8 @@ def load_model(path: str | os.PathLike, **from_pretrained_kwargs) -> nn.Module:
     if refused:
         raise TypeError(f"load_model sets {refused} itself (the saved config, checked loading): leave them out.")
     with reading_dir(path, "saved model") as path:
+        if not (path / "config.json").is_file():  # HF would say "Unrecognized model ... should have a model_type"
+            raise FileNotFoundError(f"{str(path)!r} has no config.json: it is not a saved model.{saved_inside(path)}")
         config = transformers.AutoConfig.from_pretrained(path)
         cls = model_class(config)
         recorded = _recorded(config, cls, path)
