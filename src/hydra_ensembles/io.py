@@ -227,16 +227,19 @@ def settle_dir(path: str | os.PathLike) -> None:
 
 
 def saved_inside(path: str | os.PathLike) -> str:
-    """ " It holds a saved model one level down, in 'run/model': load that." for a directory whose sub-folders hold a
-    save (`SAVED_MODEL_FILES`), as a CLI step's output folder does; "" otherwise. For errors on a directory that is
-    not itself a save."""
-    path = Path(path)
-    if not path.is_dir():
+    """ " It holds a saved model one level down, in 'run/model': load that (...)." for a directory whose sub-folders
+    hold a save (`SAVED_MODEL_FILES`), as a CLI step's output folder does; "" otherwise (or when it cannot be read).
+    For errors on a directory that is not itself a save."""
+    try:
+        inside = sorted(str(s) for s in Path(path).iterdir() if any((s / n).is_file() for n in SAVED_MODEL_FILES))
+    except OSError:  # not a directory, or one this user may not read
         return ""
-    inside = sorted(str(sub) for sub in path.iterdir() if any((sub / name).is_file() for name in SAVED_MODEL_FILES))
     if not inside:
         return ""
-    return f" It holds a saved model one level down, in {' and '.join(map(repr, inside))}: load that."
+    return (
+        f" It holds a saved model one level down, in {' and '.join(map(repr, inside))}: load that "
+        "(`hydra_ensembles.predictors.load_predictor` reads every kind)."
+    )
 
 
 @contextmanager

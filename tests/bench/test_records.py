@@ -449,6 +449,14 @@ def test_a_single_model_rebuilt_with_other_weights_is_measured_once_and_the_tabl
     taylor, again = (torch.load(compare.row_file(seed / "logits", row)) for row in ("Taylor", records.AGAIN))
     expected = paired_bootstrap([taylor], [again], labels_of(tiny_task.test), resamples=2000)
     assert pair["nll"] == expected["nll"]._asdict()
+    monkeypatch.setattr(suite, "DIFFERENCES", (("Single", "Taylor"),))  # Single as row A: it stands in too
+    (pair,) = suite.differences(tiny_task, {"rows": ["Single", "Taylor"]}, {0: seed})["differences"]["pairs"]
+    assert pair["stand_ins"] == {"0": [records.AGAIN, "Taylor"]} and "builds_apart" not in pair
+    kept_again = compare.row_file(seed / "logits", records.AGAIN).read_bytes()
+    compare.row_file(seed / "logits", records.AGAIN).unlink()  # no logits of the rebuild: the pair says so
+    (pair,) = suite.differences(tiny_task, {"rows": ["Single", "Taylor"]}, {0: seed})["differences"]["pairs"]
+    assert pair["builds_apart"] == [0] and "stand_ins" not in pair
+    compare.row_file(seed / "logits", records.AGAIN).write_bytes(kept_again)
     trained_now = json.loads((seed / suite.TRAINING).read_text())  # the first build's training stays
     assert trained_now["single"] == first and trained_now["single, rebuilt"] == trained["single"]
     assert after["per_seed"][0]["Single"]["metrics"]["id"]["nll"] == results["Single"]["metrics"]["id"]["nll"]
@@ -527,6 +535,61 @@ def test_rows_compare_on_the_build_of_the_single_model_they_were_made_from(tmp_p
     stand_ins, apart = records.same_build_stand_ins({0: tmp_path}, pairs)
     assert stand_ins[("CircAvg", "Single")] == {0: ("CircAvg", "Single, build second")}
     assert apart == {("Hydra (Circ)", "Deep Ensembles"): [0]}  # the deep ensemble is not a Single row
+
+
+def test_a_single_model_back_on_its_first_build_after_a_rebuild_is_named_so(tmp_path):
+    """Built on machine A, rebuilt on B, then on A again (the first digest): the rows recorded from then on are the
+    first build's, compared with the first build's Single; nothing is measured again (the weights are the first's)."""
+    model, row = MODELS["bert"](seed=0), {"metrics": {"id": {"acc": 0.9}}}
+    results = tmp_path / records.RESULTS
+    write_json_atomic(results, {"Single": row, "Deep Ensembles": row})
+    (tmp_path / records.DIGESTS).write_text(json.dumps({"single": weights_digest(model), "single, rebuilt": "b"}))
+    records.record_measured_apart(tmp_path, "single", "b", row, row)
+    (tmp_path / "logits").mkdir()
+    for name in ("Single", records.AGAIN):
+        compare.row_file(tmp_path / "logits", name).write_bytes(name.encode())
+    write_json_atomic(results, json.loads(results.read_text()) | {"CircAvg": row})  # made from build b
+
+    def measure(model, path):
+        raise AssertionError("the first build is not measured again")
+
+    records.checked_single(tmp_path, model, measure)
+    write_json_atomic(results, json.loads(results.read_text()) | {"Hydra (Circ)": row})  # made from A again
+    assert records.single_builds(tmp_path) == {
+        "Single": "first",
+        "Deep Ensembles": "first",
+        "CircAvg": "b",
+        "Hydra (Circ)": "first",
+    }
+    assert records.single_logits(tmp_path) == {"first": "Single", "b": "Single, build b"}
+    assert compare.row_file(tmp_path / "logits", "Single, build b").read_bytes() == records.AGAIN.encode()
+    pairs = [("CircAvg", "Single"), ("Hydra (Circ)", "Single"), ("Hydra (Circ)", "CircAvg")]
+    assert records.same_build_stand_ins({0: tmp_path}, pairs) == (
+        {("CircAvg", "Single"): {0: ("CircAvg", "Single, build b")}},
+        {("Hydra (Circ)", "CircAvg"): [0]},
+    )
+    (note,) = records.rebuilt_notes(0, tmp_path)
+    assert "single was built again as its first build (the same weights) after a rebuild. Measured as its" in note
+    assert note.endswith(
+        "this build of single: Hydra (Circ). On its earlier rebuild b: CircAvg. The others are the first build's."
+    ), note
+    records.checked_single(tmp_path, model, measure)  # loaded again: nothing new
+    assert records.single_logits(tmp_path) == {"first": "Single", "b": "Single, build b"}
+
+
+def test_rows_are_not_told_apart_by_builds_they_do_not_share(tmp_path):
+    row = {"metrics": {"id": {"acc": 0.9}}}
+    write_json_atomic(tmp_path / records.RESULTS, {"Single": row})
+    records.record_measured_apart(tmp_path, "single", "b", row, row)
+    write_json_atomic(tmp_path / records.RESULTS, {"Single": row, "Hydra (Circ)": row, "MIMO": row})
+    (tmp_path / records.DIGESTS).write_text(json.dumps({"single": "a", "single, rebuilt": "b"}))
+    pairs = [("Hydra (Circ)", "MIMO"), ("Hydra (Circ)", "Single")]
+    assert records.same_build_stand_ins({0: tmp_path}, pairs, independent=["MIMO"]) == (
+        {},
+        {("Hydra (Circ)", "Single"): [0]},  # MIMO is trained from scratch: no build of the single model
+    )
+    (tmp_path / records.REBUILT).unlink()  # a rebuild's digest merged from another record, its entry not
+    assert records.single_builds(tmp_path) == {}
 
 
 def test_a_third_build_keeps_the_second_builds_logits(tmp_path):

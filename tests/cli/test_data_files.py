@@ -181,6 +181,10 @@ def test_an_interrupted_run_cleared_for_other_settings_says_so(tmp_path, capsys)
         Output(tmp_path / "step", "scores", {"max_length": 32})
     with pytest.raises(CommandError, match="holds the finished run of another command, `hydra-ens scores`; choose"):
         Output(tmp_path / "step", "circuit", {})
+    recipe = {"epochs": 3, "lr": 1e-4, "label_smoothing": 0.0}
+    Output(tmp_path / "tuned", "finetune", {"recipe": recipe, "source": {"digest": "a"}}).finish({})
+    with pytest.raises(CommandError, match=r"other settings \(--epochs, --lr, --scores/--circuit; an input"):
+        Output(tmp_path / "tuned", "finetune", {"recipe": recipe | {"epochs": 4, "lr": 1e-3}, "source": {}})
 
 
 def test_an_out_folder_a_step_did_not_write_is_refused_and_kept(tmp_path):

@@ -45,23 +45,30 @@ def fails(*args: str) -> str:
     return message
 
 
-def test_missing_paths(tmp_path, classifier, text_files):
+def test_missing_paths(tmp_path, classifier, text_files, monkeypatch):
     assert "--model '/nope' does not exist" in fails("scores", "--model", "/nope", "--data", "x.csv", "--out", "o")
     message = fails("scores", "--model", str(classifier), "--data", str(tmp_path / "gone.csv"), "--out", str(tmp_path))
     assert "gone.csv' does not exist" in message
     assert "not a model directory" in fails("scores", "--model", str(tmp_path), "--data", "x", "--out", "o")
     message = fails("scores", "--model", "org/name", "--data", "x.csv", "--out", "o")  # a Hub id
-    assert "does not exist. A Hub id is not read here: fetch it once (hf download org/name --local-dir DIR)" in message
+    assert "does not exist. If it is a Hub id: fetch it once (hf download org/name --local-dir DIR)" in message
+    (tmp_path / "runs").mkdir()  # a mistyped path in a folder that exists is no Hub id
+    monkeypatch.chdir(tmp_path)
+    assert fails("scores", "--model", "runs/single", "--data", "x.csv", "--out", "o").endswith("does not exist.")
     (tmp_path / "scores").mkdir()  # a step's output that holds no model
     (tmp_path / "scores" / "hydra-ens.json").write_text('{"command": "scores", "finished": true, "results": {}}')
     message = fails("predict", "--model", str(tmp_path / "scores"), "--inputs", str(text_files["new"]))
     assert "is the output of `hydra-ens scores`, which holds no model: give your classifier's directory" in message
+    (tmp_path / "tuned").mkdir()  # a step still running, or stopped
+    (tmp_path / "tuned" / "hydra-ens.json").write_text('{"command": "finetune", "finished": false}')
+    message = fails("predict", "--model", str(tmp_path / "tuned"), "--inputs", str(text_files["new"]))
+    assert "holds an unfinished `hydra-ens finetune` run: run that command again to finish it" in message
 
 
 def test_python_loaders_given_a_steps_folder_name_the_model_inside(classifier):
     """A CLI step keeps its model one level down (finetune: `model/`); the Python loaders, given the step's
     folder, say where."""
-    inside = f"It holds a saved model one level down, in {str(classifier)!r}: load that."
+    inside = f"It holds a saved model one level down, in {str(classifier)!r}: load that (`hydra_ensembles.predictors"
     with pytest.raises(FileNotFoundError, match="has no config.json: it is not a saved model") as said:
         he.load_model(classifier.parent)
     assert inside in str(said.value)

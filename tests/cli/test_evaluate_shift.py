@@ -14,7 +14,7 @@ import hydra_ensembles as he
 from hydra_ensembles.cli.evaluate import _heads
 from hydra_ensembles.data.files import read_encoded
 from hydra_ensembles.evaluation.shift import PixelSpace, shift_curve, shifts_of
-from hydra_ensembles.predictors import load_classifier, load_preprocessor, model_config
+from hydra_ensembles.predictors import DeepEnsemble, load_classifier, load_preprocessor, model_config
 
 CURVE = ("acc", "nll", "ece", "mi")  # what evaluate's metrics.json also holds
 
@@ -118,4 +118,5 @@ def test_the_heads_column_counts_heads_per_layer_as_the_benchmark_tables_do():
     assert _heads(he.HydraEnsemble.fuse(even)) == "1x3"
     uneven = he.build_members(model, [{0: [0, 1]}, {1: [0]}, {2: [1, 2, 3]}])  # 2+4+4, 4+1+4, 4+4+3 kept
     assert _heads(he.HydraEnsemble.fuse(uneven)) == "3.3x3 (avg)"
+    assert _heads(DeepEnsemble([model, model])) == "4x2"  # not its first member's alone
     assert _heads(he.prune_heads(model, {0: [0]})) == "3.7 (avg)"  # one head of layer 0 removed

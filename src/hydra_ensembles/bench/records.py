@@ -17,7 +17,7 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -261,7 +261,7 @@ def rebuilt_notes(seed: int, *folders: str | os.PathLike) -> list[str]:
     if not names:
         return []
     measured = [
-        _rebuild_sentence(name, how, _read(folder, RESULTS))
+        _rebuild_sentence(name, how, _read(folder, RESULTS), back=_build_label(folder)(how.get("digest")) == FIRST)
         for folder in folders
         for name, how in _read(folder, REBUILT).items()
     ]
@@ -274,9 +274,11 @@ def rebuilt_notes(seed: int, *folders: str | os.PathLike) -> list[str]:
     ]
 
 
-def _rebuild_sentence(name: str, how: Mapping, rows: Mapping) -> str:
-    """The sentences of a table note from a `REBUILT` entry, `rows` the folder's recorded rows."""
-    return _measured_sentence(name, how) + _built_on_sentence(name, how, rows)
+def _rebuild_sentence(name: str, how: Mapping, rows: Mapping, back: bool = False) -> str:
+    """The sentences of a table note from a `REBUILT` entry, `rows` the folder's recorded rows; `back`: the entry's
+    build is the first one's again (`_back_on_first_build`)."""
+    again = f"{name} was built again as its first build (the same weights) after a rebuild. " if back else ""
+    return again + _measured_sentence(name, how) + _built_on_sentence(name, how, rows)
 
 
 def _measured_sentence(name: str, how: Mapping) -> str:
@@ -325,47 +327,59 @@ AGAIN = "Single, trained again"  # the logits of the single model's latest rebui
 def single_builds(folder: str | os.PathLike) -> dict[str, str]:
     """{row: the build of the single model it was made from} for the rows recorded in `folder`: `FIRST`, or the
     digest of a rebuild (a row recorded after a rebuild was found was made from it: `REBUILT`'s `rows_before`, as
-    `rebuilt_notes` reads them). {} when it cannot be told: no digest recorded, or rebuild entries written before
-    `rows_before` existed."""
-    rows = sorted(read_json_record(Path(folder) / RESULTS))
+    `rebuilt_notes` reads them; a build back on the first digest is `FIRST`). {} when it cannot be told: no digest
+    recorded, a rebuild whose entry was not kept (digests merged from another record), or rebuild entries written
+    before `rows_before` existed."""
+    rows, digests = sorted(read_json_record(Path(folder) / RESULTS)), _read(folder, DIGESTS)
     how = _read(folder, REBUILT).get("single")
-    if "single" not in _read(folder, DIGESTS):
+    if "single" not in digests or (how is None and "single, rebuilt" in digests):
         return {}
     if how is None:
         return dict.fromkeys(rows, FIRST)
     builds = [*how.get("earlier", []), how]  # oldest first
     if any("rows_before" not in build for build in builds):
         return {}
+    label = _build_label(folder)
     made: dict[str, str] = {}
-    for build, before in zip(builds, [FIRST, *(build["digest"] for build in builds[:-1])]):
+    for build, before in zip(builds, [FIRST, *(label(build["digest"]) for build in builds[:-1])]):
         made |= {row: before for row in build["rows_before"] if row not in made}  # recorded before `build`
-    return {row: made.get(row, how["digest"]) for row in rows}
+    return {row: made.get(row, label(how["digest"])) for row in rows}
+
+
+def _build_label(folder: str | os.PathLike) -> Callable[[str], str]:
+    """A build's name in `single_builds`: `FIRST` for the first build's digest, else the digest. The first build of
+    rows recorded before digests existed has none (`check_by_metrics` records the rebuild's as both)."""
+    digests = _read(folder, DIGESTS)
+    first = digests.get("single") if digests.get("single") != digests.get("single, rebuilt") else None
+    return lambda digest: FIRST if first is not None and digest == first else digest
 
 
 def single_logits(folder: str | os.PathLike) -> dict[str, str]:
     """{build (as `single_builds` names it): the row name of its logits} for the builds of the single model whose
     logits `folder` keeps: "Single" for the first, `AGAIN` for the latest rebuild (measured when it was found) and
     `build_logits` for an earlier one."""
-    how = _read(folder, REBUILT).get("single", {})
-    names = {FIRST: "Single"} | {build["digest"]: build_logits(build["digest"]) for build in how.get("earlier", [])}
-    names |= {how["digest"]: AGAIN} if how else {}
+    how, label = _read(folder, REBUILT).get("single", {}), _build_label(folder)
+    names = {label(build["digest"]): build_logits(build["digest"]) for build in how.get("earlier", [])}
+    names |= {label(how["digest"]): AGAIN} if how else {}
+    names |= {FIRST: "Single"}
     return {build: name for build, name in names.items() if row_file(Path(folder) / "logits", name).exists()}
 
 
 def same_build_stand_ins(
-    seed_dirs: Mapping[int, str | os.PathLike], pairs: Sequence[tuple[str, str]]
+    seed_dirs: Mapping[int, str | os.PathLike], pairs: Sequence[tuple[str, str]], independent: Collection[str] = ()
 ) -> tuple[dict[tuple[str, str], dict[int, tuple[str, str]]], dict[tuple[str, str], list[int]]]:
     """Where a pair of rows of a seed was made from different builds of its single model (`single_builds`), compare
     each on one build: a Single row stands in as the build its partner was made from, where its logits were kept
-    (`single_logits`). Returns ({pair: {seed: (row A's logits, row B's logits)}} for the stand-ins, {pair: [seeds
-    still on different builds]}), for `bootstrap.row_differences`' `stand_ins` and the table's lines."""
+    (`single_logits`); `independent`: rows not made from the single model (trained from scratch). Returns ({pair:
+    {seed: (row A's logits, row B's logits)}} for the stand-ins, {pair: [seeds still on different builds]}), for
+    `bootstrap.row_differences`' `stand_ins` and the table's lines."""
     stand_ins: dict[tuple[str, str], dict[int, tuple[str, str]]] = {}
     apart: dict[tuple[str, str], list[int]] = {}
     for seed, folder in seed_dirs.items():
         builds, logits = single_builds(folder), single_logits(folder)
         for first, second in pairs:
             made = [builds.get(first), builds.get(second)]
-            if None in made or made[0] == made[1]:
+            if None in made or made[0] == made[1] or {first, second} & set(independent):
                 continue
             if second == "Single" and made[0] in logits:
                 stand_ins.setdefault((first, second), {})[seed] = (first, logits[made[0]])
@@ -390,7 +404,16 @@ def checked_single(folder: Path, model: nn.Module, measure: Callable[[nn.Module,
         if not has_measured_rebuild(folder, "single", digest):
             _keep_earlier_rebuild(folder)
             record_measured_apart(folder, "single", digest, recorded, measure(model, again))
+    elif recorded is not None and _back_on_first_build(folder, weights_digest(model)):
+        _keep_earlier_rebuild(folder)  # the rows recorded from now on are the first build's again
+        record_measured_apart(folder, "single", weights_digest(model), recorded, recorded)  # its own weights
     return model
+
+
+def _back_on_first_build(folder: Path, digest: str) -> bool:
+    """Whether the single model `digest`, the first build's, follows a rebuild (say AMD, then Intel, then AMD)."""
+    latest = _read(folder, REBUILT).get("single", {}).get("digest")
+    return latest is not None and latest != digest == _read(folder, DIGESTS).get("single")
 
 
 def build_logits(digest: str) -> str:

@@ -791,7 +791,7 @@ def differences(task, summary: dict, seed_dirs: Mapping[int, Path]) -> dict:
     rows were made from different builds of its single model compares them on one build where it can
     (`records.same_build_stand_ins`); the pair keeps the seeds where it cannot, as "builds_apart"."""
     pairs = [pair for pair in DIFFERENCES if all(row in summary["rows"] for row in pair)]
-    stand_ins, apart = same_build_stand_ins(seed_dirs, pairs)
+    stand_ins, apart = same_build_stand_ins(seed_dirs, pairs, independent=FROM_SCRATCH_ROWS)
     said = row_differences(seed_dirs, labels_of(task.test), pairs, stand_ins=stand_ins) if pairs else {}
     for pair in said.get("pairs", []):
         if (rows := tuple(pair["rows"])) in apart:

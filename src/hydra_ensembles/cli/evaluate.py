@@ -52,7 +52,15 @@ from ..fusion import HydraEnsemble
 from ..inference import describe
 from ..io import without_late_defaults, write_json_atomic, write_text_atomic
 from ..outputs import labels_of
-from ..predictors import ZeroShotEnsemble, base_model, class_names, load_preprocessor, model_config
+from ..predictors import (
+    DeepEnsemble,
+    ZeroShotEnsemble,
+    base_model,
+    class_names,
+    load_preprocessor,
+    model_config,
+    wrapper_chain,
+)
 from ..predictors.card import write_card
 from ..pruning import kept_heads
 from ..uncertainty import ensemble_probs
@@ -337,13 +345,17 @@ def _built(
 
 
 def _heads(model) -> str:
-    """Kept heads per layer, as the benchmark tables and the demo write them: "12" (one model), "8x3" (3 members
-    keeping 8 heads in every layer), "7.7x3 (avg)" (the mean over layers and members, where they differ);
+    """Kept heads per layer, as the benchmark tables and the demo write them: "12" (one model), "8x3" (3 members,
+    a deep ensemble's or a Hydra Ensemble's, keeping 8 heads in every layer), "7.7x3 (avg)" (the mean over layers
+    and members, where they differ);
     zero-shot: each member's kept heads of both towers, image+text, "60+72 + 62+70"."""
-    inner = base_model(model)
+    inner, deep = base_model(model), [m for m in wrapper_chain(model) if isinstance(m, DeepEnsemble)]
     if isinstance(inner, ZeroShotEnsemble):
         return " + ".join(f"{image}+{text}" for image, text in inner.head_counts())
-    maps = inner.head_maps if isinstance(inner, HydraEnsemble) else [kept_heads(inner)]
+    if deep:  # its base is its first member only
+        maps = [kept_heads(base_model(member)) for member in deep[0].models]
+    else:
+        maps = inner.head_maps if isinstance(inner, HydraEnsemble) else [kept_heads(inner)]
     counts = [len(heads) for head_map in maps for heads in head_map.values()]  # per member and layer
     mean = sum(counts) / len(counts)
     said = f"{mean:.0f}" if mean.is_integer() else f"{mean:.1f}"

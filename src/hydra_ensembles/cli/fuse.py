@@ -157,9 +157,8 @@ def run(args: argparse.Namespace) -> int:
     if args.data:
         data = read_data(args, args.data, dirs[0], members[0].config, labelled=False, flag="--data")
         deviation = fusion_deviation(ensemble, members, data.batches, max_examples=args.sample)
-    if recipe is not None:  # said before the training it precedes, which takes minutes to hours
-        print(f"  {describe(ensemble, deviation)} (before fine-tuning)", flush=True)
-    history = _finetune(args, out, ensemble, dirs[0], recipe) if recipe is not None else None
+    exactness = describe(ensemble, deviation)
+    history = _finetune(args, out, ensemble, dirs[0], recipe, exactness) if recipe is not None else None
     target = out.path / "ensemble"
     save_predictor(ensemble, target, also=lambda folder: copy_preprocessor(dirs[0], folder))
     shutil.rmtree(out.path / "checkpoints", ignore_errors=True)  # only once the model they would resume is saved
@@ -177,12 +176,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"fused {len(members)} members ({args.mlp} MLPs, {params / 1e6:.2f} M parameters) -> {target}")
     print(f"  {ensemble.extra_repr()}")
     if history is None:
-        print(f"  {describe(ensemble, deviation)}")
+        print(f"  {exactness}")
     return 0
 
 
-def _finetune(args: argparse.Namespace, out: Output, ensemble: HydraEnsemble, model_dir, recipe: TrainConfig) -> dict:
-    """Fine-tune the fused ensemble as one module, in place; prints and returns its epochs and the kept one."""
+def _finetune(
+    args: argparse.Namespace, out: Output, ensemble: HydraEnsemble, model_dir, recipe: TrainConfig, exactness: str
+) -> dict:
+    """Fine-tune the fused ensemble as one module, in place; prints the fusion's `exactness` (before the training,
+    which takes minutes to hours), then returns its epochs and the kept one."""
     if not ensemble.is_classifier:
         raise CommandError(
             "--finetune-train trains the members' classifiers, and these members have none (pruned from an "
@@ -196,6 +198,7 @@ def _finetune(args: argparse.Namespace, out: Output, ensemble: HydraEnsemble, mo
     checkpoints = out.path / "checkpoints"
     if (checkpoints / "checkpoint.pt").exists():
         print(f"resuming from {checkpoints}")
+    print(f"fused {ensemble.num_members} members: {exactness} (before fine-tuning)", flush=True)
     epochs = f"{recipe.epochs} epoch{'s' if recipe.epochs != 1 else ''}"
     print(f"fine-tuning the fused ensemble as one module ({epochs}, lr {recipe.lr:g}, members' losses summed)")
     try:

@@ -26,12 +26,8 @@ def check_model_dir(path: str | os.PathLike, what: str = "--model") -> Path:
     """The saved predictor at `path`; the output directory of `finetune` or `fuse` stands for the model in it."""
     path = Path(path)
     if not path.exists():
-        hub = len(path.parts) == 2 and not str(path).startswith((".", "/", "~"))  # "org/name"
-        fetch = (
-            f" A Hub id is not read here: fetch it once (hf download {path} --local-dir DIR) and give DIR."
-            if hub
-            else ""
-        )
+        hub = len(path.parts) == 2 and not str(path).startswith((".", "/", "~")) and not path.parent.exists()
+        fetch = f" If it is a Hub id: fetch it once (hf download {path} --local-dir DIR) and give DIR." if hub else ""
         raise CommandError(f"{what} {str(path)!r} does not exist.{fetch}")
     if not path.is_dir():
         raise CommandError(f"{what} {str(path)!r} is a file; give the model's directory.")
@@ -46,7 +42,12 @@ def check_model_dir(path: str | os.PathLike, what: str = "--model") -> Path:
     try:
         saved_kind(path)
     except FileNotFoundError as error:
-        if record.get("command"):  # e.g. the output of `scores`, `circuit` or `evaluate`
+        if record and not record.get("finished"):
+            raise CommandError(
+                f"{what} {str(path)!r} holds an unfinished `hydra-ens {record.get('command')}` run: run that command "
+                "again to finish it (it resumes where it stopped)."
+            ) from None
+        if record and not record.get("results", {}).get("model_dir"):  # e.g. the output of `scores` or `evaluate`
             raise CommandError(
                 f"{what} {str(path)!r} is the output of `hydra-ens {record['command']}`, which holds no model: give "
                 "your classifier's directory, or the output of a step that saves one (finetune, fuse, calibrate, ood, "
@@ -182,14 +183,30 @@ class Output:
 
 
 def _difference(previous: dict, command: str, settings: dict) -> str:
-    """How an interrupted run's record differs from this run: another command, or which settings changed."""
+    """How a run's record in --out differs from this run: another command, or which settings changed."""
     if previous.get("command") != command:
         return f"of another command, `hydra-ens {previous.get('command')}`"
     before = previous.get("settings") or {}
-    changed = sorted(_flag(k) for k in before.keys() | settings.keys() if before.get(k) != settings.get(k))
+    changed = sorted(
+        flag for k in before.keys() | settings.keys() for flag in _changed(k, before.get(k), settings.get(k))
+    )
     return f"of `hydra-ens {command}` with other settings ({', '.join(changed)}; an input's size or time counts)"
 
 
-def _flag(setting: str) -> str:
-    """The flag a step's setting comes from ("max_length" -> "--max-length"; evaluate's "sets": its data flags)."""
-    return {"sets": "--near/--far/--ood", "models": "--model"}.get(setting, f"--{setting.replace('_', '-')}")
+FLAGS = {  # settings named otherwise than the flags they come from
+    "sets": "--near/--far/--ood",
+    "models": "--model",
+    "source": "--scores/--circuit",
+    "zero_shot": "--classes/--templates",
+    "finetune": "--finetune-train/--finetune-val or their training flags",
+}
+
+
+def _changed(setting: str, before: Any, now: Any) -> list[str]:
+    """The flags behind a setting that changed ("max_length" -> "--max-length"; the training recipe's by field,
+    "--epochs"; a field that no flag sets, by name); none when it did not change."""
+    if before == now:
+        return []
+    if setting == "recipe" and isinstance(before, dict) and isinstance(now, dict):
+        return [f"--{k.replace('_', '-')}" for k in before.keys() | now.keys() if before.get(k) != now.get(k)]
+    return [FLAGS.get(setting, f"--{setting.replace('_', '-')}")]

@@ -333,17 +333,16 @@ def row_differences(
     if set(other_dirs) != set(seed_dirs):
         raise ValueError(f"other_dirs must hold the seeds of seed_dirs, {list(seed_dirs)}, got {list(other_dirs)}.")
     for first, second in pairs:
-        files = stand_ins.get((first, second), {})
+        read = {s: tuple(stand_ins.get((first, second), {}).get(s, (first, second))) for s in seed_dirs}
         paths = [
-            (row_file(Path(d) / logits, a), row_file(Path(other_dirs[s]) / logits, b))
-            for s, d in seed_dirs.items()
-            for a, b in [files.get(s, (first, second))]
+            (row_file(Path(seed_dirs[s]) / logits, a), row_file(Path(other_dirs[s]) / logits, b))
+            for s, (a, b) in read.items()
         ]
         if not all(x.exists() and y.exists() for x, y in paths):
             continue
         loaded = [(torch.load(x), torch.load(y)) for x, y in paths]
         intervals = paired_bootstrap([x for x, _ in loaded], [y for _, y in loaded], labels, resamples, seed, level)
-        read_instead = {str(s): list(files[s]) for s in seed_dirs if s in files}
+        read_instead = {str(s): list(files) for s, files in read.items() if files != (first, second)}
         said.append(
             {"rows": [first, second]}
             | ({"stand_ins": read_instead} if read_instead else {})
