@@ -93,6 +93,15 @@ def test_interleaved_latency_rotates_the_order_and_gives_ratios_per_round():
         he.cost.interleaved_latency(runs, repeats=0)
 
 
+def test_interleaved_latency_shows_its_rounds_when_asked(capsys):
+    runs = {"a": lambda: None, "b": lambda: None}
+    he.cost.interleaved_latency(runs, repeats=3, warmup=1)
+    assert capsys.readouterr().err == ""
+    he.cost.interleaved_latency(runs, repeats=3, warmup=1, progress=True)
+    bar = capsys.readouterr().err
+    assert "timing:" in bar and "0/4 " in bar, bar  # its rounds, the warm-up included (cleared when done)
+
+
 def test_warmup_rounds_are_left_out_of_the_timings():
     """A first call 100x slower than the others (compilation, caches): with one warm-up round it is not timed."""
     first = {"b": True}

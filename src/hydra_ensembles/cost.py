@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+from tqdm.auto import tqdm
 
 from .data.loaders import to_device
 from .modes import evaluating
@@ -127,7 +128,7 @@ def format_cost_table(rows: Sequence[Cost]) -> str:
 
 
 def interleaved_latency(
-    runs: Mapping[str, Callable[[], object]], repeats: int = 7, warmup: int = 1
+    runs: Mapping[str, Callable[[], object]], repeats: int = 7, warmup: int = 1, progress: bool = False
 ) -> dict[str, dict[str, float]]:
     """Time several models against the first, interleaved, so that the machine's drift hits all of them alike.
 
@@ -136,7 +137,8 @@ def interleaved_latency(
     runs first equally often over 2 len(runs) rounds); the round's ratio of each model is its time over the first
     model's time in that round. `warmup` rounds run first and are not timed. Each callable runs one forward pass
     (and synchronises the device if it is a GPU). Returns {name: {"median", "min", "max": ratio to the first over
-    the rounds, "seconds": median seconds per call}}; report the median with its min-max spread.
+    the rounds, "seconds": median seconds per call}}; report the median with its min-max spread. `progress`: a
+    bar over the rounds (updated between them, outside the timed calls).
     """
     names = list(runs)
     if not names or repeats < 1:
@@ -144,7 +146,7 @@ def interleaved_latency(
             f"interleaved_latency needs at least one callable and repeats >= 1, got {len(names)}, {repeats}."
         )
     seconds: dict[str, list[float]] = {name: [] for name in names}
-    for round_ in range(warmup + repeats):
+    for round_ in tqdm(range(warmup + repeats), desc="timing", unit="round", disable=not progress, leave=False):
         shift = round_ % len(names)
         order = names[shift:] + names[:shift]
         # every other cycle of rotations reversed: a rotation alone keeps who runs before whom (its cache effects)
@@ -167,11 +169,14 @@ def interleaved_latency(
 
 
 def predictor_latency(
-    predictors: Mapping[str, nn.Module], batches: Mapping[str, Mapping[str, Any]], repeats: int = 7
+    predictors: Mapping[str, nn.Module],
+    batches: Mapping[str, Mapping[str, Any]],
+    repeats: int = 7,
+    progress: bool = False,
 ) -> dict[str, dict[str, float]]:
     """`interleaved_latency` of predictors (modules called as `model(**inputs)`), each on its batch of inputs
     (`batches[name]`, the same examples encoded for that model; a `labels` entry is left out), relative to the
-    first, in eval mode without gradients."""
+    first, in eval mode without gradients; `progress`: a bar over the rounds."""
 
     def run(model: nn.Module, batch: Mapping[str, Any]) -> Callable[[], object]:
         on_gpu = any(p.is_cuda for p in model.parameters())
@@ -187,7 +192,8 @@ def predictor_latency(
 
     for model in predictors.values():
         model.eval()
-    return interleaved_latency({name: run(model, batches[name]) for name, model in predictors.items()}, repeats)
+    runs = {name: run(model, batches[name]) for name, model in predictors.items()}
+    return interleaved_latency(runs, repeats, progress=progress)
 
 
 def format_latency(stats: Mapping[str, float]) -> str:

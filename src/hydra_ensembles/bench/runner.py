@@ -336,7 +336,8 @@ def _latency(
         models = {row: (lambda row=row: known[row](pieces()).predictor) for row in table.ordered_rows(rows, known)}
 
     def time_now() -> dict[str, dict]:
-        return time_rows({row: model() for row, model in models.items()}, dict.fromkeys(models, batch), repeats)
+        predictors = {row: model() for row, model in models.items()}
+        return time_rows(predictors, dict.fromkeys(models, batch), repeats, progress=run.progress)
 
     conditions = {"device": device_name(run.device), "batch": batch_size(batch)}
     return recorded_latency(run.cache / record, list(models), time_now, conditions)

@@ -189,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
     latency = None
     if args.latency_repeats:
         batches = {name: row.data.test[0] for name, row in run.items()}
-        latency = time_rows({name: row.predictor for name, row in run.items()}, batches, args.latency_repeats)
+        predictors = {name: row.predictor for name, row in run.items()}
+        latency = time_rows(predictors, batches, args.latency_repeats, progress=not args.quiet)
     rows = aggregate({0: results})
     selective = {name: selective_metrics(logits[name]["test"], labels) for name in results}  # from the kept logits
     for name, values in selective.items():

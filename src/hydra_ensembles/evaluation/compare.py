@@ -83,10 +83,13 @@ def compare(
     return {name: results[name] for name in rows}
 
 
-def time_rows(predictors: Mapping[str, nn.Module], batches: Mapping[str, Batch], repeats: int) -> dict[str, dict]:
-    """`cost.predictor_latency` of every predictor on its batch, relative to the first, interleaved, saying so."""
+def time_rows(
+    predictors: Mapping[str, nn.Module], batches: Mapping[str, Batch], repeats: int, progress: bool = False
+) -> dict[str, dict]:
+    """`cost.predictor_latency` of every predictor on its batch, relative to the first, interleaved, saying so
+    (`progress`: with a bar over the rounds)."""
     print(f"timing {len(predictors)} rows, interleaved, {repeats} rounds", flush=True)
-    return predictor_latency(predictors, batches, repeats)
+    return predictor_latency(predictors, batches, repeats, progress=progress)
 
 
 def row_file(folder: str | os.PathLike, row: str) -> Path:
