@@ -158,12 +158,13 @@ def _read(folder: str | os.PathLike, record: str) -> dict:
     return read_json_record(Path(folder) / record)
 
 
-def check_digest(folder: str | os.PathLike, name: str, model: nn.Module) -> bool:
+def check_digest(folder: str | os.PathLike, name: str, model: nn.Module, digest: str | None = None) -> bool:
     """Compare the weights of the model `name` with the digest recorded in `folder`, recording it when there is
     none. A different digest warns, keeps the first and records the new one as "<name>, rebuilt" (once: the same
-    rebuild loaded again is not news). Returns whether the model matches the record (True when there was none)."""
+    rebuild loaded again is not news). Returns whether the model matches the record (True when there was none).
+    `digest`: the model's `weights_digest`, when the caller has it already."""
     path, digests = Path(folder) / DIGESTS, _read(folder, DIGESTS)
-    digest, recorded = weights_digest(model), digests.get(name)
+    digest, recorded = digest or weights_digest(model), digests.get(name)
     if recorded is None:
         write_json_atomic(path, digests | {name: digest})
     elif recorded != digest and digests.get(f"{name}, rebuilt") != digest:  # said once per rebuild, not every run
@@ -399,14 +400,15 @@ def checked_single(folder: Path, model: nn.Module, measure: Callable[[nn.Module,
         if check_by_metrics(folder, "single", model, recorded, measure(model, again)):
             os.replace(again, row_file(folder / "logits", "Single"))  # the recorded row's, lost with its machine
             print(f"{folder}: the single model trained again measures as its recorded row", flush=True)
-    elif not check_digest(folder, "single", model) and recorded is not None:
-        digest = weights_digest(model)
+        return model
+    digest = weights_digest(model)  # once: hashing every weight of a large model takes a while
+    if not check_digest(folder, "single", model, digest) and recorded is not None:
         if not has_measured_rebuild(folder, "single", digest):
             _keep_earlier_rebuild(folder)
             record_measured_apart(folder, "single", digest, recorded, measure(model, again))
-    elif recorded is not None and _back_on_first_build(folder, weights_digest(model)):
+    elif recorded is not None and _back_on_first_build(folder, digest):
         _keep_earlier_rebuild(folder)  # the rows recorded from now on are the first build's again
-        record_measured_apart(folder, "single", weights_digest(model), recorded, recorded)  # its own weights
+        record_measured_apart(folder, "single", digest, recorded, recorded)  # its own weights: as recorded
     return model
 
 

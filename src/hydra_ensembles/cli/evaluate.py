@@ -348,8 +348,7 @@ def _built(
 def _heads(model) -> str:
     """Kept heads per layer, as the benchmark tables and the demo write them: "12" (one model), "8x3" (3 members,
     a deep ensemble's or a Hydra Ensemble's, keeping 8 heads in every layer), "7.7x3 (avg)" (the mean over layers
-    and members, where they differ);
-    zero-shot: each member's kept heads of both towers, image+text, "60+72 + 62+70"."""
+    and members, where they differ); zero-shot: each member's kept heads of both towers, "60+72 + 62+70"."""
     inner, deep = base_model(model), [m for m in wrapper_chain(model) if isinstance(m, DeepEnsemble)]
     if isinstance(inner, ZeroShotEnsemble):
         return " + ".join(f"{image}+{text}" for image, text in inner.head_counts())

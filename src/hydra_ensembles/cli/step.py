@@ -32,8 +32,8 @@ def check_model_dir(path: str | os.PathLike, what: str = "--model") -> Path:
     if not path.is_dir():
         raise CommandError(f"{what} {str(path)!r} is a file; give the model's directory.")
     record = json.loads((path / RECORD).read_text()) if (path / RECORD).is_file() else {}
-    if record:
-        path = path / (record.get("results", {}).get("model_dir") or "")
+    model_dir = record.get("results", {}).get("model_dir")  # a step's output holds its model there
+    path = path / (model_dir or "")
     if (path / MEMBERS_FILE).is_file():
         raise CommandError(
             f"{what} {str(path)!r} is a members directory (models not yet fused): fuse them into one model first "
@@ -47,7 +47,7 @@ def check_model_dir(path: str | os.PathLike, what: str = "--model") -> Path:
                 f"{what} {str(path)!r} holds an unfinished `hydra-ens {record.get('command')}` run: run that command "
                 "again to finish it (it resumes where it stopped)."
             ) from None
-        if record and not record.get("results", {}).get("model_dir"):  # e.g. the output of `scores` or `evaluate`
+        if record and not model_dir:  # e.g. the output of `scores` or `evaluate`
             raise CommandError(
                 f"{what} {str(path)!r} is the output of `hydra-ens {record['command']}`, which holds no model: give "
                 "your classifier's directory, or the output of a step that saves one (finetune, fuse, calibrate, ood, "
