@@ -3,13 +3,22 @@
 import json
 import os
 import shutil
+import subprocess
 import threading
 
 import pytest
 import safetensors.torch
 import torch
 
-from hydra_ensembles.io import load_weights, read_json_record, reading_dir, save_dir_atomic, write_json_atomic
+from hydra_ensembles.io import (
+    load_weights,
+    read_json_record,
+    reading_dir,
+    replacing,
+    save_dir_atomic,
+    temporary_prefix,
+    write_json_atomic,
+)
 
 
 def test_json_write_is_atomic(tmp_path, monkeypatch):
@@ -44,6 +53,25 @@ def test_directory_save_replaces_whole_or_not_at_all(tmp_path):
     save_dir_atomic(target, _save("b.txt", "new"))  # a previous save's own files go with it
     assert sorted(p.name for p in target.iterdir()) == ["b.txt", "config.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_save_removes_what_a_killed_writer_left_and_keeps_a_save_under_way(tmp_path):
+    target, folder = tmp_path / "checkpoint.pt", tmp_path / "model"
+    finished = subprocess.Popen(["true"])
+    finished.wait()  # a process that no longer runs: a writer killed midway
+    killed = temporary_prefix(target).replace(f".{os.getpid()}@", f".{finished.pid}@")
+    elsewhere = temporary_prefix(target).replace("@", "@another-host.")  # a shared disk: we cannot tell
+    for name in (killed + "abc123.tmp", elsewhere + "abc123.tmp"):
+        (tmp_path / name).write_bytes(b"half a checkpoint")
+    killed_dir = tmp_path / temporary_prefix(folder).replace(f".{os.getpid()}@", f".{finished.pid}@")
+    (killed_dir.parent / (killed_dir.name + "xyz.partial")).mkdir()
+    with replacing(target) as under_way:  # this process's own save, still being written: it stays
+        under_way.write_bytes(b"a save under way")
+        write_json_atomic(target, {"step": 1})
+        save_dir_atomic(folder, _save("a.txt", "new"))
+        left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted(["checkpoint.pt", "model", under_way.name, elsewhere + "abc123.tmp"])
+    assert target.read_bytes() == b"a save under way"
 
 
 def _fused(model_type: str):

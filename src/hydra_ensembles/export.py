@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from .adapters import get_adapter
 from .data.loaders import split_batch
 from .fusion import HydraEnsemble
+from .io import remove_orphans, temporary_prefix
 from .modes import evaluating
 
 # Up to 1.8 GiB of weights the graph is one .onnx file; past it, the weights go to <path>.data beside it: protobuf's
@@ -113,7 +114,7 @@ def export_onnx(predictor: nn.Module, path: str | os.PathLike, example_inputs: M
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     weights = weight_bytes(predictor)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(path), suffix=".partial", dir=path.parent))
     try:
         written = tmp / path.name
         torch.onnx.export(
@@ -132,6 +133,7 @@ def export_onnx(predictor: nn.Module, path: str | os.PathLike, example_inputs: M
             path.with_name(path.name + ".data").unlink(missing_ok=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    remove_orphans(path, ".partial")
     return path
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -44,7 +46,7 @@ def replacing(path: str | os.PathLike) -> Iterator[Path]:
     the old file or the new, never half of one), removed if the block fails."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path), suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         yield Path(tmp)
@@ -55,6 +57,41 @@ def replacing(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    remove_orphans(path, ".tmp")
+
+
+def temporary_prefix(path: Path) -> str:
+    """The name a save's temporary file or folder beside `path` starts with: `.<name>.<pid>@<host>.`, the process
+    writing it, so that a later save can tell what a killed writer left (`remove_orphans`)."""
+    return f".{path.name}.{os.getpid()}@{socket.gethostname()}."
+
+
+def remove_orphans(path: Path, suffix: str) -> None:
+    """Remove the temporary files or folders (`suffix`) that saves of `path` left when their process was killed
+    (SIGKILL, the OOM killer, a power cut; any other failure removes its own): those whose process, on this host,
+    no longer runs. A live process's (a save under way) and another host's (a shared disk) stay."""
+    if os.name != "posix":  # os.kill(pid, 0) is no liveness check elsewhere
+        return
+    start = f".{path.name}."
+    for temporary in path.parent.glob(f".{glob.escape(path.name)}.*{suffix}"):
+        writer = temporary.name[len(start) : -len(suffix)].rpartition(".")[0]  # "<pid>@<host>" before the random part
+        pid, _, host = writer.partition("@")
+        if host != socket.gethostname() or not pid.isdigit() or _running(int(pid)):
+            continue
+        if temporary.is_dir():
+            shutil.rmtree(temporary, ignore_errors=True)
+        else:
+            temporary.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: no signal, only the check that the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _sync(path: Path) -> None:
@@ -119,7 +156,7 @@ def save_dir_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> P
     path.parent.mkdir(parents=True, exist_ok=True)
     recover_dir(path)
     preprocessor = _replaceable(path)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(path), suffix=".partial", dir=path.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes the directory private; a saved model should be readable like any other
     try:
         write(tmp)
@@ -144,6 +181,7 @@ def save_dir_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> P
         raise
     _sync(path.parent)
     shutil.rmtree(previous, ignore_errors=True)
+    remove_orphans(path, ".partial")
     return path
 
 
