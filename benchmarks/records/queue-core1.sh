@@ -25,7 +25,14 @@ hydra-ens bench sentiment-mpnet --seeds 0 1 2 --records $R --quiet --untimed --o
 python benchmarks/circuit_halves.py sentiment-mpnet --seed 0 --first 12 24 48
 # (issue 39 item 7's protocol ablation runs on core 0: queue.sh)
 hydra-ens bench sentiment-mpnet --seeds 0 --records $R --quiet --cost-curve
+# issue 44: seed 0's Deep Ensembles and Hydra (Circ) distilled into students with 1 and 2 head layers (their teachers
+# are this cache's; distill-* keeps no records, so a line runs to its end on one machine or resumes from its cache)
+hydra-ens bench distill-sentiment-mpnet --seeds 0 --quiet
+hydra-ens bench distill-sentiment-mpnet --seeds 0 --quiet --head-layers 2
 # issue 42: the extras of seed 0's Single and Deep Ensembles are done (2026-11-26); these add CircAvg and Hydra (Circ)
 python benchmarks/uncertainty_extras.py sentiment-mpnet --seeds 0 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" --quiet
 # the three-seed table timed on seed 2, whose models the lines above train on this machine
 hydra-ens bench sentiment-mpnet --seeds 0 1 2 --records $R --quiet --latency-seeds 2 --rows Single "Deep Ensembles" "Temp. scaling" CircAvg "CircAvg, temp. scaling" "Hydra (Taylor)" "Hydra (Circ)" "Hydra (Circ), temp. scaling"
+# issue 44 asks for the students on three seeds: seeds 1 and 2 train their teachers first (hours a seed)
+hydra-ens bench distill-sentiment-mpnet --seeds 0 1 2 --quiet
+hydra-ens bench distill-sentiment-mpnet --seeds 0 1 2 --quiet --head-layers 2

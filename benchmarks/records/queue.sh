@@ -62,3 +62,6 @@ hydra-ens bench text --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ense
 hydra-ens bench image-dinov2 --seeds 0 1 2 --records $R --quiet --latency-seeds 2 --rows Single "Single, trained as long" "Deep Ensembles" Taylor CircAvg "Hydra (Taylor)" "Hydra (Circ)" "Hydra (Circ), fused then fine-tuned" "Temp. scaling" "Hydra (Circ), temp. scaling" BatchEnsemble
 hydra-ens bench image-dinov2 --seeds 0 1 2 --records $R --quiet --latency-seeds 2
 # sentiment-mpnet's three-seed table: queue-core1.sh (its models are in that core's cache)
+# issue 44 asks for the students on three seeds: seeds 1 and 2 train their teachers first (hours a seed)
+hydra-ens bench distill-image-dinov2 --seeds 0 1 2 --quiet
+hydra-ens bench distill-image-dinov2 --seeds 0 1 2 --quiet --head-layers 2
