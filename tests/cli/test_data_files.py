@@ -90,6 +90,8 @@ def test_texts_are_cut_at_the_models_positions_when_the_tokenizer_has_no_limit(t
     model = MODELS["bert"]()  # 24 positions
     assert model_positions(model.config) == model.config.max_position_embeddings == 24
     assert model_positions(T.RobertaConfig(max_position_embeddings=514, pad_token_id=1)) == 512
+    for family in (T.CamembertConfig, T.Data2VecTextConfig):  # RoBERTa's positions under other names
+        assert model_positions(family(max_position_embeddings=514, pad_token_id=1)) == 512
     assert model_positions(T.DebertaV2Config(position_biased_input=False)) is None  # relative positions only
     words = [f"w{i}" for i in range(VOCAB - 5)]
     special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from conftest import (
     FUSED_MODELS,
     MODELS,
+    MORE_CLASSES,
     at_trained_scale,
     fused_output,
     make_inputs,
@@ -40,7 +41,7 @@ def test_contract1_one_unpruned_member_equals_the_original(name):
 
 
 @pytest.mark.parametrize("num_members", [1, 2, 3, 5])
-@pytest.mark.parametrize("name", FUSED_MODELS)
+@pytest.mark.parametrize("name", [*FUSED_MODELS, *MORE_CLASSES])
 def test_contract3_stack_equals_members_run_one_by_one(name, num_members):
     """Separately 'fine-tuned' members (every weight differs, embeddings and heads included), unequal head
     counts per member and per layer, a layer with one head, an emptied layer, padded batches."""

@@ -15,6 +15,7 @@ from conftest import (
     IMAGE,
     LAYERS,
     MODELS,
+    MORE_CLASSES,
     SIZES,
     VOCAB,
     at_trained_scale,
@@ -30,7 +31,7 @@ import hydra_ensembles as he
 PLAN = {0: [1, 3], 1: [0, 1, 2, 3], 2: [2]}  # two heads, a whole layer, one head
 
 
-@pytest.mark.parametrize("name", CONTRACT_MODELS)
+@pytest.mark.parametrize("name", [*CONTRACT_MODELS, *MORE_CLASSES])
 def test_pruned_model_equals_ablated_original(name):
     """Contract 2, with padded inputs, a layer emptied entirely and a layer left with one head."""
     model, inputs = at_trained_scale(name), make_inputs(name)
@@ -128,7 +129,7 @@ def test_pruning_keeps_dtype():
     assert model.vit.layers[0].attention.q_proj.weight.dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("name", [*CONTRACT_MODELS, "deit_encoder", "dinov2_encoder"])
+@pytest.mark.parametrize("name", [*CONTRACT_MODELS, *MORE_CLASSES, "deit_encoder", "dinov2_encoder"])
 def test_save_and_load_restore_the_pruned_model(name, tmp_path):
     """Every family, bare encoders included: HF renames old checkpoint keys (ViT, DeiT, DINOv2) for its own classes
     only, and a loader that did not pass as one filled their layers at random (HF only warned)."""

@@ -1,9 +1,9 @@
-"""BERT, RoBERTa and XLM-RoBERTa: post-norm encoders (attention -> residual -> LN, MLP -> residual -> LN).
+"""BERT and the RoBERTa family: post-norm encoders (attention -> residual -> LN, MLP -> residual -> LN).
 
 BertModel / RobertaModel keep their layers in `encoder.layer`; each layer has `attention.self.{query,key,value}`,
 `attention.output.{dense,LayerNorm}`, `intermediate.dense` and `output.{dense,LayerNorm}`. The packaged
-all-MiniLM-L6-v2 is a BertModel. XLM-RoBERTa is RoBERTa with another vocabulary (its own classes in transformers v5,
-same modules and names).
+all-MiniLM-L6-v2 is a BertModel. XLM-RoBERTa and CamemBERT are RoBERTa with other vocabularies, Data2Vec-Text
+RoBERTa trained otherwise: their own classes in transformers v5, the same modules and names.
 """
 
 from __future__ import annotations
@@ -59,6 +59,14 @@ class BertAdapter(Adapter):
         "XLMRobertaModel": ModelSpec(backbone="", head=_pooled, classifier=False, head_tokens=1),
         "XLMRobertaForSequenceClassification": ModelSpec(
             backbone="roberta", head=_roberta_classifier, classifier=True, head_tokens=1
+        ),
+        "CamembertModel": ModelSpec(backbone="", head=_pooled, classifier=False, head_tokens=1),
+        "CamembertForSequenceClassification": ModelSpec(
+            backbone="roberta", head=_roberta_classifier, classifier=True, head_tokens=1
+        ),
+        "Data2VecTextModel": ModelSpec(backbone="", head=_pooled, classifier=False, head_tokens=1),
+        "Data2VecTextForSequenceClassification": ModelSpec(
+            backbone="data2vec_text", head=_roberta_classifier, classifier=True, head_tokens=1
         ),
     }
 

@@ -1,4 +1,6 @@
-"""DINOv2: a pre-norm image encoder like ViT, with layer scale on both residual branches and `norm{1,2}`."""
+"""DINOv2 and DINOv2 with registers: pre-norm image encoders like ViT, with layer scale on both residual branches
+and `norm{1,2}`. The registers variant (Darcet et al., 2024) puts `num_register_tokens` learned tokens between
+[CLS] and the patches, with the same layers; its classifier leaves them out of the patch mean."""
 
 from __future__ import annotations
 
@@ -21,6 +23,13 @@ def _classifier(model: nn.Module, hidden: Tensor, inputs: Inputs) -> Tensor:
     return model.classifier(features)  # (B, C)
 
 
+def _registers_classifier(model: nn.Module, hidden: Tensor, inputs: Inputs) -> Tensor:
+    normed = model.dinov2_with_registers.layernorm(hidden)  # (B, T, d): [CLS], the registers, the patches
+    patches = normed[:, 1 + model.config.num_register_tokens :]
+    features = torch.cat([normed[:, 0], patches.mean(dim=1)], dim=1)  # [CLS] ++ mean patch, (B, 2d)
+    return model.classifier(features)  # (B, C)
+
+
 class Dinov2Adapter(Adapter):
     name = "dinov2"
     norm_position = "pre"
@@ -35,6 +44,10 @@ class Dinov2Adapter(Adapter):
     specs = {
         "Dinov2Model": ModelSpec(backbone="", head=_encoder, classifier=False, head_tokens=1),
         "Dinov2ForImageClassification": ModelSpec(backbone="dinov2", head=_classifier, classifier=True),
+        "Dinov2WithRegistersModel": ModelSpec(backbone="", head=_encoder, classifier=False, head_tokens=1),
+        "Dinov2WithRegistersForImageClassification": ModelSpec(
+            backbone="dinov2_with_registers", head=_registers_classifier, classifier=True
+        ),
     }
 
     def embed(self, backbone: nn.Module, inputs: Inputs) -> Tensor:

@@ -385,7 +385,7 @@ def token_limit(tokenizer, max_length: int, config: Any = None) -> int:
 
 
 # families whose position ids start after the padding index (HF's create_position_ids_from_input_ids)
-POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert", "mpnet")
+POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert", "data2vec-text", "mpnet")
 
 
 def model_positions(config: Any) -> int | None:
