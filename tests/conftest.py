@@ -115,6 +115,8 @@ MODELS: dict[str, Callable[..., torch.nn.Module]] = {
             _text_config(T.Data2VecTextConfig, num_labels=3, pad_token_id=1)
         )
     ),
+    "camembert_encoder": _seeded(lambda: T.CamembertModel(_text_config(T.CamembertConfig, pad_token_id=1))),
+    "data2vec_text_encoder": _seeded(lambda: T.Data2VecTextModel(_text_config(T.Data2VecTextConfig, pad_token_id=1))),
     "electra": _seeded(  # embeddings (16) narrower than the layers (32): embeddings_project in between
         lambda: T.ElectraForSequenceClassification(_text_config(T.ElectraConfig, embedding_size=16, num_labels=3))
     ),
@@ -218,7 +220,9 @@ TEXT = {
     "roberta",
     "xlm_roberta",
     "camembert",
+    "camembert_encoder",
     "data2vec_text",
+    "data2vec_text_encoder",
     "electra",
     "electra_encoder",
     "mpnet",
@@ -230,7 +234,16 @@ TEXT = {
     "modernbert_encoder",
     *DEBERTA,
 }
-PAD_ONE = {"roberta", "xlm_roberta", "camembert", "data2vec_text", "mpnet", "mpnet_encoder"}  # padding token id 1
+PAD_ONE = {  # families whose padding token is id 1
+    "roberta",
+    "xlm_roberta",
+    "camembert",
+    "camembert_encoder",
+    "data2vec_text",
+    "data2vec_text_encoder",
+    "mpnet",
+    "mpnet_encoder",
+}
 # The families the contracts must hold for; a representative of each norm position and of both CLIP towers.
 CONTRACT_MODELS = [
     "bert",
@@ -262,7 +275,13 @@ NOT_FUSED = {"deberta_encoder": "DeBERTa-v2's ConvLayer: fusion tested in tests/
 FUSED_MODELS = [name for name in CONTRACT_MODELS if name not in NOT_FUSED]
 # Classes whose code a family above already runs (RoBERTa's modules, DINOv2's encoder head) under their own names:
 # tested for pruning, saving and stacked fusion only (suite time)
-MORE_CLASSES = ["camembert", "data2vec_text", "dinov2_registers_encoder"]
+MORE_CLASSES = [
+    "camembert",
+    "camembert_encoder",
+    "data2vec_text",
+    "data2vec_text_encoder",
+    "dinov2_registers_encoder",
+]
 
 # At HF's init (weights std 0.02) the post-norm text classifiers' logits are ~0.03 and removing their least
 # important head moves them by 2e-5, twice the contracts' bound: a dropped head could pass. A trained model's
@@ -287,7 +306,9 @@ TRAINED_SCALE = {
     "dinov2_registers": 3.0,
     "dinov2_registers_encoder": 3.0,
     "camembert": 5.0,
+    "camembert_encoder": 5.0,
     "data2vec_text": 5.0,
+    "data2vec_text_encoder": 5.0,
     **dict.fromkeys(DEBERTA, 5.0),
     "modernbert": 5.0,
     "modernbert_encoder": 5.0,

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 import safetensors.torch
@@ -55,23 +56,51 @@ def test_directory_save_replaces_whole_or_not_at_all(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
-def test_a_save_removes_what_a_killed_writer_left_and_keeps_a_save_under_way(tmp_path):
-    target, folder = tmp_path / "checkpoint.pt", tmp_path / "model"
+def _written_by(path, pid, machine=None):
+    """The prefix of a temporary file or folder beside `path` that process `pid` (of another machine) left."""
+    prefix = temporary_prefix(path).replace(f".{os.getpid()}@", f".{pid}@")
+    return prefix if machine is None else prefix[: prefix.index("@") + 1] + machine + "."
+
+
+def test_a_save_removes_what_a_killed_writer_left_and_keeps_what_may_be_under_way(tmp_path):
+    target, folder, other = tmp_path / "checkpoint.pt", tmp_path / "model", tmp_path / "checkpoint.pt.bak"
     finished = subprocess.Popen(["true"])
     finished.wait()  # a process that no longer runs: a writer killed midway
-    killed = temporary_prefix(target).replace(f".{os.getpid()}@", f".{finished.pid}@")
-    elsewhere = temporary_prefix(target).replace("@", "@another-host.")  # a shared disk: we cannot tell
-    for name in (killed + "abc123.tmp", elsewhere + "abc123.tmp"):
-        (tmp_path / name).write_bytes(b"half a checkpoint")
-    killed_dir = tmp_path / temporary_prefix(folder).replace(f".{os.getpid()}@", f".{finished.pid}@")
-    (killed_dir.parent / (killed_dir.name + "xyz.partial")).mkdir()
-    with replacing(target) as under_way:  # this process's own save, still being written: it stays
-        under_way.write_bytes(b"a save under way")
-        write_json_atomic(target, {"step": 1})
-        save_dir_atomic(folder, _save("a.txt", "new"))
-        left = sorted(p.name for p in tmp_path.iterdir())
-    assert left == sorted(["checkpoint.pt", "model", under_way.name, elsewhere + "abc123.tmp"])
+    running = subprocess.Popen(["sleep", "60"])  # another process, its save under way
+    try:
+        kept = [
+            _written_by(target, running.pid) + "abc123.tmp",
+            _written_by(target, finished.pid, machine="0123abcd") + "abc123.tmp",  # a shared disk: we cannot tell
+            _written_by(other, finished.pid) + "abc123.tmp",  # another target's, left for its own saves
+            _written_by(target, "9" * 30) + "abc123.tmp",  # no process id of ours
+        ]
+        for name in [*kept, _written_by(target, finished.pid) + "abc123.tmp"]:
+            (tmp_path / name).write_bytes(b"half a checkpoint")
+        (tmp_path / (_written_by(folder, finished.pid) + "xyz.partial")).mkdir()
+        with replacing(target) as under_way:  # this process's own save, still being written: it stays
+            under_way.write_bytes(b"a save under way")
+            write_json_atomic(target, {"step": 1})
+            save_dir_atomic(folder, _save("a.txt", "new"))
+            left = sorted(p.name for p in tmp_path.iterdir())
+    finally:
+        running.kill()
+        running.wait()
+    assert left == sorted(["checkpoint.pt", "model", under_way.name, *kept])
     assert target.read_bytes() == b"a save under way"
+
+
+def test_an_orphan_that_cannot_be_removed_leaves_the_save_succeeded(tmp_path, monkeypatch):
+    target = tmp_path / "state.json"
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    orphan = tmp_path / (_written_by(target, finished.pid) + "abc123.tmp")
+    orphan.write_text("another user's, in a shared folder")
+    unlink = Path.unlink
+    monkeypatch.setattr(
+        Path, "unlink", lambda p, **k: (_ for _ in ()).throw(PermissionError()) if p == orphan else unlink(p, **k)
+    )
+    write_json_atomic(target, {"step": 1})  # no error: the file is in place
+    assert json.loads(target.read_text()) == {"step": 1} and orphan.exists()
 
 
 def _fused(model_type: str):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -61,27 +63,46 @@ def replacing(path: str | os.PathLike) -> Iterator[Path]:
 
 
 def temporary_prefix(path: Path) -> str:
-    """The name a save's temporary file or folder beside `path` starts with: `.<name>.<pid>@<host>.`, the process
+    """The name a save's temporary file or folder beside `path` starts with: `.<name>.<pid>@<machine>.`, the process
     writing it, so that a later save can tell what a killed writer left (`remove_orphans`)."""
-    return f".{path.name}.{os.getpid()}@{socket.gethostname()}."
+    return f".{path.name}.{os.getpid()}@{_machine()}."
+
+
+@functools.cache
+def _machine() -> str:
+    """8 hex digits for this host, boot and process-id namespace: within them a process id names one process (two
+    containers can share a host name and a folder; another machine, or this one rebooted, reuses the ids)."""
+    parts = [socket.gethostname()]
+    for read in (lambda: Path("/proc/sys/kernel/random/boot_id").read_text(), lambda: os.readlink("/proc/self/ns/pid")):
+        try:
+            parts.append(read().strip())
+        except OSError:  # no /proc (macOS): the host name alone
+            parts.append("")
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8]
+
+
+WRITER = re.compile(r"([0-9]{1,10})@([0-9a-f]{8})\.[a-z0-9_]+")  # <pid>@<machine>.<mkstemp's random part>
 
 
 def remove_orphans(path: Path, suffix: str) -> None:
     """Remove the temporary files or folders (`suffix`) that saves of `path` left when their process was killed
-    (SIGKILL, the OOM killer, a power cut; any other failure removes its own): those whose process, on this host,
-    no longer runs. A live process's (a save under way) and another host's (a shared disk) stay."""
+    (SIGKILL, the OOM killer, a power cut; any other failure removes its own): those of this machine (`_machine`)
+    whose process no longer runs. A live process's (a save under way), another machine's or container's (a shared
+    disk) and those from before a reboot stay. Best effort: the save that calls it has succeeded already."""
     if os.name != "posix":  # os.kill(pid, 0) is no liveness check elsewhere
         return
-    start = f".{path.name}."
+    start = len(f".{path.name}.")
     for temporary in path.parent.glob(f".{glob.escape(path.name)}.*{suffix}"):
-        writer = temporary.name[len(start) : -len(suffix)].rpartition(".")[0]  # "<pid>@<host>" before the random part
-        pid, _, host = writer.partition("@")
-        if host != socket.gethostname() or not pid.isdigit() or _running(int(pid)):
+        writer = WRITER.fullmatch(temporary.name[start : -len(suffix)])
+        if writer is None or writer[2] != _machine() or _running(int(writer[1])):
             continue
-        if temporary.is_dir():
-            shutil.rmtree(temporary, ignore_errors=True)
-        else:
-            temporary.unlink(missing_ok=True)
+        try:
+            if temporary.is_dir():
+                shutil.rmtree(temporary)
+            else:
+                temporary.unlink(missing_ok=True)
+        except OSError:  # not ours to remove (another user's, in a shared folder)
+            continue
 
 
 def _running(pid: int) -> bool:
@@ -89,7 +110,7 @@ def _running(pid: int) -> bool:
         os.kill(pid, 0)  # signal 0: no signal, only the check that the process exists
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
+    except (PermissionError, OverflowError):  # another user's process; an id past the system's: not ours to judge
         return True
     return True
 
