@@ -34,6 +34,7 @@ SIZES = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, interme
 LAYERS, HEADS = SIZES["num_hidden_layers"], SIZES["num_attention_heads"]
 VOCAB, BOS, EOS = 99, 97, 98
 IMAGE = dict(image_size=16, patch_size=4, num_channels=3)
+DINOV2 = dict(**IMAGE, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, mlp_ratio=2)  # MLP width 64
 
 
 def _seeded(build: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
@@ -136,55 +137,23 @@ MODELS: dict[str, Callable[..., torch.nn.Module]] = {
     "vit_encoder": _seeded(lambda: T.ViTModel(T.ViTConfig(**IMAGE, **SIZES))),
     "deit_encoder": _seeded(lambda: T.DeiTModel(T.DeiTConfig(**IMAGE, **SIZES))),
     "dinov2_encoder": _seeded(  # the image tower of our LiT model; HF renames its old checkpoint keys
-        lambda: T.Dinov2Model(
-            T.Dinov2Config(**IMAGE, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, mlp_ratio=2)
-        )
+        lambda: T.Dinov2Model(T.Dinov2Config(**DINOV2))
     ),
     "deit_teacher": _seeded(
         lambda: T.DeiTForImageClassificationWithTeacher(T.DeiTConfig(**IMAGE, **SIZES, num_labels=5))
     ),
     "dinov2": _seeded(
-        lambda: T.Dinov2ForImageClassification(
-            T.Dinov2Config(
-                **IMAGE,
-                hidden_size=32,
-                num_hidden_layers=3,
-                num_attention_heads=4,
-                mlp_ratio=2,
-                layerscale_value=0.5,
-                num_labels=5,
-            )
-        )
+        lambda: T.Dinov2ForImageClassification(T.Dinov2Config(**DINOV2, layerscale_value=0.5, num_labels=5))
     ),
     "dinov2_registers": _seeded(
         lambda: _registers(
             T.Dinov2WithRegistersForImageClassification(
-                T.Dinov2WithRegistersConfig(
-                    **IMAGE,
-                    hidden_size=32,
-                    num_hidden_layers=3,
-                    num_attention_heads=4,
-                    mlp_ratio=2,
-                    layerscale_value=0.5,
-                    num_register_tokens=2,
-                    num_labels=5,
-                )
+                T.Dinov2WithRegistersConfig(**DINOV2, layerscale_value=0.5, num_register_tokens=2, num_labels=5)
             )
         )
     ),
     "dinov2_registers_encoder": _seeded(
-        lambda: _registers(
-            T.Dinov2WithRegistersModel(
-                T.Dinov2WithRegistersConfig(
-                    **IMAGE,
-                    hidden_size=32,
-                    num_hidden_layers=3,
-                    num_attention_heads=4,
-                    mlp_ratio=2,
-                    num_register_tokens=2,
-                )
-            )
-        )
+        lambda: _registers(T.Dinov2WithRegistersModel(T.Dinov2WithRegistersConfig(**DINOV2, num_register_tokens=2)))
     ),
     "clip_text": _seeded(
         lambda: T.CLIPTextModelWithProjection(
@@ -214,15 +183,13 @@ MODELS: dict[str, Callable[..., torch.nn.Module]] = {
         )
     ),
 }
+ROBERTA_NAMES = ["camembert", "camembert_encoder", "data2vec_text", "data2vec_text_encoder"]  # RoBERTa's modules
 TEXT = {
     "bert",
     "bert_encoder",
     "roberta",
     "xlm_roberta",
-    "camembert",
-    "camembert_encoder",
-    "data2vec_text",
-    "data2vec_text_encoder",
+    *ROBERTA_NAMES,
     "electra",
     "electra_encoder",
     "mpnet",
@@ -234,16 +201,7 @@ TEXT = {
     "modernbert_encoder",
     *DEBERTA,
 }
-PAD_ONE = {  # families whose padding token is id 1
-    "roberta",
-    "xlm_roberta",
-    "camembert",
-    "camembert_encoder",
-    "data2vec_text",
-    "data2vec_text_encoder",
-    "mpnet",
-    "mpnet_encoder",
-}
+PAD_ONE = {"roberta", "xlm_roberta", *ROBERTA_NAMES, "mpnet", "mpnet_encoder"}  # padding token id 1
 # The families the contracts must hold for; a representative of each norm position and of both CLIP towers.
 CONTRACT_MODELS = [
     "bert",
@@ -275,13 +233,7 @@ NOT_FUSED = {"deberta_encoder": "DeBERTa-v2's ConvLayer: fusion tested in tests/
 FUSED_MODELS = [name for name in CONTRACT_MODELS if name not in NOT_FUSED]
 # Classes whose code a family above already runs (RoBERTa's modules, DINOv2's encoder head) under their own names:
 # tested for pruning, saving and stacked fusion only (suite time)
-MORE_CLASSES = [
-    "camembert",
-    "camembert_encoder",
-    "data2vec_text",
-    "data2vec_text_encoder",
-    "dinov2_registers_encoder",
-]
+MORE_CLASSES = [*ROBERTA_NAMES, "dinov2_registers_encoder"]
 
 # At HF's init (weights std 0.02) the post-norm text classifiers' logits are ~0.03 and removing their least
 # important head moves them by 2e-5, twice the contracts' bound: a dropped head could pass. A trained model's

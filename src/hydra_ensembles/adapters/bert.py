@@ -26,6 +26,17 @@ def _roberta_classifier(model: nn.Module, hidden: Tensor, inputs: Inputs) -> Ten
     return model.classifier(hidden)  # RobertaClassificationHead reads the <s> token itself -> (B, C)
 
 
+def _roberta_like(prefix: str, backbone: str) -> dict[str, ModelSpec]:
+    """The encoder and the sequence classifier of a family with RoBERTa's modules: `<prefix>Model` and
+    `<prefix>ForSequenceClassification`, whose encoder sits at `backbone`."""
+    return {
+        f"{prefix}Model": ModelSpec(backbone="", head=_pooled, classifier=False, head_tokens=1),
+        f"{prefix}ForSequenceClassification": ModelSpec(
+            backbone=backbone, head=_roberta_classifier, classifier=True, head_tokens=1
+        ),
+    }
+
+
 class BertAdapter(Adapter):
     name = "bert"
     norm_position = "post"
@@ -52,22 +63,10 @@ class BertAdapter(Adapter):
         "BertForSequenceClassification": ModelSpec(
             backbone="bert", head=_bert_classifier, classifier=True, head_tokens=1
         ),
-        "RobertaModel": ModelSpec(backbone="", head=_pooled, classifier=False, head_tokens=1),
-        "RobertaForSequenceClassification": ModelSpec(
-            backbone="roberta", head=_roberta_classifier, classifier=True, head_tokens=1
-        ),
-        "XLMRobertaModel": ModelSpec(backbone="", head=_pooled, classifier=False, head_tokens=1),
-        "XLMRobertaForSequenceClassification": ModelSpec(
-            backbone="roberta", head=_roberta_classifier, classifier=True, head_tokens=1
-        ),
-        "CamembertModel": ModelSpec(backbone="", head=_pooled, classifier=False, head_tokens=1),
-        "CamembertForSequenceClassification": ModelSpec(
-            backbone="roberta", head=_roberta_classifier, classifier=True, head_tokens=1
-        ),
-        "Data2VecTextModel": ModelSpec(backbone="", head=_pooled, classifier=False, head_tokens=1),
-        "Data2VecTextForSequenceClassification": ModelSpec(
-            backbone="data2vec_text", head=_roberta_classifier, classifier=True, head_tokens=1
-        ),
+        **_roberta_like("Roberta", "roberta"),
+        **_roberta_like("XLMRoberta", "roberta"),
+        **_roberta_like("Camembert", "roberta"),
+        **_roberta_like("Data2VecText", "data2vec_text"),
     }
 
     def fusion_unsupported(self, model: nn.Module) -> str | None:
