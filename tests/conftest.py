@@ -155,6 +155,13 @@ MODELS: dict[str, Callable[..., torch.nn.Module]] = {
     "dinov2_registers_encoder": _seeded(
         lambda: _registers(T.Dinov2WithRegistersModel(T.Dinov2WithRegistersConfig(**DINOV2, num_register_tokens=2)))
     ),
+    "dinov3_encoder": _seeded(
+        lambda: _registers(
+            T.DINOv3ViTModel(
+                T.DINOv3ViTConfig(**SIZES | IMAGE, layerscale_value=0.5, num_register_tokens=2, rope_theta=100.0)
+            )
+        )
+    ),
     "clip_text": _seeded(
         lambda: T.CLIPTextModelWithProjection(
             _text_config(T.CLIPTextConfig, projection_dim=16, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=0)
@@ -218,6 +225,7 @@ CONTRACT_MODELS = [
     "deit_teacher",
     "dinov2",
     "dinov2_registers",
+    "dinov3_encoder",
     "clip_text",
     "clip_vision",
     "clip_classifier",
@@ -257,6 +265,7 @@ TRAINED_SCALE = {
     "dinov2": 3.0,
     "dinov2_registers": 3.0,
     "dinov2_registers_encoder": 3.0,
+    "dinov3_encoder": 3.0,
     "camembert": 5.0,
     "camembert_encoder": 5.0,
     "data2vec_text": 5.0,

@@ -97,6 +97,7 @@ def test_torch_export_of_fused_module_matches_eager(fused):
         "deit_teacher",
         "dinov2",
         "dinov2_registers",
+        "dinov3_encoder",
         "clip_text",
         "clip_vision",
         "roberta",
@@ -106,9 +107,9 @@ def test_torch_export_of_fused_module_matches_eager(fused):
 def test_onnx_runtime_reproduces_the_newer_families(family, tmp_path):
     """Every family beyond the fixture's BERT / ViT / MPNet: DeBERTa-v3 (disentangled position scores: a gather over
     distance buckets), ModernBERT (rotary, local and global layers), ELECTRA (an embedding projection), SigLIP's
-    image classifier, DistilBERT, DeiT, DINOv2 (layer scale; with registers), both CLIP towers (encoders:
-    member_pooled), RoBERTa and XLM-RoBERTa (position ids after the padding id) in ONNX Runtime, ragged members, at
-    shapes other than the example's (ModernBERT's local window is wider than these inputs: its masks
+    image classifier, DistilBERT, DeiT, DINOv2 (layer scale; with registers), DINOv3 (2-D rotary), both CLIP
+    towers (encoders: member_pooled), RoBERTa and XLM-RoBERTa (position ids after the padding id) in ONNX Runtime,
+    ragged members, at shapes other than the example's (ModernBERT's local window is wider than these inputs: its masks
     are checked in the family's contract tests)."""
     members = he.build_members(at_trained_scale(family), random_head_maps(3, seed=1))
     ensemble = he.HydraEnsemble.fuse([perturb(m, scale=0.05, seed=i) for i, m in enumerate(members)], mlp="stack")

@@ -11,6 +11,7 @@ from .bert import BertAdapter
 from .clip import CLIPTextAdapter, CLIPVisionAdapter
 from .deberta_v2 import DebertaV2Adapter
 from .dinov2 import Dinov2Adapter
+from .dinov3 import Dinov3Adapter
 from .distilbert import DistilBertAdapter
 from .electra import ElectraAdapter
 from .modernbert import ModernBertAdapter
@@ -72,6 +73,7 @@ for _adapter in (
     ElectraAdapter(),
     ViTAdapter(),
     Dinov2Adapter(),
+    Dinov3Adapter(),
     MPNetAdapter(),
     DebertaV2Adapter(),
     ModernBertAdapter(),
