@@ -11,6 +11,7 @@ import torch
 import transformers as T
 from conftest import (
     CONTRACT_MODELS,
+    DINOV2,
     HEADS,
     IMAGE,
     LAYERS,
@@ -197,6 +198,17 @@ def test_grouped_query_attention_and_an_mpnet_layer_without_its_head_ids_are_ref
     block = adapter.block(layer)
     with pytest.raises(ValueError, match="needs `kept`, the original index of each of the 4 heads"):
         adapter.set_projections(layer, (block.query, block.key, block.value, block.output), num_heads=4)
+
+
+def test_three_projection_mlps_of_the_dinov2_and_dinov3_families_are_refused_with_the_fix():
+    """Their MLP (gate, up, down) has no single input projection to cut neurons from or to fuse."""
+    gated = {
+        "DINOv2 with use_swiglu_ffn=True": T.Dinov2Model(T.Dinov2Config(**DINOV2, use_swiglu_ffn=True)),
+        "DINOv3 with use_gated_mlp=True": T.DINOv3ViTModel(T.DINOv3ViTConfig(**SIZES | IMAGE, use_gated_mlp=True)),
+    }
+    for said, model in gated.items():
+        with pytest.raises(ValueError, match=f"{said} is not supported.*Use a .*checkpoint with the standard MLP"):
+            he.HydraEnsemble.fuse([model])
 
 
 def test_a_layer_that_fails_midway_leaves_the_record_true_to_the_layers_cut(monkeypatch):

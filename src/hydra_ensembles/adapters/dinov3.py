@@ -59,8 +59,8 @@ class Dinov3Adapter(Adapter):
     def block(self, layer: nn.Module) -> Block:
         if not hasattr(layer.mlp, "up_proj") or hasattr(layer.mlp, "gate_proj"):
             raise ValueError(
-                "DINOv3 with use_gated_mlp=True (the ViT-H+ and 7B checkpoints) is not supported: its MLP has three "
-                "projections (gate, up, down). Use a checkpoint with the standard MLP (ViT-S, B or L)."
+                "DINOv3 with use_gated_mlp=True is not supported (the ViT-H+ and 7B checkpoints): its MLP has three "
+                "projections (gate, up, down). Use a DINOv3 checkpoint with the standard MLP (ViT-S, B or L)."
             )
         return super().block(layer)
 
