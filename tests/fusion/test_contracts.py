@@ -133,6 +133,29 @@ def test_ragged_gradients_equal_the_members_gradients(name):
         assert compared > 10
 
 
+@pytest.mark.parametrize("layout", ["auto", "padded"])
+def test_a_bias_the_members_lack_is_not_trained_in_the_fused_ensemble(layout):
+    """DINOv3's key projection has no bias; the fused layer stores a zero in its place, which with rotary
+    positions would get a gradient and move the scores, and unfusing could not give it back to the members.
+    After a training step on the fused ensemble the unfused members still equal it; the zeros count as no
+    parameters."""
+    model, inputs = at_trained_scale("dinov3_encoder"), make_inputs("dinov3_encoder")
+    members = [perturb(m, seed=i) for i, m in enumerate(he.build_members(model, RAGGED_MAPS))]
+    ensemble = he.HydraEnsemble.fuse(members, mlp="stack").set_layout(layout)
+    if layout == "auto":  # no padded heads: every stored number not counted is a key bias no member has
+        zeros = sum(sum(layer.head_counts) * layer.head_dim for layer in ensemble.layers)
+        assert sum(p.numel() for p in ensemble.parameters()) - he.count_parameters(ensemble) == zeros > 0
+    before = fused_output(ensemble, inputs)
+    ensemble(**inputs).member_pooled.pow(2).sum().backward()
+    with torch.no_grad():
+        for p in ensemble.parameters():
+            p -= 0.1 * p.grad if p.grad is not None else 0
+    trained = ensemble.unfuse(members)
+    expected = torch.stack([output(m, inputs) for m in trained], dim=1)  # (B, M, D)
+    assert (fused_output(ensemble, inputs) - expected).abs().max().item() <= TOL
+    assert (fused_output(ensemble, inputs) - before).abs().max().item() > DEFECT  # the step trained it
+
+
 def test_average_mode_runs_each_member_with_the_averaged_mlp():
     """mlp='average' is the paper's merged MLP: member m's stream uses mean_m(MLP weights) (and mean norms)."""
     model, inputs = MODELS["vit"](), make_inputs("vit")

@@ -118,3 +118,15 @@ def test_a_wrapper_declares_the_model_it_is_built_on():
     assert P.base_model(scaled) is hydra and P.base_model(hydra) is hydra
     assert P.num_members(scaled) == 3 and P.num_members(model) == 1
     assert P.class_names(scaled) == [str(model.config.id2label[i]) for i in range(3)]
+
+
+def test_an_encoder_where_a_classifier_is_needed_is_told_what_to_do(tmp_path):
+    """A BERT encoder can be given a head (`finetune`); DINOv3 cannot: transformers has no classifier class for it,
+    so the message does not send the user to `finetune`, which would fail."""
+    for name, fix in (
+        ("bert_encoder", "fine-tune it first"),
+        ("dinov3_encoder", "transformers has no classification class for 'dinov3_vit'"),
+    ):
+        he.save_model(MODELS[name](), tmp_path / name)
+        with pytest.raises(ValueError, match=f"which has no classifier; {fix}"):
+            P.load_classifier(tmp_path / name)

@@ -640,6 +640,7 @@ def _skeleton(
         "activation": block.activation,
         "num_heads": adapter.num_heads(model),
         "projections": len(block.fused_rows()),
+        "biased": tuple(linear.bias is not None for linear, _ in block.fused_rows()),
     }
     backbone = adapter.backbone(model)
     for beside in {b.input_conv.path for b in blocks if b.input_conv is not None}:

@@ -158,6 +158,7 @@ class FusedLayer(nn.Module):
         projections: int = 3,
         ragged: bool | None = None,
         conv: ConvConstants | None = None,
+        biased: Sequence[bool] | None = None,
     ):
         super().__init__()
         self.kept_heads = [list(heads) for heads in kept_heads]
@@ -184,7 +185,9 @@ class FusedLayer(nn.Module):
             )
         self.conv = conv
         self.averaged: list[str] = []  # tensors averaged over members that differ in them (set by from_blocks)
+        self.biased = None if biased is None else tuple(biased)  # which per-head projections have a bias in HF
         self.lay_out(ragged_by_default(self.head_counts, self.qkv_weight.device) if ragged is None else ragged)
+        self._register_bias_mask()
 
     def _register_bias_index(self) -> None:
         """Which plane of a shared score bias each head reads, rebuilt from the head maps (not saved).
@@ -203,6 +206,25 @@ class FusedLayer(nn.Module):
         for m, heads in enumerate(self.kept_heads):
             index[m, : len(heads)] = torch.as_tensor(heads, dtype=torch.long)
         self.register_buffer("bias_index", index.to(device), persistent=False)
+
+    def _register_bias_mask(self) -> None:
+        """qkv_bias_mask: 1 where qkv_bias holds a bias entry of an HF projection, 0 where it holds the zero of a
+        projection without one (DINOv3's key) — in qkv_bias's layout, or None when every projection has its
+        bias. The forward multiplies it in (`_qkv_bias`): those zeros get no gradient, so that nothing trains
+        what the HF members cannot hold (with rotary positions a key bias would move the scores)."""
+        if self.qkv_bias is None or self.biased is None or all(self.biased):
+            self.register_buffer("qkv_bias_mask", None, persistent=False)
+            return
+        counts = [self.padded_heads] if not self.ragged else self.head_counts  # padded: the same slots for all
+        mask = torch.cat([torch.full((n * self.head_dim,), float(b)) for n in counts for b in self.biased])
+        shape = (-1,) if self.ragged else (1, 1, -1)
+        self.register_buffer("qkv_bias_mask", mask.view(shape).to(self.qkv_bias), persistent=False)
+
+    def _qkv_bias(self) -> Tensor | None:
+        """qkv_bias as the forward uses it: the zeros of projections without a bias held at zero (`qkv_bias_mask`)."""
+        if self.qkv_bias is None or self.qkv_bias_mask is None:
+            return self.qkv_bias
+        return self.qkv_bias * self.qkv_bias_mask
 
     @classmethod
     def from_blocks(
@@ -239,6 +261,8 @@ class FusedLayer(nn.Module):
                 setattr(self, name, nn.Parameter(converted[name], requires_grad=getattr(self, name).requires_grad))
         self.ragged = ragged
         self._register_bias_index()
+        if hasattr(self, "qkv_bias_mask"):  # laid out again after construction
+            self._register_bias_mask()
         return self
 
     def canonical_tensors(self) -> dict[str, Tensor]:
@@ -250,15 +274,25 @@ class FusedLayer(nn.Module):
         return {name: t for name, t in self._attention_in(ragged=False).items() if name != "o_bias"}
 
     def padding_parameters(self) -> int:
-        """How many of this layer's stored numbers are the zero heads of the padded layout (members keeping fewer
-        than Hp heads here): no parameters of any member, so not counted as such (`cost.count_parameters`), and 0
-        when ragged or when every member keeps as many heads."""
+        """How many of this layer's stored numbers are no member's parameters, so not counted as such
+        (`cost.count_parameters`): the zero heads of the padded layout (members keeping fewer than Hp heads here)
+        and the zero biases of the members' projections that have none (`qkv_bias_mask`)."""
+        return self._padded_heads_parameters() + self._absent_bias_parameters()
+
+    def _padded_heads_parameters(self) -> int:
         if self.ragged or len(set(self.head_counts)) <= 1 or self.qkv_weight.shape[0] != len(self.head_counts):
             return 0
         missing = sum(self.padded_heads - count for count in self.head_counts) * self.head_dim  # padded columns
         d = self.o_weight.shape[-1]
         column = self.projections * (d + (self.qkv_bias is not None))  # q/k/v(/...) weight column and bias entry
         return missing * (column + d)  # and W_o's row
+
+    def _absent_bias_parameters(self) -> int:
+        """The members' heads' entries of qkv_bias for projections without a bias (the padded slots: above)."""
+        if self.qkv_bias_mask is None:
+            return 0
+        stored = sum(self.head_counts) if self.ragged or self.qkv_bias.shape[0] > 1 else self.head_counts[0]
+        return stored * self.head_dim * self.biased.count(False)
 
     @torch.no_grad()
     def _attention_in(self, ragged: bool) -> dict[str, Tensor]:
@@ -267,7 +301,7 @@ class FusedLayer(nn.Module):
 
     def _constants(self) -> dict:
         kwargs = {"num_heads": self.num_heads, "head_dim": self.head_dim, "scaling": self.scaling}
-        kwargs |= {"projections": self.projections, "conv": self.conv}
+        kwargs |= {"projections": self.projections, "conv": self.conv, "biased": self.biased}
         return kwargs | {"norm_position": self.norm_position, "eps": self.eps, "activation": self.activation}
 
     def repeat(self, members: int, stack: bool) -> FusedLayer:
@@ -372,7 +406,7 @@ class FusedLayer(nn.Module):
         if heads == 0:  # no member keeps a head here: the block adds W_o's bias only
             return x.new_zeros(members, out_rows, 0)
         width = 3 * heads * head_dim  # the q, k, v columns (further per-head blocks project positions only)
-        bias = None if self.qkv_bias is None else self.qkv_bias[..., :width]
+        bias = None if self.qkv_bias is None else self._qkv_bias()[..., :width]
         qkv = grouped_linear(x, self.qkv_weight[..., :width], bias)  # (M, N, 3*Hp*dh)
         qkv = qkv.view(members * batch, tokens, 3, heads, head_dim)  # (M*B, T, 3, Hp, dh)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (M*B, Hp, T, dh), views: no copy
@@ -402,7 +436,7 @@ class FusedLayer(nn.Module):
             start += count
             if count:  # member m's q/k/v from its own stream: (N, 3*H_m*dh)
                 weight = self.qkv_weight[:, columns]
-                bias = None if self.qkv_bias is None else self.qkv_bias[columns]
+                bias = None if self.qkv_bias is None else self._qkv_bias()[columns]
                 qkv = x[m] @ weight if bias is None else torch.addmm(bias, x[m], weight)
                 parts.append(qkv.view(batch, tokens, 3, count, head_dim))  # (B, T, 3, H_m, dh)
         qkv = torch.cat(parts, dim=3)  # (B, T, 3, H_tot, dh)
@@ -432,7 +466,7 @@ class FusedLayer(nn.Module):
             if j is None:
                 return None
             columns = slice(j * heads * head_dim, (j + 1) * heads * head_dim)
-            bias = None if self.qkv_bias is None else self.qkv_bias[..., columns]
+            bias = None if self.qkv_bias is None else self._qkv_bias()[..., columns]
             pos = grouped_linear(table, self.qkv_weight[..., columns], bias)  # (G', P, Hp*dh), G' = M if either has M
             return pos.view(groups, 1, positions, heads, head_dim).transpose(2, 3)
 
@@ -455,7 +489,7 @@ class FusedLayer(nn.Module):
                 start += count
                 own = table[m] if table.dim() == 3 else table  # (P, d)
                 weight = self.qkv_weight[:, columns]
-                pos = own @ weight if self.qkv_bias is None else torch.addmm(self.qkv_bias[columns], own, weight)
+                pos = own @ weight if self.qkv_bias is None else torch.addmm(self._qkv_bias()[columns], own, weight)
                 parts.append(pos.view(own.shape[0], count, self.head_dim))  # (P, H_m, dh)
             return torch.cat(parts, dim=1).transpose(0, 1)
 
@@ -522,7 +556,8 @@ def _with_scores(scores: Tensor, mask: Tensor | None, queries: int | None) -> Te
 
 
 def _rotate(x: Tensor, rotary: tuple[Tensor, Tensor], members: int = 1) -> Tensor:
-    """Rotary position embedding of q or k, in float32 as HF applies it. x (R*b, H, t, dh) for R = `members`
+    """Rotary position embedding of q or k, in float32 as HF's ModernBERT applies it (DINOv3 rotates in the input's
+    dtype: the same in fp32, within rounding in bf16). x (R*b, H, t, dh) for R = `members`
     stacked streams of b = 1|B rows each; cos, sin (1|B, T, dh), of which the first t positions are used."""
     cos, sin = (table[:, : x.shape[-2]] for table in rotary)
     if cos.shape[0] > 1 and members > 1:  # per-row positions: one table per row of each member's stream

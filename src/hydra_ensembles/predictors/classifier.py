@@ -11,6 +11,7 @@ from typing import Any
 
 import transformers
 from torch import nn
+from transformers.models.auto import modeling_auto
 
 from ..adapters import get_adapter
 from ..fusion import HydraEnsemble
@@ -51,16 +52,34 @@ def load_classifier(
     if isinstance(inner, HydraEnsemble) and not inner.is_classifier:
         raise ValueError(f"{str(path)!r} is an ensemble of encoders without a classifier.")
     if not isinstance(inner, HydraEnsemble) and not get_adapter(inner).is_classifier(inner):
-        raise ValueError(
-            f"{str(path)!r} is a {type(inner).__name__}, which has no classifier; fine-tune it first "
-            "(`finetune`, or hydra-ens finetune, gives it a classification head from your labelled data)."
-        )
+        raise ValueError(f"{str(path)!r} is a {type(inner).__name__}, which has no classifier; {_head_hint(inner)}")
     if classes:
         raise ValueError(
             f"{str(path)!r} is {describe_saved(path)}, a classifier of its own classes {class_names(model)}: "
             "--classes (zero-shot class names, `classes` in Python) is for two-tower models."
         )
     return model
+
+
+def _head_hint(encoder: nn.Module) -> str:
+    """What to do with an encoder where a classifier is needed: fine-tune one, where transformers has a
+    classification class for its model_type (DINOv3 has none)."""
+    model_type = getattr(encoder.config, "model_type", None)
+    if model_type in CLASSIFIER_TYPES:
+        return (
+            "fine-tune it first (`finetune`, or hydra-ens finetune, gives it a classification head from your labelled "
+            "data)."
+        )
+    return (
+        f"transformers has no classification class for {model_type!r}, so it cannot be given a head here: prune and "
+        "fuse it as an encoder in Python (the ensemble returns member_pooled), e.g. as the image tower of a "
+        "two-tower model (docs/zero_shot.md)."
+    )
+
+
+CLASSIFIER_TYPES = set(modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES) | set(
+    modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
+)
 
 
 def _check_not_fitted_to_classes(model: nn.Module, saved_classes: list[str], path: Path) -> None:
