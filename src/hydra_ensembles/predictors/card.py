@@ -284,7 +284,8 @@ def _probe(inner: nn.Module) -> dict[str, torch.Tensor]:
     config = _config(inner)
     if "pixel_values" in adapter.required_inputs:
         vision = getattr(config, "vision_config", config)
-        return {"pixel_values": torch.zeros(1, vision.num_channels, vision.image_size, vision.image_size)}
+        size = vision.image_size if isinstance(vision.image_size, (list, tuple)) else [vision.image_size] * 2
+        return {"pixel_values": torch.zeros(1, vision.num_channels, *size)}  # DINOv3's may be (height, width)
     text = getattr(config, "text_config", config)
     tokens = min(PROBE_TOKENS, getattr(text, "max_position_embeddings", PROBE_TOKENS) - 2)
     ids = torch.ones(1, tokens, dtype=torch.long)
