@@ -7,7 +7,7 @@ real CLIPTokenizer over a tiny vocabulary (conftest.build_clip_tokenizer)."""
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import HEADS, LAYERS, TWO_TOWERS, random_head_maps
+from conftest import HEADS, LAYERS, MODELS, TWO_TOWERS, random_head_maps
 from tolerances import CONTRACT
 
 from hydra_ensembles.evaluation.report import classification_metrics
@@ -15,6 +15,7 @@ from hydra_ensembles.outputs import collect_member_logits
 from hydra_ensembles.predictors import (
     Calibrated,
     TemperatureScaling,
+    Tower,
     TwoTowerModel,
     ZeroShotEnsemble,
     class_prompts,
@@ -55,6 +56,23 @@ def test_fused_zero_shot_ensemble_equals_its_members_one_by_one(towers, family, 
         prompts = _prompts(two_tower, tokenizer)
         expected = member_logits_one_by_one(two_tower, inputs, prompts, len(CLASSES), image_maps, text_maps)
     assert fused.shape == (5, 3, 4) and ensemble.num_members == 3
+    assert (fused - expected).abs().max().item() <= CONTRACT * two_tower.logit_scale
+    assert (expected[:, 0] - expected[:, 1]).abs().max().item() > 100 * CONTRACT  # members differ
+
+
+def test_a_dinov3_image_tower_fuses_in_a_lit_style_two_tower_model(clip_tokenizer):
+    """DINOv3 has no classifier class in transformers: its encoder serves as an image tower (with a projection of
+    its own, as in LiT) beside CLIP's text tower, pruned and fused like the others."""
+    dinov3 = MODELS["dinov3_encoder"]().eval()
+    text = TwoTowerModel.from_clip(TWO_TOWERS["clip"]()).text
+    two_tower = TwoTowerModel(Tower(dinov3, torch.nn.Linear(32, 16)), text, logit_scale=20.0)
+    image_maps = random_head_maps(3, seed=4, min_heads=1)
+    ensemble = zero_shot_ensemble(two_tower, CLASSES, clip_tokenizer, TEMPLATES, image_maps, None)
+    inputs = _images()
+    with torch.no_grad():
+        fused = ensemble(**inputs).member_logits
+        prompts = _prompts(two_tower, clip_tokenizer)
+        expected = member_logits_one_by_one(two_tower, inputs, prompts, len(CLASSES), image_maps, None)
     assert (fused - expected).abs().max().item() <= CONTRACT * two_tower.logit_scale
     assert (expected[:, 0] - expected[:, 1]).abs().max().item() > 100 * CONTRACT  # members differ
 
