@@ -501,3 +501,16 @@ def test_members_from_the_scores_of_another_model_say_so(tmp_path, classifier, t
     moved = refused(*members, "--model", str(other), "--out", str(tmp_path / "m2"))
     said = f"was made from the model at {str(classifier.resolve())!r} (not {str(other.resolve())!r})"
     assert moved.returncode == 0 and said in moved.stderr
+
+
+def test_finetune_says_when_transformers_has_no_classifier_for_the_encoder(tmp_path):
+    """DINOv3 has no classification class: finetune names that and the way left, not transformers' list of the
+    model types it does know."""
+    from hydra_ensembles.cli.common import CommandError
+    from hydra_ensembles.cli.finetune import _classifier
+
+    T.DINOv3ViTModel(T.DINOv3ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4)).save_pretrained(
+        tmp_path / "dinov3"
+    )
+    with pytest.raises(CommandError, match="has no classifier, and transformers has no classification class for"):
+        _classifier(tmp_path / "dinov3", ["cat", "dog"])

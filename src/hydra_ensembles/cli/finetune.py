@@ -23,6 +23,7 @@ import transformers
 from ..data.files import class_ids, label_ids, read_source
 from ..io import read_json_record, write_json_atomic
 from ..predictors import copy_preprocessor, load_preprocessor, save_predictor
+from ..predictors.classifier import has_classifier_class, head_hint
 from ..pruning import load_model
 from ..training import CHECKPOINT, IMAGE_RECIPE, TEXT_RECIPE, TrainConfig, finetune
 from ..training.recipes import MONITORS, PRECISIONS
@@ -224,6 +225,8 @@ def _classifier(model_dir: Path, labels: list[str]) -> transformers.PreTrainedMo
     names = getattr(config, "architectures", None) or []
     if any(name.endswith(("ForSequenceClassification", "ForImageClassification")) for name in names):
         return load_model(model_dir).train()
+    if not has_classifier_class(config):
+        raise CommandError(f"--model {str(model_dir)!r} has no classifier, and {head_hint(config)}")
     classes = sorted(
         set(labels), key=lambda x: (not x.lstrip("-").isdigit(), int(x) if x.lstrip("-").isdigit() else 0, x)
     )

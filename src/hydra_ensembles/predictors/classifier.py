@@ -52,7 +52,8 @@ def load_classifier(
     if isinstance(inner, HydraEnsemble) and not inner.is_classifier:
         raise ValueError(f"{str(path)!r} is an ensemble of encoders without a classifier.")
     if not isinstance(inner, HydraEnsemble) and not get_adapter(inner).is_classifier(inner):
-        raise ValueError(f"{str(path)!r} is a {type(inner).__name__}, which has no classifier; {_head_hint(inner)}")
+        hint = head_hint(inner.config)
+        raise ValueError(f"{str(path)!r} is a {type(inner).__name__}, which has no classifier; {hint}")
     if classes:
         raise ValueError(
             f"{str(path)!r} is {describe_saved(path)}, a classifier of its own classes {class_names(model)}: "
@@ -61,25 +62,29 @@ def load_classifier(
     return model
 
 
-def _head_hint(encoder: nn.Module) -> str:
-    """What to do with an encoder where a classifier is needed: fine-tune one, where transformers has a
-    classification class for its model_type (DINOv3 has none)."""
-    model_type = getattr(encoder.config, "model_type", None)
-    if model_type in CLASSIFIER_TYPES:
+def head_hint(config: transformers.PretrainedConfig) -> str:
+    """What to do with an encoder of this config where a classifier is needed: fine-tune one, where transformers
+    has a classification class for it (`has_classifier_class`; DINOv3 and CLIP's towers have none)."""
+    if has_classifier_class(config):
         return (
             "fine-tune it first (`finetune`, or hydra-ens finetune, gives it a classification head from your labelled "
             "data)."
         )
     return (
-        f"transformers has no classification class for {model_type!r}, so it cannot be given a head here: prune and "
-        "fuse it as an encoder in Python (the ensemble returns member_pooled), e.g. as the image tower of a "
-        "two-tower model (docs/zero_shot.md)."
+        f"transformers has no classification class for {config.model_type!r}, so it cannot be given a head here: "
+        "prune and fuse it as an encoder in Python (the ensemble returns member_pooled), e.g. as the image tower of "
+        "a two-tower model (docs/zero_shot.md)."
     )
 
 
-CLASSIFIER_TYPES = set(modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES) | set(
-    modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
-)
+def has_classifier_class(config: transformers.PretrainedConfig) -> bool:
+    """Whether AutoModelFor{Sequence,Image}Classification builds a classifier for `config` (classes registered with
+    them included)."""
+    mappings = (
+        modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING,
+        modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING,
+    )
+    return any(type(config) in mapping for mapping in mappings)
 
 
 def _check_not_fitted_to_classes(model: nn.Module, saved_classes: list[str], path: Path) -> None:
