@@ -429,6 +429,7 @@ class FusedLayer(nn.Module):
         """Ragged layout: all members' heads before the output projection. x: (M, N, d) -> (B*q, H_tot*dh),
         member m's heads in its block of columns, q = queries or T."""
         tokens, head_dim = x.shape[1] // batch, self.head_dim
+        qkv_bias = self._qkv_bias()  # once, not per member
         parts, start = [], 0
         for m, count in enumerate(self.head_counts):
             begin = self.projections * start * head_dim  # member m's block; its q, k, v columns come first
@@ -436,7 +437,7 @@ class FusedLayer(nn.Module):
             start += count
             if count:  # member m's q/k/v from its own stream: (N, 3*H_m*dh)
                 weight = self.qkv_weight[:, columns]
-                bias = None if self.qkv_bias is None else self._qkv_bias()[columns]
+                bias = None if qkv_bias is None else qkv_bias[columns]
                 qkv = x[m] @ weight if bias is None else torch.addmm(bias, x[m], weight)
                 parts.append(qkv.view(batch, tokens, 3, count, head_dim))  # (B, T, 3, H_m, dh)
         qkv = torch.cat(parts, dim=3)  # (B, T, 3, H_tot, dh)
@@ -461,12 +462,13 @@ class FusedLayer(nn.Module):
         table = inputs.positions  # (P, d), or (M, P, d): each member's own
         table = table if table.dim() == 3 else table.expand(self.qkv_weight.shape[0], *table.shape)  # (G', P, d)
         groups, positions, heads, head_dim = table.shape[0], table.shape[1], self.padded_heads, self.head_dim
+        qkv_bias = self._qkv_bias()  # once, not per block
 
         def project(j: int | None) -> Tensor | None:  # block j of every slot: (G', 1, Hp, P, dh)
             if j is None:
                 return None
             columns = slice(j * heads * head_dim, (j + 1) * heads * head_dim)
-            bias = None if self.qkv_bias is None else self._qkv_bias()[..., columns]
+            bias = None if qkv_bias is None else qkv_bias[..., columns]
             pos = grouped_linear(table, self.qkv_weight[..., columns], bias)  # (G', P, Hp*dh), G' = M if either has M
             return pos.view(groups, 1, positions, heads, head_dim).transpose(2, 3)
 
@@ -478,6 +480,7 @@ class FusedLayer(nn.Module):
         """Ragged layout: as `position_scores`, each head projecting the table through its member's columns.
         q, k (B, H_tot, T, dh) -> (B, H_tot, T, T)."""
         table = inputs.positions  # (P, d), or (M, P, d): each member's own
+        qkv_bias = self._qkv_bias()  # once, not per member and block
 
         def project(j: int | None) -> Tensor | None:  # block j of every head: (H_tot, P, dh)
             if j is None:
@@ -489,7 +492,7 @@ class FusedLayer(nn.Module):
                 start += count
                 own = table[m] if table.dim() == 3 else table  # (P, d)
                 weight = self.qkv_weight[:, columns]
-                pos = own @ weight if self.qkv_bias is None else torch.addmm(self._qkv_bias()[columns], own, weight)
+                pos = own @ weight if qkv_bias is None else torch.addmm(qkv_bias[columns], own, weight)
                 parts.append(pos.view(own.shape[0], count, self.head_dim))  # (P, H_m, dh)
             return torch.cat(parts, dim=1).transpose(0, 1)
 
