@@ -22,7 +22,9 @@ with the same rows of the step above by the paired bootstrap over the test examp
 Writes benchmarks/results/image-dinov2/ablation/ablation.md and .json, and each step's own table in step<k>/.
 Cost: at 84 px an exact circuit search of 48 removals is ~2,300 candidate evaluations on 260 validation images,
 about 2 h on one core (image-dinov2 seed 1, 2026-11-27); members and evaluation about as long again. Steps 2 and 3
-search the same circuit (`same_circuit`): step 3 takes step 2's.
+search the same circuit (`same_circuit`): step 3 takes step 2's. Step 2 changes the circuit search alone: where its
+circuit removes the same heads in the same order as step 1's (step 1's search left no tie for the rule to decide),
+it would build step 1's models, so its rows are step 1's, not trained again, and its table says so (`same_models`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import json
 import shlex
 import shutil
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -180,12 +182,70 @@ def take_earlier_circuit(all_steps: list, k: int, seed: int, cache: Path, layers
                 print(f"step {k} searches the circuit of step {j}: taken from {from_dir}", flush=True)
 
 
+def same_as_note(dirs: list[Path], k: int) -> str:
+    """What a step whose models are the step above's (`same_models`) says of its rows, from the two circuits."""
+    circuit = json.loads((dirs[k - 1] / "circuit_avg.json").read_text())
+    tied = sum(1 for t in circuit.get("ties", []) if t)
+    return (
+        f"Its circuit removes the same {len(circuit['removed'])} heads in the same order as step {k - 1}'s ({tied} "
+        f"of whose removals tied), so its models are step {k - 1}'s and its rows are step {k - 1}'s, not trained "
+        "again."
+    )
+
+
+def changes_circuit_only(above: Task, task: Task) -> bool:
+    """Whether `task` differs from the step above only in how its circuit is searched (its data, search or tie
+    rule): then, where its circuit comes out the same, so does every model it builds."""
+    changed = {
+        f.name for f in fields(task) if f.name != "notes" and getattr(task, f.name) is not getattr(above, f.name)
+    }
+    return bool(changed) and changed <= set(CIRCUIT_DATA + CIRCUIT_SEARCH)
+
+
+def ranking(folder: Path) -> list | None:
+    """The heads a seed directory's circuit removes, in order; None before it is searched."""
+    path = folder / "circuit_avg.json"
+    return json.loads(path.read_text())["removed"] if path.exists() else None
+
+
+def same_models(all_steps: list, dirs: list[Path], k: int) -> bool:
+    """Whether step k builds the models of the step above (then its rows are that step's, not trained again): its
+    change acts on the circuit search alone and its circuit removes the same heads in the same order (step 2 on a
+    seed whose step-1 search had no tie: the tie rule decided nothing). Same single model (steps 1-3 start from
+    step 0's), circuit, pools, recipes and seeds: the same members."""
+    above = ranking(dirs[k - 1])
+    return 2 <= k <= 3 and changes_circuit_only(all_steps[k - 1][1], all_steps[k][1]) and above == ranking(dirs[k])
+
+
+def search_circuit(task: Task, seed: int, cache: Path, base) -> None:
+    """Search (or resume) the circuit of a step's seed, before its rows: it decides whether they are trained."""
+    folder = runner.prepared_seed_dir(cache, task, seed)
+    suite.Pieces(runner.SeedRun(task, seed, folder, base=base)).circuit()
+
+
+def as_above(out: Path, k: int, all_steps: list, dirs: list[Path]) -> bool:
+    """Write step k's table as the step above's rows (`same_models`): its own notes, the step above's rows and
+    models built again, and a `same_as` note. False while the step above has no table."""
+    above_path = out / f"step{k - 1}" / "table.json"
+    if not above_path.exists():
+        return False
+    above, (label, task, _) = json.loads(above_path.read_text()), all_steps[k]
+    said = same_as_note(dirs, k)
+    rebuilt = rebuilt_notes_of(above, all_steps[k - 1][1])
+    summary = above | {"notes": [*task.notes, *rebuilt], "same_as": {"step": k - 1, "note": said}}
+    write_json_atomic(out / f"step{k}" / "table.json", summary)
+    link = f"[step {k - 1}'s table](../step{k - 1}/table.md)"
+    write_text_atomic(out / f"step{k}" / "table.md", f"# Ablation step {label}\n\n{said} Its rows: {link}.\n")
+    return True
+
+
 def run_steps(chosen: list[int], seed: int, cache: Path, out: Path, command: str) -> dict:
     """Each chosen step's rows on `seed`, then the ablation table across every step that has results."""
     current = dinov2_task("full")
     crops = _image_batches(dinov2_pixels)(photo_crops(80))  # protocol 1's 80 crops
     all_steps = steps(current, crops)
     first_single = runner.seed_dir(cache, all_steps[0][1], seed) / "models" / "single"
+    dirs = [runner.seed_dir(cache, task, seed) for _, task, _ in all_steps]
     summaries = {}
     for k, (label, task, rows) in enumerate(all_steps):
         if k not in chosen:
@@ -198,6 +258,12 @@ def run_steps(chosen: list[int], seed: int, cache: Path, out: Path, command: str
         shape = first_single.parents[1] / "shape.json"  # step 0's model: its layer count
         if base is not None and shape.exists():
             take_earlier_circuit(all_steps, k, seed, cache, json.loads(shape.read_text())["layers"])
+        if 2 <= k <= 3 and changes_circuit_only(all_steps[k - 1][1], task):
+            search_circuit(task, seed, cache, base)  # first: if it is the step above's, nothing else is trained
+            if same_models(all_steps, dirs, k) and as_above(out, k, all_steps, dirs):
+                print(f"step {k}: the circuit of step {k - 1}, so its models and rows: not trained again", flush=True)
+                runner.push_records(cache, RECORDS, task)
+                continue
         try:
             summaries[k] = runner.run(
                 task,
@@ -213,6 +279,7 @@ def run_steps(chosen: list[int], seed: int, cache: Path, out: Path, command: str
         finally:
             runner.push_records(cache, RECORDS, task)
     record = {"seed": seed, "machine": machine(), "command": command, "steps": {}, "between": {}, "rebuilt": {}}
+    record["same_as"] = {}
     for k, (label, task, _) in enumerate(all_steps):
         path = out / f"step{k}" / "table.json"
         if path.exists():
@@ -220,13 +287,17 @@ def run_steps(chosen: list[int], seed: int, cache: Path, out: Path, command: str
             record["steps"][label] = summary
             if rebuilt := rebuilt_notes_of(summary, task):
                 record["rebuilt"][label] = rebuilt
-    dirs = [runner.seed_dir(cache, task, seed) for _, task, _ in all_steps]
     labels = labels_of(current.test)
+    models = list(range(len(all_steps)))  # the step whose models (and logits) each step's rows are
     for k in range(1, len(all_steps)):
         if not all((out / f"step{j}" / "table.json").exists() for j in (k - 1, k)):
             continue  # a step still running (or not run) has partial rows in the cache: compared once it is done
+        if same_models(all_steps, dirs, k):
+            models[k] = models[k - 1]
+            record["same_as"][all_steps[k][0]] = same_as_note(dirs, k)
+            continue
         rows = [row for row in all_steps[k][2] if row in all_steps[k - 1][2]]
-        said = between_steps(dirs[k - 1], dirs[k], k, rows, labels, seed)
+        said = between_steps(dirs[models[k - 1]], dirs[k], k, rows, labels, seed)
         if said:
             record["between"][all_steps[k][0]] = said
     write_json_atomic(out / "ablation.json", record)
@@ -268,15 +339,20 @@ def markdown(record: dict) -> str:
         *render(header, body, "markdown"),
     ]
     for label, summary in record["steps"].items():
-        if summary.get("differences"):
+        if summary.get("same_as"):
+            lines += ["", f"**{label}**", "", summary["same_as"]["note"]]
+        elif summary.get("differences"):
             lines += ["", f"**{label}**", "", *difference_lines(summary["differences"])]
     if record.get("rebuilt"):
         lines += ["", "## Models built again", ""]
         lines += [f"**{label}**: {' '.join(notes)}\n" for label, notes in record["rebuilt"].items()]
-    if record.get("between"):
+    moved = {**record.get("between", {}), **record.get("same_as", {})}
+    if moved:
         lines += ["", "## What each step moved: each row against the same row of the step above", ""]
-        for label, said in record["between"].items():
-            lines += [f"**{label}**", "", *difference_lines(said), ""]
+        for label in (label for label in record["steps"] if label in moved):
+            said = moved[label]
+            lines += [f"**{label}**", "", *([f"Nothing: {said}"] if isinstance(said, str) else difference_lines(said))]
+            lines += [""]
     return "\n".join(lines) + "\n"
 
 

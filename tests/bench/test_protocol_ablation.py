@@ -1,5 +1,6 @@
 """benchmarks/protocol_ablation.py: each step is the step above with one change, the last is the current task."""
 
+import json
 import sys
 import types
 from dataclasses import fields
@@ -111,3 +112,47 @@ def test_the_table_says_which_steps_rows_were_built_on_models_built_again():
     record["rebuilt"] = {"4. now": [rebuilt]}
     text = ablation.markdown(record)
     assert "## Models built again" in text and "**4. now**: Seed 0: hydra-circ0 trained again" in text
+
+
+def test_a_step_whose_circuit_comes_out_as_the_step_aboves_takes_its_rows(tiny_task, tmp_path):  # noqa: F811
+    """Step 2 changes the tie rule alone: where its circuit removes the same heads in the same order as step 1's
+    (no tie for the rule to decide), its models would be step 1's, so its table is step 1's rows with its own notes
+    and says so; a different ranking, or a step that changes more than the circuit search (step 3), trains."""
+    ablation = load_script("protocol_ablation")
+    current = tiny_task.__class__(**{f.name: getattr(tiny_task, f.name) for f in fields(tiny_task)})
+    current.circuit_tie_break, current.dropout_model = "score", lambda seed: tiny_task.new_model(seed)
+    all_steps = ablation.steps(current, tiny_task.far["far"])
+    steps = [task for _, task, _ in all_steps]
+    changes = [ablation.changes_circuit_only(steps[k - 1], steps[k]) for k in range(1, 5)]
+    assert changes == [True, True, False, False]  # OOD validation data, tie rule; pools; training
+
+    dirs = [tmp_path / f"dir{k}" for k in range(5)]
+    for folder in dirs:
+        folder.mkdir()
+    circuit = {"removed": [[0, 1], [1, 0]], "ties": [0, 0]}
+    for k in (1, 2, 3):
+        (dirs[k] / "circuit_avg.json").write_text(json.dumps(circuit))
+    assert [ablation.same_models(all_steps, dirs, k) for k in (1, 2, 3)] == [False, True, False]
+    (dirs[2] / "circuit_avg.json").write_text(json.dumps(circuit | {"removed": [[1, 0], [0, 1]]}))
+    assert not ablation.same_models(all_steps, dirs, 2)  # the order moved: other members
+    (dirs[2] / "circuit_avg.json").unlink()
+    assert not ablation.same_models(all_steps, dirs, 2)  # not searched yet
+    (dirs[2] / "circuit_avg.json").write_text(json.dumps(circuit))
+
+    out = tmp_path / "out"
+    assert not ablation.as_above(out, 2, all_steps, dirs)  # step 1 has no table yet
+    rebuilt = "Seed 0: hydra-circ0 trained again with different weights."
+    step1 = {"rows": {"Single": {"test.acc": 0.9}}, "notes": [*steps[1].notes, rebuilt], "differences": {}}
+    (out / "step1").mkdir(parents=True)
+    (out / "step1" / "table.json").write_text(json.dumps(step1))
+    assert ablation.as_above(out, 2, all_steps, dirs)
+    step2 = json.loads((out / "step2" / "table.json").read_text())
+    assert step2["rows"] == step1["rows"] and step2["notes"] == [*steps[2].notes, rebuilt]
+    said = step2["same_as"]
+    assert said["step"] == 1 and "same 2 heads in the same order as step 1's (0 of whose" in said["note"]
+    assert "step 1's table](../step1/table.md)" in (out / "step2" / "table.md").read_text()
+    record = {"seed": 0, "machine": "m", "command": "c", "between": {}, "rebuilt": {}}
+    record |= {"steps": {all_steps[1][0]: step1, all_steps[2][0]: step2}}
+    record["same_as"] = {all_steps[2][0]: ablation.same_as_note(dirs, 2)}
+    text = ablation.markdown(record)
+    assert f"**{all_steps[2][0]}**\n\nNothing: Its circuit removes the same 2 heads" in text
