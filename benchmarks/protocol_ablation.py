@@ -350,9 +350,9 @@ def markdown(record: dict) -> str:
     if moved:
         lines += ["", "## What each step moved: each row against the same row of the step above", ""]
         for label in (label for label in record["steps"] if label in moved):
-            said = moved[label]
-            lines += [f"**{label}**", "", *([f"Nothing: {said}"] if isinstance(said, str) else difference_lines(said))]
-            lines += [""]
+            said = moved[label]  # a string where the step's models are the step above's
+            said = [f"Nothing: {said[0].lower()}{said[1:]}"] if isinstance(said, str) else difference_lines(said)
+            lines += [f"**{label}**", "", *said, ""]
     return "\n".join(lines) + "\n"
 
 

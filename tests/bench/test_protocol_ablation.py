@@ -155,4 +155,4 @@ def test_a_step_whose_circuit_comes_out_as_the_step_aboves_takes_its_rows(tiny_t
     record |= {"steps": {all_steps[1][0]: step1, all_steps[2][0]: step2}}
     record["same_as"] = {all_steps[2][0]: ablation.same_as_note(dirs, 2)}
     text = ablation.markdown(record)
-    assert f"**{all_steps[2][0]}**\n\nNothing: Its circuit removes the same 2 heads" in text
+    assert f"**{all_steps[2][0]}**\n\nNothing: its circuit removes the same 2 heads" in text
