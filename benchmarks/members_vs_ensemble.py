@@ -1,0 +1,156 @@
+"""Each ensemble against its own members alone: does averaging the members help OOD detection, or lose what each
+member detects by itself? From the logits `hydra-ens bench` records (no model is loaded or trained).
+
+For every ensemble row (its logits (N, M, C), M > 1) and seed: the row's all-OOD AUROC by the maximum softmax
+probability of the members' mean (what the tables report), each member alone (its own MSP), the members' mean MSP
+(average the confidences, not the probabilities), and the mutual information between the prediction and the
+member (their disagreement); then the paired bootstrap of the ensemble against each member (NLL, ECE, all-OOD
+AUROC; resampling the test examples, then the seeds). Every member is compared, none is chosen: the members of a
+row are exchangeable draws, and picking the best on the test set would be choosing on it.
+
+    python benchmarks/members_vs_ensemble.py sentiment-mpnet --seeds 0 1 2 --rows "Hydra (Circ)" "Deep Ensembles"
+
+Writes benchmarks/results/<task>/members.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from hydra_ensembles.bench import runner
+from hydra_ensembles.bench.tasks import TASKS
+from hydra_ensembles.evaluation.bootstrap import difference_lines, paired_bootstrap
+from hydra_ensembles.evaluation.compare import row_file
+from hydra_ensembles.evaluation.ood import OOD_SCORES
+from hydra_ensembles.evaluation.report import evaluate
+from hydra_ensembles.io import write_json_atomic, write_text_atomic
+from hydra_ensembles.outputs import labels_of
+from hydra_ensembles.uncertainty import off_top_mass
+
+RESULTS = Path(__file__).parent / "results"
+RECORDS = Path(__file__).parent / "records"
+SCORES = ("ensemble MSP", "members' mean MSP", "mutual information")
+
+
+def member(run: Mapping, m: int) -> dict:
+    """Member m of a recorded run alone: every set's logits (N, M, C) -> (N, 1, C)."""
+    return {
+        part: (logits[:, m : m + 1] if part == "test" else {k: v[:, m : m + 1] for k, v in logits.items()})
+        for part, logits in run.items()
+    }
+
+
+def ood_score(member_logits: Tensor, score: str) -> Tensor:
+    """Higher = more OOD, (N, M, C) -> (N,): 1 - MSP of the members' mean (the tables' `msp`), 1 - the members'
+    mean MSP, or the mutual information."""
+    if score == "members' mean MSP":
+        return off_top_mass(member_logits.double().softmax(-1)).mean(1)  # 1 - each member's MSP, averaged
+    return OOD_SCORES["msp" if score == "ensemble MSP" else "mutual_information"](member_logits)
+
+
+def auroc_all(run: Mapping, score: str, labels: Tensor) -> float:
+    """All-OOD AUROC in % by `score`, as the tables' column (`report.evaluate`: each OOD set against the test set,
+    averaged over the sets)."""
+    sets = {name: logits for part in ("near", "far", "ood") for name, logits in run.get(part, {}).items()}
+    scores = {name: ood_score(logits, score) for name, logits in sets.items()}
+    result = evaluate(
+        run["test"],
+        labels,
+        run.get("near"),
+        run.get("far"),
+        ood=run.get("ood"),
+        id_scores=ood_score(run["test"], score),
+        ood_scores=scores,
+    )
+    return 100 * result["all"]["auroc"]
+
+
+def row_runs(folders: Mapping[int, Path], row: str) -> dict[int, dict]:
+    """{seed: the row's recorded logits} for the seeds that recorded it."""
+    paths = {seed: row_file(folder / "logits", row) for seed, folder in folders.items()}
+    return {seed: torch.load(path, weights_only=False) for seed, path in paths.items() if path.exists()}
+
+
+def compare_row(runs: Mapping[int, dict], labels: Tensor) -> dict:
+    """The row's AUROC by each score and each member's, per seed, and the ensemble against each member."""
+    members = runs[next(iter(runs))]["test"].shape[1]
+    seeds = list(runs)
+    per_seed = {
+        seed: {score: auroc_all(run, score, labels) for score in SCORES}
+        | {f"member {m}": auroc_all(member(run, m), "ensemble MSP", labels) for m in range(members)}
+        for seed, run in runs.items()
+    }
+    against = {
+        m: paired_bootstrap([runs[s] for s in seeds], [member(runs[s], m) for s in seeds], labels)
+        for m in range(members)
+    }
+    return {"seeds": seeds, "members": members, "per_seed": per_seed, "against": against}
+
+
+def markdown(task: str, command: str, rows: Mapping[str, dict]) -> str:
+    lines = [
+        f"# {task}: each ensemble against its own members alone",
+        "",
+        f"Command: `{command}`",
+        "",
+        "All-OOD AUROC in % (the mean over the OOD test sets), per seed. *Ensemble MSP*: the maximum softmax "
+        "probability of the members' mean, what the tables report; *members' mean MSP*: the members' confidences "
+        "averaged; *mutual information*: the members' disagreement; *member m*: that member alone, by its MSP "
+        "(in a Hydra Ensemble, its stream of the fused module: its heads with the merged MLP). Within a row every "
+        "value comes from the same logits, so builds of the seed's models do not enter.",
+        "",
+    ]
+    for row, said in rows.items():
+        names = [*SCORES, *(f"member {m}" for m in range(said["members"]))]
+        lines += [f"## {row}", "", "| seed | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        for seed, values in said["per_seed"].items():
+            lines.append(f"| {seed} | " + " | ".join(f"{values[name]:.1f}" for name in names) + " |")
+        lines.append("")
+        pairs = [
+            {"rows": [row, f"its member {m} alone"]} | {k: i._asdict() for k, i in intervals.items()}
+            for m, intervals in said["against"].items()
+        ]
+        lines += [*difference_lines({"level": 0.95, "resamples": 2000, "seeds": said["seeds"], "pairs": pairs}), ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("task", choices=sorted(TASKS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--rows", nargs="+", default=["Hydra (Circ)", "Hydra (Taylor)", "Deep Ensembles"])
+    parser.add_argument("--records", type=Path, default=RECORDS)
+    args = parser.parse_args(argv)
+    command = shlex.join(["python", "benchmarks/members_vs_ensemble.py", *(sys.argv[1:] if argv is None else argv)])
+    task = TASKS[args.task]("full")
+    folders = {seed: args.records / runner.task_key(task) / f"seed{seed}" for seed in args.seeds}
+    labels = labels_of(task.test)
+    rows = {}
+    for row in args.rows:
+        runs = row_runs(folders, row)
+        if not runs:
+            print(f"{row}: no recorded logits for seeds {args.seeds} in {args.records}: left out")
+            continue
+        rows[row] = compare_row(runs, labels)
+    out = RESULTS / task.name
+    write_json_atomic(out / "members.json", {"command": command, "rows": _jsonable(rows)})
+    write_text_atomic(out / "members.md", markdown(task.name, command, rows))
+    print(markdown(task.name, command, rows))
+
+
+def _jsonable(rows: Mapping[str, dict]) -> dict:
+    return {
+        row: said | {"against": {m: {k: i._asdict() for k, i in v.items()} for m, v in said["against"].items()}}
+        for row, said in rows.items()
+    }
+
+
+if __name__ == "__main__":
+    main()
