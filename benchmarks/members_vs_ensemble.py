@@ -25,51 +25,24 @@ import torch
 from torch import Tensor
 
 from hydra_ensembles.bench import runner
+from hydra_ensembles.bench.suite import all_ood_auroc, members_of
 from hydra_ensembles.bench.tasks import TASKS
 from hydra_ensembles.evaluation.bootstrap import difference_lines, paired_bootstrap
 from hydra_ensembles.evaluation.compare import row_file
-from hydra_ensembles.evaluation.ood import OOD_SCORES
-from hydra_ensembles.evaluation.report import evaluate
 from hydra_ensembles.io import write_json_atomic, write_text_atomic
 from hydra_ensembles.outputs import labels_of
 from hydra_ensembles.uncertainty import off_top_mass
 
 RESULTS = Path(__file__).parent / "results"
 RECORDS = Path(__file__).parent / "records"
-SCORES = ("ensemble MSP", "members' mean MSP", "mutual information")
 
 
-def member(run: Mapping, m: int) -> dict:
-    """Member m of a recorded run alone: every set's logits (N, M, C) -> (N, 1, C)."""
-    return {
-        part: (logits[:, m : m + 1] if part == "test" else {k: v[:, m : m + 1] for k, v in logits.items()})
-        for part, logits in run.items()
-    }
+def mean_member_msp(member_logits: Tensor) -> Tensor:
+    """1 - the members' mean MSP, (N, M, C) -> (N,): their confidences averaged, not their probabilities."""
+    return off_top_mass(member_logits.double().softmax(-1)).mean(1)
 
 
-def ood_score(member_logits: Tensor, score: str) -> Tensor:
-    """Higher = more OOD, (N, M, C) -> (N,): 1 - MSP of the members' mean (the tables' `msp`), 1 - the members'
-    mean MSP, or the mutual information."""
-    if score == "members' mean MSP":
-        return off_top_mass(member_logits.double().softmax(-1)).mean(1)  # 1 - each member's MSP, averaged
-    return OOD_SCORES["msp" if score == "ensemble MSP" else "mutual_information"](member_logits)
-
-
-def auroc_all(run: Mapping, score: str, labels: Tensor) -> float:
-    """All-OOD AUROC in % by `score`, as the tables' column (`report.evaluate`: each OOD set against the test set,
-    averaged over the sets)."""
-    sets = {name: logits for part in ("near", "far", "ood") for name, logits in run.get(part, {}).items()}
-    scores = {name: ood_score(logits, score) for name, logits in sets.items()}
-    result = evaluate(
-        run["test"],
-        labels,
-        run.get("near"),
-        run.get("far"),
-        ood=run.get("ood"),
-        id_scores=ood_score(run["test"], score),
-        ood_scores=scores,
-    )
-    return 100 * result["all"]["auroc"]
+SCORES = {"ensemble MSP": "msp", "members' mean MSP": mean_member_msp, "mutual information": "mutual_information"}
 
 
 def row_runs(folders: Mapping[int, Path], row: str) -> dict[int, dict]:
@@ -83,12 +56,12 @@ def compare_row(runs: Mapping[int, dict], labels: Tensor) -> dict:
     members = runs[next(iter(runs))]["test"].shape[1]
     seeds = list(runs)
     per_seed = {
-        seed: {score: auroc_all(run, score, labels) for score in SCORES}
-        | {f"member {m}": auroc_all(member(run, m), "ensemble MSP", labels) for m in range(members)}
+        seed: {name: 100 * all_ood_auroc(run, labels, score=score) for name, score in SCORES.items()}
+        | {f"member {m}": 100 * all_ood_auroc(run, labels, slice(m, m + 1)) for m in range(members)}
         for seed, run in runs.items()
     }
     against = {
-        m: paired_bootstrap([runs[s] for s in seeds], [member(runs[s], m) for s in seeds], labels)
+        m: paired_bootstrap([runs[s] for s in seeds], [members_of(runs[s], slice(m, m + 1)) for s in seeds], labels)
         for m in range(members)
     }
     return {"seeds": seeds, "members": members, "per_seed": per_seed, "against": against}

@@ -10,35 +10,32 @@ from conftest import load_script
 sys.path.insert(0, str(Path(__file__).parents[1] / "evaluation"))
 from test_bootstrap import LABELS, _run, _table_metrics  # noqa: E402
 
+from hydra_ensembles.bench.suite import all_ood_auroc, members_of  # noqa: E402
 from hydra_ensembles.evaluation.bootstrap import paired_bootstrap  # noqa: E402
+from hydra_ensembles.evaluation.ood import OOD_SCORES  # noqa: E402
 
 
-def test_a_member_alone_is_its_slice_of_every_set():
-    script, run = load_script("members_vs_ensemble"), _run(0)
-    alone = script.member(run, 1)
+def test_a_members_logits_are_its_slice_of_every_set():
+    run = _run(0)
+    alone = members_of(run, slice(1, 2))
     assert torch.equal(alone["test"], run["test"][:, 1:2])
-    for part in ("near", "far", "ood"):
-        assert alone[part].keys() == run[part].keys()
-        assert all(torch.equal(alone[part][k], run[part][k][:, 1:2]) for k in run[part])
+    for group in ("near", "far", "ood"):
+        assert alone[group].keys() == run[group].keys()
+        assert all(torch.equal(alone[group][k], run[group][k][:, 1:2]) for k in run[group])
 
 
-def test_the_ensembles_auroc_is_the_tables_and_a_lone_members_scores_agree():
-    """'ensemble MSP' is the tables' all-OOD AUROC; with one member its mean MSP is its MSP and it has no
-    disagreement (the mutual information is 0 everywhere: AUROC one half)."""
+def test_the_scores_agree_with_the_tables_and_with_one_another():
+    """'ensemble MSP' is the tables' all-OOD AUROC; one member's mean MSP is its MSP and it has no disagreement
+    (mutual information 0 everywhere: AUROC one half); averaging probabilities lowers the top one at least as much
+    as averaging the top ones does."""
     script, run = load_script("members_vs_ensemble"), _run(0)
-    assert script.auroc_all(run, "ensemble MSP", LABELS) == pytest.approx(
-        100 * _table_metrics(run, LABELS)["auroc_all"]
-    )
-    alone = script.member(run, 2)
-    assert script.auroc_all(alone, "members' mean MSP", LABELS) == pytest.approx(
-        script.auroc_all(alone, "ensemble MSP", LABELS)
-    )
-    assert script.auroc_all(alone, "mutual information", LABELS) == pytest.approx(50.0)
-    averaged, confident = (
-        script.ood_score(run["test"], "ensemble MSP"),
-        script.ood_score(run["test"], "members' mean MSP"),
-    )
-    assert (averaged >= confident - 1e-12).all()  # the mean's top probability is at most the members' mean top one
+    scores = script.SCORES
+    table = 100 * _table_metrics(run, LABELS)["auroc_all"]
+    assert 100 * all_ood_auroc(run, LABELS, score=scores["ensemble MSP"]) == pytest.approx(table)
+    msp = all_ood_auroc(run, LABELS, slice(2, 3))
+    assert all_ood_auroc(run, LABELS, slice(2, 3), score=scores["members' mean MSP"]) == pytest.approx(msp)
+    assert all_ood_auroc(run, LABELS, slice(2, 3), score=scores["mutual information"]) == pytest.approx(0.5)
+    assert (OOD_SCORES["msp"](run["test"]) >= script.mean_member_msp(run["test"]) - 1e-12).all()
 
 
 def test_every_member_is_compared_none_chosen():
@@ -46,8 +43,9 @@ def test_every_member_is_compared_none_chosen():
     runs = {seed: _run(seed) for seed in (0, 1)}
     said = script.compare_row(runs, LABELS)
     assert said["seeds"] == [0, 1] and said["members"] == 3 and list(said["against"]) == [0, 1, 2]
-    expected = paired_bootstrap([runs[0], runs[1]], [script.member(runs[s], 2) for s in (0, 1)], LABELS)
+    expected = paired_bootstrap([runs[0], runs[1]], [members_of(runs[s], slice(2, 3)) for s in (0, 1)], LABELS)
     assert said["against"][2] == expected
+    assert said["per_seed"][1]["member 1"] == pytest.approx(100 * all_ood_auroc(runs[1], LABELS, slice(1, 2)))
     assert set(said["per_seed"][1]) == {*script.SCORES, "member 0", "member 1", "member 2"}
     text = script.markdown("task", "cmd", {"Hydra (Circ)": said})
     assert text.count("- Hydra (Circ) vs its member ") == 3 and "| 1 | " in text

@@ -694,16 +694,32 @@ def member_ood(task, summary: dict, seed_dirs: Mapping[int, Path]) -> dict:
         if count < 2:
             continue
         said[row] = {
-            "ensemble": [_all_ood_auroc(logits, labels, slice(None)) for logits in per_seed],
-            "members": [[_all_ood_auroc(logits, labels, slice(m, m + 1)) for m in range(count)] for logits in per_seed],
+            "ensemble": [all_ood_auroc(logits, labels) for logits in per_seed],
+            "members": [[all_ood_auroc(logits, labels, slice(m, m + 1)) for m in range(count)] for logits in per_seed],
         }
     return {"member_ood": said} if said else {}
 
 
-def _all_ood_auroc(logits: Mapping, labels: Tensor, members: slice) -> float:
-    """All-OOD AUROC of the mean prediction of `members` (a slice of the M axis) in a row's saved logits."""
-    near, far, ood = ({name: x[:, members] for name, x in logits.get(group, {}).items()} for group in GROUPS)
-    return evaluate(logits["test"][:, members], labels, near, far, ood=ood)["all"]["auroc"]
+def members_of(logits: Mapping, members: slice) -> dict:
+    """A row's saved logits ({"test": (N, M, C), group: {set: (N_k, M, C)}}, `report.measure`'s) kept to `members`,
+    a slice of the M axis: as if those members were the row."""
+    return {"test": logits["test"][:, members]} | {
+        group: {name: x[:, members] for name, x in logits.get(group, {}).items()} for group in GROUPS
+    }
+
+
+def all_ood_auroc(
+    logits: Mapping, labels: Tensor, members: slice = slice(None), score: str | Callable[[Tensor], Tensor] = "msp"
+) -> float:
+    """All-OOD AUROC (the tables' column: each OOD set against the test set, averaged over the sets) of `members`
+    of a row's saved logits, by `score`: a name in `evaluation.ood.OOD_SCORES` (default: the maximum softmax
+    probability of their mean prediction) or a function of member logits (N, M, C) -> (N,), higher = more OOD."""
+    kept = members_of(logits, members)
+    test, near, far, ood = kept["test"], kept["near"], kept["far"], kept["ood"]
+    if isinstance(score, str):
+        return evaluate(test, labels, near, far, score=score, ood=ood)["all"]["auroc"]
+    scored = {name: score(x) for group in (near, far, ood) for name, x in group.items()}
+    return evaluate(test, labels, near, far, ood=ood, id_scores=score(test), ood_scores=scored)["all"]["auroc"]
 
 
 GROUPS = ("near", "far", "ood")  # the groups of OOD sets a row's logits file holds (`report.measure`)
