@@ -2,9 +2,9 @@
 member detects by itself? From the logits `hydra-ens bench` records (no model is loaded or trained).
 
 For every ensemble row (its logits (N, M, C), M > 1) and seed: the row's all-OOD AUROC by the maximum softmax
-probability of the members' mean (what the tables report), each member alone (its own MSP), the members' mean MSP
-(average the confidences, not the probabilities), and the mutual information between the prediction and the
-member (their disagreement); then the paired bootstrap of the ensemble against each member (NLL, ECE, all-OOD
+probability of the members' mean (what the tables report), by each member alone (its own MSP), and by the two parts
+of the predictive entropy: the members' mean entropy (`expected_entropy`, the data part) and their disagreement
+(`mutual_information`, the model part); then the paired bootstrap of the ensemble against each member (NLL, ECE, all-OOD
 AUROC; resampling the test examples, then the seeds). Every member is compared, none is chosen: the members of a
 row are exchangeable draws, and picking the best on the test set would be choosing on it.
 
@@ -31,18 +31,12 @@ from hydra_ensembles.evaluation.bootstrap import difference_lines, paired_bootst
 from hydra_ensembles.evaluation.compare import row_file
 from hydra_ensembles.io import write_json_atomic, write_text_atomic
 from hydra_ensembles.outputs import labels_of
-from hydra_ensembles.uncertainty import off_top_mass
 
 RESULTS = Path(__file__).parent / "results"
 RECORDS = Path(__file__).parent / "records"
 
 
-def mean_member_msp(member_logits: Tensor) -> Tensor:
-    """1 - the members' mean MSP, (N, M, C) -> (N,): their confidences averaged, not their probabilities."""
-    return off_top_mass(member_logits.double().softmax(-1)).mean(1)
-
-
-SCORES = {"ensemble MSP": "msp", "members' mean MSP": mean_member_msp, "mutual information": "mutual_information"}
+SCORES = {"ensemble MSP": "msp", "expected entropy": "expected_entropy", "mutual information": "mutual_information"}
 
 
 def row_runs(folders: Mapping[int, Path], row: str) -> dict[int, dict]:
@@ -74,8 +68,9 @@ def markdown(task: str, command: str, rows: Mapping[str, dict]) -> str:
         f"Command: `{command}`",
         "",
         "All-OOD AUROC in % (the mean over the OOD test sets), per seed. *Ensemble MSP*: the maximum softmax "
-        "probability of the members' mean, what the tables report; *members' mean MSP*: the members' confidences "
-        "averaged; *mutual information*: the members' disagreement; *member m*: that member alone, by its MSP "
+        "probability of the members' mean, what the tables report; *expected entropy*: the members' mean entropy "
+        "(the data part of the predictive entropy); *mutual information*: the members' disagreement (its model "
+        "part); *member m*: that member alone, by its MSP "
         "(in a Hydra Ensemble, its stream of the fused module: its heads with the merged MLP). Within a row every "
         "value comes from the same logits, so builds of the seed's models do not enter.",
         "",

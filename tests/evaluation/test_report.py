@@ -90,3 +90,12 @@ def test_ood_logits_of_another_predictor_or_of_the_wrong_kind_are_refused():
 
     with pytest.raises(ValueError, match="the loader is empty"):  # was "the loader has no 'labels'"
         labels_of([])
+
+
+def test_expected_entropy_and_mutual_information_split_the_entropy():
+    """Data plus model uncertainty is the total: the members' mean entropy plus their mutual information is the
+    entropy of their mean; a single model's expected entropy is its entropy."""
+    logits = torch.randn(6, 3, 4, generator=torch.Generator().manual_seed(0)) * 3
+    data, model = OOD_SCORES["expected_entropy"](logits), OOD_SCORES["mutual_information"](logits)
+    assert torch.allclose(data + model, OOD_SCORES["entropy"](logits)) and (model > 1e-3).all()
+    assert torch.allclose(OOD_SCORES["expected_entropy"](logits[:, :1]), OOD_SCORES["entropy"](logits[:, :1]))

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ..metrics.disagreement import disagreement
-from ..uncertainty import ensemble_probs, entropy, mutual_information, off_top_mass
+from ..uncertainty import decompose, ensemble_probs, entropy, mutual_information, off_top_mass
 
 
 def msp(member_logits: Tensor) -> Tensor:
@@ -48,11 +48,20 @@ def predictive_entropy(member_logits: Tensor) -> Tensor:
     return entropy(ensemble_probs(member_logits.double()))
 
 
+def expected_entropy(member_logits: Tensor) -> Tensor:
+    """The members' mean entropy, mean_m H[p_m] in nats: the data part of the predictive entropy, whose other part
+    is the members' disagreement (`mutual_information`; Depeweg et al., 2018, paper 001 Eq. 6). The entropy for a
+    single model. On movie-review sentiment it ranks OOD reviews better than the MSP of the members' mean, for Hydra
+    and deep ensembles alike (docs/benchmarks.md)."""
+    return decompose(member_logits.double())["data"]
+
+
 OOD_SCORES: dict[str, Callable[[Tensor], Tensor]] = {
     "msp": msp,
     "max_logit": max_logit,
     "energy": energy,
     "entropy": predictive_entropy,
+    "expected_entropy": expected_entropy,
     "gen": gen,
     "mutual_information": lambda member_logits: mutual_information(member_logits.double()),
     "disagreement": lambda member_logits: disagreement(member_logits.double()),
