@@ -21,14 +21,12 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
 from hydra_ensembles.bench import runner
-from hydra_ensembles.bench.suite import all_ood_auroc, members_of
+from hydra_ensembles.bench.suite import all_ood_auroc, members_of, recorded_logits
 from hydra_ensembles.bench.tasks import TASKS
 from hydra_ensembles.evaluation.bootstrap import difference_lines, paired_bootstrap
-from hydra_ensembles.evaluation.compare import row_file
 from hydra_ensembles.io import write_json_atomic, write_text_atomic
 from hydra_ensembles.outputs import labels_of
 
@@ -37,12 +35,6 @@ RECORDS = Path(__file__).parent / "records"
 
 
 SCORES = {"ensemble MSP": "msp", "expected entropy": "expected_entropy", "mutual information": "mutual_information"}
-
-
-def row_runs(folders: Mapping[int, Path], row: str) -> dict[int, dict]:
-    """{seed: the row's recorded logits} for the seeds that recorded it."""
-    paths = {seed: row_file(folder / "logits", row) for seed, folder in folders.items()}
-    return {seed: torch.load(path, weights_only=False) for seed, path in paths.items() if path.exists()}
 
 
 def compare_row(runs: Mapping[int, dict], labels: Tensor) -> dict:
@@ -58,6 +50,7 @@ def compare_row(runs: Mapping[int, dict], labels: Tensor) -> dict:
         m: paired_bootstrap([runs[s] for s in seeds], [members_of(runs[s], slice(m, m + 1)) for s in seeds], labels)
         for m in range(members)
     }
+    against = {m: {metric: i._asdict() for metric, i in intervals.items()} for m, intervals in against.items()}
     return {"seeds": seeds, "members": members, "per_seed": per_seed, "against": against}
 
 
@@ -81,10 +74,7 @@ def markdown(task: str, command: str, rows: Mapping[str, dict]) -> str:
         for seed, values in said["per_seed"].items():
             lines.append(f"| {seed} | " + " | ".join(f"{values[name]:.1f}" for name in names) + " |")
         lines.append("")
-        pairs = [
-            {"rows": [row, f"its member {m} alone"]} | {k: i._asdict() for k, i in intervals.items()}
-            for m, intervals in said["against"].items()
-        ]
+        pairs = [{"rows": [row, f"its member {m} alone"]} | intervals for m, intervals in said["against"].items()]
         lines += [*difference_lines({"level": 0.95, "resamples": 2000, "seeds": said["seeds"], "pairs": pairs}), ""]
     return "\n".join(lines)
 
@@ -102,22 +92,15 @@ def main(argv: list[str] | None = None) -> None:
     labels = labels_of(task.test)
     rows = {}
     for row in args.rows:
-        runs = row_runs(folders, row)
+        runs = recorded_logits(folders, row)
         if not runs:
             print(f"{row}: no recorded logits for seeds {args.seeds} in {args.records}: left out")
             continue
         rows[row] = compare_row(runs, labels)
-    out = RESULTS / task.name
-    write_json_atomic(out / "members.json", {"command": command, "rows": _jsonable(rows)})
-    write_text_atomic(out / "members.md", markdown(task.name, command, rows))
-    print(markdown(task.name, command, rows))
-
-
-def _jsonable(rows: Mapping[str, dict]) -> dict:
-    return {
-        row: said | {"against": {m: {k: i._asdict() for k, i in v.items()} for m, v in said["against"].items()}}
-        for row, said in rows.items()
-    }
+    out, text = RESULTS / task.name, markdown(task.name, command, rows)
+    write_json_atomic(out / "members.json", {"command": command, "rows": rows})
+    write_text_atomic(out / "members.md", text)
+    print(text)
 
 
 if __name__ == "__main__":

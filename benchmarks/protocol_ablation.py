@@ -208,13 +208,18 @@ def ranking(folder: Path) -> list | None:
     return json.loads(path.read_text())["removed"] if path.exists() else None
 
 
+def circuit_only(all_steps: list, k: int) -> bool:
+    """Whether step k and the step above both start from step 0's single model (steps 1-3) with the same rows to
+    build, and step k changes only how the circuit is searched (`changes_circuit_only`)."""
+    return 2 <= k <= 3 and changes_circuit_only(all_steps[k - 1][1], all_steps[k][1])
+
+
 def same_models(all_steps: list, dirs: list[Path], k: int) -> bool:
     """Whether step k builds the models of the step above (then its rows are that step's, not trained again): its
-    change acts on the circuit search alone and its circuit removes the same heads in the same order (step 2 on a
-    seed whose step-1 search had no tie: the tie rule decided nothing). Same single model (steps 1-3 start from
-    step 0's), circuit, pools, recipes and seeds: the same members."""
-    above = ranking(dirs[k - 1])
-    return 2 <= k <= 3 and changes_circuit_only(all_steps[k - 1][1], all_steps[k][1]) and above == ranking(dirs[k])
+    change acts on the circuit search alone (`circuit_only`) and its circuit removes the same heads in the same
+    order (step 2 on a seed whose step-1 search had no tie: the tie rule decided nothing). Same single model,
+    circuit, pools, recipes and seeds: the same members."""
+    return circuit_only(all_steps, k) and ranking(dirs[k - 1]) == ranking(dirs[k])
 
 
 def search_circuit(task: Task, seed: int, cache: Path, base) -> None:
@@ -258,7 +263,7 @@ def run_steps(chosen: list[int], seed: int, cache: Path, out: Path, command: str
         shape = first_single.parents[1] / "shape.json"  # step 0's model: its layer count
         if base is not None and shape.exists():
             take_earlier_circuit(all_steps, k, seed, cache, json.loads(shape.read_text())["layers"])
-        if 2 <= k <= 3 and changes_circuit_only(all_steps[k - 1][1], task):
+        if circuit_only(all_steps, k):
             search_circuit(task, seed, cache, base)  # first: if it is the step above's, nothing else is trained
             if same_models(all_steps, dirs, k) and as_above(out, k, all_steps, dirs):
                 print(f"step {k}: the circuit of step {k - 1}, so its models and rows: not trained again", flush=True)
@@ -278,8 +283,8 @@ def run_steps(chosen: list[int], seed: int, cache: Path, out: Path, command: str
             )
         finally:
             runner.push_records(cache, RECORDS, task)
-    record = {"seed": seed, "machine": machine(), "command": command, "steps": {}, "between": {}, "rebuilt": {}}
-    record["same_as"] = {}
+    record = {"seed": seed, "machine": machine(), "command": command}
+    record |= {"steps": {}, "between": {}, "rebuilt": {}, "same_as": {}}
     for k, (label, task, _) in enumerate(all_steps):
         path = out / f"step{k}" / "table.json"
         if path.exists():

@@ -46,7 +46,7 @@ def test_every_member_is_compared_none_chosen():
     said = script.compare_row(runs, LABELS)
     assert said["seeds"] == [0, 1] and said["members"] == 3 and list(said["against"]) == [0, 1, 2]
     expected = paired_bootstrap([runs[0], runs[1]], [members_of(runs[s], slice(2, 3)) for s in (0, 1)], LABELS)
-    assert said["against"][2] == expected
+    assert said["against"][2] == {metric: interval._asdict() for metric, interval in expected.items()}
     assert said["per_seed"][1]["member 1"] == pytest.approx(100 * all_ood_auroc(runs[1], LABELS, slice(1, 2)))
     assert set(said["per_seed"][1]) == {*script.SCORES, "member 0", "member 1", "member 2"}
     text = script.markdown("task", "cmd", {"Hydra (Circ)": said})

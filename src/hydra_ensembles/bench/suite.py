@@ -686,10 +686,9 @@ def member_ood(task, summary: dict, seed_dirs: Mapping[int, Path]) -> dict:
     detect OOD inputs better than the members do? (If not, an ensemble cannot inherit its members' OOD gain.)"""
     labels, said = labels_of(task.test), {}
     for row in summary["rows"]:
-        paths = [row_file(Path(folder) / "logits", row) for folder in seed_dirs.values()]
-        if not all(path.exists() for path in paths):
+        per_seed = list(recorded_logits(seed_dirs, row).values())
+        if len(per_seed) < len(seed_dirs):
             continue
-        per_seed = [torch.load(path) for path in paths]
         count = per_seed[0]["test"].shape[1] if per_seed[0]["test"].dim() == 3 else 1
         if count < 2:
             continue
@@ -698,6 +697,12 @@ def member_ood(task, summary: dict, seed_dirs: Mapping[int, Path]) -> dict:
             "members": [[all_ood_auroc(logits, labels, slice(m, m + 1)) for m in range(count)] for logits in per_seed],
         }
     return {"member_ood": said} if said else {}
+
+
+def recorded_logits(seed_dirs: Mapping[int, Path], row: str) -> dict[int, dict]:
+    """{seed: `row`'s saved logits} (`report.measure`'s) of the seeds whose directory holds them."""
+    paths = {seed: row_file(Path(folder) / "logits", row) for seed, folder in seed_dirs.items()}
+    return {seed: torch.load(path) for seed, path in paths.items() if path.exists()}
 
 
 def members_of(logits: Mapping, members: slice) -> dict:
