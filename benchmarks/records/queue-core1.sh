@@ -14,13 +14,9 @@ set -x
 # with issue 39 item 5's rows (exact stacking, fusing first, against the averaged MLP) and CircAvg calibrated
 # seed 0's variants (stacked, fused then fine-tuned, calibrated CircAvg: issue 39 item 5 on one seed) in seed0-variants/
 hydra-ens bench sentiment-mpnet --seeds 0 --records $R --quiet --out benchmarks/results/text-sentiment-all-mpnet-base-v2/seed0-variants --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling" "Hydra (Circ), stacked MLP" "Hydra (Circ), fused then fine-tuned" "CircAvg, temp. scaling"
-# seeds 1 and 2 on the rows the closing questions need: seed 2's CircAvg, Hydra (Circ) and its calibrated row are
-# what is left (2026-11-29); its one-seed table to /tmp, untimed: the machine of 2026-11-29 started with an empty
-# cache, and timing seed 2 would train its deep ensemble again (~2 h) for a column the three-seed table gives later.
-# Then the three-seed table issue 39 closes on, with Hydra (Taylor) beside Hydra (Circ) (item 6), untimed for the
-# same reason (its timed render is the last line)
-hydra-ens bench sentiment-mpnet --seeds 2 --records $R --quiet --untimed --out /tmp/hydra-subsets/sentiment-mpnet-seed2 --rows Single CircAvg "Hydra (Circ)" "Deep Ensembles" "Temp. scaling" "Hydra (Circ), temp. scaling"
-hydra-ens bench sentiment-mpnet --seeds 0 1 2 --records $R --quiet --untimed --out benchmarks/results/text-sentiment-all-mpnet-base-v2/seeds012 --rows Single "Deep Ensembles" "Temp. scaling" CircAvg "CircAvg, temp. scaling" "Hydra (Taylor)" "Hydra (Circ)" "Hydra (Circ), temp. scaling"
+# seed 1's Hydra (Taylor) (issue 39 item 6: its members 0 and 1 were done 2026-11-29); seed 2's runs in queue.sh
+# at the same time (one seed each: never one seed in both), which then renders the three-seed table
+hydra-ens bench sentiment-mpnet --seeds 1 --records $R --quiet --untimed --out /tmp/hydra-subsets/sentiment-mpnet-seed1-taylor --rows Single "Hydra (Taylor)"
 # is sentiment's circuit (60 ID + 80 OOD validation texts) the model's or the sample's? (issue 39 item 1; ~2 h)
 python benchmarks/circuit_halves.py sentiment-mpnet --seed 0 --first 12 24 48
 # (issue 39 item 7's protocol ablation runs on core 0: queue.sh)

@@ -20,6 +20,12 @@ set -x
 # seed (the digests in model_digests.json show the retrained models equal the recorded ones), so lines that share a
 # base run one after another in one session. Done and rendering from records: image-dinov2 seed 0's main rows and
 # extras, image-fmnist's cheap ensembles and OBA (3 seeds).
+# issue 39 before all: sentiment-mpnet's Hydra (Taylor) of seed 2 (moved here from queue-core1.sh, 2026-11-29,
+# which trains seed 1's meanwhile: two seeds of one cache at once, never one seed twice; a machine whose queues keep
+# separate caches links this task's folder into this queue's cache: its models are queue-core1.sh's), then the
+# three-seed table issue 39 closes on (seed 1's members, ~3 h ahead of seed 2's, are done by then), untimed
+hydra-ens bench sentiment-mpnet --seeds 2 --records $R --quiet --untimed --out /tmp/hydra-subsets/sentiment-mpnet-seed2-taylor --rows Single "Hydra (Taylor)"
+hydra-ens bench sentiment-mpnet --seeds 0 1 2 --records $R --quiet --untimed --out benchmarks/results/text-sentiment-all-mpnet-base-v2/seeds012 --rows Single "Deep Ensembles" "Temp. scaling" CircAvg "CircAvg, temp. scaling" "Hydra (Taylor)" "Hydra (Circ)" "Hydra (Circ), temp. scaling"
 # image-dinov2 at 84 px (chosen on validation over 56 px: benchmarks/results/image-dinov2/resolution.md; 112 px was
 # left out for cost: ~4x 56 px a step, ~12 h a seed's rows on 2 cores)
 # issue 41: OBA on the 12-layer ViT (paper 000 Table 1 has it on ImageNet); then issue 44's cost/quality curve on
