@@ -32,7 +32,7 @@ def sample_members(
     seed: int = 0,
     allow_identical: bool = False,
     trunk: int = 0,
-) -> list[HeadMap]:
+) -> list[HeadMap] | list[dict[str, HeadMap]]:
     """Turn importance into M head maps (kept heads per layer, original numbering).
 
     Three sources, three settings:

@@ -33,6 +33,7 @@ from ..adapters import Adapter, get_adapter
 from .persist import read_structure, record_fingerprint, register_structure, write_structure
 
 HeadMap = dict[int, list[int]]
+"""{layer index: the heads that layer keeps, in the original numbering}: one pruned member's structure."""
 KEPT_HEADS_KEY = "hydra_kept_heads"
 SHARED_CONFIG = (  # the other way a record and the weights part: HF v5 models built from one config share it
     "Models built from one config object (Model(config) twice) share their pruning record: give each its own "
