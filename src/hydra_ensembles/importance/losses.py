@@ -149,6 +149,12 @@ def weighted_losses(
             f"the {name!r} loss reads the last layer's [CLS] features, which a readout (made for the model's pooled "
             "output) does not take: use a loss that reads the output, e.g. 'cross_entropy' or 'entropy'."
         )
+    if loss.reads == "cls" and adapter.causal:
+        raise ValueError(
+            f"the {name!r} loss reads the last layer's first token, which in a causal text tower (CLIP's) attends "
+            "to itself alone: the same start token in every row, so its entropy never changes and no neuron or head "
+            "would seem to matter. Use loss='entropy', which reads the tower's pooled output (the end-of-text token)."
+        )
     device = next(model.parameters()).device
     total = sum(batch_size(split_batch(adapter, batch)[0]) for batch in batches)
     for batch in batches:
