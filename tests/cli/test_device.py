@@ -58,14 +58,15 @@ def classifier(tmp_path_factory, text_encoder):
     return root
 
 
-def _in_process_logits(classifier, path, **columns) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Member logits (N, M, C) of the classifier on the CPU, read as the CLI reads data, and the labels if any."""
+def _in_process_logits(classifier, path, precision="fp32", **columns) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Member logits (N, M, C) of the classifier on the CPU at `precision`, read as the CLI reads data, and the
+    labels if any."""
     model = load_classifier(classifier)
     kind, tokenizer = load_preprocessor(classifier)
     data = read_encoded(path, kind, tokenizer, model.config, **columns)
     labels = data.examples.labels
     ids = torch.tensor([model.config.label2id[label] for label in labels]) if labels else None
-    return collect_member_logits(model, data.batches), ids
+    return collect_member_logits(prepare(model, precision), data.batches), ids
 
 
 def test_every_command_that_runs_a_model_takes_device():
@@ -179,6 +180,7 @@ def test_predict_and_evaluate_in_bf16_on_cpu(tmp_path, classifier, text_files):
     assert [r["prediction"] for r in rows["bf16"]] == [r["prediction"] for r in rows["fp32"]]
     for low, full in zip(rows["bf16"], rows["fp32"]):
         assert low["probability"] == pytest.approx(full["probability"], abs=2e-2)
+    assert any(low["probability"] != full["probability"] for low, full in zip(rows["bf16"], rows["fp32"]))  # ran bf16
     out = tmp_path / "bf16"
     hydra_ens(
         "evaluate", "--model", str(classifier), "--data", str(text_files["test"]), "--text-column", "review",
@@ -187,5 +189,10 @@ def test_predict_and_evaluate_in_bf16_on_cpu(tmp_path, classifier, text_files):
     record = json.loads((out / "hydra-ens.json").read_text())
     assert record["settings"]["precision"] == "bf16"
     nll = json.loads((out / "metrics.json").read_text())["results"]["classifier"]["metrics"]["id"]["nll"]
-    logits, labels = _in_process_logits(classifier, text_files["test"], text_column="review", labelled=True)
-    assert nll == pytest.approx(metrics.nll(ensemble_probs(logits.double()), labels), abs=2e-2)
+    nlls = {}
+    for precision in ("bf16", "fp32"):
+        logits, labels = _in_process_logits(
+            classifier, text_files["test"], precision, text_column="review", labelled=True
+        )
+        nlls[precision] = metrics.nll(ensemble_probs(logits.double()), labels)
+    assert nll == pytest.approx(nlls["bf16"], abs=1e-6) and nlls["bf16"] != pytest.approx(nlls["fp32"], abs=1e-5)

@@ -59,15 +59,19 @@ def test_predict_and_evaluate_take_a_feature_score(fitted, tmp_path, text_files)
         "--score", "knn_concat", "--format", "jsonl",
     )  # fmt: skip
     rows = [json.loads(line) for line in shown.stdout.splitlines()]
-    assert len(rows) == 4 and all(row["score"] == "knn_concat" and 0 <= row["ood_score"] <= 2 for row in rows)
+    assert len(rows) == 4 and all(row["score"] == "knn_concat" for row in rows)
+    loaded = load_classifier(out / "model")
+    kind, tokenizer = load_preprocessor(out / "model")
+    new = read_encoded(text_files["new"], kind, tokenizer, model_config(loaded), labelled=False).batches
+    knn = collect_scores(loaded, new, "knn_concat")[1]  # the score asked for, computed here
+    assert [row["ood_score"] for row in rows] == pytest.approx(knn.tolist(), rel=1e-5)
+    assert knn.tolist() != pytest.approx(collect_scores(loaded, new, "msp")[1].tolist(), abs=1e-3)
     report = tmp_path / "report"
     hydra_ens(
         "evaluate", "--model", f"scored={out}", "--data", str(text_files["val"]), "--far", str(text_files["ood"]),
         "--score", "mds", "--latency-repeats", "0", "--out", str(report),
     )  # fmt: skip
     metrics = json.loads((report / "metrics.json").read_text())["results"]["scored"]["metrics"]
-    loaded = load_classifier(out / "model")
-    kind, tokenizer = load_preprocessor(out / "model")
     read = {
         name: read_encoded(text_files[name], kind, tokenizer, model_config(loaded)).batches for name in ("val", "ood")
     }

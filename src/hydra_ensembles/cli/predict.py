@@ -227,12 +227,16 @@ def predictions(
             "input": inputs[i],
             "prediction": names[predicted[i]],
             "probability": round(confidence[i].item(), 4),
-            "mutual_information": round(mi[i].item(), 4),
-            "ood_score": round(scores[i].item(), 4),
+            "mutual_information": _significant(mi[i].item()),  # a score's scale is its own (KNN's can be 1e-5):
+            "ood_score": _significant(scores[i].item()),  # digits, not decimals, or a small one reads as 0
             "ood": bool(scores[i].item() > threshold),
         }
         for i in range(len(member_logits))
     ]
+
+
+def _significant(value: float, digits: int = 6) -> float:
+    return float(f"{value:.{digits}g}")
 
 
 def id_threshold(id_scores: torch.Tensor, tpr: float) -> tuple[float, float]:
