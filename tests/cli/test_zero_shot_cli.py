@@ -2,8 +2,18 @@
 circuit over both towers, zero-shot members, and the errors that teach the flags."""
 
 import json
+import re
 
+import pytest
+import torch
 from cli_support import clip_model, hydra_ens, image_files, refused  # noqa: F401 (fixtures)
+from tolerances import CONTRACT
+
+import hydra_ensembles as he
+from hydra_ensembles.data.files import read_encoded
+from hydra_ensembles.evaluation.compare import row_file
+from hydra_ensembles.outputs import collect_member_logits
+from hydra_ensembles.predictors import load_classifier, load_preprocessor, model_config
 
 
 def test_zero_shot_predict_circuit_members_evaluate(tmp_path, clip_model, image_files):  # noqa: F811
@@ -51,10 +61,24 @@ def test_zero_shot_predict_circuit_members_evaluate(tmp_path, clip_model, image_
         "--out",
         str(report),
     )
-    metrics = json.loads((report / "metrics.json").read_text())
-    assert set(metrics["models"]) == {"single", "hydra"} if "models" in metrics else "hydra" in json.dumps(metrics)
+    results = json.loads((report / "metrics.json").read_text())["results"]
+    names, templates = ["bright", "dark"], ["a photo of a {}.", "a {} image"]
+    for name, path, count in (
+        ("single", clip_model, 1),
+        ("hydra", members / "model", 3),
+    ):  # what evaluate ran, in process
+        model = load_classifier(path, names, templates)
+        test = read_encoded(f["test"], *load_preprocessor(path), model_config(model)).batches
+        expected = collect_member_logits(model, test)
+        assert expected.shape == (12, count, 2)
+        torch.testing.assert_close(
+            torch.load(row_file(report / "logits", name))["test"], expected, atol=CONTRACT, rtol=0
+        )
+        labels = torch.cat([b["labels"] for b in test])
+        accuracy = he.metrics.accuracy(he.ensemble_probs(expected), labels)
+        assert results[name]["metrics"]["id"]["acc"] == pytest.approx(accuracy, abs=1e-12)
     table = (report / "report.md").read_text()
-    assert "| hydra |" in table and "+" in table  # heads shown as image+text per member
+    assert "| hydra |" in table and re.search(r"\| hydra \| \d+\+\d+", table)  # heads: image+text per member
     jsonl = hydra_ens(
         "predict", "--model", str(members), "--inputs", f["ood"], "--threshold", "-0.5", "--format", "jsonl"
     ).stdout
