@@ -25,10 +25,10 @@ from hydra_ensembles import metrics
 from hydra_ensembles import training as ft
 from hydra_ensembles.cli.predict import id_threshold
 from hydra_ensembles.cli.step import RECORD
-from hydra_ensembles.data.files import label_ids, read_examples, text_batches
+from hydra_ensembles.data.files import label_ids, read_encoded, read_examples, text_batches
 from hydra_ensembles.evaluation.ood import OOD_SCORES
 from hydra_ensembles.outputs import collect_member_logits
-from hydra_ensembles.predictors import load_predictor
+from hydra_ensembles.predictors import load_classifier, load_predictor, load_preprocessor
 from hydra_ensembles.training import TEXT_RECIPE
 from hydra_ensembles.training.loop import _improves
 
@@ -465,8 +465,16 @@ def test_image_folders_fine_tune_evaluate_and_predict(tmp_path, image_files, ima
     )
     result = json.loads((tmp_path / "report" / "metrics.json").read_text())["results"]["vit"]["metrics"]
     assert set(result) == {"id", "ood", "far", "all"} and "stripes" in result["ood"]
+    tuned = load_classifier(tmp_path / "vit" / "model")
+    test = read_encoded(f["test"], *load_preprocessor(tmp_path / "vit" / "model"), tuned.config).batches
+    logits, labels = collect_member_logits(tuned, test), torch.cat([b["labels"] for b in test])
+    before = collect_member_logits(load_classifier(image_classifier), test)
+    accuracy = he.metrics.accuracy(he.ensemble_probs(logits), labels)
+    assert result["id"]["acc"] == pytest.approx(accuracy, abs=1e-12) and accuracy >= 0.9  # bright vs dark: learnt
+    assert not torch.allclose(logits, before)  # the fine-tuned weights, not the checkpoint it started from
     predicted = hydra_ens("predict", "--model", str(tmp_path / "vit"), "--inputs", f["ood"], "--threshold", "-0.5")
     assert "stripes0.png" in predicted.stdout and "threshold given by --threshold" in predicted.stdout
+    assert "6 of 6 inputs flagged" in predicted.stdout  # every score is above -0.5
 
 
 def test_amp_then_the_usual_steps_give_a_hydra_ensemble_on_the_pruned_base(flow, tmp_path):
