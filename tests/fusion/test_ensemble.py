@@ -15,6 +15,7 @@ from hydra_ensembles.fusion import ensemble as ensemble_module
 from hydra_ensembles.fusion import lay_out_for_device
 from hydra_ensembles.fusion.layer import ragged_by_default
 from hydra_ensembles.io import weights_digest
+from hydra_ensembles.pruning import base_fingerprint
 
 
 @pytest.mark.parametrize(
@@ -220,9 +221,13 @@ def test_a_bert_decoder_is_refused_it_attends_causally():
 
 
 def test_fine_tuned_members_keep_their_base_fingerprint():
-    members = he.build_members(MODELS["bert"](), random_head_maps(2, seed=0))
+    base = MODELS["bert"]()
+    members = he.build_members(base, random_head_maps(2, seed=0))
     perturb(members[1])  # embeddings change under fine-tuning; the recorded fingerprint does not
-    he.HydraEnsemble.fuse(members, mlp="stack")
+    ensemble = he.HydraEnsemble.fuse(members, mlp="stack")
+    assert ensemble.fingerprint == base_fingerprint(members[1]) == base_fingerprint(base)  # the checkpoint's
+    perturb(base)  # computed afresh, a model never pruned: another checkpoint
+    assert base_fingerprint(base) != ensemble.fingerprint
 
 
 def test_members_with_different_classifiers_are_rejected():

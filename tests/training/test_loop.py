@@ -173,8 +173,13 @@ def test_validation_keeps_the_epoch_best_on_the_monitored_score():
     by_accuracy = MODELS["bert"]()
     config = CONFIG.with_(epochs=6, patience=1, lr=5e-2, monitor="acc")
     ft.finetune(by_accuracy, _data(), config, val_loader=_data(seed=20), progress=False)
-    best = max(h["val_acc"] for h in by_accuracy.training_history)
-    assert ft.validate(by_accuracy, _data(seed=20))["val_acc"] == best
+    history = by_accuracy.training_history
+    best = max(h["val_acc"] for h in history)
+    kept = next(h for h in history if h["val_acc"] == best)  # the first epoch that reached it: a later tie is no gain
+    again = ft.validate(by_accuracy, _data(seed=20))
+    assert by_accuracy.kept_epoch == kept["epoch"] and again["val_acc"] == best
+    assert again["val_nll"] == kept["val_nll"]  # that epoch's weights (epochs of equal accuracy differ in NLL)
+    assert len({h["val_nll"] for h in history if h["val_acc"] == best}) > 1  # a tie, so the NLL can tell them apart
     assert ft.TEXT_RECIPE.monitor == "acc_nll"  # the paper's accuracy (§C.2), ties to the lower NLL
 
 
