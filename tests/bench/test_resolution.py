@@ -26,7 +26,9 @@ def test_dinov2_pixels_upsamples_to_the_side_asked_for(pixels):
     assert torch.isfinite(inputs).all()
     grey = inputs * torch.tensor(tasks.IMAGENET_STD)[:, None, None] + torch.tensor(tasks.IMAGENET_MEAN)[:, None, None]
     assert torch.allclose(grey[:, 0], grey[:, 2], atol=1e-6)  # the same grey image in every channel
-    assert torch.allclose(grey.mean((1, 2, 3)), images.mean((1, 2)), atol=0.02)  # upsampled, not changed
+    upsampled = torch.nn.functional.interpolate(images[:, None], size=pixels, mode="bicubic").clamp(0, 1)[:, 0]
+    assert torch.allclose(grey[:, 0], upsampled, atol=1e-6)  # bicubic, clipped to [0, 1]: no other change
+    assert torch.allclose(grey.mean((1, 2, 3)), images.mean((1, 2)), atol=0.02)  # brightness kept
 
 
 def test_dinov2_pixels_default_is_the_task_default():
