@@ -15,11 +15,12 @@ import transformers as T
 from conftest import LAYERS, MODELS, at_trained_scale, make_inputs, perturb, random_head_maps
 
 import hydra_ensembles as he
-from hydra_ensembles import inference
+from hydra_ensembles import inference, precision
 from hydra_ensembles.cli import main
 from hydra_ensembles.evaluation.scores import collect_scores
-from hydra_ensembles.inference import Prepared, cpu_flags, prepare
+from hydra_ensembles.inference import Prepared, prepare
 from hydra_ensembles.outputs import member_logits_of
+from hydra_ensembles.precision import cpu_flags
 
 # bf16 keeps 8 significant bits: rounding to it moves a value by at most u = 2^-8 of itself (round to nearest).
 UNIT_ROUNDOFF = 2.0**-8
@@ -66,7 +67,7 @@ def test_an_unknown_precision_is_refused_naming_the_choices():
 
 @pytest.mark.parametrize("name", ["bert", "vit"])
 def test_bf16_stays_within_the_derived_bound_and_moves_the_logits(name, monkeypatch):
-    monkeypatch.setattr(inference, "native_bf16_cpu", lambda: True)
+    monkeypatch.setattr(precision, "native_bf16_cpu", lambda: True)
     model, inputs = fused(name), make_inputs(name)
     reference = logits(model, inputs)
     prepared = prepare(model, "bf16")
@@ -80,7 +81,7 @@ def test_bf16_stays_within_the_derived_bound_and_moves_the_logits(name, monkeypa
 def test_every_predictor_hands_back_fp32_logits_under_bf16(monkeypatch):
     """An HF head under autocast returns bf16 logits, the fused engine fp32: bf16 logits tie far more often (max
     logit, energy), so rows compared in one table must share a precision."""
-    monkeypatch.setattr(inference, "native_bf16_cpu", lambda: True)
+    monkeypatch.setattr(precision, "native_bf16_cpu", lambda: True)
     single, inputs = MODELS["bert"](seed=0).eval(), make_inputs("bert")
     with torch.inference_mode():
         assert prepare(single, "bf16")(**inputs).logits.dtype == torch.float32
@@ -89,18 +90,33 @@ def test_every_predictor_hands_back_fp32_logits_under_bf16(monkeypatch):
 
 def test_bf16_on_a_cpu_without_bf16_instructions_warns_that_it_is_slow(monkeypatch):
     model = fused("bert")
-    monkeypatch.setattr(inference, "native_bf16_cpu", lambda: False)
-    with pytest.warns(RuntimeWarning, match="bf16 on this CPU will be slow"):
+    monkeypatch.setattr(precision, "native_bf16_cpu", lambda: False)
+    with pytest.warns(RuntimeWarning, match="bf16 inference on this CPU will be slow"):
         prepare(model, "bf16")
-    monkeypatch.setattr(inference, "native_bf16_cpu", lambda: True)
+    monkeypatch.setattr(precision, "native_bf16_cpu", lambda: True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         prepare(model, "bf16")  # native: no warning
         prepare(model, "fp32")
 
 
+def test_bf16_training_on_a_cpu_without_bf16_instructions_warns_that_it_is_slow(monkeypatch):
+    """Emulated bf16 matrix products take several times fp32's: a user training in bf16 there should know."""
+    model, batches = MODELS["bert"](seed=0), [make_inputs("bert") | {"labels": torch.tensor([0, 1, 2, 1])}]
+    config = he.training.TEXT_RECIPE.with_(epochs=1, precision="bf16")
+    monkeypatch.setattr(precision, "native_bf16_cpu", lambda: False)
+    with pytest.warns(RuntimeWarning, match="bf16 training on this CPU will be slow") as caught:
+        he.training.finetune(model, batches, config, progress=False)
+    assert sum("bf16 training" in str(w.message) for w in caught) == 1  # once a run, not once a step
+    monkeypatch.setattr(precision, "native_bf16_cpu", lambda: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        he.training.finetune(model, batches, config, progress=False)
+        he.training.finetune(model, batches, config.with_(precision="fp32"), progress=False)
+
+
 def test_a_feature_score_of_a_prepared_model_without_detectors_says_how_to_fit_them(monkeypatch):
-    monkeypatch.setattr(inference, "native_bf16_cpu", lambda: True)
+    monkeypatch.setattr(precision, "native_bf16_cpu", lambda: True)
     prepared = prepare(fused("bert"), "bf16")
     with pytest.raises(ValueError, match="fit them with"):
         collect_scores(prepared, [make_inputs("bert")], "mds")
@@ -135,6 +151,9 @@ def test_compiled_fused_engine_has_no_graph_break_and_equals_eager(name):
         torch.testing.assert_close(logits(prepared, second), logits(model, second), atol=1e-5, rtol=0)
 
 
+NUMBERS = ("probability", "mutual_information", "ood_score")  # predict's numbers per input
+
+
 @pytest.mark.compile
 def test_predict_compiled_gives_the_same_predictions(tmp_path, capsys):
     words = ["alpha", "beta", "gamma", "delta", "omega", "sigma"]
@@ -155,4 +174,8 @@ def test_predict_compiled_gives_the_same_predictions(tmp_path, capsys):
         run = capsys.readouterr()
         rows[tuple(flags)] = [json.loads(line) for line in run.out.splitlines()]
         assert f"run: fp32, {'compiled' if flags else 'eager'}" in run.err
-    assert rows[()] == rows[("--compile",)] and len(rows[()]) == 7
+    eager, compiled = rows[()], rows[("--compile",)]
+    assert len(eager) == len(compiled) == 7
+    for a, b in zip(eager, compiled):  # the same classes and flags; the numbers, written to 6 digits, within 1e-5
+        assert {k: a[k] for k in ("input", "prediction", "ood")} == {k: b[k] for k in ("input", "prediction", "ood")}
+        assert [a[k] for k in NUMBERS] == pytest.approx([b[k] for k in NUMBERS], rel=1e-5, abs=1e-6)

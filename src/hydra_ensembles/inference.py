@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import warnings
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +32,7 @@ from torch import Tensor, nn
 from .evaluation.scores import detectors_of
 from .fusion import lay_out_for_device
 from .outputs import member_logits_of
+from .precision import warn_if_emulated_bf16
 from .predictors.load import ModelWrapper
 
 # The context each precision runs the forward pass in, by device type ("cpu", "cuda").
@@ -41,8 +40,6 @@ PRECISION_CONTEXTS: dict[str, Callable[[str], contextlib.AbstractContextManager]
     "fp32": lambda device_type: contextlib.nullcontext(),
     "bf16": lambda device_type: torch.autocast(device_type, torch.bfloat16),
 }
-# /proc/cpuinfo flags of bf16 matrix instructions: x86 AVX512-BF16 and AMX, ARM's BF16 extension
-BF16_CPU_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
 
 
 class Prepared(ModelWrapper):
@@ -95,39 +92,12 @@ def prepare(predictor: nn.Module, precision: str = "fp32", compile: bool = False
     if precision == "fp32" and not compile:
         return predictor
     device_type = next(predictor.parameters()).device.type
-    if precision == "bf16" and device_type == "cpu" and not native_bf16_cpu():
-        warnings.warn(
-            "bf16 on this CPU will be slow: it has no bf16 matrix instructions (AVX512-BF16 or AMX; ARM BF16), so "
-            "bfloat16 is emulated and runs slower than fp32. Use --precision fp32 (precision='fp32') here.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+    warn_if_emulated_bf16(precision, device_type, "inference")
     prepared = Prepared(predictor, precision, device_type).eval()
     if compile:
         prepared.compile(dynamic=True)
         prepared.compiled = True
     return prepared
-
-
-def native_bf16_cpu() -> bool:
-    """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16, AMX or ARM BF16), as torch's CPU
-    checks or the kernel's CPU flags say. Without, oneDNN emulates bf16 with fp32 instructions."""
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private: absent from some torch builds
-    if any(getattr(torch.cpu, check, lambda: False)() for check in checks):
-        return True
-    return bool(BF16_CPU_FLAGS & cpu_flags())
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
-    """The instruction-set flags of the first CPU in /proc/cpuinfo ("flags" on x86, "Features" on ARM); empty
-    where there is no such file."""
-    if not cpuinfo.exists():
-        return set()
-    for line in cpuinfo.read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return set(value.split())
-    return set()
 
 
 def describe(predictor: nn.Module) -> str:

@@ -46,6 +46,7 @@ from ..fusion import HydraEnsemble
 from ..io import batches_digest, torch_save_atomic, weights_digest
 from ..metrics import accuracy, gaussian_mixture_nll, nll
 from ..outputs import collect_member_logits, labels_of, member_outputs_of
+from ..precision import warn_if_emulated_bf16
 from ..uncertainty import ensemble_probs
 from .augment import AUGMENTATIONS
 from .losses import CrossEntropy, FeatureMSE, Forward
@@ -141,6 +142,7 @@ def train(
         if path is not None and path.exists():
             state = _resume(path, model, optimizer, schedule, identity)
         device = next(model.parameters()).device
+        warn_if_emulated_bf16(config.precision, device.type, "training")
         # unused parameters: CLIP's and SigLIP's image classifiers skip their vision tower's post-norm / pooling head
         runner = nn.parallel.DistributedDataParallel(model, find_unused_parameters=True) if is_distributed() else model
         within = state.pop("within", None)  # where a checkpoint written within an epoch stopped
