@@ -792,8 +792,8 @@ def dinov2_task(size: str = "full", pixels: int = DINOV2_PIXELS) -> Task:
 # in mixed precision (2.2x faster steps on the 2-core AMD EPYC with AVX512-BF16 it was chosen on; a CPU without bf16
 # instructions emulates it, slower than fp32, and training warns so: the Intel Xeon of 2026-11-29 took 4.7x fp32's
 # time for a bf16 matrix product; the recipe stays, its models were trained so). Circuits: the exact search would
-# take ~11 h a seed here (96 steps of ~10 min at first); the approximation below was chosen by how close its circuits come to the exact ones on DINOv2-S
-# and MiniLM (benchmarks/circuit_approx.py, docs/circuits.md)
+# take ~11 h a seed here (96 steps of ~10 min at first); the approximation below was chosen by how close its
+# circuits come to the exact ones on DINOv2-S and MiniLM (benchmarks/circuit_approx.py, docs/circuits.md)
 MPNET_CIRCUITS = dict(
     circuit_method="multi",
     circuit_top=4,
