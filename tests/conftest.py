@@ -284,12 +284,17 @@ TRAINED_BIAS = 0.02
 def at_trained_scale(name: str, seed: int = 0) -> torch.nn.Module:
     """MODELS[name](seed) at a trained model's size: linear weights scaled (TRAINED_SCALE) and every bias drawn
     (std TRAINED_BIAS)."""
-    model = MODELS[name](seed)
+    return scaled_as_trained(MODELS[name](seed), TRAINED_SCALE.get(name, 1.0), seed)
+
+
+def scaled_as_trained(model: torch.nn.Module, scale: float, seed: int = 0) -> torch.nn.Module:
+    """`model` in place at a trained model's size: its linear weights times `scale` (TRAINED_SCALE: 5 for the
+    post-norm text families, 3 for the ViTs), every bias drawn (std TRAINED_BIAS)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, torch.nn.Linear):
-                module.weight.mul_(TRAINED_SCALE.get(name, 1.0))
+                module.weight.mul_(scale)
         for parameter_name, parameter in model.named_parameters():
             if parameter_name.endswith("bias"):
                 parameter.copy_(TRAINED_BIAS * torch.randn(parameter.shape, generator=g))
