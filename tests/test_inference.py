@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 import transformers as T
-from conftest import LAYERS, MODELS, at_trained_scale, make_inputs, perturb, random_head_maps
+from conftest import LAYERS, MODELS, at_trained_scale, make_inputs, perturb, random_head_maps, scaled_as_trained
 
 import hydra_ensembles as he
 from hydra_ensembles import inference, precision
@@ -161,6 +161,7 @@ def test_predict_compiled_gives_the_same_predictions(tmp_path, capsys):
     torch.manual_seed(0)
     config = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
     base = T.BertForSequenceClassification(T.BertConfig(vocab_size=len(vocab), num_labels=3, **config)).eval()
+    base = scaled_as_trained(base, 5.0)  # at HF's init every input gets the same class and probability
     maps = [{0: [0, 1], 1: [2]}, {0: [3], 1: [0, 1, 2]}]
     model_dir = tmp_path / "hydra"
     he.HydraEnsemble.fuse(he.build_members(base, maps)).save_pretrained(model_dir)
@@ -175,7 +176,7 @@ def test_predict_compiled_gives_the_same_predictions(tmp_path, capsys):
         rows[tuple(flags)] = [json.loads(line) for line in run.out.splitlines()]
         assert f"run: fp32, {'compiled' if flags else 'eager'}" in run.err
     eager, compiled = rows[()], rows[("--compile",)]
-    assert len(eager) == len(compiled) == 7
+    assert len(eager) == len(compiled) == 7 and len({row["probability"] for row in eager}) == 7  # inputs differ
     for a, b in zip(eager, compiled):  # the same classes and flags; the numbers, written to 6 digits, within 1e-5
         assert {k: a[k] for k in ("input", "prediction", "ood")} == {k: b[k] for k in ("input", "prediction", "ood")}
         assert [a[k] for k in NUMBERS] == pytest.approx([b[k] for k in NUMBERS], rel=1e-5, abs=1e-6)

@@ -26,6 +26,7 @@ from tolerances import CONTRACT, DEFECT
 import hydra_ensembles as he
 
 PLAN = {0: [1, 3], 1: [0, 1, 2, 3], 2: [2]}  # two heads, a whole layer (placeholder head), one head
+SCORES = 1e-5  # a kept head's Taylor score, pruned against ablated (measured: equal)
 POSITION_PROJECTIONS = ("pos_key_proj", "pos_query_proj")
 HEAD_DIM = 8
 
@@ -113,9 +114,12 @@ def test_taylor_scores_follow_pruning():
     assert scores.shape == (3, HEADS) and torch.isfinite(scores).all() and (scores > 0).all()
     pruned = he.prune_heads(copy.deepcopy(model), PLAN)
     after = he.taylor_head_scores(pruned, batches, progress=False)
+    with he.ablate_heads(model, PLAN):
+        ablated = he.taylor_head_scores(model, batches, progress=False)
     for layer, heads in he.kept_heads(pruned).items():
         gone = [h for h in range(HEADS) if h not in heads]
         assert torch.isnan(after[layer, gone]).all() and torch.isfinite(after[layer, heads]).all()
+        torch.testing.assert_close(after[layer, heads], ablated[layer, heads], rtol=SCORES, atol=0)  # head by head
     sequential = he.taylor_head_scores(model, batches, sequential_budget=1, progress=False)
     torch.testing.assert_close(sequential[0], scores[0])  # layer 0 is scored before anything is pruned
 

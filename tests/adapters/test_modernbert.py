@@ -94,6 +94,11 @@ def test_taylor_scores_of_a_pruned_model_are_nan_for_its_pruned_heads():
     batches = [make_inputs("modernbert") | {"labels": torch.tensor([0, 1, 2, 1])}]
     scores = he.taylor_head_scores(model, batches, progress=False)
     assert scores[1].isnan().tolist() == [True, False, True, False] and not scores[[0, 2]].isnan().any()
+    unpruned = at_trained_scale("modernbert")
+    with he.ablate_heads(unpruned, {1: [0, 2]}):  # pruned == ablated: the kept heads' scores, head by head
+        ablated = he.taylor_head_scores(unpruned, batches, progress=False)
+    torch.testing.assert_close(scores[1, [1, 3]], ablated[1, [1, 3]], rtol=1e-5, atol=0)
+    torch.testing.assert_close(scores[[0, 2]], ablated[[0, 2]], rtol=1e-5, atol=0)
 
 
 def test_neuron_scores_are_one_per_gated_unit():
