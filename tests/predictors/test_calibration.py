@@ -183,7 +183,8 @@ def test_isotonic_regression_is_scikit_learns_one_vs_rest_then_renormalised():
 def test_a_calibrated_predictor_saves_and_loads_back_equal(tmp_path, method):
     model = P.DeepEnsemble([MODELS["bert"](seed=0), MODELS["bert"](seed=1)])
     g = torch.Generator().manual_seed(5)
-    calibrated = P.calibrate(model, torch.randn(40, 2, 3, generator=g) * 3, torch.randint(0, 3, (40,)), method)
+    fit = torch.randn(40, 2, 3, generator=g) * 3
+    calibrated = P.calibrate(model, fit, torch.randint(0, 3, (40,)), method)
     calibration_map = calibrated.calibration_map
     path = P.save_predictor(calibrated, tmp_path / method)
     loaded = P.load_predictor(path)
@@ -194,6 +195,8 @@ def test_a_calibrated_predictor_saves_and_loads_back_equal(tmp_path, method):
     inputs = make_inputs("bert")
     with torch.no_grad():
         assert torch.equal(loaded(**inputs).member_logits, calibrated(**inputs).member_logits)
+    # the whole map, not only where the tiny model's outputs fall (2 of a histogram's 15 bins)
+    assert torch.equal(loaded.calibration_map.apply(fit), calibration_map.apply(fit))
 
 
 def test_an_unknown_method_names_the_known_ones(tmp_path):
