@@ -27,4 +27,4 @@ def test_fused_dinov3_equals_its_members_at_image_sizes_other_than_the_configs(r
 def test_a_model_card_reads_an_image_size_given_as_height_and_width(tmp_path):
     model = T.DINOv3ViTModel(T.DINOv3ViTConfig(**SIZES | IMAGE | {"image_size": [16, 24]})).eval()
     card = write_card(he.prune_heads(model, {0: [1]}), tmp_path)  # its cost: a forward of a probe image
-    assert "FLOPs" in card.read_text()
+    assert "FLOPs (one input, 1x3x16x24)" in card.read_text()  # the probe as tall and wide as the config says
