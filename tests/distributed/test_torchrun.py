@@ -86,6 +86,9 @@ def test_data_parallel_fine_tuning_equals_one_process(tmp_path):
     # the recorded loss is the whole batch's, as one process records it (each rank's own mean would differ)
     history = json.loads((tmp_path / "model.json").read_text())
     assert [h["loss"] for h in history] == pytest.approx([h["loss"] for h in one_history], abs=1e-9)
+    rows = [json.loads((tmp_path / f"model.rows{r}.json").read_text()) for r in (0, 1)]
+    sizes = [4, 4, 3]  # each batch split between the two ranks, every step, in the shuffled order of each epoch
+    assert sorted(a + b for a, b in zip(*rows)) == sorted(sizes * 2) and all(n <= 2 for n in rows[0] + rows[1])
     untrained = MODELS["bert"]().double().state_dict()  # training moved the weights far beyond the bound
     assert max((one[k] - untrained[k]).abs().max().item() for k in one if one[k].is_floating_point()) > 1e4 * bound
 

@@ -54,6 +54,23 @@ def run_finetune(data: str = "same") -> torch.nn.Module:
     return finetune(model, batches, TEXT_RECIPE.with_(epochs=2, lr=1e-3, patience=None), progress=False)
 
 
+def count_rows() -> list[int]:
+    """The rows this rank trains on at each step, in order (filled as training runs): a rank that trained on the
+    whole batch would match one process as well, with data parallelism gone."""
+    from hydra_ensembles.data.loaders import batch_size
+    from hydra_ensembles.training import loop
+
+    counts, mine = [], loop._my_rows
+
+    def counting(batch):
+        share, rows = mine(batch)
+        counts.append(batch_size(rows))
+        return share, rows
+
+    loop._my_rows = counting
+    return counts
+
+
 def _finetune_skewed(model: torch.nn.Module, batches) -> torch.nn.Module:
     """Early stopping (patience 1) on validation data where rank 1 sees its NLL worsen every epoch: alone, it would
     stop after epoch 2 while rank 0 trains on, and rank 0 would wait for it in the next step's all-reduce."""
@@ -69,6 +86,7 @@ def _finetune_skewed(model: torch.nn.Module, batches) -> torch.nn.Module:
 if __name__ == "__main__":
     task, out = sys.argv[1], sys.argv[2]
     assert init_from_env("gloo") and world_size() == 2
+    rows = count_rows()
     result = run_circuit(*sys.argv[3:5]) if task == "circuit" else run_finetune(*sys.argv[3:4])
     if is_main():
         if task == "circuit":
@@ -76,6 +94,7 @@ if __name__ == "__main__":
         else:
             safetensors.torch.save_file({k: v.contiguous() for k, v in result.state_dict().items()}, out)
             Path(out).with_suffix(".json").write_text(json.dumps(result.training_history))
-    if task == "finetune":  # every rank's own history: ranks that trained alike recorded alike
+    if task == "finetune":  # every rank's own history (ranks that trained alike recorded alike) and rows
         Path(out).with_suffix(f".rank{rank()}.json").write_text(json.dumps(result.training_history))
+        Path(out).with_suffix(f".rows{rank()}.json").write_text(json.dumps(rows))
     shutdown()
