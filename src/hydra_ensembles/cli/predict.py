@@ -222,13 +222,14 @@ def predictions(
     member_logits (N, M, C), scores (N,)."""
     confidence, predicted = ensemble_probs(member_logits).max(dim=-1)
     mi = mutual_information(member_logits)
+    # MI and a score have scales of their own (a KNN distance can be 1e-5): 6 digits, not 4 decimals, or it reads as 0
     return [
         {
             "input": inputs[i],
             "prediction": names[predicted[i]],
             "probability": round(confidence[i].item(), 4),
-            "mutual_information": _significant(mi[i].item()),  # a score's scale is its own (KNN's can be 1e-5):
-            "ood_score": _significant(scores[i].item()),  # digits, not decimals, or a small one reads as 0
+            "mutual_information": _significant(mi[i].item()),
+            "ood_score": _significant(scores[i].item()),
             "ood": bool(scores[i].item() > threshold),
         }
         for i in range(len(member_logits))
