@@ -65,7 +65,7 @@ def test_amp_tables_pick_the_base_by_cost_and_compare_at_equal_size(tiny_task, t
     for table in ("sweep", "criteria", "baselines"):
         rows = seed[table]
         assert all(f"{name}, recovered" in rows for name in rows if name != "Single" and "recovered" not in name)
-        assert all(row["_seconds"] > 0 for row in rows.values())  # each row records what it cost, as the suite's
+        assert all(row["_seconds"] >= 0 for row in rows.values())  # each row records what it cost (0.1 s steps)
     curve = seed["curve"]  # every base of the sweep and the free one, each with its Hydra (Taylor)
     points = sorted({*DELTAS, seed["free_delta"]})
     assert list(curve) == ["Single", "Hydra (Taylor)"] + [

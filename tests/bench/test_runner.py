@@ -110,7 +110,7 @@ def test_a_seed_stopped_midway_resumes_at_its_first_missing_row(tmp_path):
 def test_every_row_records_where_and_when_it_was_measured(tmp_path):
     summary = runner.run(TinyTask(), table([]), [0], tmp_path / "out", tmp_path / "cache", latency_repeats=0)
     for result in summary["per_seed"][0].values():
-        assert set(result["_measured"]) == {"machine", "date"} and result["_seconds"] > 0
+        assert set(result["_measured"]) == {"machine", "date"} and result["_seconds"] >= 0  # 0.1 s steps
     assert summary["measured_on"] == {summary["machine"]: 3}
     # a row that reads the data its own way (hydra-ens evaluate: each model its tokenizer) records it too
     own = Data(_batches((5,)), far={"far": _batches((8,), False)})
