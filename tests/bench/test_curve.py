@@ -64,6 +64,10 @@ def test_the_curve_measures_every_row_on_validation_and_chooses_on_it(tiny_task,
     assert "- CircAvg vs Single: NLL" in table and "at most 1.1x Single's latency: " in table
     assert all(f"| {row} |" in table for row in curve.CURVE_ROWS) and "Chosen on validation" in table
     assert f"- at most 1.1x Single's latency: {curve.choose_by_latency(summary)['1.1']}" in table
+    assert "Chosen on validation within 1.1x Single's latency: " in table and "Latency: batch of" in table
+    # its own timing record: timing its rows must not replace the suite table's run in latency.json
+    assert (seed_dir / "curve_latency.json").is_file() and not (seed_dir / "latency.json").exists()
+    assert "no answer, not timed (" in curve.markdown(summary | {"latency": {}})  # untimed: no "none" claim
     engine_ratio = flops["Hydra (Circ)"] / flops[curve.ENGINE]
     assert "The fused rows x this engine-matched Single: Hydra (Circ), shared trunk 3/4" in table
     assert f"Hydra (Circ) {engine_ratio:.2f}x FLOPs, latency " in table
@@ -77,6 +81,10 @@ def test_the_curve_measures_every_row_on_validation_and_chooses_on_it(tiny_task,
     results = json.loads(record.read_text())
     del results["CircAvg"]["validation"]["data"]
     results["CircAvg"]["validation"]["auroc"] = 1.0
+    record.write_text(json.dumps(results))
+    logits = seed_dir / curve.TABLE_LOGITS / "CircAvg.pt"
+    assert logits.is_file() and curve.forget_stale_rows(record) == ["CircAvg"] and not logits.exists()
+    results["CircAvg"]["validation"]["auroc"] = 1.0  # and stale again, for the run to find
     record.write_text(json.dumps(results))
     third = curve.run(tiny_task, [0], tmp_path / "out3", tmp_path / "cache", progress=False, latency_repeats=1)
     assert third["validation"] == summary["validation"]
@@ -111,3 +119,31 @@ def test_one_models_price_needs_all_three_intervals_better_within_the_latency():
     # latency timed on several seeds' models: each row's mean over seeds of its median (`latency_over_seeds`)
     summary["latency"] = {row: {"mean": stats["median"], "std": 0.01, "runs": 2} for row, stats in latency.items()}
     assert curve.beats_single(summary) == ["A"]
+
+
+def test_the_answer_is_the_row_chosen_on_validation_and_other_rows_are_exploratory():
+    better = {"nll": (-0.02, -0.03, -0.01), "ece": (-0.01, -0.02, -0.005), "auroc_all": (0.02, 0.01, 0.03)}
+
+    def pair(row, **changed):
+        intervals = {k: dict(zip(("point", "low", "high"), v)) for k, v in (better | changed).items()}
+        return {"rows": [row, "Single"]} | intervals
+
+    rows = {row: {} for row in ("Single", "A", "B", "C")}
+    summary = {
+        "rows": rows,
+        "latency": {"Single": {"median": 1.0}, "A": {"median": 1.05}, "B": {"median": 1.0}, "C": {"median": 2.0}},
+        "validation": {  # B best on validation within 1.1x; C better still, but too slow
+            "Single": {"auroc": 0.80, "nll": 0.3}, "A": {"auroc": 0.81, "nll": 0.3},
+            "B": {"auroc": 0.85, "nll": 0.3}, "C": {"auroc": 0.90, "nll": 0.2},
+        },
+        "differences": {"pairs": [pair("A"), pair("B", ece=(0.01, -0.01, 0.02)), pair("C")]},
+    }  # fmt: skip
+    first, second = curve.one_model_answer(summary)
+    assert first.startswith("Chosen on validation within 1.1x Single's latency: B;") and "not better on all" in first
+    assert "ECE not separated" in first and "exploratory" in second and second.endswith(": A.")
+    summary["differences"]["pairs"][1] = pair("B")
+    assert curve.one_model_answer(summary)[0].endswith("better on NLL, ECE and all-OOD AUROC alike.")
+    summary["validation"]["Single"]["auroc"] = 0.99  # Single itself chosen: nothing cheaper to name
+    assert curve.one_model_answer(summary)[0].endswith("Single, Single itself.")
+    del summary["latency"]["C"]
+    assert curve.one_model_answer(summary) == ["At most 1.1x Single's latency: no answer, not timed (C)."]

@@ -29,7 +29,7 @@ import torch
 
 from ..evaluation import plots
 from ..evaluation.bootstrap import Interval, difference_lines, row_differences, verdict
-from ..evaluation.compare import Built
+from ..evaluation.compare import Built, row_file
 from ..evaluation.report import evaluate
 from ..evaluation.tables import CONVENTIONS, latency_ratio, render
 from ..io import read_json_record, write_json_atomic
@@ -136,7 +136,46 @@ def _summarize(task, summary: dict, seed_dirs: Mapping[int, Path]) -> dict:
     # a calibrated row also against the single model calibrated the same way
     pairs += [(row, CALIBRATED) for row in rows if row.endswith(", temp. scaling") and CALIBRATED in rows]
     differences = row_differences(seed_dirs, labels_of(task.test), pairs, logits=TABLE_LOGITS)
-    return said | {"chosen": choose(summary | said), "differences": differences}
+    compared = {tuple(pair["rows"]) for pair in differences.get("pairs", [])} if differences else set()
+    not_compared = [f"{a} vs {b}" for a, b in pairs if (a, b) not in compared]  # a seed without its logits
+    return said | {"chosen": choose(summary | said), "differences": differences, "not_compared": not_compared}
+
+
+def one_model_answer(summary: Mapping) -> list[str]:
+    """Issue 44's question, answered from validation: the row chosen on validation within `ONE_MODEL` x Single's
+    latency, and whether its paired intervals against Single are better on NLL, ECE and all-OOD AUROC alike;
+    then, read off the test intervals (exploratory: not chosen on them), any other row that is. Rows not timed
+    give no answer, and the lines say so rather than "none"."""
+    latency = summary.get("latency") or {}
+    untimed = [row for row in summary["rows"] if row not in latency]
+    if untimed:
+        return [f"At most {ONE_MODEL}x Single's latency: no answer, not timed ({', '.join(untimed)})."]
+    chosen = choose_by_latency(summary, (ONE_MODEL,))[f"{ONE_MODEL:g}"]
+    if chosen in (None, "Single", ENGINE):
+        lines = [f"Chosen on validation within {ONE_MODEL}x Single's latency: {chosen or 'no row'}, Single itself."]
+    else:
+        verdicts = _verdicts(summary, chosen)
+        said = "; ".join(f"{k} {v}" for k, v in verdicts.items()) or "not compared"
+        better = len(verdicts) == 3 and set(verdicts.values()) == {"better"}
+        lines = [
+            f"Chosen on validation within {ONE_MODEL}x Single's latency: {chosen}; against Single ({said}): "
+            + ("better on NLL, ECE and all-OOD AUROC alike." if better else "not better on all three.")
+        ]
+    others = [row for row in beats_single(summary) if row != chosen]
+    if others:
+        lines.append(
+            f"Also better than Single on all three within {ONE_MODEL}x its latency, read off the test intervals of "
+            f"every row (exploratory, not chosen: about 1 interval in 20 reads better by chance): {', '.join(others)}."
+        )
+    return lines
+
+
+def _verdicts(summary: Mapping, row: str) -> dict[str, str]:
+    """{"NLL", "ECE", "AUROC all": better | worse | not separated} of `row` against Single; {} when not compared."""
+    pairs = (summary.get("differences") or {}).get("pairs", [])
+    pair = next((p for p in pairs if p["rows"] == [row, "Single"]), None)
+    names = {"nll": "NLL", "ece": "ECE", "auroc_all": "AUROC all"}
+    return {} if pair is None else {name: verdict(k, Interval(**pair[k])) for k, name in names.items() if k in pair}
 
 
 def beats_single(summary: Mapping, latency_limit: float = ONE_MODEL) -> list[str]:
@@ -175,14 +214,14 @@ def markdown(summary: dict) -> str:
             ]
         )
     chosen = [f"- at most {limit}x Single's FLOPs: {row or 'no row'}" for limit, row in summary["chosen"].items()]
-    chosen += [
-        f"- at most {limit}x Single's latency: {row or 'no row'}" for limit, row in choose_by_latency(summary).items()
+    by_latency = choose_by_latency(summary)
+    chosen += [f"- at most {limit}x Single's latency: {row or 'no row'}" for limit, row in by_latency.items()]
+    chosen += [] if by_latency else ["- by latency: not timed"]
+    not_compared = summary.get("not_compared") or []
+    answer = [
+        *one_model_answer(summary),
+        *([f"Not compared (a seed without the row's logits): {', '.join(not_compared)}."] if not_compared else []),
     ]
-    one_model = beats_single(summary)
-    answer = (
-        f"Better than Single on NLL, ECE and all-OOD AUROC alike (the intervals above), at most {ONE_MODEL}x "
-        f"Single's latency: {', '.join(one_model) if one_model else 'none of these rows'}."
-    )
     differences = summary.get("differences")
     without = summary.get("selection_without")
     left_out = f" ({', '.join(without)}: no examples to spare, left out)" if without else ""
@@ -193,6 +232,8 @@ def markdown(summary: dict) -> str:
         f"Machine (this run): {summary['machine']}  ",
         f"Seeds: {summary['seeds']} (means over seeds)  ",
         f"Wall time: {summary['wall_time_s'] / 60:.1f} min for this run",
+        *suite.measured_on_lines(summary),
+        *suite.latency_lines(summary),
         "",
         *render(header, body, "markdown"),
         *engine_lines(summary),
@@ -207,7 +248,12 @@ def markdown(summary: dict) -> str:
         "",
         *chosen,
         "",
-        *([*difference_lines(differences), "", answer, ""] if differences else []),
+        *([*difference_lines(differences), ""] if differences else []),
+        *answer,
+        "",
+        "Not on this curve: ensembles on an AMP base (`amp-*` tasks, their free table) and members pruning fewer "
+        "heads (`--prune-per-layer`, a table of its own): each builds on another Single.",
+        "",
         *(f"- {note}" for note in summary["notes"]),
     ]
     return "\n".join(lines) + "\n"
@@ -251,6 +297,7 @@ TABLE = Table(
     summarize=_summarize,
     figures=_figure,
     timed_rows=runner.fixed({row: suite.BUILDS[row] for row in CURVE_ROWS}),  # timed without validating again
+    latency_record="curve_latency.json",  # its own: timing its rows replaced the suite table's run of fewer rows
 )
 
 
@@ -271,4 +318,6 @@ def forget_stale_rows(record: Path) -> list[str]:
     if stale:
         print(f"{record}: measuring {', '.join(stale)} again (validation numbers on older data)", flush=True)
         write_json_atomic(record, {row: result for row, result in results.items() if row not in stale})
+        for row in stale:  # their logits too: a row measured again must not be compared on the old ones
+            row_file(record.parent / TABLE_LOGITS, row).unlink(missing_ok=True)
     return stale

@@ -94,6 +94,7 @@ class Table:
     figures: Callable[[BenchTask, dict, Path, Path], None] | None = None
     timed: Callable[[Any], tuple[str, Models]] | None = None  # (latency record, models) of a seed; default: rows
     timed_rows: Rows | None = None  # the rows' builds for timing, when `rows` also measure more than the model
+    latency_record: str = "latency.json"  # where a seed's timing is kept: a table of other rows keeps its own
     latency_batch: int | None = None  # examples timed; default: the first test batch
 
     def ordered_rows(self, rows: Sequence[str] | None, known: Mapping[str, Build]) -> list[str]:
@@ -326,13 +327,14 @@ def _pieces(table: Table, run: SeedRun) -> Callable[[], Any]:
 def _latency(
     table: Table, run: SeedRun, rows: Sequence[str] | None, repeats: int, batch: Batch
 ) -> tuple[dict[str, dict], dict]:
-    """`recorded_latency` of one seed's timed models (`run`): `Table.timed`'s, or its rows' in `latency.json`."""
+    """`recorded_latency` of one seed's timed models (`run`): `Table.timed`'s, or its rows' in the table's
+    `latency_record`."""
     pieces = _pieces(table, run)
     if table.timed is not None:
         record, models = table.timed(pieces())
     else:
         known = (table.timed_rows or table.rows)(pieces)
-        record = "latency.json"
+        record = table.latency_record
         models = {row: (lambda row=row: known[row](pieces()).predictor) for row in table.ordered_rows(rows, known)}
 
     def time_now() -> dict[str, dict]:

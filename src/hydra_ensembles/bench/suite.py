@@ -824,6 +824,13 @@ def differences_lines(summary: dict) -> list[str]:
     return ["", *difference_lines(summary["differences"])] if summary.get("differences") else []
 
 
+def latency_lines(summary: Mapping) -> list[str]:
+    """The header line saying on what batch, when and where the latency column was timed; none when untimed."""
+    if not summary.get("latency_timed"):
+        return []
+    return [f"Latency: batch of {summary.get('latency_batch')}, {_timed_where(summary)}  "]
+
+
 def _timed_where(summary: dict) -> str:
     """When and where the latency column was timed: one seed's models, or each timed seed's (a spread over seeds
     timed on different machines holds the machines' difference too: said)."""
@@ -838,8 +845,7 @@ def _timed_where(summary: dict) -> str:
 
 
 def markdown(summary: dict) -> str:
-    one, batch = len(summary["seeds"]) == 1, summary.get("latency_batch")
-    latency_timed = [f"Latency: batch of {batch}, {_timed_where(summary)}  "] if summary.get("latency_timed") else []
+    one = len(summary["seeds"]) == 1
     lines = [
         f"# {summary['task']}: Hydra Ensembles vs baselines",
         "",
@@ -850,7 +856,7 @@ def markdown(summary: dict) -> str:
         + ("(one run: values without a spread)  " if one else "(mean ± std over seeds)  "),
         f"Wall time: {summary['wall_time_s'] / 60:.1f} min for this run (training compute recorded over all "
         f"runs that filled the cache: {summary['compute_s'] / 60:.1f} min)",
-        *latency_timed,
+        *latency_lines(summary),
         "",
         *table_lines(summary["rows"], summary.get("latency")),
         "",
