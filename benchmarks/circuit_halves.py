@@ -60,10 +60,13 @@ def single_model(task, size: str, seed: int, progress: bool = True, records: Pat
     return suite.Pieces(runner.SeedRun(task, seed, seed_cache, progress=progress)).single(), seed_cache
 
 
-def search_settings(task, model: nn.Module, id_batches: list[Batch], ood_batches: list[Batch], budget: int) -> dict:
-    """The task's circuit search as `extract_circuit` keywords. Method "auto" is resolved once, on the first half,
-    so that both halves run the same search (left to each, they could choose different approximations)."""
-    method, top, precision = task.circuit_method, task.circuit_top, task.circuit_precision
+def search_settings(
+    task, model: nn.Module, id_batches: list[Batch], ood_batches: list[Batch], budget: int, precision: str | None = None
+) -> dict:
+    """The task's circuit search as `extract_circuit` keywords, its candidates scored at `precision` (default: the
+    task's). Method "auto" is resolved once, on the first half, so that both halves run the same search (left to
+    each, they could choose different approximations)."""
+    method, top, precision = task.circuit_method, task.circuit_top, precision or task.circuit_precision
     if method == "auto":
         choice = auto_choice(model, id_batches, ood_batches, budget, 1800.0, top=top, precision=precision)
         method, top, precision = choice.method, choice.top, choice.precision
@@ -80,11 +83,12 @@ def halves_report(
     state_dir: Path | None = None,
     progress: bool = True,
     ood_groups: list[str] | None = None,
+    state_tag: str = "",
 ) -> dict:
     """Extract the `criterion` circuit (removing max(`first`) heads) on each half of the ID and OOD data and
     compare their first k removals for each k in `first`. `settings`: `extract_circuit` keywords (default: its
-    own); `state_dir`: where each half's search state is saved, to resume; `ood_groups`: the group of each OOD
-    example (`split_halves`)."""
+    own); `state_dir`: where each half's search state is saved, to resume, its name ending in `state_tag` (a search
+    of other settings keeps its own); `ood_groups`: the group of each OOD example (`split_halves`)."""
     budget, heads = max(first), sum(map(len, kept_heads(model).values()))
     if min(first) < 1 or budget >= heads:
         raise ValueError(f"--first: each k must be in 1..{heads - 1} (a circuit keeps at least one head), got {first}.")
@@ -93,7 +97,7 @@ def halves_report(
     for half, (id_half, ood_half) in enumerate(halves, start=1):
         if progress:
             tqdm.write(f"half {half} of 2: {_examples(id_half)} ID + {_examples(ood_half)} OOD examples")
-        state = None if state_dir is None else state_dir / f"{criterion}-half{half}-{budget}.state.json"
+        state = None if state_dir is None else state_dir / f"{criterion}-half{half}-{budget}{state_tag}.state.json"
         circuit, extraction = timed_extraction(model, id_half, ood_half, criterion, budget, settings, state, progress)
         circuits.append(circuit)
         extractions.append({"half": half} | extraction)
@@ -239,9 +243,10 @@ def write_report(report: dict, path: Path) -> None:
     write_text_atomic(path.with_suffix(".md"), render(report))
 
 
-def report_name(seed: int, criterion: str) -> str:
-    """circuit-halves, with the seed and criterion when they are not the defaults (0, avg)."""
-    return "circuit-halves" + (f"-seed{seed}" if seed else "") + ("" if criterion == "avg" else f"-{criterion}")
+def report_name(seed: int, criterion: str, tag: str = "") -> str:
+    """circuit-halves, with the seed and criterion when they are not the defaults (0, avg), and `tag` (another
+    precision than the task's)."""
+    return "circuit-halves" + (f"-seed{seed}" if seed else "") + ("" if criterion == "avg" else f"-{criterion}") + tag
 
 
 def main() -> None:
@@ -251,13 +256,20 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--first", type=int, nargs="+", default=[12, 24, 48], metavar="K")
     parser.add_argument("--criterion", choices=sorted(CRITERIA), default="avg")
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        help="the candidates' precision (default: the task's; sentiment-mpnet's bf16 is emulated, several times "
+        "slower than fp32, on a CPU without bf16 instructions); the report and search states are named for it",
+    )
     args = parser.parse_args()
     task = TASKS[args.task](args.size)
     model, seed_cache = single_model(task, args.size, args.seed)
     budget = max(args.first)
     groups = task.circuit_ood_groups
     id_first, ood_first = split_halves(task.circuit_id)[0], split_halves(task.circuit_ood, groups)[0]
-    settings = search_settings(task, model, id_first, ood_first, budget)
+    settings = search_settings(task, model, id_first, ood_first, budget, args.precision)
+    tag = f"-{args.precision}" if args.precision not in (None, task.circuit_precision) else ""
     report = halves_report(
         model,
         task.circuit_id,
@@ -267,6 +279,7 @@ def main() -> None:
         settings,
         seed_cache / "circuit_halves",
         ood_groups=groups,
+        state_tag=tag,
     )
     report |= {
         "task": task.name,
@@ -277,7 +290,7 @@ def main() -> None:
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
     }
     folder = RESULTS / (task.name + ("-quick" if args.size == "quick" else ""))
-    write_report(report, folder / report_name(args.seed, args.criterion))
+    write_report(report, folder / report_name(args.seed, args.criterion, tag))
     print(render(report))
 
 

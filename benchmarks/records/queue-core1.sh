@@ -17,8 +17,10 @@ hydra-ens bench sentiment-mpnet --seeds 0 --records $R --quiet --out benchmarks/
 # seed 1's Hydra (Taylor) (issue 39 item 6: its members 0 and 1 were done 2026-11-29); seed 2's runs in queue.sh
 # at the same time (one seed each: never one seed in both), which then renders the three-seed table
 hydra-ens bench sentiment-mpnet --seeds 1 --records $R --quiet --untimed --out /tmp/hydra-subsets/sentiment-mpnet-seed1-taylor --rows Single "Hydra (Taylor)"
-# is sentiment's circuit (60 ID + 80 OOD validation texts) the model's or the sample's? (issue 39 item 1; ~2 h)
-python benchmarks/circuit_halves.py sentiment-mpnet --seed 0 --first 12 24 48
+# is sentiment's circuit (60 ID + 80 OOD validation texts) the model's or the sample's? (issue 39 item 1). In fp32:
+# the task's bf16 candidates were ~17 s each on the Intel Xeon of 2026-11-29, which emulates bf16 (~7 h a half);
+# fp32 runs the same search several times faster there (report circuit-halves-fp32)
+python benchmarks/circuit_halves.py sentiment-mpnet --seed 0 --first 12 24 48 --precision fp32
 # (issue 39 item 7's protocol ablation runs on core 0: queue.sh)
 hydra-ens bench sentiment-mpnet --seeds 0 --records $R --quiet --cost-curve
 # issue 44: seed 0's Deep Ensembles and Hydra (Circ) distilled into students with 1 and 2 head layers (their teachers

@@ -3,6 +3,7 @@
 import json
 import random
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -148,6 +149,21 @@ def test_halves_of_doubled_data_agree_at_every_k_and_the_report_says_so(tmp_path
     assert json.loads((tmp_path / "circuit-halves.json").read_text())["agreement"] == report["agreement"]
     markdown = (tmp_path / "circuit-halves.md").read_text()
     assert f"| 4 | 1.000 | {4 / heads:.3f} |" in markdown and "removals tied" in markdown
+
+
+def test_halves_at_another_precision_than_the_tasks_keep_their_own_states_and_report(tmp_path):
+    """sentiment-mpnet scores candidates in bf16, which a CPU without bf16 instructions emulates several times
+    slower than fp32: --precision fp32 runs the same search in fp32, its states and report named apart."""
+    script, (id_batches, ood_batches), model = load_script("circuit_halves"), circuit_data(), circuit_model()
+    task = SimpleNamespace(circuit_method="multi", circuit_top=2, circuit_precision="bf16", circuit_tie_break="score")
+    assert script.search_settings(task, model, id_batches, ood_batches, 4)["precision"] == "bf16"
+    settings = script.search_settings(task, model, id_batches, ood_batches, 4, "fp32")
+    assert settings == {"method": "multi", "top": 2, "precision": "fp32", "tie_break": "score"}
+    script.halves_report(model, id_batches, ood_batches, "avg", [2], settings, tmp_path, False, state_tag="-fp32")
+    states = sorted(path.name for path in tmp_path.glob("*.state.json"))
+    assert states == [f"avg-half{half}-2-fp32.state.json" for half in (1, 2)]
+    assert script.report_name(0, "avg", "-fp32") == "circuit-halves-fp32"
+    assert script.report_name(0, "avg") == "circuit-halves"
 
 
 def test_halves_report_rejects_counts_the_circuit_cannot_remove():
