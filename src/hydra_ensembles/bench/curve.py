@@ -156,10 +156,11 @@ def one_model_answer(summary: Mapping) -> list[str]:
     else:
         verdicts = _verdicts(summary, chosen)
         said = "; ".join(f"{k} {v}" for k, v in verdicts.items()) or "not compared"
-        better = len(verdicts) == 3 and set(verdicts.values()) == {"better"}
+        answer = (
+            "better on NLL, ECE and all-OOD AUROC alike." if _better_on_all(verdicts) else "not better on all three."
+        )
         lines = [
-            f"Chosen on validation within {ONE_MODEL}x Single's latency: {chosen}; against Single ({said}): "
-            + ("better on NLL, ECE and all-OOD AUROC alike." if better else "not better on all three.")
+            f"Chosen on validation within {ONE_MODEL}x Single's latency: {chosen}; against Single ({said}): {answer}"
         ]
     others = [row for row in beats_single(summary) if row != chosen]
     if others:
@@ -178,19 +179,17 @@ def _verdicts(summary: Mapping, row: str) -> dict[str, str]:
     return {} if pair is None else {name: verdict(k, Interval(**pair[k])) for k, name in names.items() if k in pair}
 
 
+def _better_on_all(verdicts: Mapping[str, str]) -> bool:
+    return len(verdicts) == 3 and set(verdicts.values()) == {"better"}
+
+
 def beats_single(summary: Mapping, latency_limit: float = ONE_MODEL) -> list[str]:
     """The rows timed at most `latency_limit` x Single's latency (`latency_ratio`) whose paired bootstrap interval
-    against Single is "better" on NLL, ECE and all-OOD AUROC alike."""
+    against Single is "better" on NLL, ECE and all-OOD AUROC alike (`_verdicts`)."""
     latency, pairs = summary.get("latency") or {}, (summary.get("differences") or {}).get("pairs", [])
-    rows = []
-    for pair in pairs:
-        row, other = pair["rows"]
-        timed = latency.get(row)
-        if other != "Single" or timed is None or latency_ratio(timed) > latency_limit:
-            continue
-        if all(k in pair and verdict(k, Interval(**pair[k])) == "better" for k in ("nll", "ece", "auroc_all")):
-            rows.append(row)
-    return rows
+    compared = [pair["rows"][0] for pair in pairs if pair["rows"][1] == "Single"]
+    timed = [row for row in compared if row in latency and latency_ratio(latency[row]) <= latency_limit]
+    return [row for row in timed if _better_on_all(_verdicts(summary, row))]
 
 
 def markdown(summary: dict) -> str:
