@@ -72,7 +72,10 @@ def test_the_curve_measures_every_row_on_validation_and_chooses_on_it(tiny_task,
     assert "The fused rows x this engine-matched Single: Hydra (Circ), shared trunk 3/4" in table
     assert f"Hydra (Circ) {engine_ratio:.2f}x FLOPs, latency " in table
     assert (tmp_path / "out" / "cost_curve.png").stat().st_size > 5000
-    assert json.loads((tmp_path / "out" / "cost_curve.json").read_text())["chosen"] == summary["chosen"]
+    written = json.loads((tmp_path / "out" / "cost_curve.json").read_text())
+    assert written["chosen"] == summary["chosen"]  # and what the table says of the latency, as it says it
+    assert written["chosen_by_latency"] == curve.choose_by_latency(summary) and written["chosen_by_latency"]
+    assert written["answer"] == curve.one_model_answer(summary) and written["answer"][0] in table
     # rendered again from its records: nothing rebuilt, the same numbers
     again = curve.run(tiny_task, [0], tmp_path / "out2", tmp_path / "cache", progress=False, latency_repeats=1)
     assert again["validation"] == summary["validation"] and again["latency"] == summary["latency"]

@@ -192,6 +192,12 @@ def beats_single(summary: Mapping, latency_limit: float = ONE_MODEL) -> list[str
     return [row for row in timed if _better_on_all(_verdicts(summary, row))]
 
 
+def conclude(summary: Mapping) -> dict:
+    """What reads the latency column, kept in cost_curve.json as the table prints it: {"chosen_by_latency":
+    `choose_by_latency`, "answer": `one_model_answer`'s lines}."""
+    return {"chosen_by_latency": choose_by_latency(summary), "answer": one_model_answer(summary)}
+
+
 def markdown(summary: dict) -> str:
     rows, validation, latency = summary["rows"], summary["validation"], summary.get("latency") or {}
     single = rows["Single"]["flops_per_example"]["mean"]
@@ -213,12 +219,15 @@ def markdown(summary: dict) -> str:
             ]
         )
     chosen = [f"- at most {limit}x Single's FLOPs: {row or 'no row'}" for limit, row in summary["chosen"].items()]
-    by_latency = choose_by_latency(summary)
-    chosen += [f"- at most {limit}x Single's latency: {row or 'no row'}" for limit, row in by_latency.items()]
-    chosen += [] if by_latency else ["- by latency: not timed"]
+    by_latency = conclude(summary)
+    chosen += [
+        f"- at most {limit}x Single's latency: {row or 'no row'}"
+        for limit, row in by_latency["chosen_by_latency"].items()
+    ]
+    chosen += [] if by_latency["chosen_by_latency"] else ["- by latency: not timed"]
     not_compared = summary.get("not_compared") or []
     answer = [
-        *one_model_answer(summary),
+        *by_latency["answer"],
         *([f"Not compared (a seed without the row's logits): {', '.join(not_compared)}."] if not_compared else []),
     ]
     differences = summary.get("differences")
@@ -295,6 +304,7 @@ TABLE = Table(
     logits=TABLE_LOGITS,
     summarize=_summarize,
     figures=_figure,
+    conclude=conclude,
     timed_rows=runner.fixed({row: suite.BUILDS[row] for row in CURVE_ROWS}),  # timed without validating again
     latency_record="curve_latency.json",  # its own: timing its rows replaced the suite table's run of fewer rows
 )

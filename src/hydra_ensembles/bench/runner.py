@@ -21,7 +21,8 @@ measure, keep the logits and record (`evaluation.compare`); then aggregate over 
   (`records.rebuilt_notes`), rows aggregated over seeds, `per_seed`, `measured_on`, latency, times), adds
   `Table.summarize(task, summary, seed_dirs)` (which may replace any of these: AMP's holds several tables),
   the latency over the timed seeds (`latency`; `latency_per_seed` {seed: rows}; `latency_timed`: when and where,
-  {seed: that} when several seeds were timed), writes `<out>/<Table.output>.json`, `Table.markdown(summary)` as
+  {seed: that} when several seeds were timed), then `Table.conclude(summary)` (what reads the latency: the cost
+  curve's choices by it and its answer), writes `<out>/<Table.output>.json`, `Table.markdown(summary)` as
   `.md`, and calls `Table.figures(task, summary, first seed's dir, out)`. Render again by running again: recorded
   rows are read back in the table's order (the json's keys are sorted).
 """
@@ -92,6 +93,7 @@ class Table:
     logits: str = "logits"
     summarize: Callable[[BenchTask, dict, dict[int, Path]], dict] = lambda task, summary, seed_dirs: {}
     figures: Callable[[BenchTask, dict, Path, Path], None] | None = None
+    conclude: Callable[[dict], dict] = lambda summary: {}  # added last, once the latency is in the summary
     timed: Callable[[Any], tuple[str, Models]] | None = None  # (latency record, models) of a seed; default: rows
     timed_rows: Rows | None = None  # the rows' builds for timing, when `rows` also measure more than the model
     latency_record: str = "latency.json"  # where a seed's timing is kept: a table of other rows keeps its own
@@ -246,6 +248,7 @@ def run(
         at = {seed: when for seed, (_, when) in timed.items()}  # {date, machine}; one seed's alone (the suite's)
         summary["latency_timed"] = at if len(at) > 1 else at[latency_seeds[0]]
         summary["latency_batch"] = batch_size(batch)
+    summary |= table.conclude(summary)
     summary["wall_time_s"] = round(time.perf_counter() - started, 1)
     write_json_atomic(out_dir / f"{table.output}.json", summary)
     write_text_atomic(out_dir / f"{table.output}.md", table.markdown(summary))
