@@ -293,6 +293,25 @@ def _pixels255(x: torch.Tensor) -> set[bytes]:
     return {hashlib.sha1(row.numpy().tobytes()).digest() for row in (x * 255).round().to(torch.uint8)}
 
 
+def test_the_image_splits_share_no_image_by_content(memoised_images):
+    """The splits are drawn by index: an image stored twice in a source, or in two sources, would still leak
+    between them. `_assert_disjoint` checks the quick task's batches; this, the full size the tables use, with
+    the 12-layer task's OOD validation (20 a source), on the images before encoding: no image (its exact pixels)
+    is in two parts, nor twice in one: ID train / val / test, the circuits' OOD validation, each OOD test set and
+    each selection part."""
+    splits = tasks.image_splits(False, 20)
+    parts = {"train": splits.train[0], "val": splits.val[0], "test": splits.test[0], "circuit OOD": splits.circuit_ood}
+    parts |= {f"{name} test": x for name, x in (splits.near | splits.far).items()}
+    parts |= {f"{name} selection": x for name, x in splits.selection_ood.items()}
+    seen: dict[bytes, str] = {}
+    for part, x in parts.items():
+        for row in x:
+            digest = hashlib.sha1(row.contiguous().numpy().tobytes()).digest()
+            assert digest not in seen, f"an image of {part} is also in {seen[digest]}"
+            seen[digest] = part
+    assert len(seen) == sum(len(x) for x in parts.values()) > 10_000
+
+
 def test_lit_pairs_caption_the_training_images_only_and_leave_the_held_out_class_out(memoised_images):
     splits = tasks.image_splits(False, 9)  # the zero-shot task's
     x, y, names = two_tower.lit_pairs(splits, ("bag",))
