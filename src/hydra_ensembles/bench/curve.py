@@ -219,15 +219,15 @@ def markdown(summary: dict) -> str:
             ]
         )
     chosen = [f"- at most {limit}x Single's FLOPs: {row or 'no row'}" for limit, row in summary["chosen"].items()]
-    by_latency = conclude(summary)
+    concluded = conclude(summary)
     chosen += [
         f"- at most {limit}x Single's latency: {row or 'no row'}"
-        for limit, row in by_latency["chosen_by_latency"].items()
+        for limit, row in concluded["chosen_by_latency"].items()
     ]
-    chosen += [] if by_latency["chosen_by_latency"] else ["- by latency: not timed"]
+    chosen += [] if concluded["chosen_by_latency"] else ["- by latency: not timed"]
     not_compared = summary.get("not_compared") or []
     answer = [
-        *by_latency["answer"],
+        *concluded["answer"],
         *([f"Not compared (a seed without the row's logits): {', '.join(not_compared)}."] if not_compared else []),
     ]
     differences = summary.get("differences")
