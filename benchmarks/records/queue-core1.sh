@@ -22,6 +22,10 @@ hydra-ens bench sentiment-mpnet --seeds 1 --records $R --quiet --untimed --out /
 # fp32 runs the same search several times faster there (report circuit-halves-fp32)
 python benchmarks/circuit_halves.py sentiment-mpnet --seed 0 --first 12 24 48 --precision fp32
 # (issue 39 item 7's protocol ablation runs on core 0: queue.sh)
+# issue 41 (moved here from queue.sh, 2026-11-30: hours here, where sentiment's cost curve is days on a CPU that
+# emulates bf16): BatchEnsemble and OBA on a text task (BBC, MiniLM), three seeds; Hydra (Circ) of seeds 1-2 after
+hydra-ens bench text --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ensembles" BatchEnsemble OBA
+hydra-ens bench text --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ensembles" "Hydra (Circ)" BatchEnsemble OBA
 hydra-ens bench sentiment-mpnet --seeds 0 --records $R --quiet --cost-curve
 # issue 44: seed 0's Deep Ensembles and Hydra (Circ) distilled into students with 1 and 2 head layers (their teachers
 # are this cache's; distill-* keeps no records, so a line runs to its end on one machine or resumes from its cache)

@@ -61,9 +61,7 @@ hydra-ens bench distill-image-dinov2 --seeds 0 --quiet
 hydra-ens bench distill-image-dinov2 --seeds 0 --quiet --head-layers 2
 # issue 44: the AMP base (paper 002) of seed 0's Single at one model's FLOPs, with Single and Hydra on it
 hydra-ens bench amp-image-dinov2 --seeds 0 --records $R --quiet --tables free
-# issue 41: BatchEnsemble and OBA on a text task (BBC, MiniLM), three seeds; Hydra (Circ) of seeds 1-2 after
-hydra-ens bench text --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ensembles" BatchEnsemble OBA
-hydra-ens bench text --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ensembles" "Hydra (Circ)" BatchEnsemble OBA
+# issue 41's text rows (BBC, MiniLM): queue-core1.sh
 # every row of issue 39's table on three seeds, then the full tables
 hydra-ens bench image-dinov2 --seeds 0 1 2 --records $R --quiet --latency-seeds 2 --rows Single "Single, trained as long" "Deep Ensembles" Taylor CircAvg "Hydra (Taylor)" "Hydra (Circ)" "Hydra (Circ), fused then fine-tuned" "Temp. scaling" "Hydra (Circ), temp. scaling" BatchEnsemble
 hydra-ens bench image-dinov2 --seeds 0 1 2 --records $R --quiet --latency-seeds 2
