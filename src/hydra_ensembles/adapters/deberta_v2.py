@@ -27,8 +27,6 @@ from functools import partial
 
 import torch
 from torch import Tensor, nn
-from transformers.activations import ACT2FN
-from transformers.models.deberta_v2.modeling_deberta_v2 import build_relative_position
 
 from .base import Adapter, Block, InputConv, Inputs, LayerAttention, LayerNames, ModelSpec
 
@@ -92,6 +90,8 @@ class DebertaV2Adapter(Adapter):
         conv = self.backbone(model).encoder.conv
         if index != 0 or conv is None:
             return block
+        from transformers.activations import ACT2FN  # here, not at import: it loads HF's modeling stack (~1 s)
+
         block.input_conv = InputConv(conv.conv, conv.LayerNorm, ACT2FN[conv.conv_act], CONV_PATH)
         return block
 
@@ -113,6 +113,8 @@ class DebertaV2Adapter(Adapter):
         terms = _position_terms(config)
         if not (config.relative_attention and terms):
             return [LayerAttention(mask)] * config.num_hidden_layers
+        from transformers.models.deberta_v2.modeling_deberta_v2 import build_relative_position  # as ACT2FN
+
         encoder = backbone.encoder
         span = encoder.position_buckets if encoder.position_buckets > 0 else encoder.max_relative_positions  # S
         tokens = encoder.rel_embeddings.weight.new_empty(seq_len, 0)  # build_relative_position reads T only

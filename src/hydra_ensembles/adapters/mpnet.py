@@ -6,7 +6,7 @@ MPNetModel keeps its layers in `encoder.layer`; each has `attention.attn.{q,k,v,
 per forward and adds that same tensor to every layer's attention scores.
 
 So a layer that lost heads must read only its kept heads' planes of the shared bias: pruning swaps the layer's
-self-attention for `PrunedMPNetSelfAttention`, which holds the original indices of its kept heads. The fused
+self-attention for a `PrunedMPNetSelfAttention`, which holds the original indices of its kept heads. The fused
 engine carries the bias the same way (`attention_bias`: one plane per original head, gathered per member and
 layer). The all-mpnet-base-v2 checkpoint (see `hydra_ensembles.bench.pretrained`) is an MPNetModel.
 """
@@ -14,10 +14,10 @@ layer). The all-mpnet-base-v2 checkpoint (see `hydra_ensembles.bench.pretrained`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 
 import torch
 from torch import Tensor, nn
-from transformers.models.mpnet.modeling_mpnet import MPNetSelfAttention
 
 from .base import Adapter, Inputs, LayerNames, ModelSpec
 
@@ -31,7 +31,7 @@ def _classifier(model: nn.Module, hidden: Tensor, inputs: Inputs) -> Tensor:
     return model.classifier(hidden)  # MPNetClassificationHead reads the <s> token itself -> (B, C)
 
 
-class PrunedMPNetSelfAttention(MPNetSelfAttention):
+class _KeptHeadsBias:
     """MPNet self-attention after head pruning: it adds only its kept heads' planes of the shared position bias.
 
     `kept_heads` (a plain list: no tensor to place or save) holds the original indices of the heads this layer
@@ -44,6 +44,25 @@ class PrunedMPNetSelfAttention(MPNetSelfAttention):
         if position_bias is not None:
             position_bias = position_bias[:, self.kept_heads]  # (B, H, T, T) -> (B, kept, T, T)
         return super().forward(hidden_states, attention_mask, position_bias, output_attentions, **kwargs)
+
+
+@cache
+def pruned_attention_class(attention_class: type[nn.Module]) -> type[nn.Module]:
+    """`attention_class` (HF's MPNetSelfAttention or a subclass) with `_KeptHeadsBias`'s forward, made once per
+    class: built on first use, so importing hydra-ensembles does not load HF's MPNet modeling code."""
+    if issubclass(attention_class, _KeptHeadsBias):
+        return attention_class
+    name = f"Pruned{attention_class.__name__}"
+    return type(name, (_KeptHeadsBias, attention_class), {"__module__": __name__, "__qualname__": name})
+
+
+def __getattr__(name: str) -> type[nn.Module]:
+    """`PrunedMPNetSelfAttention`, for pickle and for imports by name (made on first access, as above)."""
+    if name == "PrunedMPNetSelfAttention":
+        from transformers.models.mpnet.modeling_mpnet import MPNetSelfAttention
+
+        return pruned_attention_class(MPNetSelfAttention)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class MPNetAdapter(Adapter):
@@ -99,6 +118,6 @@ class MPNetAdapter(Adapter):
             )
         super().set_projections(layer, projections, num_heads, kept)
         attention = layer.get_submodule(self.layer_names.attention)
-        attention.__class__ = PrunedMPNetSelfAttention
+        attention.__class__ = pruned_attention_class(type(attention))
         heads = list(kept) if kept else [0]  # a placeholder head (all-zero weights) reads any plane: it adds 0
         attention.kept_heads = heads
