@@ -326,12 +326,14 @@ def test_a_circuit_search_that_fits_no_time_budget_is_refused_before_it_starts(t
     # the fastest removes 8 heads per step (in bf16 only where bf16 measured faster than fp32 on this CPU)
     assert "no circuit search fits the time budget of 0.001 s" in message and "the fastest, multi-8" in message
     assert "`--time-budget 1m`" in message and not (tmp_path / "none" / "circuit_state.json").exists()
-    few = tmp_path / "few"
+    assert "circuit_state.json.probe.json': a rerun with this state_path (the CLI: the same --out)" in message
+    few = tmp_path / "none"  # the same --out: its kept probe plans the rerun, though the new setting clears the rest
     hydra_ens(*args, "--max-examples", "3", "--out", str(few))
     record = json.loads((few / "hydra-ens.json").read_text())
     assert record["settings"]["max_examples"] == 3 and record["results"]["timing"]["chose"] == "exact"
     circuit = json.loads((few / "circuit.json").read_text())
     assert circuit["timing"]["predicted_s"] > 0 and circuit["timing"]["measured_s"] > 0
+    assert circuit["timing"]["probe_s"] == 0 and "the probe of the run refused for time" in circuit["note"]
 
 
 def test_amp_refuses_settings_that_prune_nothing_before_the_step_starts(tmp_path, classifier, text_files):

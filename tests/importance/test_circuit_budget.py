@@ -95,8 +95,25 @@ def test_when_nothing_fits_it_refuses_before_any_step_and_names_what_fits(fake_t
     assert "`--max-examples 12` (max_examples=12: multi-8-bf16 on at most 12 ID and 12 OOD examples" in message
     assert "`--time-budget 1m`" in message and "--method" not in message
     assert counting.calls == 0 and not state.exists()  # no step began
-    fitted = _extract(fake_time, time_budget=10, max_examples=12)  # what it offered does fit, auto choosing again
-    assert fitted.timing["measured_s"] <= 10
+    # but the probe is kept for the rerun, and the message says where
+    probe = tmp_path / "state.json.probe.json"
+    assert f"The probe's timing is kept in {str(probe)!r}" in message and probe.exists()
+    # what it offered does fit, auto choosing again from the kept probe: no time spent probing
+    fitted = _extract(fake_time, time_budget=10, max_examples=12, state_path=state)
+    assert fitted.timing["measured_s"] <= 10 and fitted.timing["probe_s"] == 0
+    assert fitted.timing["per_candidate_s"] == pytest.approx({"fp32": 0.5, "bf16": 0.25})  # 24 of 48 examples
+    assert f"the probe of the run refused for time, {probe}" in fitted.note
+    # without it, the same costs after 6.5 s of probes, which the budget counts: the coarsest search fits the time
+    # left, where the kept probe left room for a finer one
+    probed = _extract(fake_time, time_budget=10, max_examples=12)
+    assert probed.timing["per_candidate_s"] == pytest.approx(fitted.timing["per_candidate_s"])
+    assert probed.timing["probe_s"] == pytest.approx(6.5)
+    assert (probed.search, fitted.search) == ("multi-8-bf16", "multi-2-bf16")
+    # a probe kept for other weights is not read
+    kept = json.loads(probe.read_text())
+    (tmp_path / "other.json.probe.json").write_text(json.dumps(kept | {"model": "another model"}))
+    other = _extract(fake_time, time_budget=10, max_examples=12, state_path=tmp_path / "other.json")
+    assert other.timing["probe_s"] == pytest.approx(6.5) and other.search == "multi-8-bf16"
 
 
 def test_a_search_that_falls_behind_runs_its_remaining_removals_coarser_and_says_so(fake_time, tmp_path):

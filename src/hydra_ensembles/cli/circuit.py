@@ -11,12 +11,13 @@ for the image tower alone), scored on zero-shot logits; `members --circuit` then
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..importance import extract_circuit, extract_joint_circuit
 from ..importance.circuit import CRITERIA, METHODS
-from ..importance.circuit.budget import TimeBudgetExceeded, subsample
+from ..importance.circuit.budget import TimeBudgetExceeded, probe_path, subsample
 from ..importance.circuit.record import say_ties
-from ..io import without_late_defaults
+from ..io import without_late_defaults, write_text_atomic
 from ..predictors import TwoTowerModel, ZeroShotEnsemble, model_config
 from ..predictors.classifier import prompt_tokenizer
 from ..predictors.clip_zero_shot import prompt_batches
@@ -137,9 +138,12 @@ def run(args: argparse.Namespace) -> int:
         "zero_shot": vars(zero_shot_options(args)),
         **data_settings(args),
     }
-    out = start_step(args, "circuit", settings, "circuit.json")
+    kept_probe = _kept_probe(Path(args.out))  # a run refused for time kept its probe; a new --max-examples clears
+    out = start_step(args, "circuit", settings, "circuit.json")  # the directory, so carry it over
     if out is None:
         return 0
+    if kept_probe is not None:
+        write_text_atomic(probe_path(out.path / "circuit_state.json"), kept_probe)
     model = classifier_at(model_dir, zero_shot=zero_shot_options(args)).to(device)
     config = model_config(model)
     id_data = read_data(args, args.data, model_dir, config, labelled=True, flag="--data")
@@ -172,6 +176,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"search: {circuit.note}")
     extra = {"note": circuit.note, "timing": circuit.timing}
     return _finish(args, out, circuit, extra, "heads", "(layer, head)", 12)
+
+
+def _kept_probe(out: Path) -> str | None:
+    """The probe a search refused for time kept in `out` (`budget.save_probe`: it names the weights it timed, and
+    a search reads it only for those), or None."""
+    probe = probe_path(out / "circuit_state.json")
+    return probe.read_text() if probe.is_file() else None
 
 
 def _joint(args, out, model_dir, model, id_data, ood_data, state) -> int:

@@ -9,22 +9,27 @@ step is what keeps the budget.
 
 `plan_search` picks the most accurate search of `ladder` predicted to fit, or raises before any real work,
 naming what does fit: a subsample of the validation data (`--max-examples`, sized from the measured per-example
-cost) or the coarsest search. During the search, `Pace` compares the measured with the predicted time after every
-step and, once the remaining removals would overrun the budget at the measured pace, switches them to the most
-accurate coarser search that fits — a warning says so, and the circuit records from which removal; when none
-fits, the search stops after the step, its state saved, and `TimeBudgetExceeded` says what finishes it. We
-fall back before we stop: the removals already made keep their meaning (the coarser search continues the same greedy
-ranking from the same removed heads, as `multi` and bf16 always do), and the first removals, which decide the
-members' heads, stay as exact as the budget allowed.
+cost) or the coarsest search. A refused search keeps its probe beside its state file (`save_probe`), so the rerun
+on a subsample or with more time plans from it rather than probing again (minutes on a 12-layer model).
+During the search, `Pace` compares the measured with the predicted time after every step and, once the remaining
+removals would overrun the budget at the measured pace, switches them to the most accurate coarser search that fits
+— a warning says so, and the circuit records from which removal; when none fits, the search stops after the step,
+its state saved, and `TimeBudgetExceeded` says what finishes it. We fall back before we stop: the removals already
+made keep their meaning (the coarser search continues the same greedy ranking from the same removed heads, as
+`multi` and bf16 always do), and the first removals, which decide the members' heads, stay as exact as the budget
+allowed.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -32,6 +37,7 @@ from torch import nn
 from ...data.loaders import TARGETS, Batch, per_example, rebatch
 from ...data.loaders import batch_size as examples_in
 from ...distributed import gather_dict, is_main, world_size
+from ...io import write_json_atomic
 from ...pruning import kept_heads
 from .methods import Choice
 from .scoring import FastScorer
@@ -73,6 +79,7 @@ class Costs:
         self.probe, self.examples = probe, examples
         self.per_candidate: dict[str, float] = dict(known or {})
         self.probe_s = 0.0
+        self.reused: str | None = None  # the file of a refused run's probe these costs came from, if any
 
     def per(self, precision: str) -> float:
         if precision not in self.per_candidate:
@@ -100,6 +107,31 @@ def costs_of(
     """The costs of searching `model`'s heads on these examples, each precision probed when first asked for."""
     examples = (sum(map(examples_in, id_batches)), sum(map(examples_in, ood_batches)))
     return Costs(prober(model, id_batches, ood_batches, batch_size, clock), examples)
+
+
+def probe_path(state_path: str | os.PathLike) -> Path:
+    """Where a search refused for time keeps its probe: beside its state file."""
+    return Path(f"{state_path}.probe.json")
+
+
+def save_probe(path: Path, costs: Costs, model_digest: str, batch_size: int) -> None:
+    """Keep what the probes measured, per example (a rerun may read another number of examples), for this model,
+    batch size and number of processes."""
+    per_example = {precision: s / sum(costs.examples) for precision, s in costs.per_candidate.items()}
+    identity = {"model": model_digest, "batch_size": batch_size, "world_size": world_size()}
+    write_json_atomic(path, identity | {"per_example_s": per_example})
+
+
+def reuse_probe(path: Path, costs: Costs, model_digest: str, batch_size: int) -> None:
+    """Take a refused run's probe (`save_probe`) into `costs` if it was measured for this model, batch size and
+    number of processes; otherwise leave `costs` to probe."""
+    if not path.exists():
+        return
+    saved = json.loads(path.read_text())
+    if [saved.get(key) for key in ("model", "batch_size", "world_size")] != [model_digest, batch_size, world_size()]:
+        return
+    costs.per_candidate = {precision: s * sum(costs.examples) for precision, s in saved["per_example_s"].items()}
+    costs.reused = str(path)
 
 
 def prober(model, id_batches, ood_batches, batch_size: int, clock: Clock) -> Callable[[str], tuple[float, float]]:
@@ -151,7 +183,11 @@ class Plan:
         return self.rungs[names.index(choice.name) + 1 :] if choice.name in names else []
 
     def note(self) -> str:
-        probe = "a saved probe (resumed)" if self.resumed else f"a {self.probe_s:.1f}-s probe, counted in the budget"
+        probe = f"a {self.probe_s:.1f}-s probe, counted in the budget"
+        if self.resumed:
+            probe = "a saved probe (resumed)"
+        elif self.costs.reused and not self.probe_s:
+            probe = f"the probe of the run refused for time, {self.costs.reused}"
         return (
             f"{self.choice.name} predicted at {self.predicted_s / 60:.1f} min of the {_duration(self.time_budget)} "
             f"budget (from {probe}; the most accurate search that fits)"

@@ -40,7 +40,19 @@ from ...data.loaders import Batch, materialize
 from ...distributed import barrier, check_same_on_every_rank, gather_dict, is_main, shard, world_size
 from ...io import batches_digest, weights_digest, write_json_atomic
 from ...pruning import HeadMap, kept_heads
-from .budget import Clock, Pace, Plan, TimeBudgetExceeded, costs_of, plan_search, probe_seconds, subsample
+from .budget import (
+    Clock,
+    Pace,
+    Plan,
+    TimeBudgetExceeded,
+    costs_of,
+    plan_search,
+    probe_path,
+    probe_seconds,
+    reuse_probe,
+    save_probe,
+    subsample,
+)
 from .criteria import CRITERIA, TIE_BREAKS, CircuitCriterion
 from .methods import METHODS, Choice
 from .record import CircuitRecord, head_map_from_json, say_ties
@@ -223,7 +235,18 @@ def extract_circuit(
         plan = (
             Plan.from_state(saved["plan"], costs, time_budget)
             if "plan" in saved
-            else plan_search(costs, len(candidates), budget, time_budget, elapsed_shared, top, precision)
+            else _plan(
+                costs,
+                len(candidates),
+                budget,
+                time_budget,
+                elapsed_shared,
+                top,
+                precision,
+                state_path,
+                model,
+                batch_size,
+            )
         )
         if progress and is_main():
             tqdm.write(f"circuit search: {plan.note()}")
@@ -503,6 +526,25 @@ def _identity(model: nn.Module, id_batches: list[Batch], ood_batches: list[Batch
         "model": weights_digest(model),
         "data": batches_digest(id_batches + ood_batches),
     }
+
+
+def _plan(costs, candidates, budget, time_budget, elapsed, top, precision, state_path, model, batch_size) -> Plan:
+    """`plan_search`, from the probe a refused run kept beside `state_path` if there is one for this model; when
+    nothing fits, the probe is kept there for the rerun (the message says so)."""
+    probe_file = probe_path(state_path) if state_path is not None else None
+    if probe_file is not None:
+        reuse_probe(probe_file, costs, weights_digest(model), batch_size)
+    try:
+        return plan_search(costs, candidates, budget, time_budget, elapsed, top, precision)
+    except ValueError as refused:
+        if probe_file is None:
+            raise
+        if is_main():
+            save_probe(probe_file, costs, weights_digest(model), batch_size)
+        raise ValueError(
+            f"{refused} The probe's timing is kept in {str(probe_file)!r}: a rerun with this state_path "
+            "(the CLI: the same --out) plans from it."
+        ) from None
 
 
 def _known_entry(entry: list) -> tuple[tuple, Value]:
