@@ -18,6 +18,7 @@ import hydra_ensembles as he
 from hydra_ensembles import inference, precision
 from hydra_ensembles.cli import main
 from hydra_ensembles.evaluation.scores import collect_scores
+from hydra_ensembles.fusion import layer as fusion_layer
 from hydra_ensembles.inference import Prepared, prepare
 from hydra_ensembles.outputs import member_logits_of
 from hydra_ensembles.precision import cpu_flags
@@ -72,10 +73,27 @@ def test_bf16_stays_within_the_derived_bound_and_moves_the_logits(name, monkeypa
     reference = logits(model, inputs)
     prepared = prepare(model, "bf16")
     assert isinstance(prepared, Prepared) and inference.describe(prepared) == "bf16, eager"
+    norms = _norm_dtypes(monkeypatch)
     error = (logits(prepared, inputs) - reference).abs().max().item() / reference.abs().max().item()
     bound = bf16_bound(LAYERS)
     assert 0 < error < bound / 4, (error, bound)  # > 0: bf16 ran; a quarter of the bound: a first-order margin
+    # autocast, not a bf16 copy (which would pass the bound too: 0.007 against 0.059): the norms, which the bound
+    # assumes exact, read fp32 inputs and weights and return fp32
+    assert norms == {(torch.float32, torch.float32, torch.float32)}, norms
     assert torch.equal(logits(model, inputs), reference)  # the predictor itself is left in fp32
+
+
+def _norm_dtypes(monkeypatch) -> set[tuple[torch.dtype, ...]]:
+    """Filled, as the fused engine runs, with each layer norm's (input, weight, output) dtypes."""
+    seen, norm = set(), fusion_layer.grouped_layer_norm
+
+    def recorded(x, weight, bias, eps):
+        normed = norm(x, weight, bias, eps)
+        seen.add((x.dtype, weight.dtype, normed.dtype))
+        return normed
+
+    monkeypatch.setattr(fusion_layer, "grouped_layer_norm", recorded)
+    return seen
 
 
 def test_every_predictor_hands_back_fp32_logits_under_bf16(monkeypatch):
