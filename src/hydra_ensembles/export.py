@@ -61,19 +61,21 @@ class ModelGraph(nn.Module):
         return self.adapter.output(self.model, inputs)[:, None]  # (B, 1, C|D)
 
 
-# What each exportable predictor is traced as; the first entry the predictor is an instance of wins.
-GRAPHS: dict[type, type[nn.Module]] = {HydraEnsemble: FusedGraph, transformers.PreTrainedModel: ModelGraph}
+def graphs() -> dict[type, type[nn.Module]]:
+    """What each exportable predictor is traced as; the first entry the predictor is an instance of wins. (A
+    function: `transformers.PreTrainedModel` loads HF's modeling code, seconds that a CLI's --help need not pay.)"""
+    return {HydraEnsemble: FusedGraph, transformers.PreTrainedModel: ModelGraph}
 
 
 def graph_of(predictor: nn.Module) -> nn.Module:
     """The module that is traced for `predictor` (its train/eval modes untouched: `export_program` traces it in
     eval mode and gives the modes back)."""
-    for kind, graph in GRAPHS.items():
+    for kind, graph in graphs().items():
         if isinstance(predictor, kind):
             return graph(predictor)
     raise ValueError(
         f"cannot export a {type(predictor).__name__}: export takes a fused Hydra Ensemble or one Hugging Face model "
-        f"({', '.join(k.__name__ for k in GRAPHS)}). Export the model a wrapper is built on and apply the wrapper "
+        f"({', '.join(k.__name__ for k in graphs())}). Export the model a wrapper is built on and apply the wrapper "
         "(e.g. temperature) to the graph's logits."
     )
 

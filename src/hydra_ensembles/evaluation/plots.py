@@ -5,29 +5,38 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from functools import cache
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import torch
+from torch import Tensor
 
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from torch import Tensor  # noqa: E402
+from ..metrics import augrc, aurc
+from ..metrics.aurc import confidence_and_error, risk_coverage_points
+from ..metrics.ece import bin_index
+from ..uncertainty import decompose, ensemble_probs
+from .ood import OOD_SCORES
+from .tables import latency_ratio
 
-from ..metrics import augrc, aurc  # noqa: E402
-from ..metrics.aurc import confidence_and_error, risk_coverage_points  # noqa: E402
-from ..metrics.ece import bin_index  # noqa: E402
-from ..uncertainty import decompose, ensemble_probs  # noqa: E402
-from .ood import OOD_SCORES  # noqa: E402
-from .tables import latency_ratio  # noqa: E402
+
+@cache
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend (files only, no display), imported when the first figure is drawn:
+    most of a second that commands drawing nothing (and `hydra-ens --help`) need not pay."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def reliability_diagram(
     curves: Mapping[str, tuple[Tensor, Tensor]], path: str | os.PathLike, bins: int = 15, title: str = "Reliability"
 ) -> Path:
     """Accuracy against confidence in `bins` equal-width bins, one panel per model: {name: (probs, labels)}."""
-    fig, axes = plt.subplots(1, len(curves), figsize=(3.2 * len(curves), 3.2), squeeze=False, sharey=True)
+    fig, axes = _pyplot().subplots(1, len(curves), figsize=(3.2 * len(curves), 3.2), squeeze=False, sharey=True)
     edges = np.linspace(0, 1, bins + 1)
     for ax, (name, (probs, labels)) in zip(axes[0], curves.items()):
         confidence, prediction = probs.double().max(dim=1)
@@ -73,7 +82,7 @@ def ood_histograms(
     title: str = "OOD scores",
 ) -> Path:
     """Histograms of an OOD score ("higher = more OOD"), one panel per model: {model: {"ID": s, "near": s, ...}}."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.0), squeeze=False)
+    fig, axes = _pyplot().subplots(1, len(panels), figsize=(3.6 * len(panels), 3.0), squeeze=False)
     for ax, (name, groups) in zip(axes[0], panels.items()):
         values = np.concatenate([g.double().numpy() for g in groups.values()])
         low, high = values.min(), values.max()
@@ -97,7 +106,7 @@ def risk_coverage(
     line per model: {name: (probs (N, C), labels (N,))}. A point per distinct confidence threshold, joined by
     straight lines as the trapezoid areas AURC and AUGRC (`metrics.aurc`, `metrics.augrc`) read them; the areas are
     in the legend."""
-    fig, (selective, generalized) = plt.subplots(1, 2, figsize=(8.4, 3.4))
+    fig, (selective, generalized) = _pyplot().subplots(1, 2, figsize=(8.4, 3.4))
     for name, (probs, labels) in curves.items():
         confidence, error = confidence_and_error(probs, labels)
         coverage, errors, accepted = risk_coverage_points(confidence, error)
@@ -119,7 +128,7 @@ def shift_curves(
 ) -> Path:
     """One metric against shift severity (0 = clean), one line per model: {model: {severity: value}} (the mean over
     the shifts, `shift.mean_over_shifts`)."""
-    fig, ax = plt.subplots(figsize=(4.4, 3.2))
+    fig, ax = _pyplot().subplots(figsize=(4.4, 3.2))
     for name, points in series.items():
         severities = sorted(points)
         ax.plot(severities, [points[s] for s in severities], marker="o", label=name)
@@ -131,7 +140,7 @@ def shift_curves(
 
 def head_heatmap(maps: Mapping[str, Tensor], path: str | os.PathLike, title: str = "Head importance") -> Path:
     """Layer x head heatmaps (like the paper's Fig. 7), one per map: {name: (L, H) scores}; NaN = pruned."""
-    fig, axes = plt.subplots(1, len(maps), figsize=(4.2 * len(maps), 3.2), squeeze=False)
+    fig, axes = _pyplot().subplots(1, len(maps), figsize=(4.2 * len(maps), 3.2), squeeze=False)
     for ax, (name, scores) in zip(axes[0], maps.items()):
         data = np.ma.masked_invalid(scores.double().numpy())
         image = ax.imshow(data, aspect="auto", cmap="viridis", interpolation="nearest")
@@ -147,7 +156,7 @@ def sweep_figure(summary: Mapping, path: str | os.PathLike) -> Path:
     CircAvg, zero-shot (dashed) and fine-tuned (solid), Single as a grey line. `summary`: `bench.suite.head_sweep`."""
     rows, budgets = summary["rows"], summary["budgets"]
     metrics = (("Accuracy", "id.acc"), ("AUROC, all OOD", "all.auroc"), ("FPR95, all OOD", "all.fpr95"))
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.2))
+    fig, axes = _pyplot().subplots(1, len(metrics), figsize=(4 * len(metrics), 3.2))
     for ax, (title, key) in zip(axes, metrics):
         if key in rows.get("Single", {}):
             ax.axhline(100 * rows["Single"][key]["mean"], color="grey", lw=1, label="Single")
@@ -175,7 +184,7 @@ def cost_curve(summary: Mapping, path: str | os.PathLike, title: str = "Cost and
         for row, stats in rows.items()
     }
     panels = (("AUROC, all OOD (%)", "all.auroc", 100), ("NLL", "id.nll", 1))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8))
+    fig, axes = _pyplot().subplots(1, len(panels), figsize=(5 * len(panels), 3.8))
     for ax, (label, key, scale) in zip(axes, panels):
         for row, stats in rows.items():
             if key in stats:
@@ -194,7 +203,7 @@ def _save(fig, path: str | os.PathLike) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _pyplot().close(fig)
     return path
 
 
@@ -228,7 +237,7 @@ def uncertainty_maps(
     2-D input grid, one column per model, training points on top. grid_logits: {model: member logits
     (R*R, M, C) on an R x R grid over [-extent, extent]^2, rows y ascending}; points: inputs (N, 2), labels (N,)."""
     parts = ("total", "data", "model")
-    fig, axes = plt.subplots(3, len(grid_logits), figsize=(3.3 * len(grid_logits), 9.2), squeeze=False)
+    fig, axes = _pyplot().subplots(3, len(grid_logits), figsize=(3.3 * len(grid_logits), 9.2), squeeze=False)
     x, y = points
     for col, (name, logits) in enumerate(grid_logits.items()):
         side = int(round(len(logits) ** 0.5))
@@ -255,5 +264,5 @@ def uncertainty_maps(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _pyplot().close(fig)
     return path

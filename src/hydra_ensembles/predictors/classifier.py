@@ -11,7 +11,6 @@ from typing import Any
 
 import transformers
 from torch import nn
-from transformers.models.auto import modeling_auto
 
 from ..adapters import get_adapter
 from ..fusion import HydraEnsemble
@@ -80,6 +79,8 @@ def head_hint(config: transformers.PretrainedConfig) -> str:
 def has_classifier_class(config: transformers.PretrainedConfig) -> bool:
     """Whether AutoModelFor{Sequence,Image}Classification builds a classifier for `config` (classes registered with
     them included)."""
+    from transformers.models.auto import modeling_auto  # here: it loads HF's modeling code (seconds)
+
     mappings = (
         modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING,
         modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING,
