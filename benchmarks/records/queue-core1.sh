@@ -26,6 +26,11 @@ python benchmarks/circuit_halves.py sentiment-mpnet --seed 0 --first 12 24 48 --
 # emulates bf16): BatchEnsemble and OBA on a text task (BBC, MiniLM), three seeds; Hydra (Circ) of seeds 1-2 after
 hydra-ens bench text --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ensembles" BatchEnsemble OBA
 hydra-ens bench text --seeds 0 1 2 --records $R --quiet --rows Single "Deep Ensembles" "Hydra (Circ)" BatchEnsemble OBA
+# issue 41: image-dinov2's BatchEnsemble on seeds 1 and 2 (seed 0's is queue.sh's; one seed per queue, never one
+# seed in both): each trains its seed's Single first on an empty cache (~40 min here), then BatchEnsemble (~3x a
+# Single's fine-tuning); a machine whose queues keep separate caches links this task's folder into both
+hydra-ens bench image-dinov2 --seeds 1 --records $R --quiet --untimed --out /tmp/hydra-subsets/image-dinov2-seed1-be --rows Single BatchEnsemble
+hydra-ens bench image-dinov2 --seeds 2 --records $R --quiet --untimed --out /tmp/hydra-subsets/image-dinov2-seed2-be --rows Single BatchEnsemble
 hydra-ens bench sentiment-mpnet --seeds 0 --records $R --quiet --cost-curve
 # issue 44: seed 0's Deep Ensembles and Hydra (Circ) distilled into students with 1 and 2 head layers (their teachers
 # are this cache's; distill-* keeps no records, so a line runs to its end on one machine or resumes from its cache)
