@@ -118,20 +118,24 @@ def save_probe(path: Path, costs: Costs, model_digest: str, batch_size: int) -> 
     """Keep what the probes measured, per example (a rerun may read another number of examples), for this model,
     batch size and number of processes."""
     per_example = {precision: s / sum(costs.examples) for precision, s in costs.per_candidate.items()}
-    identity = {"model": model_digest, "batch_size": batch_size, "world_size": world_size()}
-    write_json_atomic(path, identity | {"per_example_s": per_example})
+    write_json_atomic(path, _probe_identity(model_digest, batch_size) | {"per_example_s": per_example})
 
 
 def reuse_probe(path: Path, costs: Costs, model_digest: str, batch_size: int) -> None:
     """Take a refused run's probe (`save_probe`) into `costs` if it was measured for this model, batch size and
-    number of processes; otherwise leave `costs` to probe."""
-    if not path.exists():
-        return
-    saved = json.loads(path.read_text())
-    if [saved.get(key) for key in ("model", "batch_size", "world_size")] != [model_digest, batch_size, world_size()]:
+    number of processes; otherwise leave `costs` to probe. Rank 0 reads it for every rank (as it probes for all)."""
+    saved = json.loads(path.read_text()) if is_main() and path.exists() else None
+    saved = gather_dict({"probe": saved} if is_main() else {})["probe"]
+    identity = _probe_identity(model_digest, batch_size)
+    if saved is None or any(saved.get(key) != value for key, value in identity.items()):
         return
     costs.per_candidate = {precision: s * sum(costs.examples) for precision, s in saved["per_example_s"].items()}
     costs.reused = str(path)
+
+
+def _probe_identity(model_digest: str, batch_size: int) -> dict:
+    """What a probe's timing holds for: these weights, this batch size, this many processes."""
+    return {"model": model_digest, "batch_size": batch_size, "world_size": world_size()}
 
 
 def prober(model, id_batches, ood_batches, batch_size: int, clock: Clock) -> Callable[[str], tuple[float, float]]:
