@@ -244,7 +244,7 @@ def extract_circuit(
                 top,
                 precision,
                 state_path,
-                model,
+                base["model"],
                 batch_size,
             )
         )
@@ -528,19 +528,22 @@ def _identity(model: nn.Module, id_batches: list[Batch], ood_batches: list[Batch
     }
 
 
-def _plan(costs, candidates, budget, time_budget, elapsed, top, precision, state_path, model, batch_size) -> Plan:
-    """`plan_search`, from the probe a refused run kept beside `state_path` if there is one for this model; when
-    nothing fits, the probe is kept there for the rerun (the message says so)."""
+def _plan(
+    costs, candidates, budget, time_budget, elapsed, top, precision, state_path, model_digest, batch_size
+) -> Plan:
+    """`plan_search`, from the probe a refused run kept beside `state_path` if there is one for these weights
+    (`model_digest`, the state identity's: hashed once); when nothing fits, the probe is kept there for the rerun
+    (the message says so)."""
     probe_file = probe_path(state_path) if state_path is not None else None
     if probe_file is not None:
-        reuse_probe(probe_file, costs, weights_digest(model), batch_size)
+        reuse_probe(probe_file, costs, model_digest, batch_size)
     try:
         return plan_search(costs, candidates, budget, time_budget, elapsed, top, precision)
     except ValueError as refused:
         if probe_file is None:
             raise
         if is_main():
-            save_probe(probe_file, costs, weights_digest(model), batch_size)
+            save_probe(probe_file, costs, model_digest, batch_size)
         raise ValueError(
             f"{refused} The probe's timing is kept in {str(probe_file)!r}: a rerun with this state_path "
             "(the CLI: the same --out) plans from it."
